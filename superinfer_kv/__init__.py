@@ -1,0 +1,1 @@
+"""DuplexKV: the KV-block transfer engine (CPU and CUDA backends)."""
