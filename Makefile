@@ -39,7 +39,7 @@ run: build
 test: test-rust test-python test-integration
 
 test-rust:
-	cargo test --workspace --release
+	cargo test --workspace
 
 test-python: build
 	$(PY) -m pytest -q
