@@ -1,18 +1,39 @@
-"""The `superinfer` command line: one entry point, one subcommand per tool."""
+"""The `superinfer` command line. Each subcommand lives in its own module, which exposes
+`add_arguments(parser)` and `run(args) -> int`; modules are imported only when their command
+runs, so `superinfer bench` never pays for importing torch."""
 import argparse
+import importlib
 import sys
+
+# command -> (module, help)
+COMMANDS = {
+    "launch": ("superinfer.launcher", "start the whole server: shard(s) and router"),
+    "serve": ("superinfer.shard.cli", "run one shard (model runner) on a unix socket"),
+    "bench": ("superinfer.bench.cli", "replay a workload against a running server"),
+    "simulate": ("superinfer.simulate.cli", "drive the scheduler with a simulated clock"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="superinfer")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("version", help="print the version")
-    args = parser.parse_args(argv)
-    if args.command == "version":
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="superinfer", description="SLO-aware LLM inference server")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    known, _rest = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
+    if known.version:
         from superinfer import _router
 
         print(_router.__version__)
-    return 0
+        return 0
+    if known.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[known.command][0])
+    command_parser = argparse.ArgumentParser(prog=f"superinfer {known.command}")
+    module.add_arguments(command_parser)
+    return int(module.run(command_parser.parse_args(argv[1:])) or 0)
 
 
 if __name__ == "__main__":

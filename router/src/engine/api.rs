@@ -1,0 +1,111 @@
+//! The request-level interface between the HTTP layer and the engine. The HTTP layer validates
+//! and tokenizes, then hands a `GenerationRequest` to `EngineHandle::submit` and reads
+//! `EngineEvent`s from the returned `RequestStream`. Dropping the stream cancels the request
+//! (the engine frees its KV blocks within one step): that is how a disconnected client, a
+//! matched stop sequence, or a finished `best_of` candidate releases its resources.
+//!
+//! The engine owns end-of-generation by token count and EOS; stop sequences are text-level
+//! and belong to the HTTP layer, which stops reading and drops the stream.
+
+use std::time::Instant;
+
+/// Sampling parameters as the shard applies them (`proto/shard.proto`, `SamplingParameters`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub do_sample: bool,
+    pub temperature: f32,
+    /// 0: no top-k restriction.
+    pub top_k: u32,
+    /// 1.0: no nucleus restriction.
+    pub top_p: f32,
+    /// 1.0: no typical-p restriction.
+    pub typical_p: f32,
+    /// 1.0: none.
+    pub repetition_penalty: f32,
+    /// 0.0: none.
+    pub frequency_penalty: f32,
+    pub seed: u64,
+}
+
+/// Per-request latency objectives, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slo {
+    pub ttft_ms: f64,
+    pub tbt_ms: f64,
+}
+
+/// A validated, tokenized request.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    pub prompt_token_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Tokens to generate at most; the engine ends the request with `FinishReason::Length`.
+    pub max_new_tokens: u32,
+    /// Keep generating past EOS tokens (benchmarks reproduce recorded output lengths).
+    pub ignore_eos: bool,
+    /// Ask for the logprob of every prompt token (TGI's `decoder_input_details`).
+    pub prompt_logprobs: bool,
+    /// Alternatives to report with each generated token.
+    pub top_n_tokens: u32,
+    /// Objectives; `None` takes the server defaults.
+    pub slo: Option<Slo>,
+    /// When the HTTP layer received the request (queue time and TTFT are measured from here).
+    pub arrival: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GeneratedToken {
+    pub id: u32,
+    pub logprob: f32,
+    /// The `top_n_tokens` most likely tokens, most likely first.
+    pub top_tokens: Vec<TokenLogprob>,
+    /// Whether the token is one of the model's EOS tokens.
+    pub is_eos: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_new_tokens` reached.
+    Length,
+    /// An EOS token was generated (and `ignore_eos` is off).
+    EosToken,
+}
+
+/// Timestamps the engine observed for one request (for TGI's x-*-time headers and metrics).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestTimings {
+    /// First time the request was part of a Step.
+    pub first_scheduled: Instant,
+    pub finished: Instant,
+}
+
+#[derive(Debug, Clone)]
+pub enum EngineEvent {
+    /// Logprobs of prompt tokens 1.. (position 0 has none), sent once prefill completes.
+    PromptLogprobs(Vec<f32>),
+    /// One generated token. Sent for every token, including the last one.
+    Token(GeneratedToken),
+    /// The generation ended; no more events follow.
+    Finished { reason: FinishReason, timings: RequestTimings },
+    /// The generation failed (e.g. the shard failed); no more events follow.
+    Failed(EngineError),
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum EngineError {
+    /// The shard failed or disconnected; the message is the shard's.
+    #[error("shard error: {0}")]
+    Shard(String),
+    /// The request can never fit into the KV cache (more blocks than the pool has).
+    #[error("request needs {needed} KV blocks but the pool has {available}")]
+    TooLarge { needed: u32, available: u32 },
+    /// The engine is shutting down or has stopped.
+    #[error("the engine has stopped")]
+    Stopped,
+}
