@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 ARGS ?=
 
-.PHONY: run test test-rust test-python test-integration build venv clients bench clean
+.PHONY: run test test-rust test-python test-integration build venv clients bench clean proto
 
 $(VENV)/.deps: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -49,3 +49,7 @@ test-integration: build clients
 
 clean:
 	rm -rf target $(VENV) $(CLIENTS)
+
+# Regenerates the committed Python gRPC stubs (server/superinfer/pb/) from proto/shard.proto.
+proto: $(VENV)/.deps
+	cd server && ../$(PY) -m superinfer.pb.generate
