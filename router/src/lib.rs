@@ -2,11 +2,17 @@
 //! - `pb`: the generated shard protocol (`proto/shard.proto`).
 //! - `engine`: the step loop that drives the scheduler and the shard; `engine::api` is the
 //!   request-level interface the HTTP layer uses.
+//! - `client`: the gRPC client of the shard (unix socket), with health checks.
+//! - `config`: the router's flags (clap; each also an environment variable).
+//! - `telemetry`: logging and OpenTelemetry traces.
 //! - `python`: the pyo3 shim that the `superinfer` package calls.
 
 pub mod pb {
     tonic::include_proto!("superinfer.shard.v1");
 }
 
+pub mod client;
+pub mod config;
 pub mod engine;
+pub mod telemetry;
 mod python;

@@ -1,0 +1,154 @@
+//! The one gRPC client of the shard (`proto/shard.proto`), over a unix socket. It maps gRPC
+//! statuses to `ClientError` once, so the engine reasons about failures, not status codes.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Code, Status};
+use tower::service_fn;
+
+use crate::pb;
+use crate::pb::shard_client::ShardClient as GrpcClient;
+
+/// `Info` carries the whole `tokenizer.json`, which can exceed tonic's 4 MiB default.
+const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+/// Pause between connection attempts while the shard starts.
+const CONNECT_RETRY: Duration = Duration::from_millis(200);
+/// A liveness probe that takes longer than this counts as a failure.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum ClientError {
+    #[error("cannot reach the shard at {path}: {message}")]
+    Connect { path: PathBuf, message: String },
+    #[error("the shard is unavailable: {0}")]
+    Unavailable(String),
+    /// The shard validated the plan and refused it whole; its state is unchanged.
+    #[error("the shard rejected the step plan: {0}")]
+    InvalidPlan(String),
+    #[error("the shard did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("shard error ({code}): {message}")]
+    Shard { code: String, message: String },
+}
+
+impl From<Status> for ClientError {
+    fn from(status: Status) -> Self {
+        let message = status.message().to_string();
+        match status.code() {
+            Code::Unavailable | Code::Cancelled => ClientError::Unavailable(message),
+            Code::InvalidArgument => ClientError::InvalidPlan(message),
+            Code::DeadlineExceeded => ClientError::Timeout(Duration::ZERO),
+            code => ClientError::Shard { code: format!("{code:?}"), message },
+        }
+    }
+}
+
+/// Cheap to clone: clones share one HTTP/2 connection.
+#[derive(Debug, Clone)]
+pub struct ShardClient {
+    inner: GrpcClient<Channel>,
+}
+
+impl ShardClient {
+    /// Connects to the shard's socket and waits until its `Health` answers, retrying until
+    /// `timeout` (the shard may still be loading its model).
+    pub async fn connect_uds(path: &Path, timeout: Duration) -> Result<Self, ClientError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let attempt = async {
+                let mut client = Self::connect_once(path).await?;
+                client.health().await?;
+                Ok::<_, ClientError>(client)
+            };
+            match attempt.await {
+                Ok(client) => return Ok(client),
+                Err(error) if tokio::time::Instant::now() + CONNECT_RETRY < deadline => {
+                    tracing::debug!(%error, "shard not ready yet");
+                    tokio::time::sleep(CONNECT_RETRY).await;
+                }
+                Err(error) => {
+                    return Err(ClientError::Connect {
+                        path: path.to_path_buf(),
+                        message: error.to_string(),
+                    })
+                }
+            }
+        }
+    }
+
+    async fn connect_once(path: &Path) -> Result<Self, ClientError> {
+        let socket = path.to_path_buf();
+        // The URI is required by the API but unused: the connector dials the socket.
+        let channel = Endpoint::from_static("http://[::]:0")
+            .connect_with_connector(service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+            }))
+            .await
+            .map_err(|error| ClientError::Connect { path: path.to_path_buf(), message: error.to_string() })?;
+        let inner = GrpcClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Self { inner })
+    }
+
+    pub async fn info(&mut self) -> Result<pb::InfoResponse, ClientError> {
+        Ok(self.inner.info(pb::InfoRequest {}).await?.into_inner())
+    }
+
+    /// Ok when the shard ran a tiny operation on its device within `HEALTH_TIMEOUT`.
+    pub async fn health(&mut self) -> Result<(), ClientError> {
+        match tokio::time::timeout(HEALTH_TIMEOUT, self.inner.health(pb::HealthRequest {})).await {
+            Ok(reply) => reply.map(|_| ()).map_err(ClientError::from),
+            Err(_) => Err(ClientError::Timeout(HEALTH_TIMEOUT)),
+        }
+    }
+
+    pub async fn warmup(
+        &mut self,
+        max_batch_tokens: u32,
+        max_batch_requests: u32,
+    ) -> Result<pb::WarmupResponse, ClientError> {
+        let request = pb::WarmupRequest { max_batch_tokens, max_batch_requests };
+        Ok(self.inner.warmup(request).await?.into_inner())
+    }
+
+    pub async fn step(&mut self, request: pb::StepRequest) -> Result<pb::StepResponse, ClientError> {
+        Ok(self.inner.step(request).await?.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_statuses() {
+        assert_eq!(
+            ClientError::from(Status::invalid_argument("block 7 is free")),
+            ClientError::InvalidPlan("block 7 is free".into())
+        );
+        assert_eq!(
+            ClientError::from(Status::unavailable("socket closed")),
+            ClientError::Unavailable("socket closed".into())
+        );
+        assert!(matches!(
+            ClientError::from(Status::internal("CUDA error")),
+            ClientError::Shard { code, message } if code == "Internal" && message == "CUDA error"
+        ));
+    }
+
+    #[tokio::test]
+    async fn connect_fails_with_the_socket_path_when_nothing_listens() {
+        let dir = std::env::temp_dir().join(format!("superinfer-client-test-{}", std::process::id()));
+        let path = dir.join("missing.sock");
+        let error = ShardClient::connect_uds(&path, Duration::from_millis(300)).await.unwrap_err();
+        match error {
+            ClientError::Connect { path: reported, .. } => assert_eq!(reported, path),
+            other => panic!("unexpected error {other}"),
+        }
+    }
+}

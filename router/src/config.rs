@@ -1,0 +1,145 @@
+//! The router's configuration: every flag also reads an environment variable of the same name
+//! in upper case (TGI's convention). Parsed once at the edge and passed down as typed values.
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+/// Which scheduling policy drives the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SchedulerKind {
+    /// TGI v3: admit in order, reserve worst-case blocks, never preempt.
+    Fcfs,
+    /// vLLM V1 / SGLang: preempt the newest request and redo its prefill later.
+    Recompute,
+    /// vLLM V0: preempt reactively, copy the KV cache to host memory and back.
+    Swap,
+    /// SuperInfer: proactive rotation by virtual lag time.
+    Rotasched,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "superinfer-router", about = "SuperInfer's HTTP router", version)]
+pub struct RouterConfig {
+    /// Port of the HTTP API.
+    #[arg(long, env = "PORT", default_value_t = 3000)]
+    pub port: u16,
+    /// Address the HTTP API binds to.
+    #[arg(long, env = "HOSTNAME", default_value = "0.0.0.0")]
+    pub hostname: String,
+    /// Unix socket of the shard's gRPC server.
+    #[arg(long, env = "UDS_PATH", default_value = "/tmp/superinfer-shard.sock")]
+    pub uds_path: PathBuf,
+    /// Seconds to wait for the shard to answer at start-up.
+    #[arg(long, env = "SHARD_CONNECT_TIMEOUT_S", default_value_t = 60)]
+    pub shard_connect_timeout_s: u64,
+
+    /// Scheduling policy.
+    #[arg(long, env = "SCHEDULER", value_enum, default_value_t = SchedulerKind::Rotasched)]
+    pub scheduler: SchedulerKind,
+    /// Upper bound on the device KV blocks the scheduler uses (the shard's pool may be smaller).
+    #[arg(long, env = "DEVICE_KV_BLOCKS")]
+    pub device_kv_blocks: Option<u32>,
+    /// Upper bound on the host KV blocks the scheduler uses (the shard's pool may be smaller).
+    #[arg(long, env = "HOST_KV_BLOCKS")]
+    pub host_kv_blocks: Option<u32>,
+    /// Default time-to-first-token objective, in milliseconds.
+    #[arg(long, env = "TTFT_SLO_MS", default_value_t = 2000.0)]
+    pub ttft_slo_ms: f64,
+    /// Default time-between-tokens objective, in milliseconds.
+    #[arg(long, env = "TBT_SLO_MS", default_value_t = 200.0)]
+    pub tbt_slo_ms: f64,
+    /// Largest number of tokens (prefill chunks + decodes) in one model step.
+    #[arg(long, env = "MAX_BATCH_TOKENS", default_value_t = 2048)]
+    pub max_batch_tokens: u32,
+    /// Largest number of requests in one model step.
+    #[arg(long, env = "MAX_BATCH_REQUESTS", default_value_t = 256)]
+    pub max_batch_requests: u32,
+
+    /// Requests in flight (queued or running) before new ones are refused with 429.
+    #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 512)]
+    pub max_concurrent_requests: usize,
+    /// Longest prompt in tokens; defaults to the longest the model and KV pool allow minus one.
+    #[arg(long, env = "MAX_INPUT_TOKENS")]
+    pub max_input_tokens: Option<u32>,
+    /// Longest prompt + generation in tokens; defaults to what the model and KV pool allow.
+    #[arg(long, env = "MAX_TOTAL_TOKENS")]
+    pub max_total_tokens: Option<u32>,
+    /// Stop sequences per request.
+    #[arg(long, env = "MAX_STOP_SEQUENCES", default_value_t = 4)]
+    pub max_stop_sequences: usize,
+    /// Largest `best_of`.
+    #[arg(long, env = "MAX_BEST_OF", default_value_t = 2)]
+    pub max_best_of: usize,
+    /// Largest `top_n_tokens`.
+    #[arg(long, env = "MAX_TOP_N_TOKENS", default_value_t = 5)]
+    pub max_top_n_tokens: u32,
+    /// Largest number of prompts in one request (OpenAI completions with a list of prompts).
+    #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 4)]
+    pub max_client_batch_size: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
+    pub payload_limit: usize,
+    /// When set, requests must carry `Authorization: Bearer <key>`.
+    #[arg(long, env = "API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Origins allowed by CORS (repeatable); none allows none.
+    #[arg(long, env = "CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+    pub cors_allow_origin: Vec<String>,
+
+    /// OpenTelemetry collector (OTLP/gRPC), e.g. http://localhost:4317; traces are off without it.
+    #[arg(long, env = "OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Service name reported with the traces.
+    #[arg(long, env = "OTLP_SERVICE_NAME", default_value = "superinfer.router")]
+    pub otlp_service_name: String,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "JSON_OUTPUT")]
+    pub json_output: bool,
+    /// Log filter (tracing's EnvFilter syntax), e.g. "info" or "superinfer_router=debug".
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+impl RouterConfig {
+    /// Parses `argv` (program name first), reading unset flags from the environment.
+    pub fn parse_argv<I, T>(argv: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Self::try_parse_from(argv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_flags() {
+        let config = RouterConfig::parse_argv(["router", "--port", "8080", "--scheduler", "swap"]).unwrap();
+        assert_eq!(config.port, 8080);
+        assert_eq!(config.scheduler, SchedulerKind::Swap);
+        assert_eq!(config.max_batch_tokens, 2048);
+        assert!(config.api_key.is_none());
+    }
+
+    #[test]
+    fn rejects_unknown_scheduler() {
+        assert!(RouterConfig::parse_argv(["router", "--scheduler", "lifo"]).is_err());
+    }
+
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        use clap::CommandFactory;
+        let command = RouterConfig::command();
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            let env = arg.get_env().map(|name| name.to_string_lossy().into_owned());
+            assert_eq!(env, Some(id.to_uppercase()), "flag --{id}");
+        }
+    }
+}
