@@ -1,0 +1,153 @@
+//! Typed scheduler configuration, parsed once at the edge and passed down.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::cost_model::CostModel;
+use crate::error::SchedulerError;
+
+/// Which scheduling policy drives the step plans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum PolicyKind {
+    /// TGI v3: arrival order, worst-case reservation, head-of-line, never preempts.
+    Fcfs,
+    /// vLLM V1 / SGLang: blocks on demand; on shortage the newest running request is dropped
+    /// and re-prefilled later.
+    Recompute,
+    /// vLLM V0: blocks on demand; on shortage the newest running request is swapped to host
+    /// and brought back when blocks free up.
+    Swap,
+    /// SLO-aware: least slack first, proactive rotation under a per-step byte budget.
+    #[default]
+    RotaSched,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 4] =
+        [PolicyKind::Fcfs, PolicyKind::Recompute, PolicyKind::Swap, PolicyKind::RotaSched];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Fcfs => "fcfs",
+            PolicyKind::Recompute => "recompute",
+            PolicyKind::Swap => "swap",
+            PolicyKind::RotaSched => "rotasched",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = SchedulerError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fcfs" => Ok(PolicyKind::Fcfs),
+            "recompute" => Ok(PolicyKind::Recompute),
+            "swap" => Ok(PolicyKind::Swap),
+            "rotasched" => Ok(PolicyKind::RotaSched),
+            _ => Err(SchedulerError::UnknownPolicy(s.to_string())),
+        }
+    }
+}
+
+/// A request's latency objectives, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slo {
+    /// Time to first token, measured from arrival.
+    pub ttft_s: f64,
+    /// Time between tokens, measured from the previous token.
+    pub tbt_s: f64,
+}
+
+impl Default for Slo {
+    fn default() -> Self {
+        Slo { ttft_s: 2.0, tbt_s: 0.2 }
+    }
+}
+
+/// Everything the scheduler needs to know, fixed for its lifetime (the cost model is refined
+/// online from measured step times, starting from `cost_model`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Device pool size; block ids 0 .. num_device_blocks-1.
+    pub num_device_blocks: u32,
+    /// Host pool size; block ids 0 .. num_host_blocks-1 (0 disables swapping).
+    pub num_host_blocks: u32,
+    /// Bytes of one KV block across all layers (the unit of transfer).
+    pub block_bytes: u64,
+    /// Most tokens (prefill chunks + decodes) in one step.
+    pub max_batch_tokens: u32,
+    /// Most requests in one step.
+    pub max_batch_requests: u32,
+    pub policy: PolicyKind,
+    /// Objectives of requests that carry none.
+    pub default_slo: Slo,
+    /// Initial cost model (from Warmup).
+    pub cost_model: CostModel,
+    /// Reuse full device blocks whose token prefix matches.
+    pub prefix_caching: bool,
+    /// RotaSched: a request swapped in during the last this-many steps is not rotated out
+    /// again (no thrashing).
+    pub rotation_cooldown_steps: u64,
+    /// RotaSched: a request with fewer tokens left than this is never rotated out.
+    pub min_rotation_tokens_left: u32,
+    /// Weight of a new measurement in the exponential moving averages (cost-model correction,
+    /// arrival rate, prompt size), in (0, 1].
+    pub ema_alpha: f64,
+    /// RotaSched: a late request (hopeless first-token deadline) that has been late for longer
+    /// than this is served with the punctual ones again, so nothing starves under overload.
+    pub late_starvation_s: f64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            block_size: 16,
+            num_device_blocks: 1024,
+            num_host_blocks: 4096,
+            block_bytes: 1 << 20,
+            max_batch_tokens: 2048,
+            max_batch_requests: 64,
+            policy: PolicyKind::RotaSched,
+            default_slo: Slo::default(),
+            cost_model: CostModel::default(),
+            prefix_caching: true,
+            rotation_cooldown_steps: 4,
+            min_rotation_tokens_left: 4,
+            ema_alpha: 0.2,
+            late_starvation_s: 10.0,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Rejects configurations that cannot drive a scheduler.
+    pub fn validate(&self) -> Result<(), SchedulerError> {
+        let fail = |msg: &str| Err(SchedulerError::InvalidConfig(msg.to_string()));
+        if self.block_size == 0 {
+            return fail("block_size must be > 0");
+        }
+        if self.num_device_blocks == 0 {
+            return fail("num_device_blocks must be > 0");
+        }
+        if self.max_batch_tokens == 0 || self.max_batch_requests == 0 {
+            return fail("max_batch_tokens and max_batch_requests must be > 0");
+        }
+        if !(self.ema_alpha > 0.0 && self.ema_alpha <= 1.0) {
+            return fail("ema_alpha must lie in (0, 1]");
+        }
+        let slo = self.default_slo;
+        if !(slo.ttft_s > 0.0 && slo.tbt_s > 0.0) {
+            return fail("default_slo times must be > 0");
+        }
+        self.cost_model.validate()
+    }
+}

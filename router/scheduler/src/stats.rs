@@ -1,0 +1,41 @@
+//! Counters and gauges the router exports on /metrics.
+
+/// A snapshot of the scheduler's state and its cumulative counters.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SchedulerStats {
+    pub steps: u64,
+    pub device_blocks_total: u32,
+    pub device_blocks_free: u32,
+    pub device_blocks_used: u32,
+    /// Free device blocks that still hold a reusable cached prefix.
+    pub device_blocks_cached: u32,
+    /// Device blocks held by an unacknowledged transfer.
+    pub device_blocks_in_flight: u32,
+    pub host_blocks_total: u32,
+    pub host_blocks_free: u32,
+    pub host_blocks_used: u32,
+    /// Requests without device KV, waiting for (re)admission.
+    pub waiting: u32,
+    /// Requests with their KV on device.
+    pub running: u32,
+    /// Requests with their KV on host (rotated or swapped out), transfers included.
+    pub rotated: u32,
+    pub swapping_out: u32,
+    pub swapping_in: u32,
+    pub rotations_out: u64,
+    pub rotations_in: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    pub recomputes: u64,
+    pub prefix_cache_hit_tokens: u64,
+    pub prefix_cache_queried_tokens: u64,
+    pub finished: u64,
+    pub cancelled: u64,
+    /// Lag (now - deadline, seconds) of each token produced since the last call to
+    /// `Scheduler::take_lag_samples`; positive means late.
+    pub recent_lag_samples: u32,
+    /// Cost-model correction factor (measured / predicted step time).
+    pub cost_correction: f64,
+    /// Free device blocks RotaSched currently keeps in reserve for arrivals.
+    pub reserve_blocks: u32,
+}
