@@ -1,37 +1,43 @@
-"""CPU backend: gather/scatter of whole blocks between two CPU pools, off the calling thread.
+"""CPU backend: multi-threaded gather/scatter of whole blocks between two CPU pools.
 
-Owns one worker thread per direction so swap-out and swap-in run at the same time.
+The copies run in the C++ extension's own thread pool (csrc/copy_pool.cpp), with the GIL
+released, so the calling thread keeps computing while they run. Swap-out and swap-in go to
+two lanes that the workers alternate between, so both directions progress at once.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+import os
 
 import torch
 
+from .extension import load_cpu_extension
 from .validation import CopyPlan
+
+# Copies are memory-bound: past a handful of threads more only contend for bandwidth.
+MAX_COPY_THREADS = 8
 
 
 class CpuCompletion:
-    """One direction's copy running on a worker thread."""
+    """One direction's copy running in the extension's thread pool."""
 
-    def __init__(self, future: Future) -> None:
-        self._future = future
+    def __init__(self, job) -> None:
+        self._job = job
 
     def done(self) -> bool:
-        return self._future.done()
+        return self._job.done()
 
     def wait(self) -> None:
-        self._future.result()
+        self._job.wait()
 
     def order_compute_after(self) -> None:
         # CPU compute runs on the calling thread, so ordering it means waiting.
-        self.wait()
+        self._job.wait()
 
 
-def _copy_blocks(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
-    # src: [S, *block], dst: [D, *block]; torch releases the GIL inside both ops.
-    dst.index_copy_(0, plan.dst_ids, src.index_select(0, plan.src_ids))
+def default_thread_count() -> int:
+    """One copy thread per core the process may use, capped at MAX_COPY_THREADS."""
+    return max(1, min(MAX_COPY_THREADS, len(os.sched_getaffinity(0))))
 
 
 class CpuBackend:
@@ -39,17 +45,21 @@ class CpuBackend:
 
     name = "cpu"
 
-    def __init__(self, device_kv: torch.Tensor, host_kv: torch.Tensor) -> None:
-        self._device_kv = device_kv
-        self._host_kv = host_kv
-        self._out_worker = ThreadPoolExecutor(1, thread_name_prefix="duplexkv-out")
-        self._in_worker = ThreadPoolExecutor(1, thread_name_prefix="duplexkv-in")
+    def __init__(self, device_kv: torch.Tensor, host_kv: torch.Tensor, num_threads: int = 0) -> None:
+        extension = load_cpu_extension()
+        self._native = extension.CpuTransfer(
+            device_kv, host_kv, num_threads or default_thread_count()
+        )
+
+    @property
+    def block_bytes(self) -> int:
+        return int(self._native.block_bytes)
 
     def start(self, swap_out: CopyPlan, swap_in: CopyPlan) -> tuple[CpuCompletion, CpuCompletion]:
-        out = self._out_worker.submit(_copy_blocks, self._device_kv, self._host_kv, swap_out)
-        into = self._in_worker.submit(_copy_blocks, self._host_kv, self._device_kv, swap_in)
+        out = self._native.copy(True, swap_out.src_ids, swap_out.dst_ids)
+        into = self._native.copy(False, swap_in.src_ids, swap_in.dst_ids)
         return CpuCompletion(out), CpuCompletion(into)
 
     def close(self) -> None:
-        self._out_worker.shutdown(wait=True)
-        self._in_worker.shutdown(wait=True)
+        # Dropping the native object drains its queue and joins its threads.
+        self._native = None

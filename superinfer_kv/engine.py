@@ -34,12 +34,13 @@ class TransferEngine:
         kind = check_pools(device_kv, host_kv)
         self._num_device_blocks = int(device_kv.shape[0])
         self._num_host_blocks = int(host_kv.shape[0])
+        self._backend_name = kind
         self._backend = _make_backend(kind, device_kv, host_kv)
 
     @property
     def backend(self) -> str:
         """"cuda" or "cpu"."""
-        return self._backend.name
+        return self._backend_name
 
     def submit(self, swap_out: Direction = None, swap_in: Direction = None) -> TransferHandle:
         """Starts swap-out (device→host) and swap-in (host→device); returns at once.
@@ -48,6 +49,8 @@ class TransferEngine:
         dst_device_blocks); either may be None or empty. Raises ValueError, changing nothing,
         when the plan is malformed.
         """
+        if self._backend is None:
+            raise RuntimeError("TransferEngine is closed")
         out_plan = make_plan(swap_out, self._num_device_blocks, self._num_host_blocks, "swap_out")
         in_plan = make_plan(swap_in, self._num_host_blocks, self._num_device_blocks, "swap_in")
         check_no_overlap(out_plan, in_plan)
@@ -55,8 +58,10 @@ class TransferEngine:
         return TransferHandle(out_done, in_done, (out_plan, in_plan))
 
     def close(self) -> None:
-        """Waits for running copies and stops the backend's threads."""
-        self._backend.close()
+        """Waits for running copies and stops the backend's threads; idempotent."""
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
 
     def __enter__(self) -> TransferEngine:
         return self

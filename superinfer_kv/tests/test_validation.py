@@ -73,3 +73,12 @@ def test_empty_and_none_directions() -> None:
         handle.wait()
         assert handle.done() and handle.out_done() and handle.in_done()
     assert not host_kv.any()
+
+
+def test_closed_engine_refuses_work() -> None:
+    device_kv, host_kv = _pools()
+    with TransferEngine(device_kv, host_kv) as engine:
+        engine.submit(swap_out=([1], [1])).wait()
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit(swap_out=([2], [2]))

@@ -1,0 +1,43 @@
+"""Just-in-time builds of the C++ and CUDA sources in csrc/ with torch's extension tooling.
+
+torch caches each build under its extensions directory (~/.cache/torch_extensions/… unless
+TORCH_EXTENSIONS_DIR says otherwise) keyed by a hash of the sources and flags, so only the
+first use after a change compiles (about a minute); later loads take milliseconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from torch.utils import cpp_extension
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+
+CPU_SOURCES = ("cpu_extension.cpp", "copy_pool.cpp")
+CUDA_SOURCES = ("cuda_extension.cpp", "gather_scatter.cu", "cuda_transfer.cu")
+# Hopper is the target; the PTX of the newest listed arch lets later GPUs JIT it.
+CUDA_ARCH_FLAGS = ("-gencode=arch=compute_90,code=sm_90",)
+CXX_FLAGS = ("-O3",)
+
+
+def load_cpu_extension() -> ModuleType:
+    """Builds (once) and imports the CPU gather/scatter extension."""
+    return cpp_extension.load(
+        name="superinfer_kv_cpu",
+        sources=[str(CSRC / name) for name in CPU_SOURCES],
+        extra_cflags=list(CXX_FLAGS),
+        extra_ldflags=["-lpthread"],
+        verbose=False,
+    )
+
+
+def load_cuda_extension() -> ModuleType:
+    """Builds (once) and imports the CUDA transfer extension; needs nvcc and a CUDA torch."""
+    return cpp_extension.load(
+        name="superinfer_kv_cuda",
+        sources=[str(CSRC / name) for name in CUDA_SOURCES],
+        extra_cflags=list(CXX_FLAGS),
+        extra_cuda_cflags=["-O3", *CUDA_ARCH_FLAGS],
+        verbose=False,
+    )
