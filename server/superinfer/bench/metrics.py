@@ -1,0 +1,93 @@
+"""Latency metrics and SLO attainment. A request meets its TTFT objective when its first token
+came within `ttft_ms`, and its TBT objective when the chosen percentile of its gaps between
+tokens is within `tbt_ms` (a request with one token has no gap and meets it). A failed request
+meets neither. Goodput counts the requests that met both, per second of the run.
+Shared by `bench` (outcomes from streamed timestamps) and `simulate` (outcomes from Rust)."""
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_ms: float
+    tbt_ms: float
+    # Which percentile of a request's gaps is held against tbt_ms.
+    tbt_percentile: float = 90.0
+
+    def __post_init__(self):
+        if self.ttft_ms <= 0 or self.tbt_ms <= 0:
+            raise ValueError(f"objectives must be positive, got ttft {self.ttft_ms} ms, tbt {self.tbt_ms} ms")
+        if not 0 <= self.tbt_percentile <= 100:
+            raise ValueError(f"tbt_percentile must be within 0..100, got {self.tbt_percentile}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request's latencies in seconds (None for a request that failed)."""
+
+    index: int
+    ok: bool
+    output_tokens: int
+    ttft_s: float | None
+    e2e_s: float | None
+    # The Slo's percentile of this request's gaps; 0 when it produced fewer than two tokens.
+    tbt_s: float | None
+
+    def meets_ttft(self, slo: Slo) -> bool:
+        return self.ok and self.ttft_s is not None and self.ttft_s * 1e3 <= slo.ttft_ms
+
+    def meets_tbt(self, slo: Slo) -> bool:
+        return self.ok and self.tbt_s is not None and self.tbt_s * 1e3 <= slo.tbt_ms
+
+
+def stats(values) -> dict:
+    """count, mean, p50, p90, p99 (linear interpolation, as numpy); None when empty."""
+    array = np.asarray(values, dtype=float)
+    if array.size == 0:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(array, [50, 90, 99])
+    return {"count": int(array.size), "mean": float(array.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def outcome_from_times(
+    index: int, sent_at: float, token_times: list[float], done_at: float, ok: bool, tbt_percentile: float
+) -> Outcome:
+    """Latencies of one streamed request: TTFT from sending to the first token, end-to-end from
+    sending to the end of the stream, gaps between consecutive tokens."""
+    if not ok or not token_times:
+        return Outcome(index, False, len(token_times), None, None, None)
+    gaps = np.diff(np.asarray(token_times, dtype=float))
+    tbt = float(np.percentile(gaps, tbt_percentile)) if gaps.size else 0.0
+    end = max(done_at, token_times[-1])
+    return Outcome(index, True, len(token_times), token_times[0] - sent_at, end - sent_at, tbt)
+
+
+def summarize(outcomes: list[Outcome], slo: Slo, duration_s: float, gap_stats: dict) -> dict:
+    """Everything a report shows for one run. `gap_stats` is `stats()` of every gap between
+    tokens of every request (the caller holds the gaps; a simulator need not return them)."""
+    if duration_s <= 0:
+        raise ValueError(f"a run needs a positive duration, got {duration_s}")
+    total = len(outcomes)
+    done = [o for o in outcomes if o.ok]
+    meets_ttft = sum(o.meets_ttft(slo) for o in outcomes)
+    meets_tbt = sum(o.meets_tbt(slo) for o in outcomes)
+    meets_both = sum(o.meets_ttft(slo) and o.meets_tbt(slo) for o in outcomes)
+    output_tokens = sum(o.output_tokens for o in done)
+    share = (lambda k: k / total) if total else (lambda k: 0.0)
+    return {
+        "requests": total,
+        "completed": len(done),
+        "failed": total - len(done),
+        "duration_s": duration_s,
+        "slo": asdict(slo),
+        "ttft_s": stats([o.ttft_s for o in done]),
+        "tbt_s": gap_stats,
+        "request_tbt_s": stats([o.tbt_s for o in done]),
+        "e2e_s": stats([o.e2e_s for o in done]),
+        "attainment": {"ttft": share(meets_ttft), "tbt": share(meets_tbt), "both": share(meets_both)},
+        "goodput_rps": meets_both / duration_s,
+        "throughput_rps": len(done) / duration_s,
+        "throughput_tokens_per_s": output_tokens / duration_s,
+        "output_tokens": output_tokens,
+    }

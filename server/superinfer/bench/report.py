@@ -1,0 +1,72 @@
+"""Reports: the JSON file of a bench, compare or simulate run, and the text table printed at
+the end, one row per rate and one column group per series (policy), side by side."""
+import json
+from pathlib import Path
+
+from superinfer.bench.runner import RunResult
+
+
+def write_json(path: Path, header: dict, results: list[RunResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = dict(header)
+    document["runs"] = [r.to_json() for r in results]
+    path.write_text(json.dumps(document, indent=1, allow_nan=False))
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value * 1e3:.0f}"
+
+
+def _cells(summary: dict) -> list[str]:
+    attainment = summary["attainment"]
+    return [
+        f"{attainment['ttft'] * 100:.0f}%",
+        f"{attainment['tbt'] * 100:.0f}%",
+        f"{attainment['both'] * 100:.0f}%",
+        _ms(summary["ttft_s"]["p50"]),
+        _ms(summary["ttft_s"]["p99"]),
+        _ms(summary["tbt_s"]["p99"]),
+        f"{summary['goodput_rps']:.2f}",
+        f"{summary['throughput_tokens_per_s']:.0f}",
+    ]
+
+
+COLUMNS = ["TTFT ok", "TBT ok", "both", "TTFT p50", "TTFT p99", "TBT p99", "goodput", "tok/s"]
+
+
+def table(results: list[RunResult]) -> str:
+    """Rows: rates. Column groups: series in first-seen order. Times in ms, goodput in req/s."""
+    series = list(dict.fromkeys(r.series for r in results))
+    rates = sorted({r.rate for r in results})
+    by_key = {(r.series, r.rate): r for r in results}
+    label = results[0].label if results else "measured"
+    head = ["rate"] + [f"{s}:{c}" for s in series for c in COLUMNS]
+    rows = [head]
+    for rate in rates:
+        row = [f"{rate:g}"]
+        for name in series:
+            found = by_key.get((name, rate))
+            row += _cells(found.summary) if found else ["-"] * len(COLUMNS)
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = [f"[{label}] attainment = share of requests meeting the objective; times in ms"]
+    lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def markdown_table(results: list[RunResult], columns: tuple[str, ...] = ("TTFT ok", "both", "TTFT p99", "goodput")) -> str:
+    """The same figures as `table`, as a Markdown table (for write-ups)."""
+    series = list(dict.fromkeys(r.series for r in results))
+    rates = sorted({r.rate for r in results})
+    by_key = {(r.series, r.rate): r for r in results}
+    picks = [COLUMNS.index(c) for c in columns]
+    head = "| rate (req/s) | " + " | ".join(f"{s} {c}" for s in series for c in columns) + " |"
+    lines = [head, "|" + "---|" * (1 + len(series) * len(columns))]
+    for rate in rates:
+        cells = []
+        for name in series:
+            found = by_key.get((name, rate))
+            values = _cells(found.summary) if found else ["-"] * len(COLUMNS)
+            cells += [values[i] for i in picks]
+        lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

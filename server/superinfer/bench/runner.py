@@ -1,0 +1,116 @@
+"""One replay of a workload against a server: requests are sent at their arrival offsets
+(open loop: a slow server does not slow the arrivals), streamed concurrently, and reduced to a
+`RunResult`. Also measures the unloaded latency that relative objectives are multiples of."""
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import numpy as np
+from tqdm import tqdm
+
+from superinfer.bench.client import Api, RequestRecord, send
+from superinfer.bench.metrics import Outcome, Slo, outcome_from_times, stats, summarize
+from superinfer.bench.workload import RequestSpec
+
+# Enough points for a smooth CDF; a run's report stays small whatever its size.
+MAX_SAMPLES = 20_000
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    api: Api = "tgi"
+    # Per-request limit, so that a stuck server cannot hang the bench.
+    request_timeout_s: float = 600.0
+
+
+@dataclass
+class RunResult:
+    """One (series, rate) point. `label` is "measured" or "simulated"."""
+
+    series: str
+    rate: float
+    label: str
+    summary: dict
+    ttft_s: list[float] = field(default_factory=list)
+    gaps_s: list[float] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "series": self.series,
+            "rate": self.rate,
+            "label": self.label,
+            "summary": self.summary,
+            "ttft_s": self.ttft_s,
+            "gaps_s": self.gaps_s,
+            "requests": [o.__dict__ for o in self.outcomes],
+        }
+
+
+def sample(values: np.ndarray, seed: int = 0) -> list[float]:
+    """At most MAX_SAMPLES values, drawn uniformly (all of them when fewer)."""
+    if values.size <= MAX_SAMPLES:
+        return values.tolist()
+    return np.random.default_rng(seed).choice(values, MAX_SAMPLES, replace=False).tolist()
+
+
+async def _replay(target: Target, specs: list[RequestSpec], slo_sent: Slo | None, progress: bool) -> tuple[list[RequestRecord], float]:
+    timeout = aiohttp.ClientTimeout(total=target.request_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0)
+    origin = time.perf_counter()
+    bar = tqdm(total=len(specs), desc="requests", unit="req", disable=not progress)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+        async def one(spec: RequestSpec) -> RequestRecord:
+            delay = spec.arrival_s - (time.perf_counter() - origin)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            record = await send(session, target.url, target.api, spec, slo_sent, origin)
+            bar.update(1)
+            return record
+
+        records = await asyncio.gather(*(one(spec) for spec in specs))
+    bar.close()
+    return list(records), time.perf_counter() - origin
+
+
+def reduce(records: list[RequestRecord], slo: Slo, series: str, rate: float, label: str = "measured") -> RunResult:
+    """Outcomes, summary and samples of one replay."""
+    outcomes = [
+        outcome_from_times(r.index, r.sent_at, r.token_times, r.done_at, r.ok, slo.tbt_percentile)
+        for r in records
+    ]
+    gaps = np.concatenate([np.diff(r.token_times) for r in records if r.ok] or [np.zeros(0)])
+    sent = [r.sent_at for r in records]
+    ended = [max(r.done_at, r.token_times[-1] if r.token_times else 0.0) for r in records]
+    duration = max(max(ended) - min(sent), 1e-9) if records else 1e-9
+    summary = summarize(outcomes, slo, duration, stats(gaps))
+    ttft = np.array([o.ttft_s for o in outcomes if o.ok])
+    return RunResult(series, rate, label, summary, sample(ttft), sample(gaps), outcomes)
+
+
+def replay(target: Target, specs: list[RequestSpec], slo_sent: Slo | None, progress: bool = True) -> list[RequestRecord]:
+    """Sends every spec at its arrival offset and waits for all of them."""
+    records, _elapsed = asyncio.run(_replay(target, specs, slo_sent, progress))
+    return records
+
+
+def unloaded_latency(target: Target, specs: list[RequestSpec], count: int = 3) -> dict:
+    """Median TTFT and median gap between tokens of `count` requests sent one at a time (the
+    first `count` specs, all at offset 0 so none waits for another)."""
+    if not specs:
+        raise ValueError("measuring the unloaded latency needs at least one request")
+    ttfts, gaps = [], []
+    for spec in specs[:count]:
+        (record,) = replay(target, [RequestSpec(spec.index, 0.0, spec.prompt_tokens, spec.max_new_tokens, spec.ignore_eos, spec.prompt)], None, progress=False)
+        if not record.ok:
+            raise RuntimeError(f"unloaded request failed: {record.error}")
+        ttfts.append(record.token_times[0] - record.sent_at)
+        gaps.extend(np.diff(record.token_times).tolist())
+    return {
+        "requests": len(ttfts),
+        "ttft_s": float(np.median(ttfts)),
+        "tbt_s": float(np.median(gaps)) if gaps else float(np.median(ttfts)),
+    }

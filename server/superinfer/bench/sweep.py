@@ -1,0 +1,76 @@
+"""A rate sweep: the same seeded workload at each rate, replayed one rate after another against
+one server, with objectives fixed once (absolute, or multiples of the unloaded latency)."""
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from superinfer.bench.metrics import Slo
+from superinfer.bench.prompts import PromptBuilder
+from superinfer.bench.runner import RunResult, Target, reduce, replay, unloaded_latency
+from superinfer.bench.sharegpt import Conversation
+from superinfer.bench.tokenizer import Tokenizer
+from superinfer.bench.trace import Trace
+from superinfer.bench.workload import RequestSpec, WorkloadConfig, attach_prompts, plan
+
+
+@dataclass(frozen=True)
+class SloRequest:
+    """Absolute objectives win; otherwise multiples of the unloaded latency."""
+
+    ttft_ms: float | None = None
+    tbt_ms: float | None = None
+    ttft_scale: float = 5.0
+    tbt_scale: float = 5.0
+    tbt_percentile: float = 90.0
+    calibration_requests: int = 3
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.ttft_ms is None or self.tbt_ms is None
+
+    def resolve(self, unloaded: dict | None) -> Slo:
+        if self.needs_calibration and unloaded is None:
+            raise ValueError("relative objectives need the unloaded latency")
+        ttft = self.ttft_ms if self.ttft_ms is not None else unloaded["ttft_s"] * 1e3 * self.ttft_scale
+        tbt = self.tbt_ms if self.tbt_ms is not None else unloaded["tbt_s"] * 1e3 * self.tbt_scale
+        return Slo(ttft, tbt, self.tbt_percentile)
+
+
+@dataclass
+class WorkloadInputs:
+    """What workload construction reads: the trace, real texts, and a tokenizer."""
+
+    trace: Trace | None
+    conversations: list[Conversation]
+    tokenizer: Tokenizer
+
+    def specs(self, config: WorkloadConfig) -> list[RequestSpec]:
+        """The workload with prompt text; the same config gives the same texts."""
+        planned = plan(config, self.trace, self.conversations, self.tokenizer)
+        builder = PromptBuilder(self.conversations, self.tokenizer, np.random.default_rng(config.seed + 1))
+        return attach_prompts(planned, builder)
+
+
+def calibrate(target: Target, slo_request: SloRequest, specs: list[RequestSpec]) -> tuple[Slo, dict | None]:
+    unloaded = unloaded_latency(target, specs, slo_request.calibration_requests) if slo_request.needs_calibration else None
+    return slo_request.resolve(unloaded), unloaded
+
+
+def sweep(
+    target: Target,
+    workloads: dict[float, list[RequestSpec]],
+    slo: Slo,
+    send_slo: bool,
+    series: str,
+    progress: bool = True,
+) -> list[RunResult]:
+    """Replays the workload of each rate, lowest first."""
+    results = []
+    for rate in sorted(workloads):
+        records = replay(target, workloads[rate], slo if send_slo else None, progress)
+        results.append(reduce(records, slo, series, rate))
+    return results
+
+
+def workloads_for(inputs: WorkloadInputs, config: WorkloadConfig, rates: list[float]) -> dict[float, list[RequestSpec]]:
+    return {rate: inputs.specs(replace(config, rate=rate)) for rate in rates}

@@ -1,0 +1,79 @@
+"""Metrics on synthetic timelines whose answers are known by hand."""
+import math
+
+import pytest
+
+from superinfer.bench.client import RequestRecord
+from superinfer.bench.metrics import Outcome, Slo, outcome_from_times, stats, summarize
+from superinfer.bench.runner import reduce
+
+
+def test_outcome_from_a_known_timeline():
+    # Sent at 1.0; tokens at 1.5, 1.6, 1.8, 1.9 → TTFT 0.5, gaps 0.1, 0.2, 0.1, end-to-end 0.9.
+    outcome = outcome_from_times(7, 1.0, [1.5, 1.6, 1.8, 1.9], 1.9, True, tbt_percentile=50)
+    assert outcome.ok and outcome.output_tokens == 4
+    assert outcome.ttft_s == pytest.approx(0.5)
+    assert outcome.e2e_s == pytest.approx(0.9)
+    assert outcome.tbt_s == pytest.approx(0.1)  # median of 0.1, 0.2, 0.1
+    assert outcome_from_times(7, 1.0, [1.5, 1.6, 1.8, 1.9], 1.9, True, 100).tbt_s == pytest.approx(0.2)
+
+
+def test_single_token_request_has_no_gap_and_meets_tbt():
+    outcome = outcome_from_times(0, 0.0, [0.3], 0.35, True, 90)
+    assert outcome.tbt_s == 0.0 and outcome.e2e_s == pytest.approx(0.35)
+    assert outcome.meets_tbt(Slo(100, 1))
+    assert not outcome.meets_ttft(Slo(299, 1)) and outcome.meets_ttft(Slo(300, 1))
+
+
+def test_failed_request_meets_nothing():
+    outcome = outcome_from_times(0, 0.0, [0.1], 0.2, False, 90)
+    assert not outcome.ok and not outcome.meets_ttft(Slo(1e9, 1e9)) and not outcome.meets_tbt(Slo(1e9, 1e9))
+
+
+def test_stats_match_hand_computed_percentiles():
+    result = stats([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert result["count"] == 10 and result["mean"] == pytest.approx(5.5)
+    assert result["p50"] == pytest.approx(5.5)
+    assert result["p90"] == pytest.approx(9.1)
+    assert result["p99"] == pytest.approx(9.91)
+    assert stats([])["p99"] is None
+
+
+def test_summary_attainment_goodput_throughput():
+    slo = Slo(ttft_ms=200, tbt_ms=50, tbt_percentile=90)
+    outcomes = [
+        Outcome(0, True, 10, 0.1, 1.0, 0.04),   # meets both
+        Outcome(1, True, 10, 0.3, 1.0, 0.04),   # late first token
+        Outcome(2, True, 20, 0.1, 1.0, 0.08),   # slow decode
+        Outcome(3, False, 0, None, None, None),  # failed
+    ]
+    summary = summarize(outcomes, slo, duration_s=2.0, gap_stats=stats([0.04]))
+    assert summary["requests"] == 4 and summary["completed"] == 3 and summary["failed"] == 1
+    assert summary["attainment"] == {"ttft": 0.5, "tbt": 0.5, "both": 0.25}
+    assert summary["goodput_rps"] == pytest.approx(0.5)
+    assert summary["throughput_rps"] == pytest.approx(1.5)
+    assert summary["throughput_tokens_per_s"] == pytest.approx(20.0)
+    assert summary["ttft_s"]["mean"] == pytest.approx((0.1 + 0.3 + 0.1) / 3)
+
+
+def test_reduce_uses_every_gap_and_the_run_span():
+    slo = Slo(ttft_ms=100, tbt_ms=15, tbt_percentile=100)
+    records = [
+        RequestRecord(0, 8, 3, sent_at=0.0, token_times=[0.05, 0.06, 0.07], done_at=0.07),
+        RequestRecord(1, 8, 3, sent_at=1.0, token_times=[1.2, 1.21, 1.23], done_at=2.0),
+    ]
+    result = reduce(records, slo, "s", 1.0)
+    assert result.summary["duration_s"] == pytest.approx(2.0)
+    assert result.summary["tbt_s"]["count"] == 4
+    assert result.summary["tbt_s"]["mean"] == pytest.approx((0.01 + 0.01 + 0.01 + 0.02) / 4)
+    # Request 0: TTFT 50 ms, worst gap 10 ms → both; request 1: TTFT 200 ms, worst gap 20 ms → neither.
+    assert result.summary["attainment"] == {"ttft": 0.5, "tbt": 0.5, "both": 0.5}
+    assert sorted(result.gaps_s) == pytest.approx([0.01, 0.01, 0.01, 0.02])
+    assert not math.isnan(result.summary["e2e_s"]["p99"])
+
+
+def test_slo_rejects_nonsense():
+    with pytest.raises(ValueError):
+        Slo(0, 10)
+    with pytest.raises(ValueError):
+        Slo(10, 10, tbt_percentile=101)
