@@ -108,4 +108,7 @@ pub enum EngineError {
     /// The engine is shutting down or has stopped.
     #[error("the engine has stopped")]
     Stopped,
+    /// The scheduler refused the request for another reason (e.g. an empty prompt).
+    #[error("request refused: {0}")]
+    Rejected(String),
 }

@@ -2,10 +2,21 @@
 //! - `api`: request-level types shared with the HTTP layer.
 //! - `handle`: `EngineHandle` (cloneable commands) and `RequestStream` (events; drop cancels).
 //! - `model_info`: what the shard told us about the model and its KV pools.
+//! - `step_loop`: the engine task (schedule → run → postprocess).
+//! - `step_request` / `postprocess`: plan → `StepRequest`, `StepResponse` → events.
+//! - `active`: per-request bookkeeping (stream, limits, progress).
+//! - `metrics`: the engine's /metrics series.
+mod active;
 pub mod api;
 mod handle;
+mod metrics;
 mod model_info;
+mod postprocess;
+mod step_loop;
+mod step_request;
+#[cfg(test)]
+mod testing;
 
 pub use handle::{EngineHandle, RequestStream};
-pub(crate) use handle::{Command, EngineStatus};
 pub use model_info::ModelInfo;
+pub use step_loop::{spawn_engine, EngineConfig};

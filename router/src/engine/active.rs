@@ -1,0 +1,85 @@
+//! The engine's per-request bookkeeping: where to send a request's events, what it asked for,
+//! and how far it got. The scheduler owns everything about blocks and positions; this owns
+//! everything about the client.
+use std::collections::HashMap;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use super::api::{EngineEvent, FinishReason, GenerationRequest, RequestTimings};
+
+pub(crate) struct ActiveRequest {
+    pub request: GenerationRequest,
+    pub events: mpsc::UnboundedSender<EngineEvent>,
+    /// Whether the shard knows the request (its `NewRequest` was sent), so it must be forgotten.
+    pub sent_to_shard: bool,
+    pub generated_tokens: u32,
+    /// Prompt logprobs gathered over the prefill chunks, sent with the first token.
+    pub prompt_logprobs: Vec<f32>,
+    pub first_scheduled: Option<Instant>,
+}
+
+impl ActiveRequest {
+    pub fn new(request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent>) -> Self {
+        Self {
+            request,
+            events,
+            sent_to_shard: false,
+            generated_tokens: 0,
+            prompt_logprobs: Vec::new(),
+            first_scheduled: None,
+        }
+    }
+
+    /// Why the request ends after its latest token, if it does.
+    pub fn finish_reason(&self, last_token_is_eos: bool) -> Option<FinishReason> {
+        if last_token_is_eos && !self.request.ignore_eos {
+            Some(FinishReason::EosToken)
+        } else if self.generated_tokens >= self.request.max_new_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
+    pub fn timings(&self, now: Instant) -> RequestTimings {
+        RequestTimings { first_scheduled: self.first_scheduled.unwrap_or(now), finished: now }
+    }
+
+    /// Sends an event; false when the client has gone (its stream was dropped).
+    pub fn send(&self, event: EngineEvent) -> bool {
+        self.events.send(event).is_ok()
+    }
+}
+
+/// Every request the engine has accepted and not yet finished, by id.
+#[derive(Default)]
+pub(crate) struct ActiveRequests {
+    by_id: HashMap<u64, ActiveRequest>,
+}
+
+impl ActiveRequests {
+    pub fn insert(&mut self, id: u64, request: ActiveRequest) {
+        self.by_id.insert(id, request);
+    }
+
+    pub fn get(&self, id: u64) -> Option<&ActiveRequest> {
+        self.by_id.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: u64) -> Option<&mut ActiveRequest> {
+        self.by_id.get_mut(&id)
+    }
+
+    pub fn remove(&mut self, id: u64) -> Option<ActiveRequest> {
+        self.by_id.remove(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn drain(&mut self) -> impl Iterator<Item = (u64, ActiveRequest)> + '_ {
+        self.by_id.drain()
+    }
+}

@@ -1,0 +1,139 @@
+//! Applies a `StepResponse`: sampled tokens become events on the requests' streams, EOS and
+//! `max_new_tokens` end requests, and the scheduler gets the results it needs.
+use std::time::Instant;
+
+use superinfer_scheduler::StepResults;
+
+use super::active::ActiveRequests;
+use super::api::{EngineEvent, FinishReason, GeneratedToken, TokenLogprob};
+use crate::pb;
+
+/// What the engine must do after a step besides informing the scheduler.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct StepOutcome {
+    pub results: StepResults,
+    /// Requests that reached EOS or their token limit (their final event is sent).
+    pub finished: Vec<(u64, FinishReason)>,
+    /// Requests whose client went away while their events were being sent.
+    pub disconnected: Vec<u64>,
+}
+
+pub(crate) fn apply_step_response(
+    response: pb::StepResponse,
+    requests: &mut ActiveRequests,
+    eos_token_ids: &[u32],
+    now: Instant,
+) -> StepOutcome {
+    let step_time_s = response.timings.map(|timings| timings.total_ns as f64 * 1e-9);
+    let mut outcome = StepOutcome {
+        results: StepResults {
+            step_id: response.step_id,
+            sampled: Vec::new(),
+            completed_transfers: response.completed_transfers,
+            step_time_s,
+        },
+        ..StepOutcome::default()
+    };
+    for output in response.outputs {
+        let id = output.request_id;
+        let Some(active) = requests.get_mut(id) else { continue };
+        active.prompt_logprobs.extend(output.prompt_logprobs);
+        let Some(sampled) = output.token else { continue };
+        outcome.results.sampled.push((id, sampled.id));
+        let mut connected = true;
+        if active.generated_tokens == 0 && active.request.prompt_logprobs {
+            let logprobs = std::mem::take(&mut active.prompt_logprobs);
+            connected &= active.send(EngineEvent::PromptLogprobs(logprobs));
+        }
+        active.generated_tokens += 1;
+        let is_eos = eos_token_ids.contains(&sampled.id);
+        connected &= active.send(EngineEvent::Token(generated_token(sampled, is_eos)));
+        if let Some(reason) = active.finish_reason(is_eos) {
+            active.send(EngineEvent::Finished { reason, timings: active.timings(now) });
+            outcome.finished.push((id, reason));
+        } else if !connected {
+            outcome.disconnected.push(id);
+        }
+    }
+    outcome
+}
+
+fn generated_token(sampled: pb::SampledToken, is_eos: bool) -> GeneratedToken {
+    GeneratedToken {
+        id: sampled.id,
+        logprob: sampled.logprob,
+        top_tokens: sampled
+            .top_tokens
+            .into_iter()
+            .map(|top| TokenLogprob { id: top.id, logprob: top.logprob })
+            .collect(),
+        is_eos,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::active::ActiveRequest;
+    use crate::engine::testing::greedy_request;
+
+    fn output(request_id: u64, token: Option<u32>, prompt_logprobs: Vec<f32>) -> pb::RequestOutput {
+        pb::RequestOutput {
+            request_id,
+            token: token.map(|id| pb::SampledToken { id, logprob: -0.5, top_tokens: vec![] }),
+            prompt_logprobs,
+        }
+    }
+
+    #[test]
+    fn tokens_become_events_and_limits_finish_requests() {
+        let mut requests = ActiveRequests::default();
+        let (events_a, mut stream_a) = tokio::sync::mpsc::unbounded_channel();
+        let (events_b, mut stream_b) = tokio::sync::mpsc::unbounded_channel();
+        requests.insert(1, ActiveRequest::new(greedy_request(vec![5, 6], 1), events_a));
+        requests.insert(2, ActiveRequest::new(greedy_request(vec![5, 6, 7], 8), events_b));
+        let response = pb::StepResponse {
+            step_id: 9,
+            outputs: vec![output(1, Some(40), vec![]), output(2, Some(0), vec![])],
+            completed_transfers: vec![3],
+            timings: Some(pb::StepTimings { total_ns: 2_000_000, ..Default::default() }),
+        };
+        let outcome = apply_step_response(response, &mut requests, &[0], Instant::now());
+        assert_eq!(outcome.results.sampled, vec![(1, 40), (2, 0)]);
+        assert_eq!(outcome.results.completed_transfers, vec![3]);
+        assert_eq!(outcome.results.step_time_s, Some(0.002));
+        assert_eq!(outcome.finished, vec![(1, FinishReason::Length), (2, FinishReason::EosToken)]);
+        assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 40 && !t.is_eos));
+        assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Finished { reason: FinishReason::Length, .. })));
+        assert!(matches!(stream_b.try_recv(), Ok(EngineEvent::Token(t)) if t.is_eos));
+    }
+
+    #[test]
+    fn prompt_logprobs_arrive_before_the_first_token_across_chunks() {
+        let mut requests = ActiveRequests::default();
+        let (events, mut stream) = tokio::sync::mpsc::unbounded_channel();
+        let mut request = greedy_request(vec![5, 6, 7, 8], 4);
+        request.prompt_logprobs = true;
+        requests.insert(3, ActiveRequest::new(request, events));
+        let chunk = pb::StepResponse { outputs: vec![output(3, None, vec![-1.0, -2.0])], ..Default::default() };
+        let outcome = apply_step_response(chunk, &mut requests, &[0], Instant::now());
+        assert!(outcome.results.sampled.is_empty());
+        assert!(stream.try_recv().is_err());
+        let last = pb::StepResponse { outputs: vec![output(3, Some(9), vec![-3.0])], ..Default::default() };
+        apply_step_response(last, &mut requests, &[0], Instant::now());
+        assert!(matches!(stream.try_recv(), Ok(EngineEvent::PromptLogprobs(l)) if l == vec![-1.0, -2.0, -3.0]));
+        assert!(matches!(stream.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 9));
+    }
+
+    #[test]
+    fn a_dropped_stream_is_reported_as_disconnected() {
+        let mut requests = ActiveRequests::default();
+        let (events, stream) = tokio::sync::mpsc::unbounded_channel();
+        requests.insert(4, ActiveRequest::new(greedy_request(vec![1], 8), events));
+        drop(stream);
+        let response = pb::StepResponse { outputs: vec![output(4, Some(3), vec![])], ..Default::default() };
+        let outcome = apply_step_response(response, &mut requests, &[0], Instant::now());
+        assert_eq!(outcome.disconnected, vec![4]);
+        assert!(outcome.finished.is_empty());
+    }
+}

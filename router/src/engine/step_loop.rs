@@ -1,0 +1,252 @@
+//! The engine task: the one owner of the scheduler, the shard client and every request's
+//! stream. Each turn it applies the commands that arrived (so cancelled requests free their
+//! blocks before the next plan), then schedule → run → postprocess. It sleeps on its command
+//! channel when there is nothing to compute.
+use std::time::{Duration, Instant};
+
+use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats, Slo};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::active::{ActiveRequest, ActiveRequests};
+use super::api::{EngineError, EngineEvent, GenerationRequest};
+use super::handle::{Command, EngineHandle, EngineStatus};
+use super::metrics;
+use super::postprocess::apply_step_response;
+use super::step_request::build_step_request;
+use crate::client::{ClientError, ShardClient};
+
+/// While transfers are in flight and nothing can be computed, the engine polls the shard for
+/// their completion this often (completions only come back with Step replies).
+const TRANSFER_POLL: Duration = Duration::from_millis(1);
+/// Upper bound on an idle wait, so time-driven policy decisions are re-planned.
+const IDLE_REPLAN: Duration = Duration::from_millis(500);
+
+/// What the engine needs besides the shard client.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub scheduler: SchedulerConfig,
+    /// Tokens that end a generation (unless the request ignores EOS).
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Starts the engine task on `tracker`; it stops when `shutdown` is cancelled, failing the
+/// requests still in flight with `EngineError::Stopped`.
+pub fn spawn_engine(
+    config: EngineConfig,
+    client: ShardClient,
+    tracker: &TaskTracker,
+    shutdown: CancellationToken,
+) -> Result<EngineHandle, SchedulerError> {
+    metrics::describe();
+    let scheduler = Scheduler::new(config.scheduler)?;
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+    let (status_tx, status) = watch::channel(EngineStatus::Running);
+    let engine = Engine {
+        scheduler,
+        client,
+        requests: ActiveRequests::default(),
+        forget: Vec::new(),
+        eos_token_ids: config.eos_token_ids,
+        clock_origin: Instant::now(),
+        status: status_tx,
+        failure: None,
+        last_stats: SchedulerStats::default(),
+    };
+    tracker.spawn(engine.run(commands, shutdown));
+    Ok(EngineHandle::new(commands_tx, status))
+}
+
+struct Engine {
+    scheduler: Scheduler,
+    client: ShardClient,
+    requests: ActiveRequests,
+    /// Requests the shard knows and must drop with the next step.
+    forget: Vec<u64>,
+    eos_token_ids: Vec<u32>,
+    /// Zero of the scheduler's clock (it takes seconds as f64).
+    clock_origin: Instant,
+    status: watch::Sender<EngineStatus>,
+    /// Set once the shard failed; the engine then only answers commands.
+    failure: Option<String>,
+    last_stats: SchedulerStats,
+}
+
+/// What the loop does after planning.
+enum Turn {
+    Stepped,
+    /// Nothing to compute: wait for a command (or poll transfers after `wait`).
+    Idle { wait: Duration },
+}
+
+impl Engine {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>, shutdown: CancellationToken) {
+        loop {
+            while let Ok(command) = commands.try_recv() {
+                self.handle(command).await;
+            }
+            self.publish_stats();
+            let wait = if self.failure.is_some() || !self.scheduler.has_work() {
+                None
+            } else {
+                match self.turn().await {
+                    Turn::Stepped => continue,
+                    Turn::Idle { wait } => Some(wait),
+                }
+            };
+            let sleep = tokio::time::sleep(wait.unwrap_or(Duration::MAX / 4));
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(command) => self.handle(command).await,
+                    None => break,
+                },
+                _ = sleep => {}
+                _ = shutdown.cancelled() => break,
+            }
+            if shutdown.is_cancelled() {
+                break;
+            }
+        }
+        tracing::info!(requests = self.requests.len(), "engine stopping");
+        self.fail_all(EngineError::Stopped);
+    }
+
+    async fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit { id, request, events } => self.submit(id, request, events),
+            Command::Cancel { id } => {
+                if self.requests.get(id).is_some() {
+                    tracing::debug!(id, "request cancelled");
+                    self.scheduler.cancel(id);
+                    self.release(id);
+                }
+            }
+            Command::Health { reply } => {
+                let answer = self.health().await;
+                // The asker may have given up waiting; nothing to do then.
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    fn submit(&mut self, id: u64, request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent>) {
+        if let Some(message) = &self.failure {
+            let _ = events.send(EngineEvent::Failed(EngineError::Shard(message.clone())));
+            return;
+        }
+        let spec = RequestSpec {
+            id,
+            prompt_token_ids: request.prompt_token_ids.clone(),
+            max_new_tokens: request.max_new_tokens,
+            slo: request.slo.map(|slo| Slo { ttft_s: slo.ttft_ms / 1e3, tbt_s: slo.tbt_ms / 1e3 }),
+            arrival: request.arrival.saturating_duration_since(self.clock_origin).as_secs_f64(),
+        };
+        match self.scheduler.add(spec, self.clock()) {
+            Ok(()) => self.requests.insert(id, ActiveRequest::new(request, events)),
+            Err(error) => {
+                tracing::debug!(id, %error, "request refused by the scheduler");
+                let _ = events.send(EngineEvent::Failed(refusal(error)));
+            }
+        }
+    }
+
+    /// While requests run, a successful last step proves the shard alive; when idle, ask it.
+    async fn health(&mut self) -> Result<(), EngineError> {
+        if let Some(message) = &self.failure {
+            return Err(EngineError::Shard(message.clone()));
+        }
+        if self.scheduler.has_work() {
+            return Ok(());
+        }
+        match self.client.health().await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                self.fail(error);
+                Err(EngineError::Shard(self.failure.clone().unwrap_or_default()))
+            }
+        }
+    }
+
+    /// Plans one step and runs it on the shard.
+    async fn turn(&mut self) -> Turn {
+        let plan = self.scheduler.plan(self.clock());
+        let stats = self.scheduler.stats();
+        let transfers_in_flight = stats.swapping_in + stats.swapping_out > 0;
+        if plan.is_empty() && !transfers_in_flight {
+            return Turn::Idle { wait: IDLE_REPLAN };
+        }
+        if plan.is_empty() {
+            // Only an acknowledgement can unblock the scheduler; ask for it after a pause.
+            tokio::time::sleep(TRANSFER_POLL).await;
+        }
+        let request = build_step_request(&plan, std::mem::take(&mut self.forget), &mut self.requests, Instant::now());
+        let started = Instant::now();
+        let response = match self.client.step(request).await {
+            Ok(response) => response,
+            Err(error) => {
+                self.fail(error);
+                return Turn::Stepped;
+            }
+        };
+        metrics::record_step(&plan, started.elapsed(), response.timings.as_ref());
+        let outcome = apply_step_response(response, &mut self.requests, &self.eos_token_ids, Instant::now());
+        self.scheduler.complete(&outcome.results, self.clock());
+        for (id, _reason) in outcome.finished {
+            self.scheduler.finish(id);
+            self.release(id);
+        }
+        for id in outcome.disconnected {
+            self.scheduler.cancel(id);
+            self.release(id);
+        }
+        Turn::Stepped
+    }
+
+    /// Forgets a finished or cancelled request; the shard drops its state with the next step.
+    fn release(&mut self, id: u64) {
+        if let Some(active) = self.requests.remove(id) {
+            if active.sent_to_shard {
+                self.forget.push(id);
+            }
+        }
+    }
+
+    /// The shard failed: every request fails, /health reports it, new requests are refused.
+    fn fail(&mut self, error: ClientError) {
+        let message = error.to_string();
+        tracing::error!(error = %message, requests = self.requests.len(), "shard failure; failing every request");
+        ::metrics::counter!("superinfer_engine_failures_total").increment(1);
+        self.fail_all(EngineError::Shard(message.clone()));
+        self.status.send_replace(EngineStatus::Failed(message.clone()));
+        self.failure = Some(message);
+    }
+
+    fn fail_all(&mut self, error: EngineError) {
+        for (id, active) in self.requests.drain() {
+            self.scheduler.cancel(id);
+            active.send(EngineEvent::Failed(error.clone()));
+        }
+    }
+
+    fn publish_stats(&mut self) {
+        let stats = self.scheduler.stats();
+        metrics::record_scheduler(&stats, &self.last_stats, self.requests.len());
+        self.last_stats = stats;
+    }
+
+    /// Seconds since the engine started: the scheduler's clock.
+    fn clock(&self) -> f64 {
+        self.clock_origin.elapsed().as_secs_f64()
+    }
+}
+
+fn refusal(error: SchedulerError) -> EngineError {
+    match error {
+        SchedulerError::TooLarge { needed_blocks, device_blocks, .. } => EngineError::TooLarge {
+            needed: u32::try_from(needed_blocks).unwrap_or(u32::MAX),
+            available: device_blocks,
+        },
+        other => EngineError::Rejected(other.to_string()),
+    }
+}

@@ -1,0 +1,120 @@
+//! Turns the scheduler's `StepPlan` into the shard's `StepRequest`: the plan's compute and
+//! transfers, plus what only the engine knows — which requests to forget and which prompts the
+//! shard has not seen yet.
+use std::time::Instant;
+
+use superinfer_scheduler::{ScheduledEntry, StepPlan, Transfer};
+
+use super::active::ActiveRequests;
+use super::api::SamplingParams;
+use crate::pb;
+
+/// Builds the Step RPC for `plan`. Marks the requests whose prompt it sends as known to the
+/// shard and stamps their first scheduling time.
+pub(crate) fn build_step_request(
+    plan: &StepPlan,
+    forget: Vec<u64>,
+    requests: &mut ActiveRequests,
+    now: Instant,
+) -> pb::StepRequest {
+    let new_requests = plan
+        .first_scheduled
+        .iter()
+        .filter_map(|&id| {
+            let active = requests.get_mut(id)?;
+            active.sent_to_shard = true;
+            active.first_scheduled.get_or_insert(now);
+            Some(pb::NewRequest {
+                id,
+                prompt_token_ids: active.request.prompt_token_ids.clone(),
+                parameters: Some(sampling_parameters(&active.request.sampling, active.request.top_n_tokens)),
+                prompt_logprobs: active.request.prompt_logprobs,
+            })
+        })
+        .collect();
+    pb::StepRequest {
+        step_id: plan.step_id,
+        forget,
+        new_requests,
+        swap_out: plan.swap_out.iter().map(transfer).collect(),
+        swap_in: plan.swap_in.iter().map(transfer).collect(),
+        scheduled: plan.scheduled.iter().map(scheduled).collect(),
+    }
+}
+
+fn sampling_parameters(sampling: &SamplingParams, top_n_tokens: u32) -> pb::SamplingParameters {
+    pb::SamplingParameters {
+        do_sample: sampling.do_sample,
+        temperature: sampling.temperature,
+        top_k: sampling.top_k,
+        top_p: sampling.top_p,
+        typical_p: sampling.typical_p,
+        repetition_penalty: sampling.repetition_penalty,
+        frequency_penalty: sampling.frequency_penalty,
+        seed: sampling.seed,
+        top_n_tokens,
+    }
+}
+
+fn transfer(transfer: &Transfer) -> pb::Transfer {
+    pb::Transfer {
+        id: transfer.id,
+        src_blocks: transfer.src_blocks.clone(),
+        dst_blocks: transfer.dst_blocks.clone(),
+    }
+}
+
+fn scheduled(entry: &ScheduledEntry) -> pb::ScheduledRequest {
+    pb::ScheduledRequest {
+        id: entry.id,
+        num_computed_tokens: entry.num_computed_tokens,
+        num_new_tokens: entry.num_new_tokens,
+        block_table: entry.block_table.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::active::ActiveRequest;
+    use crate::engine::testing::greedy_request;
+
+    #[test]
+    fn sends_prompts_once_with_the_plan() {
+        let mut requests = ActiveRequests::default();
+        let (events, _receiver) = tokio::sync::mpsc::unbounded_channel();
+        requests.insert(7, ActiveRequest::new(greedy_request(vec![1, 2, 3], 4), events));
+        let plan = StepPlan {
+            step_id: 3,
+            swap_out: vec![Transfer { id: 11, request_id: 9, src_blocks: vec![4], dst_blocks: vec![0] }],
+            scheduled: vec![ScheduledEntry { id: 7, num_computed_tokens: 0, num_new_tokens: 3, block_table: vec![2] }],
+            first_scheduled: vec![7],
+            sampling: vec![7],
+            ..StepPlan::default()
+        };
+        let now = Instant::now();
+        let step = build_step_request(&plan, vec![5], &mut requests, now);
+        assert_eq!(step.step_id, 3);
+        assert_eq!(step.forget, vec![5]);
+        assert_eq!(step.new_requests.len(), 1);
+        assert_eq!(step.new_requests[0].prompt_token_ids, vec![1, 2, 3]);
+        assert_eq!(step.swap_out[0].src_blocks, vec![4]);
+        assert_eq!(step.swap_out[0].dst_blocks, vec![0]);
+        assert_eq!(step.scheduled[0].block_table, vec![2]);
+        assert_eq!(step.scheduled[0].num_new_tokens, 3);
+        let active = requests.get(7).unwrap();
+        assert!(active.sent_to_shard);
+        assert_eq!(active.first_scheduled, Some(now));
+
+        // The next chunk of the same request carries no prompt.
+        let next = StepPlan { step_id: 4, first_scheduled: vec![], ..plan };
+        assert!(build_step_request(&next, vec![], &mut requests, now).new_requests.is_empty());
+    }
+
+    #[test]
+    fn skips_requests_cancelled_before_their_first_step() {
+        let mut requests = ActiveRequests::default();
+        let plan = StepPlan { step_id: 1, first_scheduled: vec![42], ..StepPlan::default() };
+        assert!(build_step_request(&plan, vec![], &mut requests, Instant::now()).new_requests.is_empty());
+    }
+}
