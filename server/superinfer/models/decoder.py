@@ -1,0 +1,116 @@
+"""The Llama-family decoder shared by every supported architecture: RMSNorm, fused QKV
+attention over the paged KV cache, fused gate/up SwiGLU MLP.
+
+Q/K/V and gate/up are single matmuls (the loader concatenates the checkpoint's separate
+weights) because on the CPU one large GEMM is markedly faster than three small ones."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMetadata, paged_attention, write_kv
+from .config import ModelConfig
+from .rotary import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 whatever the compute dtype, as the reference implementation does.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        q_size = config.num_heads * config.head_dim
+        kv_size = config.num_kv_heads * config.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        layer_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; layer_cache: [N, 2, block_size, Hkv, D]."""
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)  # [T, H, D]
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)  # [T, Hkv, D]
+        write_kv(layer_cache, k, v.view(num_tokens, self.num_kv_heads, self.head_dim), meta)
+        return self.o_proj(paged_attention(q, layer_cache, meta))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, rope, layer_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, layer_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+class DecoderForCausalLM(nn.Module):
+    """Parameter names follow the Hugging Face checkpoints, except the fused projections."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def reset_buffers(self) -> None:
+        """Recomputes derived (non-checkpoint) buffers; the loader calls it after `to_empty`."""
+        self.model.rotary_emb.reset_buffers()
+
+    def forward(self, input_ids: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids: [T]; kv_cache: [N, L, 2, block_size, Hkv, D] -> final hidden states [T, hidden]."""
+        x = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb(meta.positions, x.dtype)
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, rope, kv_cache[:, index], meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, hidden] (only the rows that need logits) -> [R, vocab] float32."""
+        return self.lm_head(hidden).float()

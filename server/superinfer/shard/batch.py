@@ -1,0 +1,103 @@
+"""Turns one step's scheduled chunks into the flat token batch and the attention metadata
+(positions, KV slots, per-group block tables and masks) — once per step, with tensor ops, so
+the layers do no per-request Python work.
+
+Flat order: every prefill chunk (more than one token) first, then every decode; each group's
+rows are contiguous. `ChunkRows` maps each chunk, in the caller's order, back to its rows."""
+from dataclasses import dataclass
+
+import torch
+
+from ..models.attention import AttentionGroup, AttentionMetadata
+
+
+@dataclass(frozen=True)
+class Chunk:
+    # The tokens computed this step (positions start .. start + len(token_ids) - 1).
+    token_ids: list[int]
+    start: int
+    # The request's device blocks in position order (at least the ones this chunk reaches).
+    block_table: list[int]
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    input_ids: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    # Per chunk in the caller's order: first flat row of its tokens (they are contiguous).
+    first_rows: list[int]
+
+
+def _padded(rows: list[list[int]], width: int) -> torch.Tensor:
+    # Padding repeats a real block id (the first of the row): masked keys must still be finite.
+    return torch.tensor([row[:width] + [row[0]] * (width - len(row[:width])) for row in rows], dtype=torch.int64)
+
+
+def _context_mask(starts: torch.Tensor, lengths: torch.Tensor, queries: int, keys: int, window: int | None):
+    """[B, 1, Q, S]: query q of request b (position starts[b] + q) may see key j."""
+    query_pos = starts[:, None] + torch.arange(queries)[None, :]  # [B, Q]
+    # Padded queries (q >= length) are clamped to the last real one so no row is empty.
+    query_pos = torch.minimum(query_pos, (starts + lengths - 1)[:, None])
+    key_pos = torch.arange(keys)[None, None, :]  # [1, 1, S]
+    allowed = key_pos <= query_pos[:, :, None]
+    if window is not None:
+        allowed &= key_pos > query_pos[:, :, None] - window
+    return allowed[:, None]
+
+
+def _group(chunks: list[Chunk], row_start: int, block_size: int, window: int | None, decode: bool) -> AttentionGroup:
+    lengths = torch.tensor([len(c.token_ids) for c in chunks], dtype=torch.int64)
+    starts = torch.tensor([c.start for c in chunks], dtype=torch.int64)
+    context = starts + lengths
+    num_blocks = int((int(context.max()) + block_size - 1) // block_size)
+    block_tables = _padded([c.block_table for c in chunks], num_blocks)
+    keys = num_blocks * block_size
+    queries = int(lengths.max())
+    mask = _context_mask(starts, lengths, queries, keys, window)
+    if decode and window is None and bool((context == keys).all()):
+        mask = None  # every key is visible to every query
+    num_rows = int(lengths.sum())
+    if decode:
+        return AttentionGroup(row_start, num_rows, block_tables, mask)
+    # query_rows[b, q]: flat row of query q of chunk b (padded queries repeat the last row).
+    offsets = torch.cumsum(lengths, 0) - lengths
+    q_index = torch.arange(queries)[None, :]
+    query_rows = row_start + offsets[:, None] + torch.minimum(q_index, (lengths - 1)[:, None])
+    real_queries = (torch.arange(len(chunks))[:, None] * queries + q_index)[q_index < lengths[:, None]]
+    return AttentionGroup(row_start, num_rows, block_tables, mask, query_rows, real_queries)
+
+
+def build_batch(chunks: list[Chunk], block_size: int, window: int | None, device: torch.device) -> StepBatch:
+    prefill = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
+    decode = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
+    order = prefill + decode
+    ordered = [chunks[i] for i in order]
+    lengths = torch.tensor([len(c.token_ids) for c in ordered], dtype=torch.int64)
+    starts = torch.tensor([c.start for c in ordered], dtype=torch.int64)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    first_rows = [0] * len(chunks)
+    for rank, index in enumerate(order):
+        first_rows[index] = int(offsets[rank])
+    input_ids = torch.tensor([t for c in ordered for t in c.token_ids], dtype=torch.int64)
+    # positions[t] = start of its chunk + index within the chunk.  [T]
+    chunk_of_row = torch.repeat_interleave(torch.arange(len(ordered)), lengths)
+    positions = starts[chunk_of_row] + torch.arange(int(lengths.sum())) - offsets[chunk_of_row]
+    widest = int(((starts + lengths).max() + block_size - 1) // block_size)
+    all_tables = _padded([c.block_table for c in ordered], widest)
+    slot_blocks = all_tables[chunk_of_row, positions // block_size]
+    groups = []
+    if prefill:
+        groups.append(_group([chunks[i] for i in prefill], 0, block_size, window, decode=False))
+    if decode:
+        groups.append(_group([chunks[i] for i in decode], len(input_ids) - len(decode), block_size, window, decode=True))
+    to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+    meta = AttentionMetadata(
+        positions=to(positions),
+        slot_blocks=to(slot_blocks),
+        slot_offsets=to(positions % block_size),
+        groups=tuple(
+            AttentionGroup(g.row_start, g.num_rows, to(g.block_tables), to(g.mask), to(g.query_rows), to(g.real_queries))
+            for g in groups
+        ),
+    )
+    return StepBatch(to(input_ids), meta, first_rows)

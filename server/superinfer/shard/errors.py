@@ -1,0 +1,13 @@
+"""Errors the shard raises; the service maps each kind to one gRPC status."""
+
+
+class LoaderError(RuntimeError):
+    """The model could not be found or read (missing, corrupt or unsupported files)."""
+
+
+class PlanError(ValueError):
+    """A Step plan failed validation; it is rejected whole (INVALID_ARGUMENT) and no state changed."""
+
+
+class NotWarmedUpError(RuntimeError):
+    """Step was called before Warmup allocated the KV pools (FAILED_PRECONDITION)."""

@@ -1,0 +1,64 @@
+"""The paged KV cache: one device tensor and one host tensor of the same block-first layout
+[num_blocks, num_layers, 2 (K/V), block_size, num_kv_heads, head_dim], so one block across
+all layers is one contiguous run — the unit the transfer engine moves.
+
+Both pools are zero-filled: attention multiplies masked-out context by exactly zero, and
+uninitialised memory holding NaN would survive that (0 · NaN = NaN)."""
+from dataclasses import dataclass
+
+import torch
+
+from ..models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def for_model(cls, config: ModelConfig, block_size: int, dtype: torch.dtype) -> "KVGeometry":
+        return cls(config.num_layers, block_size, config.num_kv_heads, config.head_dim, dtype)
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        # [L, 2, block_size, Hkv, D]
+        return (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def block_bytes(self) -> int:
+        elements = 1
+        for size in self.block_shape:
+            elements *= size
+        return elements * torch.empty((), dtype=self.dtype).element_size()
+
+
+def blocks_for_memory(free_bytes: int, fraction: float, block_bytes: int) -> int:
+    """Device blocks that fit in `fraction` of the measured free memory."""
+    return max(0, int(free_bytes * fraction) // block_bytes)
+
+
+class KVCache:
+    """Owns the device pool (`device`) and the host pool (`host`); layers read views of `device`."""
+
+    def __init__(self, geometry: KVGeometry, num_device_blocks: int, num_host_blocks: int, device: torch.device):
+        if num_device_blocks < 1:
+            raise ValueError(f"the device KV pool needs at least one block, got {num_device_blocks}")
+        if num_host_blocks < 0:
+            raise ValueError(f"the host KV pool cannot have {num_host_blocks} blocks")
+        self.geometry = geometry
+        self.device = torch.zeros((num_device_blocks, *geometry.block_shape), dtype=geometry.dtype, device=device)
+        # Pinned on a GPU host so copies are true DMA and can overlap compute.
+        pin = device.type == "cuda"
+        self.host = torch.zeros((num_host_blocks, *geometry.block_shape), dtype=geometry.dtype, pin_memory=pin)
+
+    @property
+    def num_device_blocks(self) -> int:
+        return int(self.device.shape[0])
+
+    @property
+    def num_host_blocks(self) -> int:
+        return int(self.host.shape[0])

@@ -1,0 +1,153 @@
+"""Builds a model from a Hugging Face directory: typed config, architecture from the
+registry, weights from safetensors (with the renames our fused modules need), tokenizer info.
+
+Checkpoint names map onto the modules one to one except: q/k/v projections are concatenated
+into `qkv_proj`, gate/up into `gate_up_proj`, a tied `lm_head.weight` is skipped and stale
+rotary buffers are ignored."""
+import json
+import logging
+import pathlib
+import re
+from dataclasses import dataclass
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+from ..models.config import ConfigError, ModelConfig, model_config_from_hf
+from ..models.decoder import DecoderForCausalLM
+from ..models.registry import model_class
+from .errors import LoaderError
+from .model_source import ModelSource
+from .tokenizer_info import TokenizerInfo, read_tokenizer_info
+
+log = logging.getLogger(__name__)
+
+# checkpoint suffix -> (fused module, position of this part)
+_FUSED_PARTS = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+_FUSED_COUNT = {"self_attn.qkv_proj": 3, "mlp.gate_up_proj": 2}
+_LAYER_PART = re.compile(r"^(model\.layers\.\d+)\.(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.(weight|bias)$")
+
+
+@dataclass
+class LoadedModel:
+    model_id: str
+    config: ModelConfig
+    model: DecoderForCausalLM
+    tokenizer: TokenizerInfo
+
+
+def read_config(directory: pathlib.Path) -> ModelConfig:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise LoaderError(f"{directory} has no config.json")
+    try:
+        return model_config_from_hf(json.loads(path.read_text()))
+    except json.JSONDecodeError as err:
+        raise LoaderError(f"{path} is not valid JSON: {err}") from None
+
+
+def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [directory / name for name in names]
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise LoaderError(f"{directory} has no *.safetensors weights")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise LoaderError(f"weight files listed in the index are missing: {', '.join(missing)}")
+    return files
+
+
+def _iter_checkpoint(files: list[pathlib.Path]):
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    yield name, handle.get_tensor(name)
+        except (SafetensorError, OSError) as err:
+            raise LoaderError(f"cannot read weights from {path}: {err}") from None
+
+
+class _StateBuilder:
+    """Collects checkpoint tensors into our parameter names, fusing split projections."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        self.config = config
+        self.dtype = dtype
+        self.state: dict[str, torch.Tensor] = {}
+        self.parts: dict[str, dict[int, torch.Tensor]] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name.endswith("rotary_emb.inv_freq"):
+            return  # derived, recomputed by the model
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return
+        match = _LAYER_PART.match(name)
+        if match is None:
+            self.state[name] = tensor.to(self.dtype)
+            return
+        prefix, part, kind = match.groups()
+        fused, position = _FUSED_PARTS[part]
+        key = f"{prefix}.{fused}.{kind}"
+        pieces = self.parts.setdefault(key, {})
+        pieces[position] = tensor.to(self.dtype)
+        if len(pieces) == _FUSED_COUNT[fused]:
+            self.state[key] = torch.cat([pieces[i] for i in range(len(pieces))], dim=0)
+            del self.parts[key]
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        if self.parts:
+            raise LoaderError(f"checkpoint lacks parts of fused weights: {', '.join(sorted(self.parts))}")
+        return self.state
+
+
+def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: torch.dtype) -> None:
+    files = _safetensors_files(directory)
+    builder = _StateBuilder(model.config, dtype)
+    for name, tensor in tqdm(_iter_checkpoint(files), desc="loading weights", unit="tensor", leave=False):
+        builder.add(name, tensor)
+    state = builder.finish()
+    expected = {name for name in model.state_dict() if not (model.config.tie_word_embeddings and name == "lm_head.weight")}
+    missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
+    if missing or unexpected:
+        raise LoaderError(
+            f"weights in {directory} do not match the {model.config.architecture} model: "
+            f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+        )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.shape != state[name].shape:
+                raise LoaderError(f"weight {name} has shape {tuple(state[name].shape)}, expected {tuple(param.shape)}")
+            param.copy_(state[name])
+
+
+def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    """Reads config, weights and tokenizer files of `source` into a model on `device`."""
+    try:
+        config = read_config(source.directory)
+        cls = model_class(config.architecture)
+    except ConfigError as err:
+        raise LoaderError(f"{source.directory}: {err}") from None
+    tokenizer = read_tokenizer_info(source.directory, config.eos_token_ids)
+    # Built on the meta device then given uninitialised storage: random initialisation of
+    # weights about to be overwritten would cost seconds.
+    with torch.device("meta"):
+        model = cls(config)
+    model = model.to_empty(device="cpu").to(dtype)
+    model.reset_buffers()
+    if config.tie_word_embeddings:  # to_empty gives each module its own storage: tie again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    _load_weights(model, source.directory, dtype)
+    model = model.to(device).eval()
+    log.info("loaded %s (%s, %d layers) from %s", source.model_id, config.architecture, config.num_layers, source.directory)
+    return LoadedModel(model_id=source.model_id, config=model.config, model=model, tokenizer=tokenizer)

