@@ -4,6 +4,7 @@
 //!   request-level interface the HTTP layer uses.
 //! - `client`: the gRPC client of the shard (unix socket), with health checks.
 //! - `config`: the router's flags (clap; each also an environment variable).
+//! - `server`: start-up wiring, `run(config, shutdown)`.
 //! - `telemetry`: logging and OpenTelemetry traces.
 //! - `python`: the pyo3 shim that the `superinfer` package calls.
 
@@ -14,5 +15,6 @@ pub mod pb {
 pub mod client;
 pub mod config;
 pub mod engine;
+pub mod server;
 pub mod telemetry;
 mod python;

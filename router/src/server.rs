@@ -1,0 +1,168 @@
+//! Start-up wiring: connect to the shard → Info → Warmup → start the engine → build the HTTP
+//! app → serve until `shutdown` is cancelled. The caller owns the shutdown token, so tests and
+//! the Python shim decide when the server stops.
+use std::time::Duration;
+
+use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerError, Slo};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::client::{ClientError, ShardClient};
+use crate::config::{RouterConfig, SchedulerKind};
+use crate::engine::{spawn_engine, EngineConfig, EngineHandle, ModelInfo};
+use crate::pb;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Shard(#[from] ClientError),
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    #[error("the shard reported no KV blocks (device {device}); it cannot serve")]
+    NoKvBlocks { device: u32 },
+    #[error("cannot listen on {address}: {source}")]
+    Bind { address: String, source: std::io::Error },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("the HTTP server failed: {0}")]
+    Http(std::io::Error),
+}
+
+/// Runs the router until `shutdown` is cancelled (or the HTTP server fails).
+pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> Result<(), ServerError> {
+    let tracker = TaskTracker::new();
+    let result = serve(&config, &tracker, &shutdown).await;
+    // Whatever ended the server, the engine stops with it and fails what is in flight.
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    result
+}
+
+async fn serve(config: &RouterConfig, tracker: &TaskTracker, shutdown: &CancellationToken) -> Result<(), ServerError> {
+    let (engine, model) = start_engine(config, tracker, shutdown).await?;
+    let address = format!("{}:{}", config.hostname, config.port);
+    let listener = TcpListener::bind(&address)
+        .await
+        .map_err(|source| ServerError::Bind { address: address.clone(), source })?;
+    tracing::info!(%address, model = %model.model_id, "router listening");
+    serve_http(config, engine, &model, listener, shutdown.clone()).await.map_err(ServerError::Http)
+}
+
+/// The HTTP API over the engine, served on `listener` until `shutdown`.
+async fn serve_http(
+    _config: &RouterConfig,
+    _engine: EngineHandle,
+    _model: &ModelInfo,
+    _listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    shutdown.cancelled().await;
+    Ok(())
+}
+
+/// Connects to the shard, learns the model, warms it up and starts the engine task.
+pub async fn start_engine(
+    config: &RouterConfig,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> Result<(EngineHandle, ModelInfo), ServerError> {
+    let timeout = Duration::from_secs(config.shard_connect_timeout_s);
+    tracing::info!(socket = %config.uds_path.display(), "connecting to the shard");
+    let mut client = ShardClient::connect_uds(&config.uds_path, timeout).await?;
+    let info = client.info().await?;
+    tracing::info!(model = %info.model_id, architecture = %info.architecture, dtype = %info.dtype,
+        device = %info.device_type, "shard info");
+    let warmup = client.warmup(config.max_batch_tokens, config.max_batch_requests).await?;
+    let scheduler = scheduler_config(config, &info, &warmup)?;
+    tracing::info!(device_blocks = scheduler.num_device_blocks, host_blocks = scheduler.num_host_blocks,
+        block_size = scheduler.block_size, policy = %scheduler.policy, "warm-up done");
+    let mut model = ModelInfo::from_shard(&info, &warmup);
+    model.num_device_blocks = scheduler.num_device_blocks;
+    model.num_host_blocks = scheduler.num_host_blocks;
+    let engine_config = EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone() };
+    let engine = spawn_engine(engine_config, client, tracker, shutdown.child_token())?;
+    Ok((engine, model))
+}
+
+/// The scheduler's view: pool sizes from Warmup (capped by the flags), costs as measured.
+pub fn scheduler_config(
+    config: &RouterConfig,
+    info: &pb::InfoResponse,
+    warmup: &pb::WarmupResponse,
+) -> Result<SchedulerConfig, ServerError> {
+    let cap = |measured: u32, flag: Option<u32>| flag.map_or(measured, |flag| flag.min(measured));
+    let num_device_blocks = cap(warmup.num_device_blocks, config.device_kv_blocks);
+    if num_device_blocks == 0 {
+        return Err(ServerError::NoKvBlocks { device: num_device_blocks });
+    }
+    if !(config.ttft_slo_ms > 0.0 && config.tbt_slo_ms > 0.0) {
+        return Err(ServerError::Config("--ttft-slo-ms and --tbt-slo-ms must be > 0".into()));
+    }
+    let cost_model = warmup.cost_model.as_ref().map(cost_model).unwrap_or_default();
+    Ok(SchedulerConfig {
+        block_size: info.block_size,
+        num_device_blocks,
+        num_host_blocks: cap(warmup.num_host_blocks, config.host_kv_blocks),
+        block_bytes: info.block_bytes,
+        max_batch_tokens: config.max_batch_tokens,
+        max_batch_requests: config.max_batch_requests,
+        policy: policy(config.scheduler),
+        default_slo: Slo { ttft_s: config.ttft_slo_ms / 1e3, tbt_s: config.tbt_slo_ms / 1e3 },
+        cost_model,
+        ..SchedulerConfig::default()
+    })
+}
+
+fn policy(kind: SchedulerKind) -> PolicyKind {
+    match kind {
+        SchedulerKind::Fcfs => PolicyKind::Fcfs,
+        SchedulerKind::Recompute => PolicyKind::Recompute,
+        SchedulerKind::Swap => PolicyKind::Swap,
+        SchedulerKind::Rotasched => PolicyKind::RotaSched,
+    }
+}
+
+fn cost_model(measured: &pb::CostModel) -> CostModel {
+    CostModel {
+        step_base_s: measured.step_base_s,
+        per_prefill_token_s: measured.per_prefill_token_s,
+        per_decode_request_s: measured.per_decode_request_s,
+        per_context_token_s: measured.per_context_token_s,
+        swap_out_bytes_per_s: measured.swap_out_bytes_per_s,
+        swap_in_bytes_per_s: measured.swap_in_bytes_per_s,
+        transfer_overhead_s: measured.transfer_overhead_s,
+        duplex: measured.duplex,
+        correction: 1.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> RouterConfig {
+        let argv = std::iter::once("router").chain(args.iter().copied());
+        RouterConfig::parse_argv(argv).unwrap()
+    }
+
+    #[test]
+    fn pools_come_from_warmup_capped_by_flags() {
+        let info = pb::InfoResponse { block_size: 16, block_bytes: 4096, ..Default::default() };
+        let warmup = pb::WarmupResponse { num_device_blocks: 100, num_host_blocks: 50, cost_model: None };
+        let scheduler = scheduler_config(&config(&["--device-kv-blocks", "40"]), &info, &warmup).unwrap();
+        assert_eq!((scheduler.num_device_blocks, scheduler.num_host_blocks), (40, 50));
+        assert_eq!(scheduler.policy, PolicyKind::RotaSched);
+        let uncapped = scheduler_config(&config(&["--device-kv-blocks", "400", "--scheduler", "fcfs"]), &info, &warmup).unwrap();
+        assert_eq!(uncapped.num_device_blocks, 100);
+        assert_eq!(uncapped.policy, PolicyKind::Fcfs);
+    }
+
+    #[test]
+    fn an_empty_device_pool_is_an_error() {
+        let info = pb::InfoResponse { block_size: 16, ..Default::default() };
+        let warmup = pb::WarmupResponse::default();
+        assert!(matches!(scheduler_config(&config(&[]), &info, &warmup), Err(ServerError::NoKvBlocks { .. })));
+    }
+}
