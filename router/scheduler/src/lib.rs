@@ -22,6 +22,8 @@ mod request;
 mod scheduler;
 mod stats;
 
+pub mod sim;
+
 pub use config::{PolicyKind, SchedulerConfig, Slo};
 pub use cost_model::{CostModel, Direction, StepShape};
 pub use error::SchedulerError;

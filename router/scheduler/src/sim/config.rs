@@ -1,0 +1,66 @@
+//! What a simulation is given: the scheduler's configuration (including the cost model it
+//! believes), the simulated machine (step time and link), and the workload.
+
+use thiserror::Error;
+
+use crate::config::{SchedulerConfig, Slo};
+use crate::error::SchedulerError;
+use crate::sim::timing::{LinkModel, StepTimeModel};
+
+/// One request of the workload. Its prompt is synthetic: token ids drawn from the request's
+/// index, so no two requests share a cached prefix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimRequest {
+    pub arrival: f64,
+    pub prompt_tokens: u32,
+    /// Tokens generated before the simulated client stops it (EOS ignored).
+    pub max_new_tokens: u32,
+    pub slo: Option<Slo>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    pub scheduler: SchedulerConfig,
+    pub step_time: StepTimeModel,
+    pub link: LinkModel,
+    /// Sorted by arrival (checked).
+    pub requests: Vec<SimRequest>,
+    /// Which percentile of a request's gaps is reported as its TBT.
+    pub tbt_percentile: f64,
+    /// Safety bound on simulated time: requests unfinished by then are reported unfinished.
+    pub max_sim_time_s: f64,
+    /// How many evenly spaced gap quantiles to return for CDFs.
+    pub gap_samples: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    #[error("invalid simulation: {0}")]
+    Invalid(String),
+}
+
+impl SimConfig {
+    pub fn validate(&self) -> Result<(), SimError> {
+        self.scheduler.validate()?;
+        let invalid = |msg: String| Err(SimError::Invalid(msg));
+        if let Some(i) = self.requests.windows(2).position(|w| w[1].arrival < w[0].arrival) {
+            return invalid(format!("requests must be sorted by arrival (request {} comes before {})", i, i + 1));
+        }
+        if let Some(r) = self.requests.iter().find(|r| !(r.arrival.is_finite() && r.arrival >= 0.0)) {
+            return invalid(format!("arrival {} is not a finite time >= 0", r.arrival));
+        }
+        let link = self.link;
+        if !(link.out_bytes_per_s > 0.0 && link.in_bytes_per_s > 0.0 && link.overhead_s >= 0.0) {
+            return invalid("link bandwidths must be > 0 and its overhead >= 0".into());
+        }
+        if !(0.0..=100.0).contains(&self.tbt_percentile) {
+            return invalid(format!("tbt_percentile {} is outside 0..100", self.tbt_percentile));
+        }
+        if !(self.max_sim_time_s > 0.0) {
+            return invalid("max_sim_time_s must be > 0".into());
+        }
+        Ok(())
+    }
+}
