@@ -1,0 +1,140 @@
+"""`superinfer launch`: starts the whole server — one shard on a unix socket in a private
+temporary directory, then the router in its own process — prints the URL once /health
+answers, forwards SIGINT/SIGTERM, and tears everything down when either child dies."""
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from superinfer import launch_config
+from superinfer.launch_config import LaunchConfig
+from superinfer.supervisor import (
+    Supervisor,
+    child_environment,
+    install_signal_handlers,
+    restore_signal_handlers,
+)
+
+# How often readiness is probed while a child starts (a child's exit ends the wait at once).
+PROBE_INTERVAL_S = 0.25
+
+
+class LaunchError(RuntimeError):
+    """Start-up failed; the message says which part and why."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    launch_config.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = launch_config.from_args(args)
+    except ValueError as error:
+        print(f"superinfer launch: {error}", file=sys.stderr)
+        return 2
+    supervisor = Supervisor()
+    previous_handlers = install_signal_handlers(supervisor)
+    socket_dir = Path(tempfile.mkdtemp(prefix="superinfer-"))
+    try:
+        return _serve(config, supervisor, socket_dir)
+    except LaunchError as error:
+        print(f"superinfer launch: {error}", file=sys.stderr)
+        return 1
+    finally:
+        supervisor.shutdown(config.graceful_termination_timeout_s)
+        shutil.rmtree(socket_dir, ignore_errors=True)
+        restore_signal_handlers(previous_handlers)
+
+
+def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> int:
+    socket_path = socket_dir / "shard.sock"
+    env = child_environment({"LOG_LEVEL": config.log_level})
+    supervisor.start("shard", shard_argv(config, socket_path), env)
+    _wait_ready(supervisor, "shard", config.shard_startup_timeout_s, lambda: shard_healthy(socket_path))
+    supervisor.start("router", router_argv(config, socket_path), env)
+    probe_host = "127.0.0.1" if config.hostname in ("0.0.0.0", "::", "") else config.hostname
+    url = f"http://{probe_host}:{config.port}"
+    _wait_ready(supervisor, "router", config.router_startup_timeout_s, lambda: http_healthy(url))
+    print(f"SuperInfer is ready: {url}", flush=True)
+    supervisor.wait()
+    exited = supervisor.first_exited()
+    if exited is not None and supervisor.stop_reason is None:
+        print(f"superinfer launch: {exited.describe_exit()}; shutting down", file=sys.stderr)
+        return 1
+    print(f"superinfer launch: {supervisor.stop_reason}, shutting down", file=sys.stderr, flush=True)
+    return 0
+
+
+def _wait_ready(supervisor: Supervisor, name: str, timeout_s: float, probe) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        if supervisor.stop_reason is not None:
+            raise LaunchError(f"{supervisor.stop_reason} while waiting for the {name}")
+        exited = supervisor.first_exited()
+        if exited is not None:
+            raise LaunchError(f"{exited.describe_exit()} during start-up (see its log above)")
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the {name} did not become healthy within {timeout_s:.0f} s")
+        supervisor.wait(PROBE_INTERVAL_S)
+
+
+def shard_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
+    argv = [sys.executable, "-m", "superinfer.cli", "serve", "--uds-path", str(socket_path)]
+    optional = {
+        "--model": config.model,
+        "--device-kv-blocks": config.device_kv_blocks,
+        "--host-kv-blocks": config.host_kv_blocks,
+        "--dtype": config.dtype,
+    }
+    for name, value in optional.items():
+        if value is not None:
+            argv += [name, str(value)]
+    if config.json_output:
+        argv.append("--json-output")
+    return argv
+
+
+def router_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
+    argv = [
+        sys.executable, "-m", "superinfer.router_main",
+        "--uds-path", str(socket_path),
+        "--port", str(config.port),
+        "--hostname", config.hostname,
+        "--log-level", config.log_level,
+    ]
+    if config.device_kv_blocks is not None:
+        argv += ["--device-kv-blocks", str(config.device_kv_blocks)]
+    if config.host_kv_blocks is not None:
+        argv += ["--host-kv-blocks", str(config.host_kv_blocks)]
+    if config.json_output:
+        argv.append("--json-output")
+    return argv + list(config.router_args)
+
+
+def shard_healthy(socket_path: Path) -> bool:
+    """The shard's gRPC Health answers (it runs a tiny operation on its device)."""
+    if not socket_path.exists():
+        return False
+    import grpc
+
+    from superinfer.pb import shard_pb2, shard_pb2_grpc
+
+    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        try:
+            shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5)
+        except grpc.RpcError:
+            return False
+    return True
+
+
+def http_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False

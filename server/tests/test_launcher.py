@@ -1,0 +1,69 @@
+"""The launcher's configuration and child supervision, with real child processes."""
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from superinfer import launch_config, launcher
+from superinfer.supervisor import Supervisor
+
+
+def parse(argv: list[str]) -> launch_config.LaunchConfig:
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    return launch_config.from_args(parser.parse_args(argv))
+
+
+def test_flags_fall_back_to_environment_variables(monkeypatch):
+    monkeypatch.setenv("PORT", "8123")
+    monkeypatch.setenv("DEVICE_KV_BLOCKS", "48")
+    monkeypatch.setenv("SCHEDULER", "swap")
+    config = parse(["--port", "9000"])
+    assert config.port == 9000  # the flag wins over the environment
+    assert config.device_kv_blocks == 48
+    assert config.router_args == ("--scheduler", "swap")
+
+
+def test_router_gets_only_the_flags_given(monkeypatch):
+    for name in ("SCHEDULER", "MAX_BATCH_TOKENS", "API_KEY", "PORT", "HOSTNAME"):
+        monkeypatch.delenv(name, raising=False)
+    config = parse(["--max-batch-tokens", "512", "--host-kv-blocks", "32"])
+    argv = launcher.router_argv(config, Path("/tmp/s.sock"))
+    assert argv[argv.index("--uds-path") + 1] == "/tmp/s.sock"
+    assert argv[argv.index("--max-batch-tokens") + 1] == "512"
+    assert argv[argv.index("--host-kv-blocks") + 1] == "32"
+    assert "--api-key" not in argv and "--scheduler" not in argv
+    shard = launcher.shard_argv(config, Path("/tmp/s.sock"))
+    assert shard[1:4] == ["-m", "superinfer.cli", "serve"]
+    assert "--model" not in shard  # the shard serves the embedded default
+    assert shard[shard.index("--host-kv-blocks") + 1] == "32"
+
+
+def test_bad_values_are_refused_with_a_message(monkeypatch):
+    monkeypatch.delenv("PORT", raising=False)
+    with pytest.raises(ValueError, match="--port"):
+        parse(["--port", "0"])
+    with pytest.raises(SystemExit):
+        parse(["--device-kv-blocks", "many"])
+
+
+def test_supervisor_wakes_when_a_child_exits():
+    supervisor = Supervisor()
+    sleeper = supervisor.start("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"])
+    quitter = supervisor.start("quitter", [sys.executable, "-c", "raise SystemExit(3)"])
+    assert supervisor.wait(30)
+    assert supervisor.first_exited() is quitter
+    assert quitter.describe_exit() == "quitter exited with status 3"
+    supervisor.shutdown(timeout_s=5)
+    assert sleeper.describe_exit() == "sleeper was killed by SIGTERM"
+
+
+def test_launch_fails_clearly_when_the_shard_dies(tmp_path, monkeypatch, capsys):
+    # A shard that exits at once: the launcher must say so and exit non-zero, not hang.
+    monkeypatch.setattr(launcher, "shard_argv", lambda config, path: [sys.executable, "-c", "raise SystemExit(7)"])
+    monkeypatch.delenv("PORT", raising=False)
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    assert launcher.run(parser.parse_args(["--shard-startup-timeout-s", "60"])) == 1
+    assert "shard exited with status 7" in capsys.readouterr().err
