@@ -18,3 +18,4 @@ pub mod engine;
 pub mod server;
 pub mod telemetry;
 mod python;
+mod simulate;

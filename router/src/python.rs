@@ -70,5 +70,6 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
 fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::simulate::simulate, m)?)?;
     Ok(())
 }

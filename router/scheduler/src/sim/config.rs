@@ -46,9 +46,17 @@ impl SimConfig {
         self.scheduler.validate()?;
         let invalid = |msg: String| Err(SimError::Invalid(msg));
         if let Some(i) = self.requests.windows(2).position(|w| w[1].arrival < w[0].arrival) {
-            return invalid(format!("requests must be sorted by arrival (request {} comes before {})", i, i + 1));
+            return invalid(format!(
+                "requests must be sorted by arrival (request {} comes before {})",
+                i,
+                i + 1
+            ));
         }
-        if let Some(r) = self.requests.iter().find(|r| !(r.arrival.is_finite() && r.arrival >= 0.0)) {
+        if let Some(r) = self
+            .requests
+            .iter()
+            .find(|r| !(r.arrival.is_finite() && r.arrival >= 0.0))
+        {
             return invalid(format!("arrival {} is not a finite time >= 0", r.arrival));
         }
         let link = self.link;
@@ -56,7 +64,10 @@ impl SimConfig {
             return invalid("link bandwidths must be > 0 and its overhead >= 0".into());
         }
         if !(0.0..=100.0).contains(&self.tbt_percentile) {
-            return invalid(format!("tbt_percentile {} is outside 0..100", self.tbt_percentile));
+            return invalid(format!(
+                "tbt_percentile {} is outside 0..100",
+                self.tbt_percentile
+            ));
         }
         if !(self.max_sim_time_s > 0.0) {
             return invalid("max_sim_time_s must be > 0".into());

@@ -19,7 +19,14 @@ pub struct Link {
 
 impl Link {
     pub fn new(model: LinkModel, block_bytes: u64) -> Self {
-        Link { model, block_bytes, free_at: [0.0; 2], in_flight: Vec::new(), bytes_out: 0, bytes_in: 0 }
+        Link {
+            model,
+            block_bytes,
+            free_at: [0.0; 2],
+            in_flight: Vec::new(),
+            bytes_out: 0,
+            bytes_in: 0,
+        }
     }
 
     /// Queues a transfer issued at `now` (the start of the step that carries it).
@@ -59,7 +66,10 @@ impl Link {
 
     /// When the next transfer in flight finishes.
     pub fn next_completion(&self) -> Option<f64> {
-        self.in_flight.iter().map(|&(finish, _)| finish).min_by(f64::total_cmp)
+        self.in_flight
+            .iter()
+            .map(|&(finish, _)| finish)
+            .min_by(f64::total_cmp)
     }
 
     #[cfg(test)]
@@ -73,11 +83,21 @@ mod tests {
     use super::*;
 
     fn transfer(id: u64, blocks: u32) -> Transfer {
-        Transfer { id, request_id: id, src_blocks: (0..blocks).collect(), dst_blocks: (0..blocks).collect() }
+        Transfer {
+            id,
+            request_id: id,
+            src_blocks: (0..blocks).collect(),
+            dst_blocks: (0..blocks).collect(),
+        }
     }
 
     fn model(duplex: bool) -> LinkModel {
-        LinkModel { out_bytes_per_s: 100.0, in_bytes_per_s: 50.0, overhead_s: 0.0, duplex }
+        LinkModel {
+            out_bytes_per_s: 100.0,
+            in_bytes_per_s: 50.0,
+            overhead_s: 0.0,
+            duplex,
+        }
     }
 
     #[test]

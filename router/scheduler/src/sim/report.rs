@@ -70,7 +70,14 @@ pub struct Timeline {
 
 impl Timeline {
     pub fn new(arrival: f64, max_new_tokens: u32) -> Self {
-        Timeline { arrival, max_new_tokens, first_token: None, last_token: arrival, tokens: 0, gaps: Vec::new() }
+        Timeline {
+            arrival,
+            max_new_tokens,
+            first_token: None,
+            last_token: arrival,
+            tokens: 0,
+            gaps: Vec::new(),
+        }
     }
 
     /// Records a token at `time`; true when the request has all its tokens.
@@ -86,7 +93,13 @@ impl Timeline {
     }
 
     /// The outcome, moving this request's gaps into `all_gaps` (f32: 20 M gaps fit in 80 MB).
-    pub fn close(mut self, id: u64, finished: bool, tbt_percentile: f64, all_gaps: &mut Vec<f32>) -> RequestOutcome {
+    pub fn close(
+        mut self,
+        id: u64,
+        finished: bool,
+        tbt_percentile: f64,
+        all_gaps: &mut Vec<f32>,
+    ) -> RequestOutcome {
         all_gaps.extend(self.gaps.iter().map(|&g| g as f32));
         self.gaps.sort_unstable_by(f64::total_cmp);
         let produced = self.first_token.is_some();
@@ -121,7 +134,9 @@ pub fn summarize_gaps(gaps: &mut [f32], samples: usize) -> (GapStats, Vec<f64>) 
     let quantiles = match samples {
         0 => Vec::new(),
         1 => vec![sorted[sorted.len() / 2]],
-        n => (0..n).filter_map(|i| percentile_sorted(&sorted, 100.0 * i as f64 / (n - 1) as f64)).collect(),
+        n => (0..n)
+            .filter_map(|i| percentile_sorted(&sorted, 100.0 * i as f64 / (n - 1) as f64))
+            .collect(),
     };
     (stats, quantiles)
 }

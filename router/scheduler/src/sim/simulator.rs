@@ -74,14 +74,17 @@ impl<'a> Simulation<'a> {
             let id = index as u64;
             let spec = RequestSpec {
                 id,
-                prompt_token_ids: (0..u64::from(request.prompt_tokens)).map(|p| synthetic_token(id, p)).collect(),
+                prompt_token_ids: (0..u64::from(request.prompt_tokens))
+                    .map(|p| synthetic_token(id, p))
+                    .collect(),
                 max_new_tokens: request.max_new_tokens,
                 slo: request.slo,
                 arrival: request.arrival,
             };
             match scheduler.add(spec, self.now) {
                 Ok(()) => {
-                    self.live.insert(id, Timeline::new(request.arrival, request.max_new_tokens));
+                    self.live
+                        .insert(id, Timeline::new(request.arrival, request.max_new_tokens));
                 }
                 Err(error) => self.outcomes[index] = Some(rejected(id, request.arrival, error.to_string())),
             }
@@ -152,7 +155,11 @@ impl<'a> Simulation<'a> {
         let end = self.now + duration;
         let results = StepResults {
             step_id: plan.step_id,
-            sampled: plan.sampling.iter().map(|&id| (id, synthetic_token(id, u64::MAX - self.steps))).collect(),
+            sampled: plan
+                .sampling
+                .iter()
+                .map(|&id| (id, synthetic_token(id, u64::MAX - self.steps)))
+                .collect(),
             completed_transfers: self.link.take_completed(end),
             step_time_s: Some(duration),
         };
@@ -182,7 +189,15 @@ impl<'a> Simulation<'a> {
             .outcomes
             .into_iter()
             .enumerate()
-            .map(|(i, o)| o.unwrap_or_else(|| rejected(i as u64, requests[i].arrival, "never arrived before the simulation ended".into())))
+            .map(|(i, o)| {
+                o.unwrap_or_else(|| {
+                    rejected(
+                        i as u64,
+                        requests[i].arrival,
+                        "never arrived before the simulation ended".into(),
+                    )
+                })
+            })
             .collect();
         let (gap_stats, gap_quantiles) = summarize_gaps(&mut self.all_gaps, self.config.gap_samples);
         let first = requests.first().map_or(0.0, |r| r.arrival);

@@ -44,7 +44,8 @@ impl StepTimeModel {
             StepTimeModel::Roofline(r) => {
                 let tokens = (shape.prefill_tokens + shape.decode_requests) as f64;
                 let context = shape.context_tokens as f64;
-                let compute = (r.flops_per_token * tokens + r.flops_per_context_token * context) / r.flops_per_s;
+                let compute =
+                    (r.flops_per_token * tokens + r.flops_per_context_token * context) / r.flops_per_s;
                 let memory = (r.weight_bytes + r.kv_bytes_per_context_token * context) / r.memory_bytes_per_s;
                 r.overhead_s + compute.max(memory)
             }
@@ -95,10 +96,18 @@ mod tests {
         };
         let model = StepTimeModel::Roofline(r);
         // One decode: memory-bound (1 ms of weights) beats 1 µs of compute.
-        let decode = StepShape { prefill_tokens: 0, decode_requests: 1, context_tokens: 10 };
+        let decode = StepShape {
+            prefill_tokens: 0,
+            decode_requests: 1,
+            context_tokens: 10,
+        };
         assert!((model.step_time(decode) - 0.002).abs() < 1e-12);
         // 4096 prefill tokens: 4.096 ms of compute beats 1 ms of weights.
-        let prefill = StepShape { prefill_tokens: 4096, decode_requests: 0, context_tokens: 4096 };
+        let prefill = StepShape {
+            prefill_tokens: 4096,
+            decode_requests: 0,
+            context_tokens: 4096,
+        };
         assert!((model.step_time(prefill) - 0.005096).abs() < 1e-12);
     }
 }

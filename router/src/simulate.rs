@@ -1,0 +1,250 @@
+//! `superinfer._router.simulate(config_json) -> str`: the pyo3 entry point of the simulator
+//! (`superinfer_scheduler::sim`). Parses the JSON config (requests column-wise, scheduler
+//! fields optional over `SchedulerConfig::default()`), runs the simulation with the GIL
+//! released, and answers JSON (per-request outcomes column-wise).
+
+use std::time::Instant;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use superinfer_scheduler::sim::{self, LinkModel, Roofline, SimConfig, SimReport, SimRequest, StepTimeModel};
+use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerStats, Slo};
+
+#[derive(Deserialize)]
+struct SloJson {
+    ttft_s: f64,
+    tbt_s: f64,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+struct CostJson {
+    step_base_s: f64,
+    per_prefill_token_s: f64,
+    per_decode_request_s: f64,
+    per_context_token_s: f64,
+    swap_out_bytes_per_s: f64,
+    swap_in_bytes_per_s: f64,
+    transfer_overhead_s: f64,
+    duplex: bool,
+}
+
+impl From<CostJson> for CostModel {
+    fn from(c: CostJson) -> Self {
+        CostModel {
+            step_base_s: c.step_base_s,
+            per_prefill_token_s: c.per_prefill_token_s,
+            per_decode_request_s: c.per_decode_request_s,
+            per_context_token_s: c.per_context_token_s,
+            swap_out_bytes_per_s: c.swap_out_bytes_per_s,
+            swap_in_bytes_per_s: c.swap_in_bytes_per_s,
+            transfer_overhead_s: c.transfer_overhead_s,
+            duplex: c.duplex,
+            correction: 1.0,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct SchedulerJson {
+    policy: String,
+    cost_model: CostJson,
+    block_size: Option<u32>,
+    num_device_blocks: Option<u32>,
+    num_host_blocks: Option<u32>,
+    block_bytes: Option<u64>,
+    max_batch_tokens: Option<u32>,
+    max_batch_requests: Option<u32>,
+    prefix_caching: Option<bool>,
+    default_slo: Option<SloJson>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum StepTimeJson {
+    Linear(CostJson),
+    Roofline {
+        overhead_s: f64,
+        flops_per_token: f64,
+        flops_per_context_token: f64,
+        flops_per_s: f64,
+        weight_bytes: f64,
+        kv_bytes_per_context_token: f64,
+        memory_bytes_per_s: f64,
+    },
+}
+
+#[derive(Deserialize)]
+struct LinkJson {
+    out_bytes_per_s: f64,
+    in_bytes_per_s: f64,
+    overhead_s: f64,
+    duplex: bool,
+}
+
+/// Column-wise: one entry per request in each list (the objectives lists are optional).
+#[derive(Deserialize)]
+struct RequestsJson {
+    arrival: Vec<f64>,
+    prompt_tokens: Vec<u32>,
+    max_new_tokens: Vec<u32>,
+    ttft_s: Option<Vec<f64>>,
+    tbt_s: Option<Vec<f64>>,
+}
+
+#[derive(Deserialize)]
+struct ConfigJson {
+    scheduler: SchedulerJson,
+    step_time: StepTimeJson,
+    link: LinkJson,
+    requests: RequestsJson,
+    #[serde(default = "default_percentile")]
+    tbt_percentile: f64,
+    #[serde(default = "default_max_time")]
+    max_sim_time_s: f64,
+    #[serde(default = "default_gap_samples")]
+    gap_samples: usize,
+}
+
+fn default_percentile() -> f64 {
+    90.0
+}
+fn default_max_time() -> f64 {
+    1e7
+}
+fn default_gap_samples() -> usize {
+    2000
+}
+
+fn scheduler_config(s: SchedulerJson) -> Result<SchedulerConfig, String> {
+    let defaults = SchedulerConfig::default();
+    Ok(SchedulerConfig {
+        policy: s.policy.parse::<PolicyKind>().map_err(|e| e.to_string())?,
+        cost_model: s.cost_model.into(),
+        block_size: s.block_size.unwrap_or(defaults.block_size),
+        num_device_blocks: s.num_device_blocks.unwrap_or(defaults.num_device_blocks),
+        num_host_blocks: s.num_host_blocks.unwrap_or(defaults.num_host_blocks),
+        block_bytes: s.block_bytes.unwrap_or(defaults.block_bytes),
+        max_batch_tokens: s.max_batch_tokens.unwrap_or(defaults.max_batch_tokens),
+        max_batch_requests: s.max_batch_requests.unwrap_or(defaults.max_batch_requests),
+        prefix_caching: s.prefix_caching.unwrap_or(defaults.prefix_caching),
+        default_slo: s.default_slo.map_or(defaults.default_slo, |d| Slo {
+            ttft_s: d.ttft_s,
+            tbt_s: d.tbt_s,
+        }),
+        ..defaults
+    })
+}
+
+fn requests(r: RequestsJson) -> Result<Vec<SimRequest>, String> {
+    let n = r.arrival.len();
+    let same = |len: Option<usize>| len.is_none_or(|l| l == n);
+    if r.prompt_tokens.len() != n
+        || r.max_new_tokens.len() != n
+        || !same(r.ttft_s.as_ref().map(Vec::len))
+        || !same(r.tbt_s.as_ref().map(Vec::len))
+    {
+        return Err("requests: every column must have one entry per request".into());
+    }
+    let slo = |i: usize| match (&r.ttft_s, &r.tbt_s) {
+        (Some(ttft), Some(tbt)) => Some(Slo {
+            ttft_s: ttft[i],
+            tbt_s: tbt[i],
+        }),
+        _ => None,
+    };
+    Ok((0..n)
+        .map(|i| SimRequest {
+            arrival: r.arrival[i],
+            prompt_tokens: r.prompt_tokens[i],
+            max_new_tokens: r.max_new_tokens[i],
+            slo: slo(i),
+        })
+        .collect())
+}
+
+fn parse(config_json: &str) -> Result<SimConfig, String> {
+    let c: ConfigJson = serde_json::from_str(config_json).map_err(|e| format!("simulation config: {e}"))?;
+    let step_time = match c.step_time {
+        StepTimeJson::Linear(cost) => StepTimeModel::Linear(cost.into()),
+        StepTimeJson::Roofline {
+            overhead_s,
+            flops_per_token,
+            flops_per_context_token,
+            flops_per_s,
+            weight_bytes,
+            kv_bytes_per_context_token,
+            memory_bytes_per_s,
+        } => StepTimeModel::Roofline(Roofline {
+            overhead_s,
+            flops_per_token,
+            flops_per_context_token,
+            flops_per_s,
+            weight_bytes,
+            kv_bytes_per_context_token,
+            memory_bytes_per_s,
+        }),
+    };
+    let link = LinkModel {
+        out_bytes_per_s: c.link.out_bytes_per_s,
+        in_bytes_per_s: c.link.in_bytes_per_s,
+        overhead_s: c.link.overhead_s,
+        duplex: c.link.duplex,
+    };
+    Ok(SimConfig {
+        scheduler: scheduler_config(c.scheduler)?,
+        step_time,
+        link,
+        requests: requests(c.requests)?,
+        tbt_percentile: c.tbt_percentile,
+        max_sim_time_s: c.max_sim_time_s,
+        gap_samples: c.gap_samples,
+    })
+}
+
+fn stats_json(s: &SchedulerStats) -> Value {
+    json!({
+        "steps": s.steps, "rotations_out": s.rotations_out, "rotations_in": s.rotations_in,
+        "bytes_out": s.bytes_out, "bytes_in": s.bytes_in, "recomputes": s.recomputes,
+        "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens, "finished": s.finished,
+        "cancelled": s.cancelled, "cost_correction": s.cost_correction,
+    })
+}
+
+fn report_json(report: &SimReport, wall_s: f64) -> Value {
+    let o = &report.outcomes;
+    let g = &report.gap_stats;
+    json!({
+        "requests": {
+            "id": o.iter().map(|x| x.id).collect::<Vec<_>>(),
+            "arrival": o.iter().map(|x| x.arrival).collect::<Vec<_>>(),
+            "finished": o.iter().map(|x| x.finished).collect::<Vec<_>>(),
+            "output_tokens": o.iter().map(|x| x.output_tokens).collect::<Vec<_>>(),
+            "ttft_s": o.iter().map(|x| x.ttft_s).collect::<Vec<_>>(),
+            "e2e_s": o.iter().map(|x| x.e2e_s).collect::<Vec<_>>(),
+            "tbt_s": o.iter().map(|x| x.tbt_s).collect::<Vec<_>>(),
+            "error": o.iter().map(|x| x.error.clone()).collect::<Vec<_>>(),
+        },
+        "gap_stats": {"count": g.count, "mean": g.mean, "p50": g.p50, "p90": g.p90, "p99": g.p99},
+        "gap_quantiles": report.gap_quantiles,
+        "makespan_s": report.makespan_s,
+        "steps": report.steps,
+        "stalled": report.stalled,
+        "bytes_out": report.bytes_out,
+        "bytes_in": report.bytes_in,
+        "scheduler": stats_json(&report.scheduler),
+        "wall_s": wall_s,
+    })
+}
+
+/// Runs one simulation; raises ValueError for a malformed or invalid config.
+#[pyfunction]
+pub fn simulate(py: Python<'_>, config_json: &str) -> PyResult<String> {
+    let config = parse(config_json).map_err(PyValueError::new_err)?;
+    let started = Instant::now();
+    let report = py
+        .detach(|| sim::simulate(&config))
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(report_json(&report, started.elapsed().as_secs_f64()).to_string())
+}
