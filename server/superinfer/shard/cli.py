@@ -1,0 +1,96 @@
+"""`superinfer serve`: one shard on a unix socket. The only place that reads the environment
+and installs signal handlers; everything below gets a typed ShardConfig."""
+import argparse
+import logging
+import os
+import pathlib
+import signal
+import threading
+import time
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--uds-path", type=pathlib.Path, required=True, help="unix socket to listen on")
+    parser.add_argument("--model", default="default",
+                        help='"default" (embedded SmolLM2-135M-Instruct), a local HF directory, a .gguf file, '
+                        "or a model id in the local Hugging Face cache")
+    parser.add_argument("--revision", default=None, help="hub revision (local cache only)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on a GPU, float32 on the CPU")
+    parser.add_argument("--device", default="auto", help='"auto", "cpu", "cuda" or "cuda:N"')
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--device-kv-blocks", type=int, default=None,
+                        help="device KV pool size (CPU: default 512; GPU: an upper bound)")
+    parser.add_argument("--host-kv-blocks", type=int, default=256, help="host KV pool size (pinned on a GPU)")
+    parser.add_argument("--kv-memory-fraction", type=float, default=0.9,
+                        help="GPU: share of free memory given to the KV pool")
+    parser.add_argument("--max-batch-tokens", type=int, default=2048,
+                        help="token budget assumed at warm-up when the router sends none")
+    parser.add_argument("--cache-dir", type=pathlib.Path, default=None,
+                        help="converted models (default: $SUPERINFER_CACHE or ~/.cache/superinfer)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def _cache_dir(arg: pathlib.Path | None) -> pathlib.Path:
+    if arg is not None:
+        return arg
+    env = os.environ.get("SUPERINFER_CACHE")
+    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "superinfer"
+
+
+def shard_config(args: argparse.Namespace):
+    import torch
+
+    from .config import ShardConfig
+
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    return ShardConfig(
+        model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
+        block_size=args.block_size, device_kv_blocks=args.device_kv_blocks, host_kv_blocks=args.host_kv_blocks,
+        kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens, revision=args.revision,
+    )
+
+
+def build_executor(config):
+    """Loads the model named by `config` and returns the executor that serves it."""
+    from .executor import ShardExecutor
+    from .loader import load_model
+    from .model_runner import ModelRunner
+    from .model_source import resolve_model
+
+    source = resolve_model(config.model, config.cache_dir, config.revision)
+    loaded = load_model(source, config.dtype, config.device)
+    return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size), config)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("superinfer.shard")
+    started = time.perf_counter()
+    # Handlers first: a signal during the (long) model load must still stop the shard cleanly.
+    shutdown = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: shutdown.set())
+    import torch
+
+    # One intra-op pool over the physical cores; inter-op parallelism only oversubscribes.
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    torch.set_num_interop_threads(1)
+    from .errors import LoaderError
+    from .server import ShardServer
+
+    config = shard_config(args)
+    try:
+        executor = build_executor(config)
+    except LoaderError as err:
+        log.error("cannot load the model: %s", err)
+        return 1
+    if shutdown.is_set():
+        return 0
+    server = ShardServer(executor, args.uds_path)
+    log.info("ready in %.2fs", time.perf_counter() - started)
+    server.serve_until(shutdown)
+    return 0

@@ -1,0 +1,185 @@
+"""Executes the shard's RPCs on its tensors: Info, Health, Warmup and Step. Owns the request
+table (token ids, sampling state), the model runner and the transfer tracker. Not
+thread-safe: the gRPC layer serialises calls onto it.
+
+Step order, as the protocol fixes it: validate the whole plan (no change on failure) → forget
+→ register new requests → enqueue transfers → one forward over every scheduled chunk →
+sample where a request reached the end of its known tokens → report completed transfers."""
+import logging
+import time
+
+import torch
+from superinfer_kv import TransferEngine
+
+from ..pb import shard_pb2
+from .batch import Chunk
+from .config import DEFAULT_CPU_KV_BLOCKS, ShardConfig
+from .errors import NotWarmedUpError
+from .kv_cache import blocks_for_memory
+from .model_runner import ModelRunner
+from .plan import PlanLimits, ScheduledWork, validate_plan
+from .requests import RequestState
+from .sampling import prompt_logprobs, sample
+from .transfers import TransferTracker
+from .warmup import measure_step_cost, measure_transfer_cost
+
+log = logging.getLogger(__name__)
+
+
+class ShardExecutor:
+    def __init__(self, runner: ModelRunner, config: ShardConfig):
+        self.runner = runner
+        self.config = config
+        self.requests: dict[int, RequestState] = {}
+        self.tracker: TransferTracker | None = None
+        self.limits: PlanLimits | None = None
+        self._warmup_reply: shard_pb2.WarmupResponse | None = None
+
+    def info(self) -> shard_pb2.InfoResponse:
+        model_config, tokenizer = self.runner.config, self.runner.loaded.tokenizer
+        return shard_pb2.InfoResponse(
+            model_id=self.runner.loaded.model_id,
+            architecture=model_config.architecture,
+            dtype=str(self.runner.dtype).removeprefix("torch."),
+            device_type=self.runner.device.type,
+            block_size=self.runner.block_size,
+            num_layers=model_config.num_layers,
+            num_kv_heads=model_config.num_kv_heads,
+            head_dim=model_config.head_dim,
+            block_bytes=self.runner.geometry.block_bytes,
+            max_position_embeddings=model_config.max_position_embeddings,
+            vocab_size=model_config.vocab_size,
+            tokenizer_json=tokenizer.tokenizer_json,
+            chat_template=tokenizer.chat_template,
+            eos_token_ids=list(tokenizer.eos_token_ids),
+            bos_token=tokenizer.bos_token,
+            eos_token=tokenizer.eos_token,
+            world_size=1,
+        )
+
+    def health(self) -> shard_pb2.HealthResponse:
+        probe = torch.ones(1, device=self.runner.device).add_(1)
+        if float(probe.cpu()) != 2.0:
+            raise RuntimeError(f"the device {self.runner.device} computed a wrong result")
+        return shard_pb2.HealthResponse()
+
+    def _device_blocks(self, max_tokens: int) -> int:
+        if self.runner.device.type != "cuda":
+            return self.config.device_kv_blocks or DEFAULT_CPU_KV_BLOCKS
+        # Run the worst-case forward on a scratch pool first so activation memory is
+        # accounted for, then give a fraction of what is left to the cache.
+        scratch_blocks = -(-max_tokens // self.runner.block_size)
+        self.runner.allocate(scratch_blocks, 0)
+        self.runner.forward([Chunk([0] * max_tokens, 0, list(range(scratch_blocks)))])
+        self.runner.cache = None
+        torch.cuda.synchronize(self.runner.device)
+        torch.cuda.empty_cache()
+        free, _total = torch.cuda.mem_get_info(self.runner.device)
+        blocks = blocks_for_memory(free, self.config.kv_memory_fraction, self.runner.geometry.block_bytes)
+        if self.config.device_kv_blocks:
+            blocks = min(blocks, self.config.device_kv_blocks)
+        return blocks
+
+    def warmup(self, request: shard_pb2.WarmupRequest) -> shard_pb2.WarmupResponse:
+        if self._warmup_reply is not None:
+            return self._warmup_reply  # pools exist already; a second Warmup changes nothing
+        max_tokens = request.max_batch_tokens or self.config.max_batch_tokens
+        max_requests = request.max_batch_requests or 32
+        num_device = self._device_blocks(max_tokens)
+        cache = self.runner.allocate(num_device, self.config.host_kv_blocks)
+        engine = TransferEngine(cache.device, cache.host)
+        started = time.perf_counter()
+        step = measure_step_cost(self.runner, max_tokens, max_requests, self.config.warmup_repeats)
+        transfer = measure_transfer_cost(engine, cache.num_device_blocks, cache.num_host_blocks, self.runner.geometry.block_bytes)
+        cache.device.zero_()  # warm-up wrote synthetic K/V; start from the documented state
+        cache.host.zero_()
+        log.info("warm-up: %d device / %d host KV blocks, measured in %.2fs: %s %s",
+                 cache.num_device_blocks, cache.num_host_blocks, time.perf_counter() - started, step, transfer)
+        self.tracker = TransferTracker(engine, self.runner.device)
+        model_config = self.runner.config
+        self.limits = PlanLimits(cache.num_device_blocks, cache.num_host_blocks, self.runner.block_size,
+                                 model_config.vocab_size, model_config.max_position_embeddings)
+        self._warmup_reply = shard_pb2.WarmupResponse(
+            num_device_blocks=cache.num_device_blocks,
+            num_host_blocks=cache.num_host_blocks,
+            cost_model=shard_pb2.CostModel(
+                step_base_s=step.step_base_s, per_prefill_token_s=step.per_prefill_token_s,
+                per_decode_request_s=step.per_decode_request_s, per_context_token_s=step.per_context_token_s,
+                swap_out_bytes_per_s=transfer.swap_out_bytes_per_s, swap_in_bytes_per_s=transfer.swap_in_bytes_per_s,
+                transfer_overhead_s=transfer.transfer_overhead_s, duplex=transfer.duplex,
+            ),
+        )
+        return self._warmup_reply
+
+    def step(self, request: shard_pb2.StepRequest) -> shard_pb2.StepResponse:
+        started = time.perf_counter_ns()
+        if self.tracker is None or self.limits is None:
+            raise NotWarmedUpError("Step before Warmup: the KV pools are not allocated")
+        plan = validate_plan(request, self.requests, self.limits, self.tracker.in_flight())
+        for request_id in plan.forget:
+            self.requests.pop(request_id, None)
+        for new in plan.new_requests:
+            self.requests[new.request_id] = new
+        transfer_start = time.perf_counter_ns()
+        self.tracker.submit(request.swap_out, request.swap_in)
+        transfer_ns = time.perf_counter_ns() - transfer_start
+        outputs, forward_ns, sampling_ns = self._compute(plan.scheduled)
+        return shard_pb2.StepResponse(
+            step_id=request.step_id,
+            outputs=outputs,
+            completed_transfers=self.tracker.poll(),
+            timings=shard_pb2.StepTimings(
+                forward_ns=forward_ns, sampling_ns=sampling_ns, transfer_ns=transfer_ns,
+                total_ns=time.perf_counter_ns() - started,
+            ),
+        )
+
+    def _compute(self, scheduled: list[ScheduledWork]) -> tuple[list[shard_pb2.RequestOutput], int, int]:
+        if not scheduled:
+            return [], 0, 0
+        forward_start = time.perf_counter_ns()
+        chunks, read_blocks, written_blocks = [], set(), set()
+        for work in scheduled:
+            tokens = self.requests[work.request_id].token_ids[work.start : work.start + work.num_new]
+            chunks.append(Chunk(tokens, work.start, work.block_table))
+            read_blocks.update(work.block_table)
+            written_blocks.update(work.block_table[work.start // self.runner.block_size :])
+        self.tracker.order_before_compute(read_blocks, written_blocks)
+        hidden, batch = self.runner.forward(chunks)
+        # Rows needing logits: the last of each sampling request, plus prompt positions
+        # whose next prompt token's logprob was asked for.
+        rows: list[int] = []
+        sample_rows: list[tuple[int, int]] = []  # (index in scheduled, row in `rows`)
+        prompt_rows: dict[int, tuple[int, list[int]]] = {}  # index -> (first row in `rows`, next tokens)
+        for index, work in enumerate(scheduled):
+            state = self.requests[work.request_id]
+            first = batch.first_rows[index]
+            end = work.start + work.num_new
+            if state.prompt_logprobs and work.start + 1 < state.prompt_len:
+                targets = state.token_ids[work.start + 1 : min(end + 1, state.prompt_len)]
+                prompt_rows[index] = (len(rows), targets)
+                rows.extend(range(first, first + len(targets)))
+            if end == len(state.token_ids):
+                sample_rows.append((index, len(rows)))
+                rows.append(first + work.num_new - 1)
+        logits = self.runner.logits(hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]) if rows else None
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        sampling_start = time.perf_counter_ns()
+        outputs = [shard_pb2.RequestOutput(request_id=work.request_id) for work in scheduled]
+        if sample_rows:
+            sampled_states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
+            tokens = sample(logits[[row for _, row in sample_rows]], sampled_states)
+            for (index, _), state, token in zip(sample_rows, sampled_states, tokens):
+                state.token_ids.append(token.token_id)
+                outputs[index].token.CopyFrom(shard_pb2.SampledToken(
+                    id=token.token_id, logprob=token.logprob,
+                    top_tokens=[shard_pb2.TokenLogprob(id=i, logprob=lp) for i, lp in token.top_tokens],
+                ))
+        for index, (first, targets) in prompt_rows.items():
+            outputs[index].prompt_logprobs.extend(prompt_logprobs(logits[first : first + len(targets)], targets))
+        return outputs, sampling_start - forward_start, time.perf_counter_ns() - sampling_start
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()

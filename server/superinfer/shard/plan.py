@@ -1,0 +1,187 @@
+"""Validation of a whole Step plan before anything changes: a plan either passes every check
+here or is rejected (PlanError → INVALID_ARGUMENT) with the shard's state untouched.
+
+Device-block rules for one step: a block a scheduled request *writes* (the blocks its new
+tokens land in) belongs to that request alone — no other request may read or write it and no
+transfer may touch it. Full blocks that are only read may be shared (prefix caching). A
+swap-in's destination may not be read or written by compute in the same step."""
+from dataclasses import dataclass
+
+from ..pb import shard_pb2
+from .errors import PlanError
+from .requests import RequestState, SamplingParams
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    num_device_blocks: int
+    num_host_blocks: int
+    block_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    max_top_n_tokens: int = 64
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Blocks held by transfers submitted in earlier steps and not yet acknowledged."""
+
+    transfer_ids: frozenset[int]
+    host_written: frozenset[int]  # swap-out destinations
+    host_read: frozenset[int]  # swap-in sources
+    device_written: frozenset[int]  # swap-in destinations
+    device_read: frozenset[int]  # swap-out sources
+
+
+def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limits: PlanLimits) -> SamplingParams:
+    params = SamplingParams(
+        do_sample=message.do_sample,
+        temperature=message.temperature if message.do_sample else 1.0,
+        top_k=message.top_k,
+        top_p=message.top_p if message.do_sample and message.top_p else 1.0,
+        typical_p=message.typical_p if message.do_sample and message.typical_p else 1.0,
+        repetition_penalty=message.repetition_penalty or 1.0,
+        frequency_penalty=message.frequency_penalty,
+        seed=message.seed,
+        top_n_tokens=message.top_n_tokens,
+    )
+    problems = []
+    if params.do_sample and not params.temperature > 0:
+        problems.append(f"temperature must be > 0 when sampling, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        problems.append(f"top_p must be in (0, 1], got {params.top_p}")
+    if not 0 < params.typical_p <= 1:
+        problems.append(f"typical_p must be in (0, 1], got {params.typical_p}")
+    if not params.repetition_penalty > 0:
+        problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+    if params.top_n_tokens > limits.max_top_n_tokens:
+        problems.append(f"top_n_tokens must be <= {limits.max_top_n_tokens}, got {params.top_n_tokens}")
+    if problems:
+        raise PlanError(f"request {request_id}: " + "; ".join(problems))
+    return params
+
+
+def _new_requests(step, known: dict[int, RequestState], limits: PlanLimits) -> list[RequestState]:
+    forgotten = set(step.forget)
+    created: dict[int, RequestState] = {}
+    for new in step.new_requests:
+        if new.id in created or (new.id in known and new.id not in forgotten):
+            raise PlanError(f"request {new.id} is registered twice (duplicate id)")
+        prompt = list(new.prompt_token_ids)
+        if not prompt:
+            raise PlanError(f"request {new.id} has an empty prompt")
+        if len(prompt) > limits.max_position_embeddings:
+            raise PlanError(
+                f"request {new.id}: prompt of {len(prompt)} tokens is longer than the model's context "
+                f"of {limits.max_position_embeddings}"
+            )
+        if max(prompt) >= limits.vocab_size:
+            raise PlanError(f"request {new.id}: token id {max(prompt)} is outside the vocabulary ({limits.vocab_size})")
+        params = sampling_params(new.parameters, new.id, limits)
+        created[new.id] = RequestState(new.id, prompt, len(prompt), params, new.prompt_logprobs)
+    return list(created.values())
+
+
+def _check_ids(blocks, limit: int, what: str, transfer_id: int) -> None:
+    bad = [b for b in blocks if b >= limit]
+    if bad:
+        raise PlanError(f"transfer {transfer_id}: {what} block {bad[0]} out of range (pool has {limit})")
+
+
+def _transfers(step, limits: PlanLimits, in_flight: InFlight) -> tuple[set[int], set[int]]:
+    """Checks swap_out / swap_in; returns (device blocks swapped out, device blocks swapped in)."""
+    ids: set[int] = set()
+    host_written, host_read = set(in_flight.host_written), set(in_flight.host_read)
+    device_in, device_out = set(in_flight.device_written), set()
+    device_read_in_flight = in_flight.device_read
+    for direction, transfers in (("swap_out", step.swap_out), ("swap_in", step.swap_in)):
+        for transfer in transfers:
+            if transfer.id in ids or transfer.id in in_flight.transfer_ids:
+                raise PlanError(f"transfer id {transfer.id} is used twice")
+            ids.add(transfer.id)
+            if len(transfer.src_blocks) != len(transfer.dst_blocks):
+                raise PlanError(f"transfer {transfer.id}: {len(transfer.src_blocks)} sources but {len(transfer.dst_blocks)} destinations")
+            out = direction == "swap_out"
+            device_blocks, host_blocks = (transfer.src_blocks, transfer.dst_blocks) if out else (transfer.dst_blocks, transfer.src_blocks)
+            _check_ids(device_blocks, limits.num_device_blocks, "device", transfer.id)
+            _check_ids(host_blocks, limits.num_host_blocks, "host", transfer.id)
+            for block in host_blocks:
+                if block in host_written or (out and block in host_read):
+                    raise PlanError(f"transfer {transfer.id}: host block {block} is already being written by a transfer")
+                (host_written if out else host_read).add(block)
+            for block in device_blocks:
+                if block in device_in or (not out and (block in device_out or block in device_read_in_flight)):
+                    raise PlanError(f"transfer {transfer.id}: device block {block} is already being written by a transfer")
+                (device_out if out else device_in).add(block)
+    return device_out, device_in
+
+
+@dataclass(frozen=True)
+class ScheduledWork:
+    request_id: int
+    start: int
+    num_new: int
+    block_table: list[int]
+
+
+@dataclass(frozen=True)
+class ValidatedPlan:
+    forget: list[int]
+    new_requests: list[RequestState]
+    scheduled: list[ScheduledWork]
+
+
+def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_out: set[int], device_in: set[int]):
+    work: list[ScheduledWork] = []
+    writer: dict[int, int] = {}  # device block -> request writing it
+    readers: dict[int, int] = {}  # device block -> a request reading it
+    for item in step.scheduled:
+        rid, start, count = item.id, item.num_computed_tokens, item.num_new_tokens
+        if rid not in known_lengths:
+            raise PlanError(f"scheduled request {rid} is unknown (never registered, or forgotten)")
+        if any(w.request_id == rid for w in work):
+            raise PlanError(f"request {rid} is scheduled twice in one step")
+        if count < 1:
+            raise PlanError(f"request {rid}: num_new_tokens must be at least 1")
+        end = start + count
+        if end > known_lengths[rid]:
+            raise PlanError(f"request {rid}: computing up to position {end} but only {known_lengths[rid]} tokens are known")
+        if end > limits.max_position_embeddings:
+            raise PlanError(f"request {rid}: {end} tokens exceed the model's context of {limits.max_position_embeddings}")
+        table = list(item.block_table)
+        needed = -(-end // limits.block_size)
+        if len(table) < needed:
+            raise PlanError(f"request {rid}: block table of {len(table)} blocks is too short for {end} tokens ({needed} needed)")
+        table = table[:needed]
+        if len(set(table)) != len(table):
+            raise PlanError(f"request {rid}: a device block appears twice in its block table")
+        for block in table:
+            if block >= limits.num_device_blocks:
+                raise PlanError(f"request {rid}: device block {block} out of range (pool has {limits.num_device_blocks})")
+            if block in device_in:
+                raise PlanError(f"request {rid}: device block {block} is being written by a swap-in")
+        written = table[start // limits.block_size :]
+        for block in table:
+            owner = writer.get(block)
+            if owner is not None:
+                raise PlanError(f"device block {block} is used by requests {owner} and {rid} while {owner} writes it")
+            readers.setdefault(block, rid)
+        for block in written:
+            if readers.get(block, rid) != rid or block in writer:
+                raise PlanError(f"device block {block} is used by requests {readers[block]} and {rid} while {rid} writes it")
+            if block in device_out:
+                raise PlanError(f"request {rid}: device block {block} is being swapped out while written")
+            writer[block] = rid
+        work.append(ScheduledWork(rid, start, count, table))
+    return work
+
+
+def validate_plan(step, known: dict[int, RequestState], limits: PlanLimits, in_flight: InFlight) -> ValidatedPlan:
+    """Checks `step` (a StepRequest) against the shard's state; raises PlanError, changing nothing."""
+    new_requests = _new_requests(step, known, limits)
+    forgotten = set(step.forget)
+    known_lengths = {rid: len(r.token_ids) for rid, r in known.items() if rid not in forgotten}
+    known_lengths.update({r.request_id: len(r.token_ids) for r in new_requests})
+    device_out, device_in = _transfers(step, limits, in_flight)
+    scheduled = _scheduled(step, known_lengths, limits, device_out, device_in)
+    return ValidatedPlan(list(dict.fromkeys(step.forget)), new_requests, scheduled)

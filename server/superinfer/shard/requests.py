@@ -1,0 +1,43 @@
+"""What the shard keeps per request between steps: its token ids (prompt and every sampled
+token), its sampling parameters and its own random generator."""
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    seed: int = 0
+    top_n_tokens: int = 0
+
+    @property
+    def has_penalty(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+
+
+@dataclass
+class RequestState:
+    request_id: int
+    token_ids: list[int]
+    prompt_len: int
+    params: SamplingParams
+    prompt_logprobs: bool = False
+    _generator: torch.Generator | None = field(default=None, repr=False)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        """The request's generator, created (seeded) on first use on the device that samples."""
+        if self._generator is None:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self.params.seed)
+        return self._generator

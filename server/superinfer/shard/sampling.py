@@ -1,0 +1,128 @@
+"""Next-token selection on the shard: penalties, warpers, seeded sampling, logprobs.
+
+Order (as TGI): repetition penalty (over prompt + generated, CTRL-style as Hugging Face),
+frequency penalty (over generated tokens), then — when sampling — temperature, top-k, top-p,
+typical-p. Each request samples from its own torch.Generator, so its tokens depend only on its
+seed and history, never on which requests share the batch. The reported logprobs come from
+the *unmodified* logits (as TGI). Greedy requests without penalties take one batched argmax."""
+from dataclasses import dataclass
+
+import torch
+
+from .requests import RequestState
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float
+    # (token id, logprob), most likely first.
+    top_tokens: list[tuple[int, float]]
+
+
+def apply_repetition_penalty(logits: torch.Tensor, token_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits: [V]; divides positive, multiplies negative logits of every seen token once."""
+    seen = torch.unique(token_ids)
+    scores = logits[seen]
+    logits = logits.clone()
+    logits[seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
+    return logits
+
+
+def apply_frequency_penalty(logits: torch.Tensor, generated_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits: [V]; subtracts penalty × (times each token was generated)."""
+    counts = torch.bincount(generated_ids, minlength=logits.shape[-1]).to(logits.dtype)
+    return logits - penalty * counts
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """logits: [V]; keeps the k largest (ties with the k-th included), -inf elsewhere."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """logits: [V]; keeps the smallest most-likely set whose probability reaches top_p."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=False)
+    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+    remove = cumulative <= (1 - top_p)
+    remove[-1] = False  # always keep the most likely token
+    return logits.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+
+
+def typical_p_filter(logits: torch.Tensor, typical_p: float) -> torch.Tensor:
+    """logits: [V]; keeps the tokens whose surprise is closest to the entropy, up to mass typical_p."""
+    if typical_p >= 1.0:
+        return logits
+    log_probs = logits.log_softmax(-1)
+    probs = log_probs.exp()
+    entropy = -torch.nansum(probs * log_probs)
+    shifted = (-log_probs - entropy).abs()
+    sorted_shifted, order = torch.sort(shifted)
+    cumulative = logits[order].softmax(-1).cumsum(-1)
+    last_kept = (cumulative < typical_p).sum().clamp(max=logits.shape[-1] - 1)
+    remove = sorted_shifted > sorted_shifted[last_kept]
+    return logits.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+
+
+def _penalized(logits: torch.Tensor, request: RequestState) -> torch.Tensor:
+    params = request.params
+    if params.repetition_penalty != 1.0:
+        ids = torch.tensor(request.token_ids, dtype=torch.int64, device=logits.device)
+        logits = apply_repetition_penalty(logits, ids, params.repetition_penalty)
+    if params.frequency_penalty != 0.0 and request.num_generated:
+        generated = torch.tensor(request.token_ids[request.prompt_len :], dtype=torch.int64, device=logits.device)
+        logits = apply_frequency_penalty(logits, generated, params.frequency_penalty)
+    return logits
+
+
+def _draw(logits: torch.Tensor, request: RequestState) -> int:
+    params = request.params
+    logits = logits / params.temperature
+    logits = top_k_filter(logits, params.top_k)
+    logits = top_p_filter(logits, params.top_p)
+    logits = typical_p_filter(logits, params.typical_p)
+    probs = logits.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=request.generator_for(logits.device)))
+
+
+@torch.inference_mode()
+def sample(logits: torch.Tensor, requests: list[RequestState]) -> list[SampledToken]:
+    """logits: [R, V] float32, row r for requests[r] -> one token per request."""
+    logprobs = logits.log_softmax(-1)  # [R, V], of the unmodified logits
+    chosen = logits.argmax(-1)  # [R] greedy fast path for the whole batch
+    for row, request in enumerate(requests):
+        params = request.params
+        if not params.do_sample and not params.has_penalty:
+            continue
+        row_logits = _penalized(logits[row], request)
+        chosen[row] = _draw(row_logits, request) if params.do_sample else int(row_logits.argmax())
+    chosen_logprobs = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+    chosen_ids = chosen.tolist()
+    top_n = max((r.params.top_n_tokens for r in requests), default=0)
+    top_values: list[list[float]] = [[] for _ in requests]
+    top_ids: list[list[int]] = [[] for _ in requests]
+    if top_n:
+        top = torch.topk(logprobs, min(top_n, logprobs.shape[-1]), dim=-1)
+        top_values, top_ids = top.values.tolist(), top.indices.tolist()
+    return [
+        SampledToken(
+            chosen_ids[row],
+            chosen_logprobs[row],
+            list(zip(top_ids[row][: request.params.top_n_tokens], top_values[row][: request.params.top_n_tokens])),
+        )
+        for row, request in enumerate(requests)
+    ]
+
+
+def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int]) -> list[float]:
+    """logits: [P, V] at consecutive positions; the logprob of each following prompt token."""
+    if not next_token_ids:
+        return []
+    targets = torch.tensor(next_token_ids, dtype=torch.int64, device=logits.device)
+    rows = logits[: len(next_token_ids)].log_softmax(-1)
+    return rows.gather(1, targets[:, None])[:, 0].tolist()

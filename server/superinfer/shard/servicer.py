@@ -1,0 +1,46 @@
+"""The gRPC face of the shard: maps RPCs onto the executor, one at a time, and each error
+kind onto one status code (bad plan → INVALID_ARGUMENT, Step before Warmup →
+FAILED_PRECONDITION, anything else → INTERNAL with the message)."""
+import logging
+import threading
+
+import grpc
+
+from ..pb import shard_pb2_grpc
+from .errors import NotWarmedUpError, PlanError
+from .executor import ShardExecutor
+
+log = logging.getLogger(__name__)
+
+
+class ShardServicer(shard_pb2_grpc.ShardServicer):
+    def __init__(self, executor: ShardExecutor):
+        self.executor = executor
+        # The model, the cache and the request table have one owner; gRPC worker threads
+        # take turns on it (the router sends one Step at a time anyway).
+        self._lock = threading.Lock()
+
+    def _run(self, name: str, call, context: grpc.ServicerContext):
+        try:
+            with self._lock:
+                return call()
+        except PlanError as err:
+            log.warning("%s rejected: %s", name, err)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except NotWarmedUpError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except Exception as err:  # the shard keeps serving; the router decides what to do
+            log.exception("%s failed", name)
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+
+    def Info(self, request, context):
+        return self._run("Info", self.executor.info, context)
+
+    def Health(self, request, context):
+        return self._run("Health", self.executor.health, context)
+
+    def Warmup(self, request, context):
+        return self._run("Warmup", lambda: self.executor.warmup(request), context)
+
+    def Step(self, request, context):
+        return self._run("Step", lambda: self.executor.step(request), context)

@@ -1,0 +1,100 @@
+"""Tracks the KV transfers the router ordered: submits each step's swaps to the DuplexKV
+engine in one call and reports each transfer id exactly once when its copy has landed.
+Owns the in-flight handles."""
+from dataclasses import dataclass
+
+import torch
+from superinfer_kv import TransferEngine, TransferHandle
+
+from .plan import InFlight
+
+
+@dataclass
+class _Pending:
+    handle: TransferHandle
+    swap_out: bool
+    device_blocks: frozenset[int]
+    host_blocks: frozenset[int]
+
+    def done(self) -> bool:
+        return self.handle.out_done() if self.swap_out else self.handle.in_done()
+
+
+class TransferTracker:
+    def __init__(self, engine: TransferEngine, device: torch.device):
+        self.engine = engine
+        self.device = device
+        self._pending: dict[int, _Pending] = {}
+
+    def submit(self, swap_out, swap_in) -> None:
+        """swap_out / swap_in: Transfer messages (validated). One engine submit for the step."""
+        out_pairs = ([b for t in swap_out for b in t.src_blocks], [b for t in swap_out for b in t.dst_blocks])
+        in_pairs = ([b for t in swap_in for b in t.src_blocks], [b for t in swap_in for b in t.dst_blocks])
+        if not out_pairs[0] and not in_pairs[0]:
+            # Nothing to copy: empty transfers complete at once.
+            handle = None
+        else:
+            handle = self.engine.submit(
+                swap_out=out_pairs if out_pairs[0] else None, swap_in=in_pairs if in_pairs[0] else None
+            )
+        for transfers, is_out in ((swap_out, True), (swap_in, False)):
+            for transfer in transfers:
+                device_blocks = transfer.src_blocks if is_out else transfer.dst_blocks
+                host_blocks = transfer.dst_blocks if is_out else transfer.src_blocks
+                self._pending[transfer.id] = _Pending(handle or _DONE, is_out, frozenset(device_blocks), frozenset(host_blocks))
+
+    def order_before_compute(self, read_blocks: set[int], written_blocks: set[int]) -> None:
+        """Makes this step's compute wait for earlier transfers touching its blocks.
+
+        The router should never schedule such a request, so this costs nothing in normal
+        operation; it keeps a misbehaving plan from reading a half-copied block."""
+        for pending in self._pending.values():
+            if pending.swap_out and pending.device_blocks & written_blocks:
+                pending.handle.wait()
+            elif not pending.swap_out and pending.device_blocks & (read_blocks | written_blocks):
+                if self.device.type == "cuda":
+                    pending.handle.order_compute_after_in()
+                else:
+                    pending.handle.wait()
+
+    def poll(self) -> list[int]:
+        """Ids of transfers that completed since the last poll (each reported once)."""
+        finished = [tid for tid, pending in self._pending.items() if pending.done()]
+        for tid in finished:
+            del self._pending[tid]
+        return finished
+
+    def in_flight(self) -> InFlight:
+        pending = self._pending.values()
+        return InFlight(
+            transfer_ids=frozenset(self._pending),
+            host_written=frozenset(b for p in pending if p.swap_out for b in p.host_blocks),
+            host_read=frozenset(b for p in pending if not p.swap_out for b in p.host_blocks),
+            device_written=frozenset(b for p in pending if not p.swap_out for b in p.device_blocks),
+            device_read=frozenset(b for p in pending if p.swap_out for b in p.device_blocks),
+        )
+
+    def close(self) -> None:
+        for pending in self._pending.values():
+            pending.handle.wait()
+        self._pending.clear()
+        self.engine.close()
+
+
+class _Completed:
+    """Stands in for the handle of a transfer with no blocks."""
+
+    def out_done(self) -> bool:
+        return True
+
+    def in_done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+    def order_compute_after_in(self) -> None:
+        pass
+
+
+_DONE = _Completed()

@@ -1,0 +1,120 @@
+"""Warm-up measurements: the step-time cost model (from a few timed forward passes over
+synthetic chunks) and the transfer engine's bandwidth per direction and duplex behaviour.
+
+step ≈ c0 + c1·prefill_tokens + c2·decode_requests + c3·context_tokens, where
+context_tokens = Σ over scheduled requests of (num_computed_tokens + num_new_tokens)."""
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from superinfer_kv import TransferEngine
+
+from .batch import Chunk
+from .model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    step_base_s: float
+    per_prefill_token_s: float
+    per_decode_request_s: float
+    per_context_token_s: float
+
+
+@dataclass(frozen=True)
+class TransferCost:
+    swap_out_bytes_per_s: float
+    swap_in_bytes_per_s: float
+    transfer_overhead_s: float
+    duplex: bool
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _shapes(max_tokens: int, max_requests: int, num_blocks: int, block_size: int) -> list[tuple[int, int, int]]:
+    """(prefill tokens, decode requests, context per decode) that fit the pool and the budget."""
+    capacity = num_blocks * block_size
+    big = max(2, min(max_tokens, capacity // 2, 512))
+    shapes = [(big // 8 or 1, 0, 0), (big, 0, 0)]
+    for decodes, context in ((1, 64), (max_requests // 4, 256), (max_requests, 64), (max_requests // 2, 512)):
+        decodes = max(1, min(decodes, max_tokens))
+        per_request = -(-context // block_size) * block_size
+        if decodes * per_request <= capacity:
+            shapes.append((0, decodes, context))
+    shapes.append((big // 2, min(max_requests, 8), 0))
+    return shapes
+
+
+def _chunks(prefill: int, decodes: int, context: int, block_size: int) -> list[Chunk]:
+    chunks, next_block = [], 0
+    if prefill:
+        blocks = -(-prefill // block_size)
+        chunks.append(Chunk([1] * prefill, 0, list(range(next_block, next_block + blocks))))
+        next_block += blocks
+    for _ in range(decodes):
+        length = max(context, 1)
+        blocks = -(-length // block_size)
+        chunks.append(Chunk([1], length - 1, list(range(next_block, next_block + blocks))))
+        next_block += blocks
+    return chunks
+
+
+def _time_forward(runner: ModelRunner, chunks: list[Chunk], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        hidden, batch = runner.forward(chunks)
+        runner.logits(hidden[-1:])
+        _sync(runner.device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_step_cost(runner: ModelRunner, max_tokens: int, max_requests: int, repeats: int = 2) -> StepCost:
+    """Times forward passes of a few shapes and fits the linear cost model (non-negative terms)."""
+    rows, times = [], []
+    shapes = _shapes(max_tokens, max(1, max_requests), runner.cache.num_device_blocks, runner.block_size)
+    _time_forward(runner, _chunks(*shapes[0], runner.block_size), 1)  # first call pays one-off costs
+    for prefill, decodes, context in shapes:
+        chunks = _chunks(prefill, decodes, context, runner.block_size)
+        context_tokens = sum(c.start + len(c.token_ids) for c in chunks)
+        seconds = _time_forward(runner, chunks, repeats)
+        rows.append([1.0, float(prefill), float(decodes), float(context_tokens)])
+        times.append(seconds)
+        log.debug("warm-up forward prefill=%d decodes=%d context=%d: %.4fs", prefill, decodes, context, seconds)
+    solution = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None])
+    c0, c1, c2, c3 = (max(0.0, float(v)) for v in solution.solution[:, 0])
+    return StepCost(c0, c1, c2, c3)
+
+
+def _time_transfer(engine: TransferEngine, swap_out, swap_in, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        engine.submit(swap_out=swap_out, swap_in=swap_in).wait()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_transfer_cost(engine: TransferEngine, num_device: int, num_host: int, block_bytes: int, repeats: int = 3) -> TransferCost:
+    """Times one-block and n-block copies each way and both ways at once (disjoint blocks)."""
+    count = min(num_device // 2, num_host // 2, 64)
+    if count < 1:
+        return TransferCost(0.0, 0.0, 0.0, False)
+    blocks = list(range(count))
+    other = list(range(count, 2 * count))
+    overhead = _time_transfer(engine, ([0], [0]), None, repeats)
+    out_s = _time_transfer(engine, (blocks, blocks), None, repeats)
+    in_s = _time_transfer(engine, None, (blocks, blocks), repeats)
+    both_s = _time_transfer(engine, (blocks, blocks), (other, other), repeats)
+    moved = count * block_bytes
+    out_bw = moved / max(out_s - overhead, 1e-9)
+    in_bw = moved / max(in_s - overhead, 1e-9)
+    # Duplex: both directions together clearly faster than one after the other.
+    return TransferCost(out_bw, in_bw, overhead, both_s < 0.75 * (out_s + in_s))
