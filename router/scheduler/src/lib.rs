@@ -14,13 +14,19 @@
 //! Decisions never depend on hash-map iteration order, so identical inputs give identical plans
 //! (the simulator relies on it).
 
+mod arrivals;
+mod byte_budget;
 mod config;
 mod cost_model;
 mod error;
+mod kv;
+mod inspect;
 mod plan;
+mod policy;
 mod request;
 mod scheduler;
 mod stats;
+mod step;
 
 pub mod sim;
 

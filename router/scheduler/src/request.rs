@@ -16,3 +16,106 @@ pub struct RequestSpec {
     /// Arrival time, seconds on the engine's clock.
     pub arrival: f64,
 }
+
+/// Where a request's KV is. Transfers in flight are phases of their own: their blocks belong
+/// to the transfer until the shard acknowledges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Phase {
+    /// No KV anywhere (new, or preempted for recompute).
+    Waiting,
+    /// KV on device: prefilling or decoding.
+    Running,
+    /// Private blocks being copied to host.
+    SwappingOut,
+    /// KV (private part) on host.
+    Rotated,
+    /// Host blocks being copied back to device.
+    SwappingIn,
+}
+
+/// The scheduler's mutable view of one request.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestState {
+    pub(crate) id: u64,
+    /// Admission order, for "oldest"/"newest" decisions independent of clock ties.
+    pub(crate) seq: u64,
+    /// Prompt followed by every sampled token.
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) prompt_len: u32,
+    pub(crate) max_new_tokens: u32,
+    pub(crate) slo: Slo,
+    pub(crate) arrival: f64,
+    pub(crate) phase: Phase,
+    /// Positions whose KV is (or, once planned steps finish, will be) in the request's blocks.
+    pub(crate) num_computed: u32,
+    /// Planned steps of this request whose results have not come back yet.
+    pub(crate) pending_steps: u32,
+    /// Whether the shard has been sent the prompt (first scheduled).
+    pub(crate) sent: bool,
+    pub(crate) last_token_at: Option<f64>,
+    /// Step in which the latest swap-in was issued (rotation cool-down).
+    pub(crate) swapped_in_step: Option<u64>,
+    /// Finished or cancelled while a transfer was in flight: removed at acknowledgement.
+    pub(crate) doomed: bool,
+}
+
+impl RequestState {
+    pub(crate) fn new(spec: RequestSpec, seq: u64, default_slo: Slo) -> Self {
+        RequestState {
+            id: spec.id,
+            seq,
+            prompt_len: spec.prompt_token_ids.len() as u32,
+            tokens: spec.prompt_token_ids,
+            max_new_tokens: spec.max_new_tokens,
+            slo: spec.slo.unwrap_or(default_slo),
+            arrival: spec.arrival,
+            phase: Phase::Waiting,
+            num_computed: 0,
+            pending_steps: 0,
+            sent: false,
+            last_token_at: None,
+            swapped_in_step: None,
+            doomed: false,
+        }
+    }
+
+    pub(crate) fn generated(&self) -> u32 {
+        self.tokens.len() as u32 - self.prompt_len
+    }
+
+    /// Known tokens whose KV is not computed yet (1 = a decode).
+    pub(crate) fn uncomputed(&self) -> u32 {
+        self.tokens.len() as u32 - self.num_computed
+    }
+
+    /// Whether the generation limit is reached (the engine will call `finish`).
+    pub(crate) fn exhausted(&self) -> bool {
+        self.generated() >= self.max_new_tokens
+    }
+
+    /// Whether a step can compute something for it now (phase aside).
+    pub(crate) fn has_work(&self) -> bool {
+        !self.doomed && !self.exhausted() && self.uncomputed() > 0
+    }
+
+    pub(crate) fn is_decode(&self) -> bool {
+        self.generated() > 0 && self.uncomputed() == 1
+    }
+
+    pub(crate) fn tokens_left(&self) -> u32 {
+        self.max_new_tokens.saturating_sub(self.generated())
+    }
+
+    /// Most KV positions it can ever hold: the last sampled token is never computed.
+    pub(crate) fn max_kv_tokens(&self) -> u64 {
+        u64::from(self.prompt_len) + u64::from(self.max_new_tokens) - 1
+    }
+
+    /// Deadline of its next token: first token by arrival + ttft, later ones by tbt.
+    pub(crate) fn next_deadline(&self) -> f64 {
+        match self.last_token_at {
+            None => self.arrival + self.slo.ttft_s,
+            Some(t) => t + self.slo.tbt_s,
+        }
+    }
+}

@@ -1,80 +1,240 @@
-//! The scheduler: owns every request's state and the block pools; `plan` decides one step,
-//! `complete` applies its results. (First cut: fcfs with worst-case reservation.)
+//! The scheduler: owns every request's state, the block manager and the counters. `plan`
+//! decides one step (the policies live in `policy/`), `complete` applies what came back.
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::arrivals::ArrivalEstimator;
 use crate::config::SchedulerConfig;
+use crate::cost_model::{CostModel, StepShape};
 use crate::error::SchedulerError;
-use crate::plan::{ScheduledEntry, StepPlan, StepResults};
-use crate::request::RequestSpec;
-use crate::stats::SchedulerStats;
+use crate::kv::BlockManager;
+use crate::plan::StepResults;
+use crate::request::{Phase, RequestSpec, RequestState};
 
-struct Entry {
-    tokens: Vec<u32>,
-    computed: u32,
-    blocks: Vec<u32>,
-    sent: bool,
+/// Lag samples kept between two `take_lag_samples` calls; older ones are dropped.
+const MAX_LAG_SAMPLES: usize = 1 << 16;
+
+/// What a planned step did to one request, replayed when its results arrive.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedEntry {
+    pub(crate) id: u64,
+    /// Positions computed once the step finishes.
+    pub(crate) end: u32,
+    /// The step reaches the end of the known tokens, so a sampled token is expected.
+    pub(crate) samples: bool,
 }
 
-/// The scheduling state machine. Drive it with `add`, `plan`, `complete`, `finish`, `cancel`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PendingStep {
+    pub(crate) entries: Vec<PlannedEntry>,
+    pub(crate) shape: StepShape,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Counters {
+    pub(crate) rotations_out: u64,
+    pub(crate) rotations_in: u64,
+    pub(crate) bytes_out: u64,
+    pub(crate) bytes_in: u64,
+    pub(crate) recomputes: u64,
+    pub(crate) prefix_hit_tokens: u64,
+    pub(crate) prefix_queried_tokens: u64,
+    pub(crate) finished: u64,
+    pub(crate) cancelled: u64,
+}
+
+/// The scheduling state machine. Drive it with `add`, `plan`, `complete`, `finish`, `cancel`;
+/// it never reads a clock — every call takes `now` (seconds) from the caller.
+#[derive(Debug)]
 pub struct Scheduler {
-    config: SchedulerConfig,
-    requests: BTreeMap<u64, Entry>,
-    waiting: VecDeque<u64>,
-    free: Vec<u32>,
-    step: u64,
+    pub(crate) config: SchedulerConfig,
+    pub(crate) cost: CostModel,
+    pub(crate) blocks: BlockManager,
+    pub(crate) requests: BTreeMap<u64, RequestState>,
+    /// Requests in `Phase::Waiting`, in service order (preempted ones go back to the front).
+    pub(crate) waiting: VecDeque<u64>,
+    pub(crate) step_id: u64,
+    pub(crate) next_seq: u64,
+    pub(crate) pending: BTreeMap<u64, PendingStep>,
+    pub(crate) counters: Counters,
+    pub(crate) lag_samples: Vec<f64>,
+    pub(crate) arrivals: ArrivalEstimator,
+    /// RotaSched's current proactive reserve (free device blocks), for stats.
+    pub(crate) reserve_blocks: u32,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedulerError> {
         config.validate()?;
-        let free = (0..config.num_device_blocks).rev().collect();
-        Ok(Scheduler { config, requests: BTreeMap::new(), waiting: VecDeque::new(), free, step: 0 })
+        let blocks = BlockManager::new(
+            config.block_size,
+            config.num_device_blocks,
+            config.num_host_blocks,
+            config.prefix_caching,
+        );
+        Ok(Scheduler {
+            cost: config.cost_model,
+            blocks,
+            config,
+            requests: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            step_id: 0,
+            next_seq: 0,
+            pending: BTreeMap::new(),
+            counters: Counters::default(),
+            lag_samples: Vec::new(),
+            arrivals: ArrivalEstimator::default(),
+            reserve_blocks: 0,
+        })
     }
 
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }
 
-    /// Queues a request. Rejects malformed requests, known ids, and requests whose prompt plus
-    /// max_new_tokens needs more blocks than the whole device pool.
-    pub fn add(&mut self, request: RequestSpec, _now: f64) -> Result<(), SchedulerError> {
-        if self.requests.contains_key(&request.id) {
-            return Err(SchedulerError::DuplicateId(request.id));
+    /// The cost model as refined so far.
+    pub fn cost_model(&self) -> &CostModel {
+        &self.cost
+    }
+
+    /// Queues a request. Rejects malformed requests, ids already held, and requests whose
+    /// prompt plus max_new_tokens needs more blocks than the whole device pool.
+    pub fn add(&mut self, request: RequestSpec, now: f64) -> Result<(), SchedulerError> {
+        let id = request.id;
+        let invalid = |reason: &str| SchedulerError::InvalidRequest { id, reason: reason.into() };
+        if request.prompt_token_ids.is_empty() {
+            return Err(invalid("empty prompt"));
         }
-        self.requests.insert(
-            request.id,
-            Entry { tokens: request.prompt_token_ids, computed: 0, blocks: vec![], sent: false },
-        );
-        self.waiting.push_back(request.id);
+        if request.max_new_tokens == 0 {
+            return Err(invalid("max_new_tokens must be > 0"));
+        }
+        if let Some(slo) = request.slo {
+            if !(slo.ttft_s > 0.0 && slo.tbt_s > 0.0) {
+                return Err(invalid("slo times must be > 0"));
+            }
+        }
+        if self.requests.contains_key(&id) {
+            return Err(SchedulerError::DuplicateId(id));
+        }
+        let state = RequestState::new(request, self.next_seq, self.config.default_slo);
+        let needed_blocks = self.blocks.blocks_for(state.max_kv_tokens());
+        if needed_blocks > u64::from(self.config.num_device_blocks) {
+            return Err(SchedulerError::TooLarge {
+                id,
+                tokens: state.max_kv_tokens(),
+                needed_blocks,
+                device_blocks: self.config.num_device_blocks,
+            });
+        }
+        let prompt_blocks = self.blocks.blocks_for(u64::from(state.prompt_len));
+        self.arrivals.observe(now, prompt_blocks as f64, self.config.ema_alpha);
+        self.next_seq += 1;
+        self.requests.insert(id, state);
+        self.waiting.push_back(id);
+        self.debug_check("add");
         Ok(())
     }
 
-    /// Decides the next step.
-    pub fn plan(&mut self, _now: f64) -> StepPlan {
-        self.step += 1;
-        let mut plan = StepPlan { step_id: self.step, ..StepPlan::default() };
-        let _ = ScheduledEntry { id: 0, num_computed_tokens: 0, num_new_tokens: 0, block_table: vec![] };
-        plan
+    /// Applies one step's results: acknowledged transfers first (they change phases), then
+    /// sampled tokens, then the step's computed positions (published to the prefix cache) and
+    /// its measured time (folded into the cost model).
+    pub fn complete(&mut self, results: &StepResults, now: f64) {
+        for transfer_id in &results.completed_transfers {
+            self.apply_ack(*transfer_id);
+        }
+        if let Some(step) = self.pending.remove(&results.step_id) {
+            let sampled: BTreeMap<u64, u32> = results.sampled.iter().copied().collect();
+            for entry in &step.entries {
+                self.apply_entry(entry, sampled.get(&entry.id).copied(), now);
+            }
+            if let Some(measured) = results.step_time_s {
+                self.cost.observe_step(step.shape, measured, self.config.ema_alpha);
+            }
+        }
+        self.debug_check("complete");
     }
 
-    /// Applies one step's results: sampled tokens, acknowledged transfers, measured time.
-    pub fn complete(&mut self, _results: &StepResults, _now: f64) {}
+    fn apply_ack(&mut self, transfer_id: u64) {
+        let Some(done) = self.blocks.ack(transfer_id) else { return };
+        let Some(request) = self.requests.get_mut(&done.request) else { return };
+        if request.doomed {
+            self.blocks.release(done.request);
+            self.requests.remove(&done.request);
+            return;
+        }
+        request.phase = match request.phase {
+            Phase::SwappingOut => Phase::Rotated,
+            Phase::SwappingIn => Phase::Running,
+            other => other,
+        };
+    }
 
-    /// The engine decided the request is done (EOS, length, stop sequence); frees its blocks.
+    fn apply_entry(&mut self, entry: &PlannedEntry, token: Option<u32>, now: f64) {
+        let Some(request) = self.requests.get_mut(&entry.id) else { return };
+        request.pending_steps = request.pending_steps.saturating_sub(1);
+        if request.doomed || request.phase == Phase::Waiting {
+            return;
+        }
+        if entry.samples {
+            match token {
+                Some(token) if request.num_computed as usize == request.tokens.len() => {
+                    let lag = now - request.next_deadline();
+                    request.tokens.push(token);
+                    request.last_token_at = Some(now);
+                    if self.lag_samples.len() >= MAX_LAG_SAMPLES {
+                        self.lag_samples.drain(..MAX_LAG_SAMPLES / 2);
+                    }
+                    self.lag_samples.push(lag);
+                }
+                // No token came back: recompute the last position so the next step samples.
+                None if request.num_computed as usize == request.tokens.len() => {
+                    request.num_computed -= 1;
+                }
+                _ => {}
+            }
+        }
+        let request = &self.requests[&entry.id];
+        let end = entry.end.min(request.num_computed);
+        self.blocks.register_computed(entry.id, &request.tokens, end);
+    }
+
+    /// The engine decided the request is done (EOS, length, stop sequence); frees its blocks
+    /// (at acknowledgement if a transfer of its blocks is in flight). Unknown ids are ignored.
     pub fn finish(&mut self, id: u64) {
-        self.requests.remove(&id);
+        if self.drop_request(id) {
+            self.counters.finished += 1;
+        }
+        self.debug_check("finish");
     }
 
-    /// The client went away; frees the request's blocks (deferred while a transfer is in flight).
+    /// The client went away; like `finish`, counted separately.
     pub fn cancel(&mut self, id: u64) {
-        self.requests.remove(&id);
+        if self.drop_request(id) {
+            self.counters.cancelled += 1;
+        }
+        self.debug_check("cancel");
+    }
+
+    fn drop_request(&mut self, id: u64) -> bool {
+        let Some(request) = self.requests.get_mut(&id) else { return false };
+        if request.doomed {
+            return false;
+        }
+        self.waiting.retain(|w| *w != id);
+        if self.blocks.has_transfer_for(id) {
+            // The transfer's destinations are still being written: free at acknowledgement.
+            request.doomed = true;
+        } else {
+            self.blocks.release(id);
+            self.requests.remove(&id);
+        }
+        true
     }
 
     /// Lag samples (now - deadline of each produced token, seconds; positive = late) recorded
     /// since the previous call, oldest first.
     pub fn take_lag_samples(&mut self) -> Vec<f64> {
-        Vec::new()
+        std::mem::take(&mut self.lag_samples)
     }
 
     /// Number of requests the scheduler currently holds (any phase).
@@ -87,17 +247,16 @@ impl Scheduler {
         !self.requests.is_empty()
     }
 
-    /// The cost model as refined so far.
-    pub fn cost_model(&self) -> &crate::cost_model::CostModel {
-        &self.config.cost_model
+    /// Tokens of a request as the scheduler knows them (prompt + sampled).
+    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
+        self.requests.get(&id).map(|r| r.tokens.as_slice())
     }
 
-    pub fn stats(&self) -> SchedulerStats {
-        SchedulerStats::default()
-    }
-
-    /// Checks every block-ownership and request-state invariant.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        Ok(())
+    pub(crate) fn debug_check(&self, call: &str) {
+        if cfg!(debug_assertions) {
+            if let Err(broken) = self.check_invariants() {
+                panic!("scheduler invariant broken after {call}: {broken}");
+            }
+        }
     }
 }

@@ -1,0 +1,94 @@
+//! Read-only views of the scheduler: the /metrics snapshot and the invariant check that debug
+//! builds run after every call.
+
+use crate::kv::Slot;
+use crate::request::Phase;
+use crate::scheduler::Scheduler;
+use crate::stats::SchedulerStats;
+
+impl Scheduler {
+    pub fn stats(&self) -> SchedulerStats {
+        let count = |phase: Phase| self.requests.values().filter(|r| r.phase == phase).count() as u32;
+        let c = &self.counters;
+        let free_device = self.blocks.free_device();
+        let free_host = self.blocks.free_host();
+        SchedulerStats {
+            steps: self.step_id,
+            device_blocks_total: self.blocks.num_device_blocks(),
+            device_blocks_free: free_device,
+            device_blocks_used: self.blocks.num_device_blocks() - free_device,
+            device_blocks_cached: self.blocks.free_device_cached(),
+            device_blocks_in_flight: self.blocks.device_in_flight(),
+            host_blocks_total: self.blocks.num_host_blocks(),
+            host_blocks_free: free_host,
+            host_blocks_used: self.blocks.num_host_blocks() - free_host,
+            waiting: count(Phase::Waiting),
+            running: count(Phase::Running),
+            rotated: count(Phase::Rotated) + count(Phase::SwappingOut) + count(Phase::SwappingIn),
+            swapping_out: count(Phase::SwappingOut),
+            swapping_in: count(Phase::SwappingIn),
+            rotations_out: c.rotations_out,
+            rotations_in: c.rotations_in,
+            bytes_out: c.bytes_out,
+            bytes_in: c.bytes_in,
+            recomputes: c.recomputes,
+            prefix_cache_hit_tokens: c.prefix_hit_tokens,
+            prefix_cache_queried_tokens: c.prefix_queried_tokens,
+            finished: c.finished,
+            cancelled: c.cancelled,
+            recent_lag_samples: self.lag_samples.len() as u32,
+            cost_correction: self.cost.correction,
+            reserve_blocks: self.reserve_blocks,
+        }
+    }
+
+    /// Checks every block-ownership and request-state invariant: no block owned twice, none
+    /// leaked, reference counts consistent, in-flight blocks held by their transfer only, each
+    /// phase matching where the request's blocks are.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.blocks.check()?;
+        let queued: Vec<u64> = self.waiting.iter().copied().collect();
+        let mut sorted = queued.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != queued.len() {
+            return Err("a request is queued twice".into());
+        }
+        for id in &queued {
+            match self.requests.get(id) {
+                Some(r) if r.phase == Phase::Waiting && !r.doomed => {}
+                _ => return Err(format!("queued request {id} is not waiting")),
+            }
+        }
+        for (id, request) in &self.requests {
+            self.check_request(*id, request, sorted.binary_search(id).is_ok())?;
+        }
+        Ok(())
+    }
+
+    fn check_request(&self, id: u64, r: &crate::request::RequestState, queued: bool) -> Result<(), String> {
+        let in_flight = self.blocks.has_transfer_for(id);
+        let slots = self.blocks.slots(id);
+        if r.num_computed as usize > r.tokens.len() {
+            return Err(format!("request {id} computed beyond its tokens"));
+        }
+        let bs = self.blocks.block_size() as usize;
+        let ok = match r.phase {
+            Phase::Waiting => queued && !self.blocks.has_table(id) && r.num_computed == 0,
+            Phase::Running => {
+                !in_flight
+                    && slots.iter().all(|s| matches!(s, Slot::Device(_)))
+                    && slots.len() * bs >= r.num_computed as usize
+            }
+            Phase::SwappingOut | Phase::SwappingIn => in_flight,
+            Phase::Rotated => !in_flight && slots.iter().any(|s| matches!(s, Slot::Host(_))),
+        };
+        if r.doomed && !in_flight {
+            return Err(format!("request {id} is doomed without a transfer in flight"));
+        }
+        if !ok || (queued && r.phase != Phase::Waiting) {
+            return Err(format!("request {id} in phase {:?} has inconsistent blocks", r.phase));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,255 @@
+//! The single owner of every KV block: per-request block tables over both pools, and the
+//! transfers in flight between them.
+//!
+//! Ownership: a device block's reference count equals the number of tables naming it plus one
+//! while an unacknowledged swap-out reads it; a host block belongs to one table or to one
+//! unacknowledged swap-in. Freeing is therefore always "drop a reference", and a block whose
+//! copy is in flight cannot be allocated because its transfer still holds it.
+//!
+//! Prefix sharing under rotation: a swap-out moves only the request's *private* device blocks
+//! (reference count 1). Blocks shared with other requests stay on device, still referenced by
+//! the rotated request's table: swapping them would free nothing (the others keep them) and
+//! would cost bandwidth twice. A swap-in brings back exactly the host slots.
+
+use std::collections::BTreeMap;
+
+use super::device_pool::DevicePool;
+use super::host_pool::HostPool;
+use super::prefix_hash::{extend_chain, ROOT_HASH};
+use crate::cost_model::Direction;
+
+/// Where one block-sized span of a request's KV lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    Device(u32),
+    Host(u32),
+}
+
+/// Result of looking a prompt up in the prefix cache without taking anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct PrefixProbe {
+    pub(crate) hit_blocks: u32,
+    /// Hits that are currently free (cached, unreferenced): taking them uses up free blocks.
+    pub(crate) hits_on_free: u32,
+}
+
+/// An acknowledged transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TransferDone {
+    pub(crate) request: u64,
+    pub(crate) direction: Direction,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Table {
+    pub(super) slots: Vec<Slot>,
+    /// Prefix-hash chain of the request's full blocks computed so far.
+    pub(super) hashes: Vec<u64>,
+}
+
+#[derive(Debug)]
+pub(super) struct InFlight {
+    pub(super) request: u64,
+    pub(super) direction: Direction,
+    pub(super) device_blocks: Vec<u32>,
+    pub(super) host_blocks: Vec<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct BlockManager {
+    pub(super) block_size: u32,
+    pub(super) prefix_caching: bool,
+    pub(super) device: DevicePool,
+    pub(super) host: HostPool,
+    pub(super) tables: BTreeMap<u64, Table>,
+    pub(super) transfers: BTreeMap<u64, InFlight>,
+    pub(super) next_transfer_id: u64,
+}
+
+impl BlockManager {
+    pub(crate) fn new(block_size: u32, device_blocks: u32, host_blocks: u32, prefix_caching: bool) -> Self {
+        BlockManager {
+            block_size,
+            prefix_caching,
+            device: DevicePool::new(device_blocks),
+            host: HostPool::new(host_blocks),
+            tables: BTreeMap::new(),
+            transfers: BTreeMap::new(),
+            next_transfer_id: 1,
+        }
+    }
+
+    pub(crate) fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Blocks needed to hold `tokens` positions.
+    pub(crate) fn blocks_for(&self, tokens: u64) -> u64 {
+        tokens.div_ceil(u64::from(self.block_size))
+    }
+
+    pub(crate) fn num_device_blocks(&self) -> u32 {
+        self.device.num_blocks()
+    }
+
+    pub(crate) fn num_host_blocks(&self) -> u32 {
+        self.host.num_blocks()
+    }
+
+    pub(crate) fn free_device(&self) -> u32 {
+        self.device.num_free()
+    }
+
+    pub(crate) fn free_device_cached(&self) -> u32 {
+        self.device.num_free_cached()
+    }
+
+    pub(crate) fn free_host(&self) -> u32 {
+        self.host.num_free()
+    }
+
+    pub(crate) fn device_in_flight(&self) -> u32 {
+        self.device.num_in_flight()
+    }
+
+    pub(crate) fn has_table(&self, id: u64) -> bool {
+        self.tables.contains_key(&id)
+    }
+
+    pub(crate) fn slots(&self, id: u64) -> &[Slot] {
+        self.tables.get(&id).map_or(&[], |t| &t.slots)
+    }
+
+    /// Device blocks that become free once every in-flight swap-out is acknowledged.
+    pub(crate) fn pending_release(&self) -> u32 {
+        let out = self.transfers.values().filter(|t| t.direction == Direction::Out);
+        out.flat_map(|t| &t.device_blocks).filter(|b| self.device.ref_count(**b) == 1).count() as u32
+    }
+
+    pub(crate) fn has_transfer_for(&self, id: u64) -> bool {
+        self.transfers.values().any(|t| t.request == id)
+    }
+
+    /// How much of `tokens` the cache holds. At least one token is always left to compute (the
+    /// shard must run the last position to sample), so only full blocks of `tokens[..len-1]`
+    /// count.
+    pub(crate) fn probe_prefix(&self, tokens: &[u32]) -> PrefixProbe {
+        let mut probe = PrefixProbe::default();
+        if !self.prefix_caching || tokens.is_empty() {
+            return probe;
+        }
+        let mut hashes = Vec::new();
+        extend_chain(&mut hashes, tokens, tokens.len() - 1, self.block_size as usize);
+        for block in self.matching_blocks(tokens, &hashes) {
+            probe.hit_blocks += 1;
+            probe.hits_on_free += u32::from(self.device.is_free(block));
+        }
+        probe
+    }
+
+    fn matching_blocks(&self, tokens: &[u32], hashes: &[u64]) -> Vec<u32> {
+        let bs = self.block_size as usize;
+        let mut blocks = Vec::new();
+        for (i, hash) in hashes.iter().enumerate() {
+            let parent = if i == 0 { ROOT_HASH } else { hashes[i - 1] };
+            match self.device.lookup(*hash, parent, &tokens[i * bs..(i + 1) * bs]) {
+                Some(block) => blocks.push(block),
+                None => break,
+            }
+        }
+        blocks
+    }
+
+    /// Creates the request's table from its cached prefix; returns the tokens it covers.
+    pub(crate) fn acquire_prefix(&mut self, id: u64, tokens: &[u32]) -> u32 {
+        let mut table = Table::default();
+        if self.prefix_caching && !tokens.is_empty() {
+            extend_chain(&mut table.hashes, tokens, tokens.len() - 1, self.block_size as usize);
+            let hits = self.matching_blocks(tokens, &table.hashes);
+            for block in &hits {
+                self.device.incref(*block);
+            }
+            table.hashes.truncate(hits.len());
+            table.slots = hits.into_iter().map(Slot::Device).collect();
+        }
+        let covered = table.slots.len() as u32 * self.block_size;
+        self.tables.insert(id, table);
+        covered
+    }
+
+    /// New device blocks the table needs to cover `total_tokens` positions.
+    pub(crate) fn new_blocks_needed(&self, id: u64, total_tokens: u64) -> u64 {
+        let have = self.slots(id).len() as u64;
+        self.blocks_for(total_tokens).saturating_sub(have)
+    }
+
+    /// Extends the table with device blocks to cover `total_tokens` positions; all or nothing.
+    pub(crate) fn grow(&mut self, id: u64, total_tokens: u64) -> bool {
+        let needed = self.new_blocks_needed(id, total_tokens);
+        if needed > u64::from(self.device.num_free()) {
+            return false;
+        }
+        let Some(table) = self.tables.get_mut(&id) else { return false };
+        for _ in 0..needed {
+            match self.device.allocate() {
+                Some(block) => table.slots.push(Slot::Device(block)),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// The table as device block ids; `None` if any span is on host.
+    pub(crate) fn device_table(&self, id: u64) -> Option<Vec<u32>> {
+        let slots = self.slots(id);
+        slots.iter().map(|s| if let Slot::Device(b) = s { Some(*b) } else { None }).collect()
+    }
+
+    /// Publishes the request's full blocks among its first `computed` positions (whose KV a
+    /// finished step has written) to the prefix cache.
+    pub(crate) fn register_computed(&mut self, id: u64, tokens: &[u32], computed: u32) {
+        if !self.prefix_caching {
+            return;
+        }
+        let Some(table) = self.tables.get_mut(&id) else { return };
+        let bs = self.block_size as usize;
+        let limit = (computed as usize).min(table.slots.len() * bs);
+        let before = table.hashes.len();
+        extend_chain(&mut table.hashes, tokens, limit, bs);
+        for i in before..table.hashes.len() {
+            if let Slot::Device(block) = table.slots[i] {
+                let parent = if i == 0 { ROOT_HASH } else { table.hashes[i - 1] };
+                self.device.register(block, table.hashes[i], parent, &tokens[i * bs..(i + 1) * bs]);
+            }
+        }
+    }
+
+    /// Drops the request's table: device references are released, host blocks freed. The
+    /// caller must not release a request with a transfer in flight (its destinations are
+    /// still being written).
+    pub(crate) fn release(&mut self, id: u64) {
+        let Some(table) = self.tables.remove(&id) else { return };
+        for slot in table.slots {
+            match slot {
+                Slot::Device(block) => self.device.decref(block),
+                Slot::Host(block) => self.host.release(block),
+            }
+        }
+    }
+
+    /// Device blocks a swap-out of this request would move (and eventually free).
+    pub(crate) fn private_device_blocks(&self, id: u64) -> u32 {
+        let private = |s: &&Slot| matches!(s, Slot::Device(b) if self.device.ref_count(*b) == 1);
+        self.slots(id).iter().filter(private).count() as u32
+    }
+
+    pub(crate) fn host_slots(&self, id: u64) -> u32 {
+        self.slots(id).iter().filter(|s| matches!(s, Slot::Host(_))).count() as u32
+    }
+
+    pub(super) fn take_transfer_id(&mut self) -> u64 {
+        let id = self.next_transfer_id;
+        self.next_transfer_id += 1;
+        id
+    }
+}

@@ -1,0 +1,208 @@
+//! Device KV blocks: reference counts, the LRU free list and the prefix-cache registry.
+//!
+//! A block with a non-zero count is owned (by request tables and/or an in-flight swap-out) and
+//! never allocatable. A block at zero is free; if it still holds a cached full block it stays
+//! findable by its prefix hash until allocation evicts it. Allocation takes never-cached blocks
+//! first, then the least recently released cached one.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// What a cached block holds, compared on lookup so hash collisions cannot alias KV.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CachedKey {
+    hash: u64,
+    parent: u64,
+    tokens: Vec<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct DevicePool {
+    ref_counts: Vec<u32>,
+    /// Source of an unacknowledged swap-out: its content is being read by a copy, so it is
+    /// neither allocatable nor handed out as a prefix hit.
+    in_flight: Vec<bool>,
+    cached: Vec<Option<CachedKey>>,
+    /// hash -> block. Only looked up, never iterated, so its order cannot leak into plans.
+    registry: HashMap<u64, u32>,
+    /// (release tick, block): tick 0 for never-cached blocks so they go first.
+    free: BTreeSet<(u64, u32)>,
+    free_tick: Vec<u64>,
+    tick: u64,
+}
+
+impl DevicePool {
+    pub(crate) fn new(num_blocks: u32) -> Self {
+        let n = num_blocks as usize;
+        DevicePool {
+            ref_counts: vec![0; n],
+            in_flight: vec![false; n],
+            cached: vec![None; n],
+            registry: HashMap::new(),
+            free: (0..num_blocks).map(|b| (0, b)).collect(),
+            free_tick: vec![0; n],
+            tick: 0,
+        }
+    }
+
+    pub(crate) fn num_blocks(&self) -> u32 {
+        self.ref_counts.len() as u32
+    }
+
+    pub(crate) fn num_free(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    pub(crate) fn num_free_cached(&self) -> u32 {
+        self.free.iter().filter(|(tick, _)| *tick > 0).count() as u32
+    }
+
+    pub(crate) fn num_in_flight(&self) -> u32 {
+        self.in_flight.iter().filter(|f| **f).count() as u32
+    }
+
+    pub(crate) fn ref_count(&self, block: u32) -> u32 {
+        self.ref_counts[block as usize]
+    }
+
+    pub(crate) fn is_in_flight(&self, block: u32) -> bool {
+        self.in_flight[block as usize]
+    }
+
+    pub(crate) fn set_in_flight(&mut self, block: u32, in_flight: bool) {
+        self.in_flight[block as usize] = in_flight;
+    }
+
+    /// Takes a free block (evicting its cached content if any) with one reference.
+    pub(crate) fn allocate(&mut self) -> Option<u32> {
+        let (tick, block) = self.free.pop_first()?;
+        debug_assert_eq!(tick, self.free_tick[block as usize]);
+        if let Some(key) = self.cached[block as usize].take() {
+            self.registry.remove(&key.hash);
+        }
+        self.ref_counts[block as usize] = 1;
+        Some(block)
+    }
+
+    pub(crate) fn incref(&mut self, block: u32) {
+        let i = block as usize;
+        if self.ref_counts[i] == 0 {
+            self.free.remove(&(self.free_tick[i], block));
+        }
+        self.ref_counts[i] += 1;
+    }
+
+    /// Drops one reference; at zero the block becomes free (still findable if cached).
+    pub(crate) fn decref(&mut self, block: u32) {
+        let i = block as usize;
+        self.ref_counts[i] = self.ref_counts[i].saturating_sub(1);
+        if self.ref_counts[i] == 0 {
+            self.free_tick[i] = if self.cached[i].is_some() {
+                self.tick += 1;
+                self.tick
+            } else {
+                0
+            };
+            self.free.insert((self.free_tick[i], block));
+        }
+    }
+
+    /// The cached block holding exactly this prefix, if any and not in flight.
+    pub(crate) fn lookup(&self, hash: u64, parent: u64, tokens: &[u32]) -> Option<u32> {
+        let block = *self.registry.get(&hash)?;
+        let key = self.cached[block as usize].as_ref()?;
+        let matches = key.parent == parent && key.tokens == tokens;
+        (matches && !self.in_flight[block as usize]).then_some(block)
+    }
+
+    /// Records that `block` (owned, fully computed) holds this prefix. The first block to
+    /// register a prefix keeps it; a duplicate stays uncached.
+    pub(crate) fn register(&mut self, block: u32, hash: u64, parent: u64, tokens: &[u32]) {
+        let i = block as usize;
+        if self.cached[i].is_some() || self.registry.contains_key(&hash) {
+            return;
+        }
+        self.registry.insert(hash, block);
+        self.cached[i] = Some(CachedKey { hash, parent, tokens: tokens.to_vec() });
+    }
+
+    pub(crate) fn is_free(&self, block: u32) -> bool {
+        self.ref_counts[block as usize] == 0
+    }
+
+    /// Internal consistency of the pool alone (ownership is checked by the block manager).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        for (tick, block) in &self.free {
+            let i = *block as usize;
+            if self.ref_counts[i] != 0 {
+                return Err(format!("device block {block} is free with refcount {}", self.ref_counts[i]));
+            }
+            if self.free_tick[i] != *tick {
+                return Err(format!("device block {block} free tick mismatch"));
+            }
+            if self.in_flight[i] {
+                return Err(format!("device block {block} is free while in flight"));
+            }
+        }
+        let owned = self.ref_counts.iter().filter(|r| **r > 0).count();
+        if owned + self.free.len() != self.ref_counts.len() {
+            return Err(format!(
+                "device pool: {owned} owned + {} free != {}",
+                self.free.len(),
+                self.ref_counts.len()
+            ));
+        }
+        for (hash, block) in &self.registry {
+            match &self.cached[*block as usize] {
+                Some(key) if key.hash == *hash => {}
+                _ => return Err(format!("prefix registry entry {hash:#x} -> {block} is stale")),
+            }
+        }
+        let cached = self.cached.iter().filter(|c| c.is_some()).count();
+        if cached != self.registry.len() {
+            return Err(format!("{cached} cached blocks but {} registry entries", self.registry.len()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_prefers_uncached_then_lru() {
+        let mut pool = DevicePool::new(3);
+        let a = pool.allocate().unwrap();
+        let b = pool.allocate().unwrap();
+        pool.register(a, 11, 0, &[1]);
+        pool.register(b, 22, 0, &[2]);
+        pool.decref(a);
+        pool.decref(b);
+        assert_eq!(pool.num_free_cached(), 2);
+        // The never-cached block goes first, then `a` (released before `b`).
+        let c = pool.allocate().unwrap();
+        assert!(c != a && c != b);
+        assert_eq!(pool.allocate(), Some(a));
+        assert_eq!(pool.lookup(11, 0, &[1]), None, "evicted on reuse");
+        assert_eq!(pool.lookup(22, 0, &[2]), Some(b));
+        assert_eq!(pool.lookup(22, 0, &[3]), None, "tokens are compared");
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn hit_on_free_cached_block_revives_it() {
+        let mut pool = DevicePool::new(2);
+        let a = pool.allocate().unwrap();
+        pool.register(a, 5, 0, &[7, 8]);
+        pool.decref(a);
+        assert_eq!(pool.num_free(), 2);
+        let hit = pool.lookup(5, 0, &[7, 8]).unwrap();
+        pool.incref(hit);
+        assert_eq!(pool.num_free(), 1);
+        assert_eq!(pool.ref_count(a), 1);
+        pool.set_in_flight(a, true);
+        assert_eq!(pool.lookup(5, 0, &[7, 8]), None, "in-flight blocks are not handed out");
+        pool.set_in_flight(a, false);
+        pool.check().unwrap();
+    }
+}

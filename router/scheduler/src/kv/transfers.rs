@@ -1,0 +1,161 @@
+//! Swap-out, swap-in and their acknowledgement, over the block manager's tables.
+//!
+//! Table slots flip to their destination when a transfer is issued, and the transfer keeps the
+//! source blocks referenced until the shard acknowledges the copy: a swap-out's device sources
+//! stay allocated (and out of the prefix cache) so nobody writes them mid-copy; a swap-in's
+//! host sources stay owned so no other swap-out overwrites them mid-copy.
+
+use super::block_manager::{BlockManager, InFlight, Slot, TransferDone};
+use crate::cost_model::Direction;
+use crate::plan::Transfer;
+
+impl BlockManager {
+    /// Moves the request's private device blocks to host. `None` (and no change) when it has
+    /// nothing private or the host pool lacks room.
+    pub(crate) fn swap_out(&mut self, id: u64) -> Option<Transfer> {
+        let moved = self.private_device_blocks(id);
+        if moved == 0 || moved > self.host.num_free() {
+            return None;
+        }
+        let table = self.tables.get_mut(&id)?;
+        let (mut src, mut dst) = (Vec::new(), Vec::new());
+        for slot in table.slots.iter_mut() {
+            let Slot::Device(block) = *slot else { continue };
+            if self.device.ref_count(block) != 1 {
+                continue;
+            }
+            let host_block = self.host.allocate()?;
+            // The table's reference passes to the transfer; released at acknowledgement.
+            self.device.set_in_flight(block, true);
+            *slot = Slot::Host(host_block);
+            src.push(block);
+            dst.push(host_block);
+        }
+        let transfer_id = self.take_transfer_id();
+        let in_flight = InFlight {
+            request: id,
+            direction: Direction::Out,
+            device_blocks: src.clone(),
+            host_blocks: dst.clone(),
+        };
+        self.transfers.insert(transfer_id, in_flight);
+        Some(Transfer { id: transfer_id, request_id: id, src_blocks: src, dst_blocks: dst })
+    }
+
+    /// Brings the request's host blocks back into fresh device blocks. `None` (and no change)
+    /// when it has nothing on host or the device pool lacks room.
+    pub(crate) fn swap_in(&mut self, id: u64) -> Option<Transfer> {
+        let moved = self.host_slots(id);
+        if moved == 0 || moved > self.device.num_free() {
+            return None;
+        }
+        let table = self.tables.get_mut(&id)?;
+        let (mut src, mut dst) = (Vec::new(), Vec::new());
+        for slot in table.slots.iter_mut() {
+            let Slot::Host(host_block) = *slot else { continue };
+            let block = self.device.allocate()?;
+            *slot = Slot::Device(block);
+            src.push(host_block);
+            dst.push(block);
+        }
+        let transfer_id = self.take_transfer_id();
+        let in_flight = InFlight {
+            request: id,
+            direction: Direction::In,
+            device_blocks: dst.clone(),
+            host_blocks: src.clone(),
+        };
+        self.transfers.insert(transfer_id, in_flight);
+        Some(Transfer { id: transfer_id, request_id: id, src_blocks: src, dst_blocks: dst })
+    }
+
+    /// Applies the shard's acknowledgement; unknown or repeated ids are ignored.
+    pub(crate) fn ack(&mut self, transfer_id: u64) -> Option<TransferDone> {
+        let done = self.transfers.remove(&transfer_id)?;
+        match done.direction {
+            Direction::Out => {
+                for block in &done.device_blocks {
+                    self.device.set_in_flight(*block, false);
+                    self.device.decref(*block);
+                }
+            }
+            Direction::In => {
+                for block in &done.host_blocks {
+                    self.host.release(*block);
+                }
+            }
+        }
+        Some(TransferDone { request: done.request, direction: done.direction })
+    }
+
+    /// Whether `block` is being written or read by an unacknowledged transfer (a swap-out
+    /// source or a swap-in destination).
+    pub(crate) fn device_block_busy(&self, block: u32) -> bool {
+        self.device.is_in_flight(block)
+            || self.transfers.values().any(|t| {
+                t.direction == Direction::In && t.device_blocks.contains(&block)
+            })
+    }
+
+    /// Every ownership invariant: reference counts equal table mentions plus swap-out holds,
+    /// no host block has two owners, nothing owned is free, nothing is leaked.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        self.device.check()?;
+        let mut device_refs = vec![0u32; self.device.num_blocks() as usize];
+        let mut host_owner: Vec<Option<String>> = vec![None; self.host.num_blocks() as usize];
+        let mut claim_host = |block: u32, owner: String| -> Result<(), String> {
+            let entry = host_owner
+                .get_mut(block as usize)
+                .ok_or_else(|| format!("host block {block} out of range"))?;
+            if let Some(previous) = entry {
+                return Err(format!("host block {block} owned by {previous} and {owner}"));
+            }
+            *entry = Some(owner);
+            Ok(())
+        };
+        for (id, table) in &self.tables {
+            for slot in &table.slots {
+                match slot {
+                    Slot::Device(b) => *device_refs
+                        .get_mut(*b as usize)
+                        .ok_or_else(|| format!("device block {b} out of range"))? += 1,
+                    Slot::Host(b) => claim_host(*b, format!("request {id}"))?,
+                }
+            }
+        }
+        for (tid, transfer) in &self.transfers {
+            match transfer.direction {
+                Direction::Out => {
+                    for b in &transfer.device_blocks {
+                        device_refs[*b as usize] += 1;
+                        if !self.device.is_in_flight(*b) {
+                            return Err(format!("swap-out {tid} source {b} not marked in flight"));
+                        }
+                    }
+                }
+                Direction::In => {
+                    for b in &transfer.host_blocks {
+                        claim_host(*b, format!("swap-in {tid}"))?;
+                    }
+                }
+            }
+        }
+        for (block, expected) in device_refs.iter().enumerate() {
+            let actual = self.device.ref_count(block as u32);
+            if actual != *expected {
+                return Err(format!("device block {block}: refcount {actual}, owners {expected}"));
+            }
+        }
+        for (block, owner) in host_owner.iter().enumerate() {
+            if owner.is_some() == self.host.is_free(block as u32) {
+                return Err(format!("host block {block}: owner {owner:?} vs free list disagree"));
+            }
+        }
+        if self.device.num_in_flight() as usize
+            != self.transfers.values().filter(|t| t.direction == Direction::Out).map(|t| t.device_blocks.len()).sum::<usize>()
+        {
+            return Err("in-flight device marks disagree with swap-outs".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,203 @@
+//! RotaSched (see ROTASCHED.md): serve the least slack first, the late class after everyone
+//! punctual; when the urgent ones do not fit, rotate out the running requests with the most
+//! slack (under the per-step byte budget, never one just swapped in, never one about to
+//! finish, never one that could not come back before its deadline); bring rotated requests
+//! back a step before they are due; keep a reserve of free blocks for expected arrivals.
+
+use super::urgency::{Eviction, Urgency};
+use crate::byte_budget::ByteBudget;
+use crate::cost_model::Direction;
+use crate::request::Phase;
+use crate::scheduler::Scheduler;
+use crate::step::{Outcome, StepCtx};
+
+struct Victim {
+    id: u64,
+    slack: f64,
+    eviction: Eviction,
+}
+
+impl Scheduler {
+    pub(crate) fn plan_rotasched(&mut self, ctx: &mut StepCtx) {
+        let step_s = self.step_estimate();
+        ctx.budget = Some(ByteBudget::new(&self.cost, step_s));
+        self.reserve_blocks = self.arrival_reserve(ctx.now, step_s);
+        let order = self.urgency_order(ctx.now, step_s);
+        let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
+        ctx.decode_reserve = decodes.min(ctx.tokens_left);
+        let mut admissions_blocked = false;
+        for urgency in &order {
+            match self.requests.get(&urgency.id).map(|r| r.phase) {
+                Some(Phase::Running) => {
+                    if self.is_running_decode(urgency.id) {
+                        ctx.decode_reserve = ctx.decode_reserve.saturating_sub(1);
+                    }
+                    self.serve_running(ctx, urgency, step_s);
+                }
+                Some(Phase::Waiting) if !admissions_blocked => {
+                    // A punctual request that does not fit keeps the blocks being freed for
+                    // itself: less urgent admissions may not take them first.
+                    admissions_blocked = !self.serve_waiting(ctx, urgency, step_s) && !urgency.late;
+                }
+                Some(Phase::Rotated) => self.serve_rotated(ctx, urgency, step_s),
+                _ => {}
+            }
+        }
+        self.keep_reserve(ctx, step_s);
+    }
+
+    fn is_running_decode(&self, id: u64) -> bool {
+        let r = &self.requests[&id];
+        r.phase == Phase::Running && r.is_decode()
+    }
+
+    fn serve_running(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) {
+        loop {
+            let Outcome::NoBlocks(short) = self.schedule_running(ctx, urgency.id, 0) else { return };
+            if !self.make_room(ctx, short, urgency, step_s) {
+                return;
+            }
+        }
+    }
+
+    /// False when the request did not fit in memory.
+    fn serve_waiting(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) -> bool {
+        if ctx.plan.preempted_for_recompute.contains(&urgency.id) {
+            return true;
+        }
+        loop {
+            match self.admit(ctx, urgency.id, 0) {
+                Outcome::NoBlocks(short) => {
+                    if !self.make_room(ctx, short, urgency, step_s) {
+                        return false;
+                    }
+                }
+                _ => return true,
+            }
+        }
+    }
+
+    /// Issues the swap-in a step ahead of the deadline, or early when blocks are plentiful.
+    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) {
+        let id = urgency.id;
+        let need = self.blocks.host_slots(id);
+        let due = urgency.slack <= step_s;
+        let plentiful = self.blocks.free_device() >= need + self.reserve_blocks;
+        if !(due || plentiful) {
+            return;
+        }
+        let bytes = u64::from(need) * self.config.block_bytes;
+        let budget = ctx.budget.as_ref().expect("rotasched sets a budget");
+        // A due request larger than a whole step's budget may still go alone, or it could
+        // never return.
+        let alone = budget.used(Direction::In) == 0;
+        if !budget.fits(Direction::In, bytes) && !(due && alone) {
+            return;
+        }
+        let free = self.blocks.free_device();
+        if free < need && due {
+            self.make_room(ctx, u64::from(need - free), urgency, step_s);
+        }
+        if self.blocks.free_device() >= need {
+            self.rotate_in(ctx, id);
+        }
+    }
+
+    /// Evicts the running requests with the most slack until `short` blocks are free or on
+    /// their way. True when blocks were freed right away (worth retrying now).
+    fn make_room(&mut self, ctx: &mut StepCtx, short: u64, requester: &Urgency, step_s: f64) -> bool {
+        if requester.late {
+            return false;
+        }
+        let credit = ctx.release_credit.min(short);
+        ctx.release_credit -= credit;
+        let mut short = short - credit;
+        let mut freed_now = false;
+        for victim in self.rotation_victims(ctx, requester.id, step_s) {
+            if short == 0 {
+                break;
+            }
+            let freed = match victim.eviction {
+                Eviction::Recompute { .. } => {
+                    let freed = self.preempt_for_recompute(ctx, victim.id);
+                    freed_now |= freed > 0;
+                    freed
+                }
+                Eviction::Swap { .. } => {
+                    let private = u64::from(self.blocks.private_device_blocks(victim.id));
+                    let bytes = private * self.config.block_bytes;
+                    let budget = ctx.budget.as_ref().expect("rotasched sets a budget");
+                    if !budget.fits(Direction::Out, bytes) {
+                        continue;
+                    }
+                    let moved = self.rotate_out(ctx, victim.id);
+                    ctx.release_credit += moved.saturating_sub(short);
+                    moved
+                }
+            };
+            short = short.saturating_sub(freed);
+        }
+        freed_now
+    }
+
+    /// Running requests that may be evicted now, most slack first: not in this step, not
+    /// swapped in within the cool-down, with enough tokens left to be worth the round trip,
+    /// and with more slack than the round trip takes (so they return on time).
+    fn rotation_victims(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<Victim> {
+        let cooldown = self.config.rotation_cooldown_steps;
+        let mut victims: Vec<Victim> = self
+            .running_by_seq()
+            .into_iter()
+            .filter(|id| *id != requester && self.evictable(ctx, *id))
+            .filter(|id| self.blocks.private_device_blocks(*id) > 0)
+            .filter_map(|id| {
+                let r = &self.requests[&id];
+                let recent = r.swapped_in_step.is_some_and(|s| s + cooldown > self.step_id);
+                let eviction = self.cheaper_eviction(id, step_s);
+                let round_trip = eviction.round_trip_s();
+                let worth = r.tokens_left() >= self.config.min_rotation_tokens_left
+                    && f64::from(r.tokens_left()) * step_s >= round_trip;
+                let slack = self.urgency(id, ctx.now, step_s).slack;
+                (!recent && worth && slack > round_trip).then_some(Victim { id, slack, eviction })
+            })
+            .collect();
+        victims.sort_by(|a, b| b.slack.total_cmp(&a.slack).then(b.id.cmp(&a.id)));
+        victims
+    }
+
+    /// Free blocks to keep for arrivals expected during one swap-out latency.
+    fn arrival_reserve(&self, now: f64, step_s: f64) -> u32 {
+        if self.blocks.free_host() == 0 {
+            return 0;
+        }
+        let latency = 2.0 * step_s + self.cost.transfer_overhead_s;
+        let expected = self.arrivals.expected_blocks(now, latency).ceil();
+        let cap = self.config.num_device_blocks / 4;
+        (expected as u32).min(cap)
+    }
+
+    /// Proactive rotation: when free blocks (plus those already on their way) fall below the
+    /// reserve, swap out requests with slack to spare so arrivals start prefill at once.
+    fn keep_reserve(&mut self, ctx: &mut StepCtx, step_s: f64) {
+        let mut have = u64::from(self.blocks.free_device()) + ctx.release_credit;
+        let target = u64::from(self.reserve_blocks);
+        if have >= target {
+            return;
+        }
+        for victim in self.rotation_victims(ctx, u64::MAX, step_s) {
+            if have >= target {
+                break;
+            }
+            if !matches!(victim.eviction, Eviction::Swap { .. }) {
+                continue;
+            }
+            let bytes = u64::from(self.blocks.private_device_blocks(victim.id)) * self.config.block_bytes;
+            if !ctx.budget.as_ref().is_some_and(|b| b.fits(Direction::Out, bytes)) {
+                continue;
+            }
+            let moved = self.rotate_out(ctx, victim.id);
+            have += moved;
+            ctx.release_credit += moved;
+        }
+    }
+}

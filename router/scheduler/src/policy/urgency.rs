@@ -1,0 +1,111 @@
+//! RotaSched's view of time: each request's slack against the deadline of its next token, the
+//! late class, and what a rotation would cost.
+
+use crate::cost_model::{Direction, StepShape};
+use crate::request::Phase;
+use crate::scheduler::Scheduler;
+
+/// How urgent one request is this step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Urgency {
+    pub(crate) id: u64,
+    pub(crate) seq: u64,
+    /// Deadline minus (now + predicted service time); negative = will be late even if served
+    /// now.
+    pub(crate) slack: f64,
+    /// The first-token deadline is already hopeless: served after every punctual request, in
+    /// arrival order, and never allowed to evict anyone.
+    pub(crate) late: bool,
+}
+
+/// How a victim would leave the device, with the time until it could compute again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Eviction {
+    Swap { round_trip_s: f64 },
+    Recompute { round_trip_s: f64 },
+}
+
+impl Eviction {
+    pub(crate) fn round_trip_s(self) -> f64 {
+        match self {
+            Eviction::Swap { round_trip_s } | Eviction::Recompute { round_trip_s } => round_trip_s,
+        }
+    }
+}
+
+impl Scheduler {
+    /// Predicted time of a step serving the current load (decodes plus what prefill fits).
+    pub(crate) fn step_estimate(&self) -> f64 {
+        let mut shape = StepShape::default();
+        let mut prefill_wanted = 0u64;
+        for request in self.requests.values().filter(|r| r.has_work()) {
+            match request.phase {
+                Phase::Running if request.is_decode() => shape.decode_requests += 1,
+                Phase::Running | Phase::Waiting => prefill_wanted += u64::from(request.uncomputed()),
+                _ => continue,
+            }
+            shape.context_tokens += u64::from(request.num_computed) + 1;
+        }
+        let room = u64::from(self.config.max_batch_tokens).saturating_sub(shape.decode_requests);
+        shape.prefill_tokens = prefill_wanted.min(room);
+        self.cost.predict_step(shape).max(1e-6)
+    }
+
+    pub(crate) fn urgency(&self, id: u64, now: f64, step_s: f64) -> Urgency {
+        let r = &self.requests[&id];
+        let service = match r.phase {
+            Phase::Running if r.is_decode() => step_s,
+            Phase::Running | Phase::Waiting => {
+                self.cost.predict_prefill(u64::from(r.uncomputed())).max(step_s)
+            }
+            Phase::Rotated => self.transfer_s(self.blocks.host_slots(id), Direction::In) + 2.0 * step_s,
+            Phase::SwappingIn | Phase::SwappingOut => 2.0 * step_s,
+        };
+        let deadline = r.next_deadline();
+        let slack = deadline - (now + service);
+        let starving = now - deadline > self.config.late_starvation_s;
+        let late = r.last_token_at.is_none() && slack < 0.0 && !starving;
+        Urgency { id, seq: r.seq, slack, late }
+    }
+
+    /// Punctual requests by slack (least first), then the late class in arrival order.
+    pub(crate) fn urgency_order(&self, now: f64, step_s: f64) -> Vec<Urgency> {
+        let mut order: Vec<Urgency> = self
+            .requests
+            .values()
+            .filter(|r| !r.doomed && (r.has_work() || r.phase == Phase::Rotated))
+            .filter(|r| matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated))
+            .map(|r| self.urgency(r.id, now, step_s))
+            .collect();
+        order.sort_by(|a, b| {
+            let key = |u: &Urgency| if u.late { 0.0 } else { u.slack };
+            a.late
+                .cmp(&b.late)
+                .then(key(a).total_cmp(&key(b)))
+                .then(a.seq.cmp(&b.seq))
+        });
+        order
+    }
+
+    pub(crate) fn transfer_s(&self, blocks: u32, direction: Direction) -> f64 {
+        let bytes = u64::from(blocks) * self.config.block_bytes;
+        self.cost.predict_transfer(bytes, direction)
+    }
+
+    /// The cheaper way to evict `id` by the cost model: the swap round trip (out, in, and the
+    /// two step boundaries at which the acknowledgements arrive) or re-prefilling its context.
+    /// Swap needs host room for the private blocks.
+    pub(crate) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
+        let private = self.blocks.private_device_blocks(id);
+        let swap_s = self.transfer_s(private, Direction::Out)
+            + self.transfer_s(private, Direction::In)
+            + 2.0 * step_s;
+        let computed = u64::from(self.requests[&id].num_computed);
+        let recompute_s = self.cost.predict_prefill(computed) + step_s;
+        if private <= self.blocks.free_host() && swap_s <= recompute_s {
+            Eviction::Swap { round_trip_s: swap_s }
+        } else {
+            Eviction::Recompute { round_trip_s: recompute_s }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Building one step, shared by every policy: the token and request budgets, scheduling a
+//! chunk, admitting a waiting request (prefix hits first), preempting, rotating out and in,
+//! and sealing the plan.
+
+use std::collections::BTreeSet;
+
+use crate::byte_budget::ByteBudget;
+use crate::cost_model::{Direction, StepShape};
+use crate::plan::{ScheduledEntry, StepPlan};
+use crate::request::Phase;
+use crate::scheduler::{PendingStep, PlannedEntry, Scheduler};
+
+/// Outcome of trying to give a request its share of the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Scheduled,
+    /// The token or request budget is spent (or the request has nothing to compute).
+    NoBudget,
+    /// This many more free device blocks are needed.
+    NoBlocks(u64),
+}
+
+/// The step being built.
+pub(crate) struct StepCtx {
+    pub(crate) now: f64,
+    pub(crate) plan: StepPlan,
+    pub(crate) tokens_left: u32,
+    pub(crate) requests_left: u32,
+    /// Tokens held back for decodes not yet placed (prefill chunks may not use them).
+    pub(crate) decode_reserve: u32,
+    pub(crate) scheduled: BTreeSet<u64>,
+    pub(crate) entries: Vec<PlannedEntry>,
+    pub(crate) shape: StepShape,
+    /// Per-direction transfer budget; `None` = unlimited (reactive policies).
+    pub(crate) budget: Option<ByteBudget>,
+    /// Blocks that in-flight swap-outs will free and that no request has counted on yet.
+    pub(crate) release_credit: u64,
+}
+
+impl Scheduler {
+    pub(crate) fn new_ctx(&mut self, now: f64) -> StepCtx {
+        self.step_id += 1;
+        StepCtx {
+            now,
+            plan: StepPlan { step_id: self.step_id, ..StepPlan::default() },
+            tokens_left: self.config.max_batch_tokens,
+            requests_left: self.config.max_batch_requests,
+            decode_reserve: 0,
+            scheduled: BTreeSet::new(),
+            entries: Vec::new(),
+            shape: StepShape::default(),
+            budget: None,
+            release_credit: u64::from(self.blocks.pending_release()),
+        }
+    }
+
+    /// Running requests (KV on device, acknowledged) in admission order.
+    pub(crate) fn running_by_seq(&self) -> Vec<u64> {
+        let mut running: Vec<(u64, u64)> = self
+            .requests
+            .values()
+            .filter(|r| r.phase == Phase::Running && !r.doomed)
+            .map(|r| (r.seq, r.id))
+            .collect();
+        running.sort_unstable();
+        running.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Tokens this request may compute now under the budgets (0 = none).
+    fn chunk_for(&self, ctx: &StepCtx, id: u64) -> u32 {
+        let request = &self.requests[&id];
+        if ctx.requests_left == 0 || ctx.scheduled.contains(&id) || !request.has_work() {
+            return 0;
+        }
+        let available = if request.is_decode() {
+            ctx.tokens_left
+        } else {
+            ctx.tokens_left.saturating_sub(ctx.decode_reserve)
+        };
+        request.uncomputed().min(available)
+    }
+
+    /// Schedules a running request's next chunk, growing its table to `reserve_tokens`
+    /// positions at least (fcfs reserves the worst case; others pass 0).
+    pub(crate) fn schedule_running(&mut self, ctx: &mut StepCtx, id: u64, reserve_tokens: u64) -> Outcome {
+        let chunk = self.chunk_for(ctx, id);
+        if chunk == 0 {
+            return Outcome::NoBudget;
+        }
+        let computed = self.requests[&id].num_computed;
+        let target = (u64::from(computed) + u64::from(chunk)).max(reserve_tokens);
+        if !self.blocks.grow(id, target) {
+            let needed = self.blocks.new_blocks_needed(id, target);
+            return Outcome::NoBlocks(needed - u64::from(self.blocks.free_device()).min(needed));
+        }
+        self.push_entry(ctx, id, chunk);
+        Outcome::Scheduled
+    }
+
+    /// Admits a waiting request: takes its cached prefix, reserves blocks and schedules its
+    /// first chunk; nothing changes unless all of it fits.
+    pub(crate) fn admit(&mut self, ctx: &mut StepCtx, id: u64, reserve_tokens: u64) -> Outcome {
+        let request = &self.requests[&id];
+        if ctx.requests_left == 0 || !request.has_work() {
+            return Outcome::NoBudget;
+        }
+        let probe = self.blocks.probe_prefix(&request.tokens);
+        let bs = u64::from(self.blocks.block_size());
+        let cached_tokens = u64::from(probe.hit_blocks) * bs;
+        let available = ctx.tokens_left.saturating_sub(ctx.decode_reserve);
+        let chunk = (request.tokens.len() as u64 - cached_tokens).min(u64::from(available));
+        if chunk == 0 {
+            return Outcome::NoBudget;
+        }
+        let target = (cached_tokens + chunk).max(reserve_tokens);
+        let needed = self.blocks.blocks_for(target) - u64::from(probe.hit_blocks)
+            + u64::from(probe.hits_on_free);
+        let free = u64::from(self.blocks.free_device());
+        if needed > free {
+            return Outcome::NoBlocks(needed - free);
+        }
+        let tokens = self.requests[&id].tokens.clone();
+        let covered = self.blocks.acquire_prefix(id, &tokens);
+        let grown = self.blocks.grow(id, target);
+        debug_assert!(grown, "admission was sized from the probe");
+        self.counters.prefix_queried_tokens += tokens.len() as u64;
+        self.counters.prefix_hit_tokens += u64::from(covered);
+        self.waiting.retain(|w| *w != id);
+        let request = self.requests.get_mut(&id).expect("admitted request exists");
+        request.phase = Phase::Running;
+        request.num_computed = covered;
+        if !request.sent {
+            request.sent = true;
+            ctx.plan.first_scheduled.push(id);
+        }
+        self.push_entry(ctx, id, chunk as u32);
+        Outcome::Scheduled
+    }
+
+    fn push_entry(&mut self, ctx: &mut StepCtx, id: u64, chunk: u32) {
+        let block_table = self.blocks.device_table(id).unwrap_or_default();
+        let request = self.requests.get_mut(&id).expect("scheduled request exists");
+        let computed = request.num_computed;
+        let samples = (computed + chunk) as usize == request.tokens.len();
+        if request.is_decode() {
+            ctx.shape.decode_requests += 1;
+        } else {
+            ctx.shape.prefill_tokens += u64::from(chunk);
+        }
+        ctx.shape.context_tokens += u64::from(computed + chunk);
+        request.num_computed += chunk;
+        request.pending_steps += 1;
+        ctx.tokens_left -= chunk;
+        ctx.requests_left -= 1;
+        ctx.scheduled.insert(id);
+        ctx.entries.push(PlannedEntry { id, end: computed + chunk, samples });
+        ctx.plan.scheduled.push(ScheduledEntry {
+            id,
+            num_computed_tokens: computed,
+            num_new_tokens: chunk,
+            block_table,
+        });
+    }
+
+    /// Whether `id` may be preempted or rotated out now: on device, not part of this step, no
+    /// step of it still computing (its KV is not final until the results come back).
+    pub(crate) fn evictable(&self, ctx: &StepCtx, id: u64) -> bool {
+        let request = &self.requests[&id];
+        request.phase == Phase::Running
+            && !request.doomed
+            && request.pending_steps == 0
+            && !ctx.scheduled.contains(&id)
+    }
+
+    /// Drops the request's device KV; it is re-prefilled from position 0 later (front of the
+    /// queue). Returns the device blocks freed now.
+    pub(crate) fn preempt_for_recompute(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
+        let before = self.blocks.free_device();
+        self.blocks.release(id);
+        let request = self.requests.get_mut(&id).expect("preempted request exists");
+        request.phase = Phase::Waiting;
+        request.num_computed = 0;
+        self.waiting.push_front(id);
+        self.counters.recomputes += 1;
+        ctx.plan.preempted_for_recompute.push(id);
+        u64::from(self.blocks.free_device() - before)
+    }
+
+    /// Starts copying the request's private blocks to host. Returns the device blocks that
+    /// will be freed at acknowledgement (0 = nothing issued).
+    pub(crate) fn rotate_out(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
+        let Some(transfer) = self.blocks.swap_out(id) else { return 0 };
+        let moved = transfer.src_blocks.len() as u64;
+        if let Some(budget) = ctx.budget.as_mut() {
+            budget.take(Direction::Out, moved * self.config.block_bytes);
+        }
+        self.counters.rotations_out += 1;
+        self.counters.bytes_out += moved * self.config.block_bytes;
+        self.requests.get_mut(&id).expect("rotated request exists").phase = Phase::SwappingOut;
+        ctx.plan.swap_out.push(transfer);
+        moved
+    }
+
+    /// Starts copying the request's host blocks back to device. False when it does not fit.
+    pub(crate) fn rotate_in(&mut self, ctx: &mut StepCtx, id: u64) -> bool {
+        let Some(transfer) = self.blocks.swap_in(id) else { return false };
+        let bytes = transfer.src_blocks.len() as u64 * self.config.block_bytes;
+        if let Some(budget) = ctx.budget.as_mut() {
+            budget.take(Direction::In, bytes);
+        }
+        self.counters.rotations_in += 1;
+        self.counters.bytes_in += bytes;
+        let request = self.requests.get_mut(&id).expect("returning request exists");
+        request.phase = Phase::SwappingIn;
+        request.swapped_in_step = Some(self.step_id);
+        ctx.plan.swap_in.push(transfer);
+        true
+    }
+
+    /// Orders decodes before prefill chunks, fills in what the engine needs, and remembers the
+    /// step so its results can be applied.
+    pub(crate) fn seal(&mut self, mut ctx: StepCtx) -> crate::plan::StepPlan {
+        let is_decode = |e: &ScheduledEntry| e.num_new_tokens == 1 && e.num_computed_tokens > 0;
+        let (decodes, prefills): (Vec<_>, Vec<_>) =
+            ctx.plan.scheduled.drain(..).partition(|e| is_decode(e));
+        ctx.plan.scheduled = decodes.into_iter().chain(prefills).collect();
+        let mut sampling: Vec<u64> = ctx.entries.iter().filter(|e| e.samples).map(|e| e.id).collect();
+        sampling.sort_unstable();
+        ctx.plan.sampling = sampling;
+        ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
+        if !ctx.entries.is_empty() {
+            let pending = PendingStep { entries: ctx.entries, shape: ctx.shape };
+            self.pending.insert(ctx.plan.step_id, pending);
+        }
+        ctx.plan
+    }
+}
