@@ -12,15 +12,12 @@ from pathlib import Path
 
 from superinfer import launch_config
 from superinfer.launch_config import LaunchConfig
-from superinfer.supervisor import (
-    Supervisor,
-    child_environment,
-    install_signal_handlers,
-    restore_signal_handlers,
-)
+from superinfer.supervisor import Supervisor, install_signal_handlers, restore_signal_handlers
 
 # How often readiness is probed while a child starts (a child's exit ends the wait at once).
 PROBE_INTERVAL_S = 0.25
+SHARD_LOG_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
+                    "warning": "WARNING", "error": "ERROR"}
 
 
 class LaunchError(RuntimeError):
@@ -53,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> int:
     socket_path = socket_dir / "shard.sock"
-    env = child_environment({"LOG_LEVEL": config.log_level})
-    supervisor.start("shard", shard_argv(config, socket_path), env)
+    # Children inherit the environment; the router reads its unset flags from it.
+    supervisor.start("shard", shard_argv(config, socket_path))
     _wait_ready(supervisor, "shard", config.shard_startup_timeout_s, lambda: shard_healthy(socket_path))
-    supervisor.start("router", router_argv(config, socket_path), env)
+    supervisor.start("router", router_argv(config, socket_path))
     probe_host = "127.0.0.1" if config.hostname in ("0.0.0.0", "::", "") else config.hostname
     url = f"http://{probe_host}:{config.port}"
     _wait_ready(supervisor, "router", config.router_startup_timeout_s, lambda: http_healthy(url))
@@ -94,8 +91,10 @@ def shard_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
     for name, value in optional.items():
         if value is not None:
             argv += [name, str(value)]
-    if config.json_output:
-        argv.append("--json-output")
+    # The router takes a tracing filter; the shard only a plain level, when one was given.
+    level = SHARD_LOG_LEVELS.get(config.log_level.strip().lower())
+    if level is not None:
+        argv += ["--log-level", level]
     return argv
 
 

@@ -3,7 +3,6 @@
 Each child runs in its own session, so a Ctrl-C in the terminal reaches only the launcher,
 which decides the shutdown order. A watcher thread per child blocks in `wait()` and sets one
 event, so the launcher sleeps until a child exits or a signal arrives — it never polls."""
-import os
 import signal
 import subprocess
 import threading
@@ -47,8 +46,8 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
     stop_reason: str | None = None
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        process = subprocess.Popen(argv, env=env, start_new_session=True)
+    def start(self, name: str, argv: list[str]) -> Child:
+        process = subprocess.Popen(argv, start_new_session=True)
         child = Child(name, process)
         self.children.append(child)
         threading.Thread(target=self._watch, args=(child,), name=f"watch-{name}", daemon=True).start()
@@ -89,8 +88,3 @@ def restore_signal_handlers(previous: dict) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
 
-
-def child_environment(extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(extra)
-    return env
