@@ -4,11 +4,12 @@
     handle = engine.submit(swap_out=(device_ids, host_ids), swap_in=(host_ids, device_ids))
     handle.order_compute_after_in(); ...; handle.wait()
 
-Modules: `engine` (entry point), `validation` (entry checks), `handle` (completion),
+Modules: `engine` (entry point), `config` (tuning), `validation` (entry checks), `handle` (completion),
 `cpu_backend` and `cuda_backend` (the copies), `extension` (JIT build of csrc/), `bench`.
 """
 
+from .config import TransferConfig
 from .engine import TransferEngine
 from .handle import TransferHandle
 
-__all__ = ["TransferEngine", "TransferHandle"]
+__all__ = ["TransferConfig", "TransferEngine", "TransferHandle"]

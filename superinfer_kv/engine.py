@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import torch
 
+from .config import TransferConfig
 from .cpu_backend import CpuBackend
 from .handle import TransferHandle
 from .validation import Direction, check_no_overlap, check_pools, make_plan
 
 
-def _make_backend(kind: str, device_kv: torch.Tensor, host_kv: torch.Tensor):
+def _make_backend(
+    kind: str, device_kv: torch.Tensor, host_kv: torch.Tensor, config: TransferConfig
+):
     if kind == "cuda":
         # Imported lazily: building the CUDA extension needs a CUDA toolchain.
         from .cuda_backend import CudaBackend
 
-        return CudaBackend(device_kv, host_kv)
-    return CpuBackend(device_kv, host_kv)
+        return CudaBackend(device_kv, host_kv, config)
+    return CpuBackend(device_kv, host_kv, config.cpu_threads)
 
 
 class TransferEngine:
@@ -28,14 +31,20 @@ class TransferEngine:
 
     device_kv: [num_device_blocks, *block]; host_kv: [num_host_blocks, *block] (pinned on a
     GPU host). One block across all layers is contiguous, so each block is one memory run.
+    `config` tunes the backends (thread count, CUDA copy path); the defaults suit most hosts.
     """
 
-    def __init__(self, device_kv: torch.Tensor, host_kv: torch.Tensor) -> None:
+    def __init__(
+        self,
+        device_kv: torch.Tensor,
+        host_kv: torch.Tensor,
+        config: TransferConfig | None = None,
+    ) -> None:
         kind = check_pools(device_kv, host_kv)
         self._num_device_blocks = int(device_kv.shape[0])
         self._num_host_blocks = int(host_kv.shape[0])
         self._backend_name = kind
-        self._backend = _make_backend(kind, device_kv, host_kv)
+        self._backend = _make_backend(kind, device_kv, host_kv, config or TransferConfig())
 
     @property
     def backend(self) -> str:

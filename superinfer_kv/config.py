@@ -1,0 +1,38 @@
+"""Tuning knobs of DuplexKV, fixed when the engine is built (the defaults suit most hosts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CUDA_METHODS = ("auto", "kernel", "batch_memcpy", "memcpy_loop")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How the backends move blocks.
+
+    cpu_threads: copy threads of the CPU backend; 0 = one per usable core, at most 8.
+    cuda_method: "auto" picks per submit by the mean run size (below); "kernel" (SM
+        gather/scatter over mapped pinned memory), "batch_memcpy" (cudaMemcpyBatchAsync) and
+        "memcpy_loop" (one cudaMemcpyAsync per merged run) force one path.
+    kernel_ctas: CTAs the gather/scatter kernel may occupy, bounding the SMs taken from compute.
+    dma_min_run_bytes: in "auto", merged runs averaging at least this many bytes go to the copy
+        engines, smaller ones to the kernel. Copy-engine throughput collapses for small copies
+        (vLLM measured ~5-7 GB/s below 28 KiB and ~52 GB/s at 64 KiB host→device on H100), and
+        the copy engines leave the SMs to the model, so they win once runs are large enough.
+    """
+
+    cpu_threads: int = 0
+    cuda_method: str = "auto"
+    kernel_ctas: int = 16
+    dma_min_run_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        if self.cuda_method not in CUDA_METHODS:
+            raise ValueError(f"cuda_method must be one of {CUDA_METHODS}, got {self.cuda_method!r}")
+        if self.cpu_threads < 0:
+            raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads}")
+        if self.kernel_ctas < 1:
+            raise ValueError(f"kernel_ctas must be >= 1, got {self.kernel_ctas}")
+        if self.dma_min_run_bytes < 0:
+            raise ValueError(f"dma_min_run_bytes must be >= 0, got {self.dma_min_run_bytes}")
