@@ -6,16 +6,26 @@
 //! - `config`: the router's flags (clap; each also an environment variable).
 //! - `server`: start-up wiring, `run(config, shutdown)`.
 //! - `telemetry`: logging and OpenTelemetry traces.
+//! - `http`: the HTTP API (TGI's routes, OpenAI's, health/info/metrics, OpenAPI); built on
+//!   `validation`, `tokenizer` + `detokenizer`, `chat_template`, `error` (HTTP error mapping)
+//!   and `metrics` (the Prometheus recorder and the request metrics).
 //! - `python`: the pyo3 shim that the `superinfer` package calls.
 
 pub mod pb {
     tonic::include_proto!("superinfer.shard.v1");
 }
 
+pub mod chat_template;
 pub mod client;
 pub mod config;
+pub mod detokenizer;
 pub mod engine;
+pub mod error;
+pub mod http;
+pub mod metrics;
 pub mod server;
 pub mod telemetry;
+pub mod tokenizer;
+pub mod validation;
 mod python;
 mod simulate;

@@ -1,0 +1,143 @@
+//! The HTTP-facing error enum and its one mapping to a status code and a stable `error_type`
+//! (TGI's names, so that TGI's clients raise the matching exception).
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use crate::chat_template::TemplateError;
+use crate::engine::api::EngineError;
+use crate::validation::ValidationError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("Input validation error: {0}")]
+    Validation(#[from] ValidationError),
+    #[error("Template error: {0}")]
+    Template(#[from] TemplateError),
+    #[error("Request failed during generation: {0}")]
+    Generation(String),
+    #[error("Model is overloaded")]
+    Overloaded,
+    #[error("Request failed during generation: the generation ended without a result")]
+    Incomplete,
+    #[error("unhealthy: {0}")]
+    Unhealthy(String),
+    #[error("Unauthorized")]
+    Unauthorized,
+    #[error("Payload too large: the request body is over {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The body is not a request of this route (bad JSON, wrong types, missing fields).
+    #[error("Failed to deserialize the JSON body into the target type: {0}")]
+    BadRequestBody(String),
+    #[error("Tokenizer error: {0}")]
+    Tokenizer(String),
+    #[error("Metrics recorder error: {0}")]
+    Metrics(String),
+}
+
+impl From<EngineError> for HttpError {
+    fn from(error: EngineError) -> Self {
+        HttpError::Generation(error.to_string())
+    }
+}
+
+/// TGI's error body: `{"error": …, "error_type": …}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+    pub error_type: String,
+}
+
+impl HttpError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            HttpError::Validation(_) | HttpError::Template(_) | HttpError::BadRequestBody(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            HttpError::Tokenizer(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            HttpError::Generation(_) => StatusCode::FAILED_DEPENDENCY,
+            HttpError::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+            HttpError::Incomplete | HttpError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            HttpError::Unhealthy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            HttpError::Unauthorized => StatusCode::UNAUTHORIZED,
+            HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
+    /// Stable machine-readable kind; also the `err` label of `superinfer_request_failure`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            HttpError::Validation(_) | HttpError::BadRequestBody(_) | HttpError::Tokenizer(_) => {
+                "validation"
+            }
+            HttpError::Template(_) => "template_error",
+            HttpError::Generation(_) => "generation",
+            HttpError::Overloaded => "overloaded",
+            HttpError::Incomplete => "incomplete_generation",
+            HttpError::Unhealthy(_) => "healthcheck",
+            HttpError::Unauthorized => "unauthorized",
+            HttpError::PayloadTooLarge(_) => "payload_too_large",
+            HttpError::Metrics(_) => "metrics",
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody { error: self.to_string(), error_type: self.error_type().to_string() }
+    }
+
+    /// The OpenAI streaming routes' error shape: `{"error":{"message":…,"http_status_code":…}}`.
+    pub fn openai_stream_body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {"message": self.to_string(), "http_status_code": self.status().as_u16()}
+        })
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        (self.status(), Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_maps_to_tgi_status_and_type() {
+        let cases = [
+            (HttpError::Validation(ValidationError::EmptyInput), 422, "validation"),
+            (HttpError::Template(TemplateError::Render("x".into())), 422, "template_error"),
+            (HttpError::Generation("shard died".into()), 424, "generation"),
+            (HttpError::Overloaded, 429, "overloaded"),
+            (HttpError::Incomplete, 500, "incomplete_generation"),
+            (HttpError::Unhealthy("down".into()), 503, "healthcheck"),
+            (HttpError::Unauthorized, 401, "unauthorized"),
+            (HttpError::PayloadTooLarge(10), 413, "payload_too_large"),
+            (HttpError::BadRequestBody("missing field".into()), 422, "validation"),
+        ];
+        for (error, status, error_type) in cases {
+            assert_eq!(error.status().as_u16(), status, "{error}");
+            assert_eq!(error.error_type(), error_type, "{error}");
+        }
+    }
+
+    #[test]
+    fn validation_messages_carry_tgi_prefix() {
+        let body = HttpError::from(ValidationError::EmptyInput).body();
+        assert_eq!(body.error, "Input validation error: `inputs` cannot be empty");
+        assert_eq!(body.error_type, "validation");
+        let json = serde_json::to_value(&body).unwrap();
+        assert_eq!(json, serde_json::json!({"error": body.error, "error_type": "validation"}));
+    }
+
+    #[test]
+    fn engine_errors_are_generation_errors() {
+        let error = HttpError::from(EngineError::Shard("boom".into()));
+        assert_eq!(error.status(), StatusCode::FAILED_DEPENDENCY);
+        assert_eq!(error.to_string(), "Request failed during generation: shard error: boom");
+        let stream = error.openai_stream_body();
+        assert_eq!(stream["error"]["http_status_code"], 424);
+    }
+}

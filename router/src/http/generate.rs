@@ -1,0 +1,249 @@
+//! TGI's generation routes: `POST /generate`, `/generate_stream`, `/` (compat) and `/tokenize`.
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::future::try_join_all;
+use tracing::Instrument;
+
+use super::extract::JsonBody;
+use super::generation::{Generation, GenerationEvent, GenerationOutput};
+use super::headers::{figures, finished_headers, stream_headers};
+use super::request::{acquire_permit, validate_request, ValidRequest};
+use super::sse::{sse_response, EventSender};
+use super::state::AppState;
+use super::types::{
+    BestOfSequence, CompatGenerateRequest, Details, GenerateRequest, GenerateResponse,
+    SimpleToken, StreamDetails, StreamResponse,
+};
+use crate::error::{ErrorBody, HttpError};
+use crate::metrics;
+use crate::validation::validate_stream;
+
+/// Generate tokens.
+#[utoipa::path(post, path = "/generate", tag = "Text Generation Inference",
+    request_body = GenerateRequest,
+    responses((status = 200, body = GenerateResponse),
+        (status = 422, body = ErrorBody), (status = 424, body = ErrorBody),
+        (status = 429, body = ErrorBody)))]
+#[tracing::instrument(skip_all)]
+pub(crate) async fn generate(
+    State(state): State<Arc<AppState>>,
+    JsonBody(request): JsonBody<GenerateRequest>,
+) -> Result<(HeaderMap, Json<GenerateResponse>), HttpError> {
+    let arrival = Instant::now();
+    metrics::request_received();
+    generate_response(&state, request, arrival)
+        .await
+        .inspect_err(|error| metrics::request_failed(error.error_type()))
+        .map(|(headers, response)| (headers, Json(response)))
+}
+
+/// Generate a stream of tokens as server-sent events.
+#[utoipa::path(post, path = "/generate_stream", tag = "Text Generation Inference",
+    request_body = GenerateRequest,
+    responses((status = 200, description = "`data:` events", body = StreamResponse,
+        content_type = "text/event-stream")))]
+#[tracing::instrument(skip_all)]
+pub(crate) async fn generate_stream(
+    State(state): State<Arc<AppState>>,
+    JsonBody(request): JsonBody<GenerateRequest>,
+) -> Response {
+    stream_response(state, request, Instant::now())
+}
+
+/// TGI's compat route: `stream` chooses; the non-streamed answer is a one-element array.
+#[utoipa::path(post, path = "/", tag = "Text Generation Inference",
+    request_body = CompatGenerateRequest,
+    responses((status = 200, body = [GenerateResponse]), (status = 422, body = ErrorBody)))]
+#[tracing::instrument(skip_all, fields(stream = request.stream))]
+pub(crate) async fn compat_generate(
+    State(state): State<Arc<AppState>>,
+    JsonBody(request): JsonBody<CompatGenerateRequest>,
+) -> Response {
+    if request.stream {
+        return stream_response(state, request.into(), Instant::now());
+    }
+    match generate(State(state), JsonBody(request.into())).await {
+        Ok((headers, Json(response))) => (headers, Json(vec![response])).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Tokenize the inputs.
+#[utoipa::path(post, path = "/tokenize", tag = "Text Generation Inference",
+    request_body = GenerateRequest, responses((status = 200, body = [SimpleToken])))]
+#[tracing::instrument(skip_all)]
+pub(crate) async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    JsonBody(request): JsonBody<GenerateRequest>,
+) -> Result<Json<Vec<SimpleToken>>, HttpError> {
+    let encoded = state
+        .tokenizer
+        .encode_off_executor(request.inputs.clone(), true)
+        .await
+        .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
+    let tokens = encoded
+        .ids
+        .iter()
+        .zip(&encoded.offsets)
+        .map(|(&id, &(start, stop))| SimpleToken {
+            id,
+            text: request.inputs.get(start..stop).unwrap_or_default().to_string(),
+            start,
+            stop,
+        })
+        .collect();
+    Ok(Json(tokens))
+}
+
+async fn generate_response(
+    state: &AppState,
+    request: GenerateRequest,
+    arrival: Instant,
+) -> Result<(HeaderMap, GenerateResponse), HttpError> {
+    let _permit = acquire_permit(&state.permits)?;
+    let characters = request.inputs.chars().count();
+    let valid = validate_request(state, request.inputs, &request.parameters, true, arrival).await?;
+    let (best, others) = run_candidates(state, &valid).await?;
+    let headers =
+        finished_headers(&best, valid.max_new_tokens, &state.config.compute_type, characters);
+    Ok((headers, to_response(&valid, best, others)))
+}
+
+/// Runs the request (`best_of` independent samples of it) to the end. Returns the candidate
+/// with the highest mean logprob and the others.
+#[tracing::instrument(skip_all, fields(best_of = valid.parameters.best_of))]
+pub(crate) async fn run_candidates(
+    state: &AppState,
+    valid: &ValidRequest,
+) -> Result<(GenerationOutput, Vec<GenerationOutput>), HttpError> {
+    let best_of = valid.parameters.best_of.max(1);
+    let candidates = (0..best_of).map(|_| {
+        // A single request keeps its validated seed; best_of candidates each draw their own.
+        let seed = if best_of == 1 { valid.parameters.sampling.seed } else { rand::random() };
+        async move {
+            let stream = state.engine.submit(valid.engine_request(Some(seed)))?;
+            Generation::new(stream, valid, state.tokenizer.clone(), seed).collect().await
+        }
+    });
+    let mut outputs = try_join_all(candidates).await?;
+    let best_index = outputs
+        .iter()
+        .enumerate()
+        .max_by(|(_, a), (_, b)| a.mean_logprob().total_cmp(&b.mean_logprob()))
+        .map(|(index, _)| index)
+        .ok_or(HttpError::Incomplete)?;
+    let best = outputs.swap_remove(best_index);
+    Ok((best, outputs))
+}
+
+fn full_text(valid: &ValidRequest, generated_text: &str) -> String {
+    if valid.parameters.return_full_text {
+        format!("{}{}", valid.inputs, generated_text)
+    } else {
+        generated_text.to_string()
+    }
+}
+
+fn to_response(
+    valid: &ValidRequest,
+    best: GenerationOutput,
+    others: Vec<GenerationOutput>,
+) -> GenerateResponse {
+    let parameters = &valid.parameters;
+    let want_details = parameters.details || parameters.decoder_input_details;
+    let best_of_sequences = (parameters.best_of > 1).then(|| {
+        others
+            .into_iter()
+            .map(|other| BestOfSequence {
+                generated_text: full_text(valid, &other.generated_text),
+                finish_reason: other.finish_reason,
+                generated_tokens: other.generated_tokens,
+                seed: other.seed,
+                prefill: other.prefill,
+                tokens: other.tokens,
+                top_tokens: other.top_tokens,
+            })
+            .collect()
+    });
+    let generated_text = full_text(valid, &best.generated_text);
+    let details = want_details.then(|| Details {
+        finish_reason: best.finish_reason,
+        generated_tokens: best.generated_tokens,
+        seed: best.seed,
+        prefill: best.prefill,
+        tokens: best.tokens,
+        top_tokens: best.top_tokens,
+        best_of_sequences,
+    });
+    GenerateResponse { generated_text, details }
+}
+
+/// Answers with SSE at once; validation and engine errors arrive as an error event.
+fn stream_response(state: Arc<AppState>, request: GenerateRequest, arrival: Instant) -> Response {
+    let headers = stream_headers(&state.config.compute_type, request.inputs.chars().count());
+    let span = tracing::Span::current();
+    sse_response(headers, move |sender| {
+        async move {
+            metrics::request_received();
+            if let Err(error) = run_stream(&state, request, arrival, &sender).await {
+                metrics::request_failed(error.error_type());
+                sender.send_json(&error.body()).await;
+            }
+        }
+        .instrument(span)
+    })
+}
+
+async fn run_stream(
+    state: &AppState,
+    request: GenerateRequest,
+    arrival: Instant,
+    sender: &EventSender,
+) -> Result<(), HttpError> {
+    let _permit = acquire_permit(&state.permits)?;
+    let valid = validate_request(state, request.inputs, &request.parameters, true, arrival).await?;
+    validate_stream(&valid.parameters)?;
+    let seed = valid.parameters.sampling.seed;
+    let stream = state.engine.submit(valid.engine_request(None))?;
+    let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
+    loop {
+        let event = tokio::select! {
+            _ = sender.closed() => {
+                metrics::request_failed("dropped");
+                return Ok(());
+            }
+            event = generation.next() => event,
+        };
+        match event.ok_or(HttpError::Incomplete)?? {
+            GenerationEvent::Token { index, token, top_tokens, end, .. } => {
+                let last = end.as_ref().map(|output| {
+                    metrics::request_succeeded(&figures(output, valid.max_new_tokens));
+                    (
+                        full_text(&valid, &output.generated_text),
+                        StreamDetails {
+                            finish_reason: output.finish_reason,
+                            generated_tokens: output.generated_tokens,
+                            seed: output.seed,
+                            input_length: output.input_length,
+                        },
+                    )
+                });
+                let done = last.is_some();
+                let (generated_text, details) = last.unzip();
+                let event = StreamResponse { index, token, top_tokens, generated_text, details };
+                if !sender.send_json(&event).await || done {
+                    return Ok(());
+                }
+            }
+            GenerationEvent::End(output) => {
+                metrics::request_succeeded(&figures(&output, valid.max_new_tokens));
+                return Ok(());
+            }
+        }
+    }
+}

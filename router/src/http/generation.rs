@@ -1,0 +1,294 @@
+//! One running generation as the HTTP layer sees it: reads the engine's events, detokenizes
+//! incrementally, applies stop sequences, and assembles TGI's token objects and details. When
+//! a stop sequence matches, the engine stream is dropped at once so the engine frees the
+//! request's KV blocks.
+use std::time::Instant;
+
+use super::request::ValidRequest;
+use super::stop::StopMatcher;
+use super::types::{FinishReason, PrefillToken, Token};
+use crate::detokenizer::IncrementalDecoder;
+use crate::engine::api::{self, EngineEvent, GeneratedToken};
+use crate::engine::RequestStream;
+use crate::error::HttpError;
+use crate::tokenizer::Tokenizer;
+
+/// When things happened to the request (for TGI's x-*-time headers and the metrics).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timings {
+    pub arrival: Instant,
+    pub validated: Instant,
+    pub first_scheduled: Instant,
+    pub finished: Instant,
+}
+
+/// Everything about a generation once it has ended.
+#[derive(Debug, Clone)]
+pub(crate) struct GenerationOutput {
+    /// Decoded without special tokens, cut after a matched stop sequence.
+    pub generated_text: String,
+    pub finish_reason: FinishReason,
+    pub generated_tokens: u32,
+    /// The sampling seed; `None` for greedy requests (TGI reports none then).
+    pub seed: Option<u64>,
+    pub prefill: Vec<PrefillToken>,
+    pub tokens: Vec<Token>,
+    pub top_tokens: Vec<Vec<Token>>,
+    pub input_length: u32,
+    pub timings: Timings,
+}
+
+impl GenerationOutput {
+    pub fn mean_logprob(&self) -> f32 {
+        let sum: f32 = self.tokens.iter().map(|token| token.logprob).sum();
+        sum / self.tokens.len().max(1) as f32
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum GenerationEvent {
+    /// A generated token; `text` is the text it releases (may be empty mid-character). The
+    /// last token carries the whole output in `end`, so that streams can put TGI's
+    /// `generated_text` and `details` on the last token's event without holding tokens back.
+    Token { index: u32, token: Token, top_tokens: Vec<Token>, text: String, end: Option<Box<GenerationOutput>> },
+    /// The engine ended the generation without a final token (nothing was generated).
+    End(Box<GenerationOutput>),
+}
+
+pub(crate) struct Generation {
+    stream: Option<RequestStream>,
+    tokenizer: Tokenizer,
+    decoder: IncrementalDecoder,
+    stop: StopMatcher,
+    prompt_ids: Vec<u32>,
+    max_new_tokens: u32,
+    ignore_eos: bool,
+    text: String,
+    /// Bytes of `text` already handed out in token events.
+    released: usize,
+    tokens: Vec<Token>,
+    top_tokens: Vec<Vec<Token>>,
+    prefill_logprobs: Option<Vec<f32>>,
+    seed: Option<u64>,
+    timings: Timings,
+    first_event: Option<Instant>,
+    /// Set once the generation has ended; the next call yields `End`.
+    finish: Option<(FinishReason, Option<api::RequestTimings>)>,
+    ended: bool,
+}
+
+impl Generation {
+    pub fn new(stream: RequestStream, request: &ValidRequest, tokenizer: Tokenizer, seed: u64) -> Self {
+        let sampling = request.parameters.sampling.do_sample;
+        Self {
+            stream: Some(stream),
+            decoder: IncrementalDecoder::new(&request.prompt_ids, true),
+            tokenizer,
+            stop: StopMatcher::new(&request.parameters.stop),
+            prompt_ids: request.prompt_ids.clone(),
+            max_new_tokens: request.max_new_tokens,
+            ignore_eos: request.parameters.ignore_eos,
+            text: String::new(),
+            released: 0,
+            tokens: Vec::new(),
+            top_tokens: Vec::new(),
+            prefill_logprobs: None,
+            seed: sampling.then_some(seed),
+            timings: Timings {
+                arrival: request.arrival,
+                validated: request.validated,
+                first_scheduled: request.validated,
+                finished: request.validated,
+            },
+            first_event: None,
+            finish: None,
+            ended: false,
+        }
+    }
+
+    /// The next event; `None` after `End`. An engine failure ends the generation with an error.
+    pub async fn next(&mut self) -> Option<Result<GenerationEvent, HttpError>> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            if let Some((reason, engine_timings)) = self.finish {
+                self.ended = true;
+                return Some(self.end(reason, engine_timings).map(GenerationEvent::End));
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                self.ended = true;
+                return Some(Err(HttpError::Incomplete));
+            };
+            let event = stream.recv().await;
+            self.first_event.get_or_insert_with(Instant::now);
+            match event {
+                Some(EngineEvent::Token(token)) => {
+                    let result = self.on_token_event(token).await;
+                    self.ended |= result.is_err();
+                    return Some(result);
+                }
+                Some(other) => {
+                    if let Err(error) = self.on_end_event(other) {
+                        self.ended = true;
+                        return Some(Err(error));
+                    }
+                }
+                None => {
+                    self.ended = true;
+                    return Some(Err(HttpError::Incomplete));
+                }
+            }
+        }
+    }
+
+    /// A token; when it is the last one, waits for the engine's end event (sent with it) and
+    /// attaches the output.
+    async fn on_token_event(&mut self, token: GeneratedToken) -> Result<GenerationEvent, HttpError> {
+        let last_by_engine = (token.is_eos && !self.ignore_eos)
+            || self.tokens.len() + 1 >= self.max_new_tokens as usize;
+        let mut event = self.on_token(token)?;
+        if self.finish.is_none() && last_by_engine {
+            while self.finish.is_none() {
+                let stream = self.stream.as_mut().ok_or(HttpError::Incomplete)?;
+                match stream.recv().await {
+                    Some(EngineEvent::Token(_)) | None => return Err(HttpError::Incomplete),
+                    Some(other) => self.on_end_event(other)?,
+                }
+            }
+        }
+        if let Some((reason, engine_timings)) = self.finish.take() {
+            self.ended = true;
+            let output = self.end(reason, engine_timings)?;
+            if let GenerationEvent::Token { text, end, .. } = &mut event {
+                text.push_str(&output.generated_text[self.released..]);
+                *end = Some(output);
+            }
+        }
+        Ok(event)
+    }
+
+    /// Records `Finished` (or prompt logprobs); a failure becomes the generation's error.
+    fn on_end_event(&mut self, event: EngineEvent) -> Result<(), HttpError> {
+        match event {
+            EngineEvent::PromptLogprobs(logprobs) => self.prefill_logprobs = Some(logprobs),
+            EngineEvent::Finished { reason, timings } => {
+                let reason = match reason {
+                    api::FinishReason::Length => FinishReason::Length,
+                    api::FinishReason::EosToken => FinishReason::EosToken,
+                };
+                self.finish = Some((reason, Some(timings)));
+            }
+            EngineEvent::Failed(error) => return Err(error.into()),
+            EngineEvent::Token(_) => return Err(HttpError::Incomplete),
+        }
+        Ok(())
+    }
+
+    fn on_token(&mut self, generated: GeneratedToken) -> Result<GenerationEvent, HttpError> {
+        let tokenizer = &self.tokenizer;
+        let special = tokenizer.is_special(generated.id);
+        let mut piece = self
+            .decoder
+            .push(tokenizer, generated.id)
+            .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
+        let new_from = self.text.len();
+        self.text.push_str(&piece);
+        if let Some(end) = self.stop.find(&self.text, new_from) {
+            self.text.truncate(end);
+            piece = self.text[new_from..].to_string();
+            // Dropping the stream cancels the request in the engine, which frees its blocks.
+            self.stream = None;
+            self.finish = Some((FinishReason::StopSequence, None));
+        }
+        let token = Token {
+            id: generated.id,
+            text: if special { tokenizer.token_text(generated.id) } else { piece.clone() },
+            logprob: generated.logprob,
+            special,
+        };
+        let top_tokens: Vec<Token> = generated
+            .top_tokens
+            .iter()
+            .map(|top| Token {
+                id: top.id,
+                text: tokenizer.token_text(top.id),
+                logprob: top.logprob,
+                special: tokenizer.is_special(top.id),
+            })
+            .collect();
+        self.tokens.push(token.clone());
+        if !top_tokens.is_empty() {
+            self.top_tokens.push(top_tokens.clone());
+        }
+        let index = u32::try_from(self.tokens.len()).unwrap_or(u32::MAX);
+        self.released = self.text.len();
+        Ok(GenerationEvent::Token { index, token, top_tokens, text: piece, end: None })
+    }
+
+    fn end(
+        &mut self,
+        reason: FinishReason,
+        engine_timings: Option<api::RequestTimings>,
+    ) -> Result<Box<GenerationOutput>, HttpError> {
+        if reason != FinishReason::StopSequence {
+            let rest = self
+                .decoder
+                .flush(&self.tokenizer)
+                .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
+            self.text.push_str(&rest);
+        }
+        let mut timings = self.timings;
+        match engine_timings {
+            Some(engine) => {
+                timings.first_scheduled = engine.first_scheduled;
+                timings.finished = engine.finished;
+            }
+            None => {
+                timings.first_scheduled = self.first_event.unwrap_or(timings.validated);
+                timings.finished = Instant::now();
+            }
+        }
+        Ok(Box::new(GenerationOutput {
+            generated_text: self.text.clone(),
+            finish_reason: reason,
+            generated_tokens: u32::try_from(self.tokens.len()).unwrap_or(u32::MAX),
+            seed: self.seed,
+            prefill: self.prefill_tokens(),
+            tokens: std::mem::take(&mut self.tokens),
+            top_tokens: std::mem::take(&mut self.top_tokens),
+            input_length: u32::try_from(self.prompt_ids.len()).unwrap_or(u32::MAX),
+            timings,
+        }))
+    }
+
+    /// Prompt tokens with their logprobs, when the request asked for them.
+    fn prefill_tokens(&self) -> Vec<PrefillToken> {
+        let Some(logprobs) = &self.prefill_logprobs else {
+            return Vec::new();
+        };
+        self.prompt_ids
+            .iter()
+            .enumerate()
+            .map(|(position, &id)| PrefillToken {
+                id,
+                text: self.tokenizer.token_text(id),
+                // Position 0 has no logprob; position i's is logprobs[i - 1].
+                logprob: position.checked_sub(1).and_then(|i| logprobs.get(i).copied()),
+            })
+            .collect()
+    }
+
+    /// Runs to the end and returns the output (non-streaming routes).
+    pub async fn collect(mut self) -> Result<GenerationOutput, HttpError> {
+        while let Some(event) = self.next().await {
+            match event? {
+                GenerationEvent::End(output) | GenerationEvent::Token { end: Some(output), .. } => {
+                    return Ok(*output)
+                }
+                GenerationEvent::Token { end: None, .. } => {}
+            }
+        }
+        Err(HttpError::Incomplete)
+    }
+}

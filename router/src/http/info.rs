@@ -1,0 +1,80 @@
+//! The read-only routes: `/health`, `/info`, `/metrics`, `/v1/models`.
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::state::AppState;
+use super::types::Info;
+use crate::error::{ErrorBody, HttpError};
+
+/// Ok when the engine runs and the shard answers.
+#[utoipa::path(get, path = "/health", tag = "Text Generation Inference",
+    responses((status = 200, description = "Everything is working fine"),
+        (status = 503, description = "The shard is down", body = ErrorBody)))]
+#[tracing::instrument(skip_all)]
+pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Result<(), HttpError> {
+    state.engine.health().await.map_err(|error| HttpError::Unhealthy(error.to_string()))
+}
+
+/// Served model and server limits.
+#[utoipa::path(get, path = "/info", tag = "Text Generation Inference",
+    responses((status = 200, body = Info)))]
+pub(crate) async fn info(State(state): State<Arc<AppState>>) -> Json<Info> {
+    let config = &state.config;
+    Json(Info {
+        model_id: state.model_id.clone(),
+        model_sha: None,
+        model_pipeline_tag: Some("text-generation".to_string()),
+        max_concurrent_requests: config.max_concurrent_requests,
+        max_best_of: config.max_best_of,
+        max_stop_sequences: config.max_stop_sequences,
+        max_input_tokens: config.max_input_tokens,
+        max_total_tokens: config.max_total_tokens,
+        validation_workers: 1,
+        max_client_batch_size: config.max_client_batch_size,
+        router: env!("CARGO_PKG_NAME").to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        sha: None,
+        docker_label: None,
+    })
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "Text Generation Inference",
+    responses((status = 200, description = "Prometheus text format", body = String)))]
+pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&state.metrics))
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+/// The served model, OpenAI style.
+#[utoipa::path(get, path = "/v1/models", tag = "OpenAI", responses((status = 200, body = ModelList)))]
+pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list".to_string(),
+        data: vec![ModelCard {
+            id: state.model_id.clone(),
+            object: "model".to_string(),
+            created: super::openai_types::unix_now(),
+            owned_by: state.model_id.clone(),
+        }],
+    })
+}

@@ -1,0 +1,96 @@
+//! The HTTP layer: TGI's API and the OpenAI-compatible routes over the engine.
+//! - `state`: `HttpConfig` and the state handlers share; `request`: validation of one request;
+//!   `generation`: one generation (detokenization, stop sequences, details).
+//! - routes: `generate` (TGI), `openai` (chat and completions), `info` (health, info,
+//!   metrics, models), `openapi` (spec and docs page).
+//! - plumbing: `types` / `openai_types` (bodies), `extract` (JSON body, API key), `sse`,
+//!   `headers`, `stop`.
+mod extract;
+mod generate;
+mod generation;
+mod headers;
+mod info;
+mod openai;
+mod openai_stream;
+pub mod openai_types;
+mod openapi;
+mod request;
+mod sse;
+mod state;
+mod stop;
+pub mod types;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, Method};
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+pub use state::{ConfigError, HttpConfig};
+
+use crate::engine::{EngineHandle, ModelInfo};
+
+/// Builds the app: every route, the API-key check on the generation routes, the payload limit
+/// and CORS.
+pub fn router(config: HttpConfig, engine: EngineHandle, info: &ModelInfo) -> Result<Router, ConfigError> {
+    let payload_limit = config.payload_limit;
+    let cors = cors_layer(&config.cors_allow_origin)?;
+    let state = Arc::new(state::AppState::new(config, engine, info)?);
+    let generation_routes = Router::new()
+        .route("/", post(generate::compat_generate))
+        .route("/generate", post(generate::generate))
+        .route("/generate_stream", post(generate::generate_stream))
+        .route("/tokenize", post(generate::tokenize))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route_layer(middleware::from_fn_with_state(state.clone(), extract::require_api_key));
+    let open_routes = Router::new()
+        .route("/health", get(info::health))
+        .route("/info", get(info::info))
+        .route("/metrics", get(info::metrics))
+        .route("/v1/models", get(info::models))
+        .route("/api-doc/openapi.json", get(openapi::openapi_json))
+        .route("/docs", get(openapi::docs));
+    let mut app = generation_routes
+        .merge(open_routes)
+        .layer(DefaultBodyLimit::max(payload_limit))
+        .with_state(state);
+    if let Some(cors) = cors {
+        app = app.layer(cors);
+    }
+    Ok(app)
+}
+
+fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, ConfigError> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let allow_origin = if origins.iter().any(|origin| origin == "*") {
+        AllowOrigin::any()
+    } else {
+        let values = origins
+            .iter()
+            .map(|origin| {
+                HeaderValue::from_str(origin).map_err(|_| ConfigError::CorsOrigin(origin.clone()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        AllowOrigin::list(values)
+    };
+    Ok(Some(
+        CorsLayer::new()
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION])
+            .allow_origin(allow_origin),
+    ))
+}
+
+/// Serves `app` on `listener` until `shutdown` is cancelled, then lets open requests finish.
+pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
+        .await
+}

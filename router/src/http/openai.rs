@@ -1,0 +1,261 @@
+//! The OpenAI-compatible routes: `/v1/chat/completions` and `/v1/completions`, streamed
+//! (`data: [DONE]` at the end, usage on request) or not. Both run through the same
+//! validation and generation as TGI's routes.
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::future::try_join_all;
+
+use super::extract::JsonBody;
+use super::generate::run_candidates;
+use super::generation::GenerationOutput;
+use super::headers::{finished_headers, stream_headers};
+use super::openai_stream::{
+    fingerprint, openai_stream, ChoiceUpdate, PreparedPrompt, ResponseIdentity, StreamPlan,
+};
+use super::openai_types::*;
+use super::request::{acquire_permit, validate_request, ValidRequest};
+use super::state::AppState;
+use super::types::{GenerateParameters, Token};
+use crate::chat_template::TemplateMessage;
+use crate::error::{ErrorBody, HttpError};
+use crate::metrics;
+use crate::validation::ValidationError;
+
+/// Chat completion over the model's chat template.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI",
+    request_body = ChatRequest,
+    responses((status = 200, body = ChatCompletion), (status = 422, body = ErrorBody)))]
+#[tracing::instrument(skip_all, fields(stream = request.stream))]
+pub(crate) async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    JsonBody(request): JsonBody<ChatRequest>,
+) -> Response {
+    let arrival = Instant::now();
+    let stream = request.stream;
+    let include_usage = request.stream_options.as_ref().is_some_and(|options| options.include_usage);
+    let prepared = prepare_chat(&state, &request);
+    if stream {
+        let headers = stream_headers(&state.config.compute_type, 0);
+        let plan = StreamPlan {
+            prompts: vec![prepared],
+            add_special_tokens: false,
+            include_usage,
+            identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk"),
+            arrival,
+        };
+        return openai_stream(state, headers, plan, Arc::new(chat_chunk));
+    }
+    metrics::request_received();
+    let result = async {
+        let (inputs, parameters) = prepared?;
+        let _permit = acquire_permit(&state.permits)?;
+        let valid = validate_request(&state, inputs, &parameters, false, arrival).await?;
+        let (output, _) = run_candidates(&state, &valid).await?;
+        let headers = finished_headers(&output, valid.max_new_tokens, &state.config.compute_type, 0);
+        let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
+        Ok::<_, HttpError>((headers, Json(chat_completion(&state.model_id, &output, logprobs))))
+    }
+    .await;
+    respond(result)
+}
+
+/// Text completion of one prompt or a batch of them (up to `max_client_batch_size`).
+#[utoipa::path(post, path = "/v1/completions", tag = "OpenAI",
+    request_body = CompletionRequest,
+    responses((status = 200, body = Completion), (status = 422, body = ErrorBody)))]
+#[tracing::instrument(skip_all, fields(stream = request.stream))]
+pub(crate) async fn completions(
+    State(state): State<Arc<AppState>>,
+    JsonBody(request): JsonBody<CompletionRequest>,
+) -> Response {
+    let arrival = Instant::now();
+    let include_usage = request.stream_options.as_ref().is_some_and(|options| options.include_usage);
+    let prepared = prepare_completion(&state, &request);
+    if request.stream {
+        let headers = stream_headers(&state.config.compute_type, 0);
+        let prompts: Vec<PreparedPrompt> = match prepared {
+            Ok(prompts) => prompts.into_iter().map(Ok).collect(),
+            Err(error) => vec![Err(error)],
+        };
+        let plan = StreamPlan {
+            prompts,
+            add_special_tokens: true,
+            include_usage,
+            identity: ResponseIdentity::new(&state.model_id, "text_completion"),
+            arrival,
+        };
+        return openai_stream(state, headers, plan, Arc::new(completion_chunk));
+    }
+    metrics::request_received();
+    let result = async {
+        let prompts = prepared?;
+        let runs = prompts.into_iter().map(|(inputs, parameters)| {
+            let state = &state;
+            async move {
+                let _permit = acquire_permit(&state.permits)?;
+                let valid = validate_request(state, inputs, &parameters, true, arrival).await?;
+                let (output, _) = run_candidates(state, &valid).await?;
+                Ok::<_, HttpError>((valid, output))
+            }
+        });
+        let outputs = try_join_all(runs).await?;
+        let (valid, first) = outputs.first().ok_or(HttpError::Incomplete)?;
+        let headers = finished_headers(first, valid.max_new_tokens, &state.config.compute_type, 0);
+        Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs))))
+    }
+    .await;
+    respond(result)
+}
+
+fn respond<T: IntoResponse>(result: Result<T, HttpError>) -> Response {
+    match result {
+        Ok(response) => response.into_response(),
+        Err(error) => {
+            metrics::request_failed(error.error_type());
+            error.into_response()
+        }
+    }
+}
+
+/// The rendered conversation and its generation parameters.
+fn prepare_chat(state: &AppState, request: &ChatRequest) -> Result<(String, GenerateParameters), HttpError> {
+    if request.tools.is_some() {
+        return Err(ValidationError::Unsupported("tools").into());
+    }
+    if request.response_format.is_some() {
+        return Err(ValidationError::Unsupported("response_format").into());
+    }
+    let messages = request
+        .messages
+        .iter()
+        .map(|message| {
+            let content = message.content.as_ref().map(MessageContent::text).transpose()?;
+            Ok(TemplateMessage { role: message.role.clone(), content: content.unwrap_or_default() })
+        })
+        .collect::<Result<Vec<_>, ValidationError>>()?;
+    let inputs = state.chat_template()?.render(&messages, true)?;
+    let top_n_tokens = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
+    Ok((inputs, request.sampling.to_parameters(top_n_tokens)?))
+}
+
+fn prepare_completion(
+    state: &AppState,
+    request: &CompletionRequest,
+) -> Result<Vec<(String, GenerateParameters)>, HttpError> {
+    if request.suffix.is_some() {
+        return Err(ValidationError::Unsupported("suffix").into());
+    }
+    let prompts = match &request.prompt {
+        Prompt::One(prompt) => vec![prompt.clone()],
+        Prompt::Many(prompts) => prompts.clone(),
+    };
+    let limit = state.config.max_client_batch_size;
+    if prompts.len() > limit {
+        return Err(ValidationError::ClientBatchSize(limit, prompts.len()).into());
+    }
+    let parameters = request.sampling.to_parameters(None)?;
+    Ok(prompts.into_iter().map(|prompt| (prompt, parameters.clone())).collect())
+}
+
+fn chat_logprobs(tokens: &[Token], top_tokens: &[Vec<Token>]) -> ChatLogprobs {
+    let content = tokens
+        .iter()
+        .enumerate()
+        .map(|(position, token)| ChatLogprob {
+            token: token.text.clone(),
+            logprob: token.logprob,
+            top_logprobs: top_tokens
+                .get(position)
+                .map(|tops| tops.iter().map(|top| TopLogprob { token: top.text.clone(), logprob: top.logprob }).collect())
+                .unwrap_or_default(),
+        })
+        .collect();
+    ChatLogprobs { content }
+}
+
+fn chat_completion(model: &str, output: &GenerationOutput, logprobs: bool) -> ChatCompletion {
+    let identity = ResponseIdentity::new(model, "chat.completion.chunk");
+    ChatCompletion {
+        id: identity.id,
+        object: "chat.completion".to_string(),
+        created: identity.created,
+        model: identity.model,
+        system_fingerprint: fingerprint(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: AssistantMessage { role: "assistant".to_string(), content: output.generated_text.clone() },
+            logprobs: logprobs.then(|| chat_logprobs(&output.tokens, &output.top_tokens)),
+            finish_reason: finish_reason(output.finish_reason),
+        }],
+        usage: Usage::new(output.input_length, output.generated_tokens),
+    }
+}
+
+fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)]) -> Completion {
+    let identity = ResponseIdentity::new(model, "text_completion");
+    let (prompt_tokens, completion_tokens) = outputs.iter().fold((0, 0), |(p, c), (_, output)| {
+        (p + output.input_length, c + output.generated_tokens)
+    });
+    Completion {
+        id: identity.id,
+        object: "text_completion".to_string(),
+        created: identity.created,
+        model: identity.model,
+        system_fingerprint: fingerprint(),
+        choices: outputs
+            .iter()
+            .enumerate()
+            .map(|(index, (_, output))| CompletionChoice {
+                index: index as u32,
+                text: output.generated_text.clone(),
+                logprobs: None,
+                finish_reason: Some(finish_reason(output.finish_reason)),
+            })
+            .collect(),
+        usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+    }
+}
+
+fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> serde_json::Value {
+    let logprobs = update
+        .token
+        .filter(|_| !update.top_tokens.is_empty())
+        .map(|token| chat_logprobs(std::slice::from_ref(token), &[update.top_tokens.to_vec()]));
+    let chunk = ChatCompletionChunk {
+        id: identity.id.clone(),
+        object: "chat.completion.chunk".to_string(),
+        created: identity.created,
+        model: identity.model.clone(),
+        system_fingerprint: fingerprint(),
+        choices: vec![ChatChunkChoice {
+            index: update.index,
+            delta: Delta { role: "assistant".to_string(), content: update.text },
+            logprobs,
+            finish_reason: update.finish.map(|output| finish_reason(output.finish_reason)),
+        }],
+        usage: None,
+    };
+    serde_json::to_value(chunk).unwrap_or_default()
+}
+
+fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> serde_json::Value {
+    let chunk = Completion {
+        id: identity.id.clone(),
+        object: "text_completion".to_string(),
+        created: identity.created,
+        model: identity.model.clone(),
+        system_fingerprint: fingerprint(),
+        choices: vec![CompletionChoice {
+            index: update.index,
+            text: update.text,
+            logprobs: None,
+            finish_reason: update.finish.map(|output| finish_reason(output.finish_reason)),
+        }],
+        usage: None,
+    };
+    serde_json::to_value(chunk).unwrap_or_default()
+}

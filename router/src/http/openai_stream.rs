@@ -1,0 +1,201 @@
+//! The streamed form of the OpenAI routes: one chunk per generated token for each choice,
+//! then the usage chunk when asked (`stream_options.include_usage`), then `data: [DONE]`.
+//! Errors end the stream with OpenAI's stream error shape (status stays 200).
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures::future::join_all;
+use tracing::Instrument;
+
+use super::generation::{Generation, GenerationEvent, GenerationOutput};
+use super::headers::figures;
+use super::openai_types::{unix_now, Usage};
+use super::request::{acquire_permit, validate_request};
+use super::sse::{sse_response, EventSender};
+use super::state::AppState;
+use super::types::{GenerateParameters, Token};
+use crate::error::HttpError;
+use crate::metrics;
+use crate::validation::validate_stream;
+
+/// Identity fields that every response and chunk of one request repeats.
+#[derive(Debug, Clone)]
+pub(crate) struct ResponseIdentity {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    /// `chat.completion.chunk` or `text_completion`.
+    pub chunk_object: &'static str,
+}
+
+impl ResponseIdentity {
+    pub fn new(model: &str, chunk_object: &'static str) -> Self {
+        let created = unix_now();
+        Self {
+            id: format!("{created}-{:08x}", rand::random::<u32>()),
+            created,
+            model: model.to_string(),
+            chunk_object,
+        }
+    }
+}
+
+pub(crate) fn fingerprint() -> String {
+    format!("{}-{}", env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+}
+
+/// What one chunk reports for one choice.
+pub(crate) struct ChoiceUpdate<'a> {
+    pub index: u32,
+    /// The text released by this token (empty mid-character and for special tokens).
+    pub text: String,
+    pub token: Option<&'a Token>,
+    pub top_tokens: &'a [Token],
+    /// Present on the choice's last chunk.
+    pub finish: Option<&'a GenerationOutput>,
+}
+
+/// Builds one chunk's JSON from an update.
+pub(crate) type ChunkBuilder = dyn Fn(&ResponseIdentity, ChoiceUpdate<'_>) -> serde_json::Value + Send + Sync;
+
+/// A prepared prompt (rendered text and parameters), or why it could not be prepared.
+pub(crate) type PreparedPrompt = Result<(String, GenerateParameters), HttpError>;
+
+pub(crate) struct StreamPlan {
+    pub prompts: Vec<PreparedPrompt>,
+    pub add_special_tokens: bool,
+    pub include_usage: bool,
+    pub identity: ResponseIdentity,
+    pub arrival: Instant,
+}
+
+/// Answers with SSE at once and runs every prompt as one choice of the stream.
+pub(crate) fn openai_stream(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    plan: StreamPlan,
+    chunk: Arc<ChunkBuilder>,
+) -> Response {
+    let span = tracing::Span::current();
+    sse_response(headers, move |sender| {
+        async move {
+            let StreamPlan { prompts, add_special_tokens, include_usage, identity, arrival } = plan;
+            let choices = prompts.into_iter().enumerate().map(|(index, prompt)| {
+                let choice = Choice { index: index as u32, add_special_tokens, arrival };
+                run_choice(&state, choice, prompt, &identity, &sender, chunk.as_ref())
+            });
+            let results = join_all(choices).await;
+            let mut usage = Usage::new(0, 0);
+            for result in results {
+                match result {
+                    Ok(Some(choice_usage)) => {
+                        usage = Usage::new(
+                            usage.prompt_tokens + choice_usage.prompt_tokens,
+                            usage.completion_tokens + choice_usage.completion_tokens,
+                        )
+                    }
+                    // The client left, or the choice failed and reported its error.
+                    Ok(None) | Err(()) => return,
+                }
+            }
+            if include_usage && !sender.send_json(&usage_chunk(&identity, usage)).await {
+                return;
+            }
+            sender.send_text("[DONE]").await;
+        }
+        .instrument(span)
+    })
+}
+
+fn usage_chunk(identity: &ResponseIdentity, usage: Usage) -> serde_json::Value {
+    serde_json::json!({
+        "id": identity.id, "object": identity.chunk_object, "created": identity.created,
+        "model": identity.model, "system_fingerprint": fingerprint(), "choices": [],
+        "usage": usage,
+    })
+}
+
+#[derive(Clone, Copy)]
+struct Choice {
+    index: u32,
+    add_special_tokens: bool,
+    arrival: Instant,
+}
+
+/// Streams one choice; `Ok(None)` when the client left, `Err` after reporting an error.
+async fn run_choice(
+    state: &AppState,
+    choice: Choice,
+    prompt: PreparedPrompt,
+    identity: &ResponseIdentity,
+    sender: &EventSender,
+    chunk: &ChunkBuilder,
+) -> Result<Option<Usage>, ()> {
+    metrics::request_received();
+    match stream_choice(state, choice, prompt, identity, sender, chunk).await {
+        Ok(usage) => Ok(usage),
+        Err(error) => {
+            metrics::request_failed(error.error_type());
+            sender.send_json(&error.openai_stream_body()).await;
+            Err(())
+        }
+    }
+}
+
+async fn stream_choice(
+    state: &AppState,
+    choice: Choice,
+    prompt: PreparedPrompt,
+    identity: &ResponseIdentity,
+    sender: &EventSender,
+    chunk: &ChunkBuilder,
+) -> Result<Option<Usage>, HttpError> {
+    let (inputs, parameters) = prompt?;
+    let _permit = acquire_permit(&state.permits)?;
+    let valid =
+        validate_request(state, inputs, &parameters, choice.add_special_tokens, choice.arrival).await?;
+    validate_stream(&valid.parameters)?;
+    let seed = valid.parameters.sampling.seed;
+    let stream = state.engine.submit(valid.engine_request(None))?;
+    let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
+    loop {
+        let event = tokio::select! {
+            _ = sender.closed() => {
+                metrics::request_failed("dropped");
+                return Ok(None);
+            }
+            event = generation.next() => event,
+        };
+        let (update, output) = match event.ok_or(HttpError::Incomplete)?? {
+            GenerationEvent::Token { token, top_tokens, text, end, .. } => {
+                let update = ChoiceUpdate {
+                    index: choice.index,
+                    text,
+                    token: Some(&token),
+                    top_tokens: &top_tokens,
+                    finish: end.as_deref(),
+                };
+                (chunk(identity, update), end)
+            }
+            GenerationEvent::End(output) => {
+                let update = ChoiceUpdate {
+                    index: choice.index,
+                    text: String::new(),
+                    token: None,
+                    top_tokens: &[],
+                    finish: Some(&output),
+                };
+                (chunk(identity, update), Some(output))
+            }
+        };
+        if !sender.send_json(&update).await {
+            return Ok(None);
+        }
+        if let Some(output) = output {
+            metrics::request_succeeded(&figures(&output, valid.max_new_tokens));
+            return Ok(Some(Usage::new(output.input_length, output.generated_tokens)));
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Bodies of the OpenAI-compatible routes, and their mapping to TGI's generation parameters
+//! (TGI's own mapping: `temperature == 0` is greedy, `presence_penalty` becomes
+//! `repetition_penalty = x + 2`, `top_logprobs` becomes `top_n_tokens`).
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::types::{null_as_default, FinishReason, GenerateParameters, SloParameters};
+use crate::validation::ValidationError;
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0)
+}
+
+/// `stop` may be one string or a list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopSequences {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSequences {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSequences::One(stop) => vec![stop],
+            StopSequences::Many(stops) => stops,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StreamOptions {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub include_usage: bool,
+}
+
+/// Sampling fields the chat and completion requests share.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OpenAiSampling {
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stop: Option<StopSequences>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub slo: Option<SloParameters>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub ignore_eos: bool,
+}
+
+impl OpenAiSampling {
+    /// TGI's parameters for this request; `top_n_tokens` from the logprobs options.
+    pub fn to_parameters(&self, top_n_tokens: Option<u32>) -> Result<GenerateParameters, ValidationError> {
+        if let Some(n) = self.n.filter(|&n| n != 1) {
+            return Err(ValidationError::ChoiceCount(n));
+        }
+        if let Some(presence) = self.presence_penalty {
+            if !(-2.0..=2.0).contains(&presence) {
+                return Err(ValidationError::PresencePenalty);
+            }
+        }
+        let (do_sample, temperature) = match self.temperature {
+            Some(temperature) if temperature == 0.0 => (false, None),
+            other => (true, other),
+        };
+        Ok(GenerateParameters {
+            do_sample,
+            temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+            max_new_tokens: self.max_tokens.or(self.max_completion_tokens),
+            stop: self.stop.clone().map(StopSequences::into_vec).unwrap_or_default(),
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty.or(self.presence_penalty.map(|x| x + 2.0)),
+            top_n_tokens,
+            details: true,
+            slo: self.slo.clone(),
+            ignore_eos: self.ignore_eos,
+            ..GenerateParameters::default()
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// The text of the message; text parts are joined, other parts are not supported.
+    pub fn text(&self) -> Result<String, ValidationError> {
+        match self {
+            MessageContent::Text(text) => Ok(text.clone()),
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .map(|part| match (part.kind.as_str(), &part.text) {
+                    ("text", Some(text)) => Ok(text.as_str()),
+                    _ => Err(ValidationError::Unsupported("non-text message content")),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|texts| texts.join("")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub sampling: OpenAiSampling,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub stream: bool,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub logprobs: bool,
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tools: Option<serde_json::Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Prompt {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub sampling: OpenAiSampling,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub stream: bool,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub suffix: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    }
+}
+
+/// OpenAI's finish reasons: an EOS token and a stop sequence are both "stop".
+pub fn finish_reason(reason: FinishReason) -> String {
+    match reason {
+        FinishReason::Length => "length".to_string(),
+        FinishReason::EosToken | FinishReason::StopSequence => "stop".to_string(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AssistantMessage {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Delta {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChatChunkChoice>,
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    #[schema(value_type = Option<Object>)]
+    pub logprobs: Option<serde_json::Value>,
+    pub finish_reason: Option<String>,
+}
+
+/// Both the whole completion and each streamed chunk (`finish_reason` null until the end).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Completion {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<CompletionChoice>,
+    pub usage: Option<Usage>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn chat_request_maps_like_tgi() {
+        let request: ChatRequest = serde_json::from_value(json!({
+            "model": "tgi", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 7, "temperature": 0, "presence_penalty": 0.5, "stop": "\n",
+            "stream": true, "stream_options": {"include_usage": true},
+            "slo": {"ttft_ms": 100, "tbt_ms": 20}, "ignore_eos": true}))
+        .unwrap();
+        let parameters = request.sampling.to_parameters(None).unwrap();
+        assert!(!parameters.do_sample);
+        assert_eq!(parameters.temperature, None);
+        assert_eq!(parameters.max_new_tokens, Some(7));
+        assert_eq!(parameters.repetition_penalty, Some(2.5));
+        assert_eq!(parameters.stop, vec!["\n".to_string()]);
+        assert!(parameters.ignore_eos);
+        assert_eq!(parameters.slo, Some(SloParameters { ttft_ms: 100.0, tbt_ms: 20.0 }));
+        assert!(request.stream_options.unwrap().include_usage);
+    }
+
+    #[test]
+    fn only_one_choice_is_supported() {
+        let sampling = OpenAiSampling { n: Some(2), ..Default::default() };
+        assert_eq!(sampling.to_parameters(None).unwrap_err().to_string(), "`n` must be 1. Given: 2");
+    }
+
+    #[test]
+    fn message_parts_are_joined_and_images_rejected() {
+        let parts: MessageContent =
+            serde_json::from_value(json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]))
+                .unwrap();
+        assert_eq!(parts.text().unwrap(), "ab");
+        let image: MessageContent =
+            serde_json::from_value(json!([{"type": "image_url", "image_url": {"url": "x"}}])).unwrap();
+        assert!(image.text().is_err());
+    }
+
+    #[test]
+    fn chunk_serializes_as_openai() {
+        let chunk = ChatCompletionChunk {
+            id: "1".into(),
+            object: "chat.completion.chunk".into(),
+            created: 5,
+            model: "m".into(),
+            system_fingerprint: "v".into(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta: Delta { role: "assistant".into(), content: "Hi".into() },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            usage: None,
+        };
+        let value = serde_json::to_value(&chunk).unwrap();
+        assert_eq!(value["choices"][0]["delta"], json!({"role": "assistant", "content": "Hi"}));
+        assert_eq!(value["choices"][0]["finish_reason"], serde_json::Value::Null);
+        assert_eq!(value["usage"], serde_json::Value::Null);
+        assert_eq!(serde_json::from_value::<ChatCompletionChunk>(value).unwrap(), chunk);
+        assert_eq!(finish_reason(FinishReason::EosToken), "stop");
+        assert_eq!(finish_reason(FinishReason::Length), "length");
+    }
+}

@@ -1,0 +1,87 @@
+//! From a parsed body to a `ValidRequest`: parameter rules, tokenization off the executor,
+//! truncation and length rules. Also the concurrency permit that a request holds until its
+//! response ends.
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::state::AppState;
+use super::types::GenerateParameters;
+use crate::engine::api::GenerationRequest;
+use crate::error::HttpError;
+use crate::validation::{self, ValidParameters};
+
+/// A request that passed validation and is ready for the engine.
+#[derive(Debug, Clone)]
+pub(crate) struct ValidRequest {
+    pub inputs: String,
+    pub prompt_ids: Vec<u32>,
+    pub parameters: ValidParameters,
+    pub max_new_tokens: u32,
+    /// When the HTTP layer received the request.
+    pub arrival: Instant,
+    /// When validation and tokenization finished.
+    pub validated: Instant,
+}
+
+impl ValidRequest {
+    /// The engine's request; `seed` overrides the validated one (best_of candidates).
+    pub fn engine_request(&self, seed: Option<u64>) -> GenerationRequest {
+        let mut sampling = self.parameters.sampling.clone();
+        if let Some(seed) = seed {
+            sampling.seed = seed;
+        }
+        GenerationRequest {
+            prompt_token_ids: self.prompt_ids.clone(),
+            sampling,
+            max_new_tokens: self.max_new_tokens,
+            ignore_eos: self.parameters.ignore_eos,
+            prompt_logprobs: self.parameters.decoder_input_details,
+            top_n_tokens: self.parameters.top_n_tokens,
+            slo: self.parameters.slo,
+            arrival: self.arrival,
+        }
+    }
+}
+
+/// Takes a concurrency permit without waiting: a full server answers 429 at once (TGI).
+pub(crate) fn acquire_permit(permits: &Arc<Semaphore>) -> Result<OwnedSemaphorePermit, HttpError> {
+    permits.clone().try_acquire_owned().map_err(|_| HttpError::Overloaded)
+}
+
+/// Validates parameters, tokenizes `inputs`, applies `truncate` and the length rules.
+#[tracing::instrument(skip_all, fields(characters = inputs.len()))]
+pub(crate) async fn validate_request(
+    state: &AppState,
+    inputs: String,
+    parameters: &GenerateParameters,
+    add_special_tokens: bool,
+    arrival: Instant,
+) -> Result<ValidRequest, HttpError> {
+    let mut parameters =
+        validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
+    if parameters.slo.is_none() {
+        parameters.slo = state.config.default_slo;
+    }
+    if inputs.is_empty() {
+        return Err(validation::ValidationError::EmptyInput.into());
+    }
+    let encoded = state
+        .tokenizer
+        .encode_off_executor(inputs.clone(), add_special_tokens)
+        .await
+        .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
+    let keep = validation::truncated_length(encoded.ids.len(), parameters.truncate);
+    let prompt_ids = encoded.ids[encoded.ids.len() - keep..].to_vec();
+    let max_new_tokens =
+        validation::validate_length(prompt_ids.len(), parameters.max_new_tokens, &state.limits)?;
+    Ok(ValidRequest {
+        inputs,
+        prompt_ids,
+        parameters,
+        max_new_tokens,
+        arrival,
+        validated: Instant::now(),
+    })
+}

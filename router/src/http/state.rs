@@ -1,0 +1,144 @@
+//! The HTTP layer's configuration and the state its handlers share (read-only, behind an Arc).
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::Semaphore;
+
+use crate::chat_template::{ChatTemplate, TemplateError};
+use crate::engine::api::Slo;
+use crate::engine::{EngineHandle, ModelInfo};
+use crate::error::HttpError;
+use crate::tokenizer::Tokenizer;
+use crate::validation::ValidationLimits;
+
+/// Everything the HTTP layer is configured with (parsed once by the CLI).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpConfig {
+    /// Requests in flight at most; more are answered 429 at once.
+    pub max_concurrent_requests: usize,
+    pub max_best_of: usize,
+    pub max_stop_sequences: usize,
+    pub max_top_n_tokens: u32,
+    pub max_input_tokens: usize,
+    pub max_total_tokens: usize,
+    /// Prompts per `/v1/completions` request at most.
+    pub max_client_batch_size: usize,
+    /// Request bodies larger than this are answered 413.
+    pub payload_limit: usize,
+    /// When set, the generation routes require `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Objectives for requests without `slo`; `None` leaves the choice to the engine.
+    pub default_slo: Option<Slo>,
+    /// Served model name (`/info`, `/v1/models`, OpenAI responses); the shard's when empty.
+    pub model_id: String,
+    /// Allowed CORS origins; empty: no CORS headers.
+    pub cors_allow_origin: Vec<String>,
+    /// Value of the `x-compute-type` header.
+    pub compute_type: String,
+}
+
+impl Default for HttpConfig {
+    /// TGI's defaults.
+    fn default() -> Self {
+        Self {
+            max_concurrent_requests: 128,
+            max_best_of: 2,
+            max_stop_sequences: 4,
+            max_top_n_tokens: 5,
+            max_input_tokens: 1024,
+            max_total_tokens: 2048,
+            max_client_batch_size: 4,
+            payload_limit: 2_000_000,
+            api_key: None,
+            default_slo: None,
+            model_id: String::new(),
+            cors_allow_origin: Vec::new(),
+            compute_type: "gpu+optimized".to_string(),
+        }
+    }
+}
+
+/// Configuration that cannot serve any request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConfigError {
+    #[error("max_input_tokens ({0}) must be less than max_total_tokens ({1})")]
+    InputNotBelowTotal(usize, usize),
+    #[error("max_total_tokens ({0}) exceeds the model's limit of {1} tokens")]
+    TotalAboveModel(usize, u32),
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error("chat template: {0}")]
+    Template(#[from] TemplateError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] crate::metrics::MetricsError),
+    #[error("invalid CORS origin {0:?}")]
+    CorsOrigin(String),
+}
+
+pub(crate) struct AppState {
+    pub config: HttpConfig,
+    pub engine: EngineHandle,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub limits: ValidationLimits,
+    pub permits: Arc<Semaphore>,
+    pub metrics: PrometheusHandle,
+    pub model_id: String,
+}
+
+impl AppState {
+    pub fn new(config: HttpConfig, engine: EngineHandle, info: &ModelInfo) -> Result<Self, ConfigError> {
+        check_config(&config, info)?;
+        let tokenizer = Tokenizer::from_json(&info.tokenizer_json)?;
+        let chat_template = info
+            .chat_template
+            .as_deref()
+            .map(|source| ChatTemplate::new(source, info.bos_token.as_deref(), info.eos_token.as_deref()))
+            .transpose()?;
+        let limits = ValidationLimits {
+            max_best_of: config.max_best_of,
+            max_stop_sequences: config.max_stop_sequences,
+            max_top_n_tokens: config.max_top_n_tokens,
+            max_input_tokens: config.max_input_tokens,
+            max_total_tokens: config.max_total_tokens,
+        };
+        let model_id =
+            if config.model_id.is_empty() { info.model_id.clone() } else { config.model_id.clone() };
+        Ok(Self {
+            permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+            metrics: crate::metrics::install_recorder()?,
+            config,
+            engine,
+            tokenizer,
+            chat_template,
+            limits,
+            model_id,
+        })
+    }
+
+    pub fn chat_template(&self) -> Result<&ChatTemplate, HttpError> {
+        self.chat_template.as_ref().ok_or(HttpError::Template(TemplateError::Missing))
+    }
+}
+
+fn check_config(config: &HttpConfig, info: &ModelInfo) -> Result<(), ConfigError> {
+    for (name, value) in [
+        ("max_concurrent_requests", config.max_concurrent_requests),
+        ("max_best_of", config.max_best_of),
+        ("max_input_tokens", config.max_input_tokens),
+        ("max_client_batch_size", config.max_client_batch_size),
+    ] {
+        if value == 0 {
+            return Err(ConfigError::Zero(name));
+        }
+    }
+    if config.max_input_tokens >= config.max_total_tokens {
+        return Err(ConfigError::InputNotBelowTotal(config.max_input_tokens, config.max_total_tokens));
+    }
+    if info.max_position_embeddings > 0 && config.max_total_tokens > info.max_position_embeddings as usize {
+        return Err(ConfigError::TotalAboveModel(config.max_total_tokens, info.max_position_embeddings));
+    }
+    Ok(())
+}

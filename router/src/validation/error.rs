@@ -1,0 +1,55 @@
+//! Every validation rule's failure, with TGI's wording (clients match on some of these).
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("`best_of` must be > 0 and <= {0}. Given: {1}")]
+    BestOf(usize, usize),
+    #[error("you must use sampling when `best_of` is > 1")]
+    BestOfSampling,
+    #[error("`seed` must not be set when `best_of` > 1")]
+    BestOfSeed,
+    #[error("`best_of` != 1 is not supported when streaming tokens")]
+    BestOfStream,
+    #[error("`top_n_tokens` must be >= 0 and <= {0}. Given: {1}")]
+    TopNTokens(u32, u32),
+    #[error("`decoder_input_details` == true is not supported when streaming tokens")]
+    PrefillDetailsStream,
+    #[error("`temperature` must be strictly positive")]
+    Temperature,
+    #[error("`repetition_penalty` must be strictly positive")]
+    RepetitionPenalty,
+    #[error("`frequency_penalty` must be >= -2.0 and <= 2.0")]
+    FrequencyPenalty,
+    #[error("`top_p` must be > 0.0 and < 1.0")]
+    TopP,
+    #[error("`top_k` must be strictly positive")]
+    TopK,
+    #[error("`truncate` must be strictly positive and less than {0}. Given: {1}")]
+    Truncate(usize, usize),
+    #[error("`typical_p` must be > 0.0 and < 1.0")]
+    TypicalP,
+    #[error("`max_new_tokens` must be strictly positive")]
+    NegativeMaxNewTokens,
+    #[error("`inputs` tokens + `max_new_tokens` must be <= {0}. Given: {1} `inputs` tokens and {2} `max_new_tokens`")]
+    MaxTotalTokens(usize, usize, u32),
+    #[error("`inputs` must have less than {0} tokens. Given: {1}")]
+    InputLength(usize, usize),
+    #[error("`inputs` cannot be empty")]
+    EmptyInput,
+    #[error("`stop` supports up to {0} stop sequences. Given: {1}")]
+    StopSequence(usize, usize),
+    #[error("grammar is not supported")]
+    Grammar,
+    #[error("watermark is not supported")]
+    Watermark,
+    #[error("`slo.{0}` must be a strictly positive number of milliseconds")]
+    Slo(&'static str),
+    #[error("`n` must be 1. Given: {0}")]
+    ChoiceCount(u32),
+    #[error("`prompt` supports up to {0} prompts. Given: {1}")]
+    ClientBatchSize(usize, usize),
+    #[error("`{0}` is not supported")]
+    Unsupported(&'static str),
+    #[error("`presence_penalty` must be >= -2.0 and <= 2.0")]
+    PresencePenalty,
+}

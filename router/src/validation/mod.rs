@@ -1,0 +1,204 @@
+//! Request validation: pure functions from the client's parameters to what the engine runs,
+//! with TGI's rules, limits and messages (every message is shown to clients behind the
+//! "Input validation error: " prefix that `HttpError` adds). Owns no state.
+mod error;
+#[cfg(test)]
+mod tests;
+
+pub use error::ValidationError;
+
+use crate::engine::api::{SamplingParams, Slo};
+use crate::http::types::{GenerateParameters, SloParameters};
+
+/// Server limits the rules check against (from the CLI, via `HttpConfig`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ValidationLimits {
+    pub max_best_of: usize,
+    pub max_stop_sequences: usize,
+    pub max_top_n_tokens: u32,
+    pub max_input_tokens: usize,
+    pub max_total_tokens: usize,
+}
+
+/// Parameters that passed every rule that does not need the token count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidParameters {
+    pub sampling: SamplingParams,
+    pub best_of: usize,
+    /// `None`: as many as `max_total_tokens` leaves room for (decided once the prompt is
+    /// tokenized, by `validate_length`).
+    pub max_new_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    pub truncate: Option<usize>,
+    pub top_n_tokens: u32,
+    pub details: bool,
+    pub decoder_input_details: bool,
+    pub return_full_text: bool,
+    pub ignore_eos: bool,
+    pub slo: Option<Slo>,
+}
+
+/// Checks every token-count-independent rule, in TGI's order. `random_seed` is used when the
+/// request samples without a seed (passed in so that this stays a pure function).
+pub fn validate_parameters(
+    parameters: &GenerateParameters,
+    limits: &ValidationLimits,
+    random_seed: u64,
+) -> Result<ValidParameters, ValidationError> {
+    if parameters.grammar.is_some() {
+        return Err(ValidationError::Grammar);
+    }
+    if parameters.watermark {
+        return Err(ValidationError::Watermark);
+    }
+    let best_of = validate_best_of(parameters, limits)?;
+    let temperature = parameters.temperature.unwrap_or(1.0);
+    if !(temperature > 0.0) {
+        return Err(ValidationError::Temperature);
+    }
+    let repetition_penalty = parameters.repetition_penalty.unwrap_or(1.0);
+    if !(repetition_penalty > 0.0) {
+        return Err(ValidationError::RepetitionPenalty);
+    }
+    let frequency_penalty = parameters.frequency_penalty.unwrap_or(0.0);
+    if !(-2.0..=2.0).contains(&frequency_penalty) {
+        return Err(ValidationError::FrequencyPenalty);
+    }
+    let top_p = open_unit_interval(parameters.top_p, ValidationError::TopP)?;
+    let typical_p = open_unit_interval(parameters.typical_p, ValidationError::TypicalP)?;
+    let top_k = match parameters.top_k {
+        Some(value) if value <= 0 => return Err(ValidationError::TopK),
+        Some(value) => value as u32,
+        None => 0,
+    };
+    if parameters.max_new_tokens == Some(0) {
+        return Err(ValidationError::NegativeMaxNewTokens);
+    }
+    if parameters.stop.len() > limits.max_stop_sequences {
+        return Err(ValidationError::StopSequence(limits.max_stop_sequences, parameters.stop.len()));
+    }
+    let seed = match parameters.seed {
+        Some(_) if best_of > 1 => return Err(ValidationError::BestOfSeed),
+        Some(seed) => seed,
+        None => random_seed,
+    };
+    let top_n_tokens = parameters.top_n_tokens.unwrap_or(0);
+    if top_n_tokens > limits.max_top_n_tokens {
+        return Err(ValidationError::TopNTokens(limits.max_top_n_tokens, top_n_tokens));
+    }
+    let truncate = match parameters.truncate {
+        Some(value) if value == 0 || value > limits.max_input_tokens => {
+            return Err(ValidationError::Truncate(limits.max_input_tokens, value))
+        }
+        other => other,
+    };
+    let slo = parameters.slo.as_ref().map(validate_slo).transpose()?;
+    // TGI samples whenever a warper is set, even without `do_sample`.
+    let do_sample = parameters.do_sample
+        || temperature != 1.0
+        || top_k > 0
+        || top_p < 1.0
+        || typical_p < 1.0;
+    Ok(ValidParameters {
+        sampling: SamplingParams {
+            do_sample,
+            temperature,
+            top_k,
+            top_p,
+            typical_p,
+            repetition_penalty,
+            frequency_penalty,
+            seed,
+        },
+        best_of,
+        max_new_tokens: parameters.max_new_tokens,
+        stop: parameters.stop.clone(),
+        truncate,
+        top_n_tokens,
+        details: parameters.details,
+        decoder_input_details: parameters.decoder_input_details,
+        return_full_text: parameters.return_full_text.unwrap_or(false),
+        ignore_eos: parameters.ignore_eos,
+        slo,
+    })
+}
+
+fn validate_best_of(
+    parameters: &GenerateParameters,
+    limits: &ValidationLimits,
+) -> Result<usize, ValidationError> {
+    let best_of = parameters.best_of.unwrap_or(1);
+    if best_of == 0 || best_of > limits.max_best_of {
+        return Err(ValidationError::BestOf(limits.max_best_of, best_of));
+    }
+    let sampling = parameters.do_sample
+        || parameters.temperature.is_some()
+        || parameters.top_k.is_some()
+        || parameters.top_p.is_some()
+        || parameters.typical_p.is_some();
+    if best_of > 1 && !sampling {
+        return Err(ValidationError::BestOfSampling);
+    }
+    Ok(best_of)
+}
+
+/// `top_p` and `typical_p` must lie strictly inside (0, 1); absent means 1.0 (no restriction).
+fn open_unit_interval(value: Option<f32>, error: ValidationError) -> Result<f32, ValidationError> {
+    match value {
+        Some(value) if !(value > 0.0 && value < 1.0) => Err(error),
+        Some(value) => Ok(value),
+        None => Ok(1.0),
+    }
+}
+
+fn validate_slo(slo: &SloParameters) -> Result<Slo, ValidationError> {
+    for (name, value) in [("ttft_ms", slo.ttft_ms), ("tbt_ms", slo.tbt_ms)] {
+        if !(value.is_finite() && value > 0.0) {
+            return Err(ValidationError::Slo(name));
+        }
+    }
+    Ok(Slo { ttft_ms: slo.ttft_ms, tbt_ms: slo.tbt_ms })
+}
+
+/// Rules for streamed requests, checked before anything is scheduled.
+pub fn validate_stream(parameters: &ValidParameters) -> Result<(), ValidationError> {
+    if parameters.best_of > 1 {
+        return Err(ValidationError::BestOfStream);
+    }
+    if parameters.decoder_input_details {
+        return Err(ValidationError::PrefillDetailsStream);
+    }
+    Ok(())
+}
+
+/// The number of prompt tokens kept: the last `truncate` ones when set.
+pub fn truncated_length(input_tokens: usize, truncate: Option<usize>) -> usize {
+    truncate.map_or(input_tokens, |keep| input_tokens.min(keep))
+}
+
+/// Checks the prompt length and the total length, in TGI's order, and returns the
+/// `max_new_tokens` to schedule (what `max_total_tokens` leaves room for when not given).
+pub fn validate_length(
+    input_length: usize,
+    max_new_tokens: Option<u32>,
+    limits: &ValidationLimits,
+) -> Result<u32, ValidationError> {
+    if input_length == 0 {
+        return Err(ValidationError::EmptyInput);
+    }
+    let max_new_tokens = max_new_tokens.unwrap_or_else(|| {
+        let room = limits.max_total_tokens.saturating_sub(input_length).max(1);
+        u32::try_from(room).unwrap_or(u32::MAX)
+    });
+    if input_length + max_new_tokens as usize > limits.max_total_tokens {
+        return Err(ValidationError::MaxTotalTokens(
+            limits.max_total_tokens,
+            input_length,
+            max_new_tokens,
+        ));
+    }
+    if input_length > limits.max_input_tokens {
+        return Err(ValidationError::InputLength(limits.max_input_tokens, input_length));
+    }
+    Ok(max_new_tokens)
+}
