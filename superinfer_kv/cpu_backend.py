@@ -21,8 +21,9 @@ MAX_COPY_THREADS = 8
 class CpuCompletion:
     """One direction's copy running in the extension's thread pool."""
 
-    def __init__(self, job) -> None:
+    def __init__(self, job, empty: bool) -> None:
         self._job = job
+        self.method = "none" if empty else "threads"
 
     def done(self) -> bool:
         return self._job.done()
@@ -58,7 +59,7 @@ class CpuBackend:
     def start(self, swap_out: CopyPlan, swap_in: CopyPlan) -> tuple[CpuCompletion, CpuCompletion]:
         out = self._native.copy(True, swap_out.src_ids, swap_out.dst_ids)
         into = self._native.copy(False, swap_in.src_ids, swap_in.dst_ids)
-        return CpuCompletion(out), CpuCompletion(into)
+        return CpuCompletion(out, len(swap_out) == 0), CpuCompletion(into, len(swap_in) == 0)
 
     def close(self) -> None:
         # Dropping the native object drains its queue and joins its threads.

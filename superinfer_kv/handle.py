@@ -14,6 +14,11 @@ from .validation import CopyPlan
 class Completion(Protocol):
     """One direction of one submit, as a backend reports it."""
 
+    @property
+    def method(self) -> str:
+        """The path that moves the blocks (e.g. "threads", "kernel", "batch_memcpy"), or
+        "none" for an empty direction."""
+
     def done(self) -> bool:
         """True once the copy has finished (or failed); never blocks."""
 
@@ -36,6 +41,11 @@ class TransferHandle:
         self._swap_out = swap_out
         self._swap_in = swap_in
         self._plans: tuple[CopyPlan, CopyPlan] | None = plans
+
+    @property
+    def methods(self) -> tuple[str, str]:
+        """(swap-out path, swap-in path) the backend chose, for logs and benchmarks."""
+        return self._swap_out.method, self._swap_in.method
 
     def out_done(self) -> bool:
         """True once every swap-out copy (device → host) has landed; non-blocking."""

@@ -92,3 +92,11 @@ def test_completion_flags() -> None:
         assert handle.done() and handle.out_done() and handle.in_done()
     assert torch.equal(host_kv[::2], device_kv[::2])
     assert not host_kv[1::2].any()
+
+
+def test_methods_report_the_path() -> None:
+    device_kv = torch.zeros(4, 8)
+    engine = TransferEngine(device_kv, torch.zeros(4, 8))
+    handle = engine.submit(swap_out=([0], [1]))
+    handle.wait()
+    assert handle.methods == ("threads", "none")
