@@ -19,6 +19,8 @@ mod sse;
 mod state;
 mod stop;
 pub mod types;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 

@@ -1,0 +1,315 @@
+//! The HTTP app end to end in-process, over the real router stack (shard client, engine,
+//! scheduler) and a scripted shard on a unix socket that answers every request with the
+//! tokens of a fixed text. Stop sequences, cancellation, SSE shapes and concurrency limits are
+//! thereby checked deterministically; the integration tests run the same against the model.
+mod scripted_shard;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use super::{router, HttpConfig};
+use crate::config::RouterConfig;
+use crate::tokenizer::tests::smollm2;
+use scripted_shard::{ScriptedShard, ShardLog, SCRIPT};
+
+/// A prompt with this marker is generated for long (see the tests that use it).
+const HOLD: &str = "please hold";
+
+async fn app(config: HttpConfig) -> (Router, Arc<Mutex<ShardLog>>) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let tokenizer_json = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
+    let chat_template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let (socket, log) = ScriptedShard::spawn(tokenizer_json, chat_template);
+    let socket = socket.to_string_lossy().to_string();
+    let router_config =
+        RouterConfig::parse_argv(["router", "--uds-path", socket.as_str(), "--shard-connect-timeout-s", "10"]).unwrap();
+    let (engine, model) =
+        crate::server::start_engine(&router_config, &TaskTracker::new(), &CancellationToken::new()).await.unwrap();
+    (router(config, engine, &model).unwrap(), log)
+}
+
+/// Waits until `condition` holds on the shard's log (the engine works asynchronously).
+async fn wait_for(log: &Mutex<ShardLog>, condition: impl Fn(&ShardLog) -> bool) {
+    for _ in 0..1000 {
+        if condition(&log.lock().unwrap()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the shard never saw the expected state");
+}
+
+fn post(path: &str, body: &Value) -> Request<Body> {
+    Request::post(path).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    (parts.status, parts.headers, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// The JSON payloads of an SSE body (`data:` lines), `[DONE]` as a string.
+fn sse_data(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|data| serde_json::from_str(data.trim()).unwrap_or(Value::String(data.trim().into())))
+        .collect()
+}
+
+#[tokio::test]
+async fn generate_returns_text_details_and_tgi_headers() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"inputs": "Say hi", "parameters": {"max_new_tokens": 50, "details": true, "decoder_input_details": true}});
+    let (status, headers, body) = send(&app, post("/generate", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let response: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(response["generated_text"], SCRIPT);
+    let details = &response["details"];
+    assert_eq!(details["finish_reason"], "eos_token");
+    assert_eq!(details["seed"], Value::Null, "greedy requests report no seed");
+    assert_eq!(details["prefill"][0]["logprob"], Value::Null);
+    assert_eq!(details["prefill"][1]["logprob"], -1.0);
+    let tokens = details["tokens"].as_array().unwrap();
+    assert_eq!(details["generated_tokens"], tokens.len());
+    assert_eq!(tokens.last().unwrap()["special"], true);
+    assert_eq!(tokens.last().unwrap()["text"], "<|im_end|>");
+    for name in ["x-compute-type", "x-compute-time", "x-compute-characters", "x-total-time", "x-validation-time",
+                 "x-queue-time", "x-inference-time", "x-time-per-token", "x-prompt-tokens", "x-generated-tokens"] {
+        assert!(headers.contains_key(name), "{name} missing");
+    }
+    assert_eq!(headers["x-generated-tokens"], tokens.len().to_string().as_str());
+    assert_eq!(headers["x-compute-characters"], "6");
+}
+
+#[tokio::test]
+async fn compat_route_answers_an_array_and_samples_by_default() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let (status, _, body) = send(&app, post("/", &json!({"inputs": "Say hi"}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let response: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(response[0]["generated_text"], SCRIPT);
+    let log = log.lock().unwrap();
+    assert!(log.new_requests[0].parameters.as_ref().unwrap().do_sample, "omitted parameters sample (TGI)");
+}
+
+#[tokio::test]
+async fn stop_sequence_cuts_text_and_cancels_the_engine_request() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let parameters = json!({"stop": ["world"], "details": true, "return_full_text": true,
+                            "ignore_eos": true, "max_new_tokens": 500});
+    let body = json!({"inputs": "Say hi", "parameters": parameters});
+    let (status, _, body) = send(&app, post("/generate", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let response: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(response["generated_text"], "Say hiHello world");
+    assert_eq!(response["details"]["finish_reason"], "stop_sequence");
+    assert_eq!(response["details"]["generated_tokens"], 2);
+    // The dropped stream cancels the request: the shard forgets it (with the next step, which
+    // the next request brings) long before 500 tokens.
+    send(&app, post("/generate", &json!({"inputs": "x", "parameters": {"max_new_tokens": 1}}))).await;
+    wait_for(&log, |log| !log.forgotten.is_empty()).await;
+    let (_, sampled) = log.lock().unwrap().forgotten[0];
+    assert!(sampled < 100, "{sampled} tokens were generated after the stop sequence");
+}
+
+#[tokio::test]
+async fn generate_stream_events_have_tgi_shape() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"inputs": "Say hi", "parameters": {"max_new_tokens": 4, "top_n_tokens": 2}});
+    let (status, headers, body) = send(&app, post("/generate_stream", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-accel-buffering"], "no");
+    let events = sse_data(&body);
+    assert_eq!(events.len(), 4);
+    for (position, event) in events.iter().enumerate() {
+        assert_eq!(event["index"], position + 1);
+        assert_eq!(event["top_tokens"].as_array().unwrap().len(), 2);
+    }
+    assert!(events[..3].iter().all(|event| event["generated_text"].is_null() && event["details"].is_null()));
+    let last = &events[3];
+    let streamed: String = events.iter().map(|event| event["token"]["text"].as_str().unwrap()).collect();
+    assert_eq!(last["generated_text"], streamed);
+    assert_eq!(last["details"]["finish_reason"], "length");
+    assert_eq!(last["details"]["generated_tokens"], 4);
+    assert!(last["details"]["input_length"].as_u64().unwrap() > 0);
+    assert!(!body.contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn stream_errors_are_events_with_status_200() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"inputs": "x", "parameters": {"temperature": 0.0}});
+    let (status, _, body) = send(&app, post("/generate_stream", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        sse_data(&body),
+        vec![json!({"error": "Input validation error: `temperature` must be strictly positive", "error_type": "validation"})]
+    );
+    let chat = json!({"messages": [{"role": "user", "content": "x"}], "stream": true, "top_p": 2.0});
+    let (status, _, body) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        sse_data(&body),
+        vec![json!({"error": {"message": "Input validation error: `top_p` must be > 0.0 and < 1.0", "http_status_code": 422}})]
+    );
+}
+
+#[tokio::test]
+async fn validation_errors_have_tgi_status_and_body() {
+    let (app, _) = app(HttpConfig { max_input_tokens: 8, max_total_tokens: 16, ..HttpConfig::default() }).await;
+    let cases = [
+        (json!({"inputs": "", "parameters": {}}), "`inputs` cannot be empty"),
+        (json!({"inputs": "a b c d e f g h i j k", "parameters": {"max_new_tokens": 2}}), "`inputs` must have less than 8 tokens. Given: 11"),
+        (json!({"inputs": "a b c", "parameters": {"max_new_tokens": 15}}), "`inputs` tokens + `max_new_tokens` must be <= 16. Given: 3 `inputs` tokens and 15 `max_new_tokens`"),
+        (json!({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "a"}}}), "grammar is not supported"),
+    ];
+    for (body, message) in cases {
+        let (status, _, text) = send(&app, post("/generate", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error, json!({"error": format!("Input validation error: {message}"), "error_type": "validation"}));
+    }
+    let (status, _, text) = send(&app, post("/generate", &json!({"parameters": {}}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(text.contains("missing field `inputs`"), "{text}");
+}
+
+#[tokio::test]
+async fn api_key_guards_generation_routes_only() {
+    let (app, _) = app(HttpConfig { api_key: Some("s3cret".into()), ..HttpConfig::default() }).await;
+    let body = json!({"inputs": "Say hi", "parameters": {"max_new_tokens": 2}});
+    let (status, _, text) = send(&app, post("/generate", &body)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error_type"], "unauthorized");
+    let mut request = post("/generate", &body);
+    request.headers_mut().insert("authorization", "Bearer S3CRET".parse().unwrap());
+    assert_eq!(send(&app, request).await.0, StatusCode::OK);
+    let health = Request::get("/health").body(Body::empty()).unwrap();
+    assert_eq!(send(&app, health).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn payload_over_the_limit_is_413() {
+    let (app, _) = app(HttpConfig { payload_limit: 1000, ..HttpConfig::default() }).await;
+    let body = json!({"inputs": "x".repeat(2000)});
+    let (status, _, text) = send(&app, post("/generate", &body)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error_type"], "payload_too_large");
+}
+
+#[tokio::test]
+async fn requests_over_the_concurrency_limit_get_429_at_once() {
+    let (app, log) = app(HttpConfig { max_concurrent_requests: 1, ..HttpConfig::default() }).await;
+    let long = json!({"inputs": HOLD, "parameters": {"max_new_tokens": 1000, "ignore_eos": true}});
+    let held = app.clone().oneshot(post("/generate_stream", &long)).await.unwrap();
+    wait_for(&log, |log| !log.new_requests.is_empty()).await;
+    let (status, _, text) = send(&app, post("/generate", &json!({"inputs": "x"}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"error": "Model is overloaded", "error_type": "overloaded"}));
+    drop(held);
+    // The closed stream releases its permit (noticed asynchronously) and cancels its request,
+    // which the shard forgets with the next step.
+    let short = json!({"inputs": "x", "parameters": {"max_new_tokens": 1}});
+    let mut status = StatusCode::TOO_MANY_REQUESTS;
+    for _ in 0..200 {
+        status = send(&app, post("/generate", &short)).await.0;
+        if status != StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(status, StatusCode::OK);
+    wait_for(&log, |log| !log.forgotten.is_empty()).await;
+    assert!(log.lock().unwrap().forgotten[0].1 < 1000);
+}
+
+#[tokio::test]
+async fn best_of_keeps_the_highest_mean_logprob() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let body = json!({"inputs": "Say hi", "parameters": {"best_of": 2, "do_sample": true, "details": true, "max_new_tokens": 3}});
+    let (status, _, text) = send(&app, post("/generate", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let response: Value = serde_json::from_str(&text).unwrap();
+    let others = response["details"]["best_of_sequences"].as_array().unwrap();
+    assert_eq!(others.len(), 1);
+    let best_logprob = response["details"]["tokens"][0]["logprob"].as_f64().unwrap();
+    assert!(best_logprob >= others[0]["tokens"][0]["logprob"].as_f64().unwrap());
+    let seeds: Vec<u64> =
+        log.lock().unwrap().new_requests.iter().map(|r| r.parameters.as_ref().unwrap().seed).collect();
+    assert_eq!(seeds.len(), 2);
+    assert!(seeds.contains(&response["details"]["seed"].as_u64().unwrap()));
+}
+
+#[tokio::test]
+async fn chat_stream_sends_chunks_usage_and_done() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let body = json!({"model": "tgi", "messages": [{"role": "user", "content": "Hi"}], "stream": true,
+                      "stream_options": {"include_usage": true}, "max_tokens": 100});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = sse_data(&text);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let usage = &events[events.len() - 2];
+    assert_eq!(usage["choices"], json!([]));
+    let chunks = &events[..events.len() - 2];
+    let content: String = chunks.iter().map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap()).collect();
+    assert_eq!(content, SCRIPT);
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "stop");
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(usage["usage"]["completion_tokens"], chunks.len());
+    let prompt = smollm2().decode(&log.lock().unwrap().new_requests[0].prompt_token_ids, false).unwrap();
+    assert!(prompt.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"), "{prompt}");
+}
+
+#[tokio::test]
+async fn completions_answer_each_prompt() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"model": "m", "prompt": ["a", "b"], "max_tokens": 2, "temperature": 0});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let response: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(response["object"], "text_completion");
+    assert_eq!(response["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(response["choices"][1]["index"], 1);
+    assert_eq!(response["choices"][0]["finish_reason"], "length");
+    assert_eq!(response["usage"]["completion_tokens"], 4);
+    let too_many = json!({"prompt": ["a", "b", "c", "d", "e"]});
+    let (status, _, text) = send(&app, post("/v1/completions", &too_many)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(text.contains("`prompt` supports up to 4 prompts. Given: 5"), "{text}");
+}
+
+#[tokio::test]
+async fn read_only_routes() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    let (status, _, text) = send(&app, get("/info")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["model_id"], "smollm2-test");
+    let (_, _, text) = send(&app, get("/v1/models")).await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["data"][0]["id"], "smollm2-test");
+    send(&app, post("/generate", &json!({"inputs": "x", "parameters": {"max_new_tokens": 1}}))).await;
+    let (status, _, text) = send(&app, get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("superinfer_request_count"), "{text}");
+    let (status, _, text) = send(&app, get("/api-doc/openapi.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(serde_json::from_str::<Value>(&text).unwrap()["paths"]["/generate"].is_object());
+    let (status, _, text) = send(&app, get("/docs")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("/api-doc/openapi.json"));
+    let (status, _, text) = send(&app, post("/tokenize", &json!({"inputs": "Hello world"}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let tokens: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(tokens[1], json!({"id": tokens[1]["id"], "text": " world", "start": 5, "stop": 11}));
+}

@@ -1,0 +1,159 @@
+//! A shard that answers the real gRPC protocol with scripted tokens: every request generates
+//! the tokens of `SCRIPT` followed by EOS (then EOS again when it ignores EOS). It lets the
+//! HTTP tests run the real router stack (client, engine, scheduler) without a model, and
+//! records which requests the engine forgot and how far each had got.
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tonic::{Request, Response, Status};
+
+use crate::pb;
+use crate::pb::shard_server::{Shard, ShardServer};
+use crate::tokenizer::Tokenizer;
+
+pub(super) const EOS: u32 = 2;
+pub(super) const SCRIPT: &str = "Hello world. Goodbye!";
+
+/// What the shard saw.
+#[derive(Default)]
+pub(super) struct ShardLog {
+    pub new_requests: Vec<pb::NewRequest>,
+    /// (request id, tokens sampled for it) at the time it was forgotten.
+    pub forgotten: Vec<(u64, usize)>,
+}
+
+struct Sequence {
+    known_tokens: usize,
+    prompt_tokens: usize,
+    sampled: usize,
+    request: pb::NewRequest,
+}
+
+pub(super) struct ScriptedShard {
+    script: Vec<u32>,
+    tokenizer_json: String,
+    chat_template: String,
+    sequences: Mutex<HashMap<u64, Sequence>>,
+    log: Arc<Mutex<ShardLog>>,
+}
+
+impl ScriptedShard {
+    /// Serves a scripted shard on a fresh unix socket; returns the socket path and its log.
+    pub(super) fn spawn(tokenizer_json: String, chat_template: String) -> (PathBuf, Arc<Mutex<ShardLog>>) {
+        let tokenizer = Tokenizer::from_json(&tokenizer_json).unwrap();
+        let mut script = tokenizer.encode(SCRIPT, false).unwrap().ids;
+        script.push(EOS);
+        let log = Arc::new(Mutex::new(ShardLog::default()));
+        let shard = ScriptedShard {
+            script,
+            tokenizer_json,
+            chat_template,
+            sequences: Mutex::new(HashMap::new()),
+            log: log.clone(),
+        };
+        let path = std::env::temp_dir().join(format!("superinfer-http-test-{:016x}.sock", rand::random::<u64>()));
+        let listener = UnixListener::bind(&path).unwrap();
+        let incoming = futures::stream::unfold(listener, |listener| async move {
+            Some((listener.accept().await.map(|(stream, _)| stream), listener))
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder().add_service(ShardServer::new(shard)).serve_with_incoming(incoming),
+        );
+        (path, log)
+    }
+
+    fn output(&self, scheduled: &pb::ScheduledRequest, sequence: &mut Sequence) -> pb::RequestOutput {
+        let end = (scheduled.num_computed_tokens + scheduled.num_new_tokens) as usize;
+        let mut output = pb::RequestOutput { request_id: scheduled.id, ..Default::default() };
+        if sequence.request.prompt_logprobs {
+            let first = scheduled.num_computed_tokens as usize + 1;
+            output.prompt_logprobs = (first..end.min(sequence.prompt_tokens)).map(|_| -1.0).collect();
+        }
+        if end == sequence.known_tokens {
+            let id = self.script[sequence.sampled.min(self.script.len() - 1)];
+            // The seed shifts the logprobs so that best_of candidates differ.
+            let seed = sequence.request.parameters.as_ref().map_or(0, |p| p.seed);
+            let top_n = sequence.request.parameters.as_ref().map_or(0, |p| p.top_n_tokens);
+            let top_tokens = (0..top_n).map(|rank| pb::TokenLogprob { id: id + rank, logprob: -0.1 * rank as f32 }).collect();
+            output.token = Some(pb::SampledToken { id, logprob: -0.5 - (seed % 5) as f32 / 10.0, top_tokens });
+            sequence.sampled += 1;
+            sequence.known_tokens += 1;
+        }
+        output
+    }
+}
+
+#[tonic::async_trait]
+impl Shard for ScriptedShard {
+    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+        Ok(Response::new(pb::InfoResponse {
+            model_id: "smollm2-test".into(),
+            architecture: "llama".into(),
+            dtype: "float32".into(),
+            device_type: "cpu".into(),
+            block_size: 16,
+            num_layers: 1,
+            num_kv_heads: 1,
+            head_dim: 8,
+            block_bytes: 1024,
+            max_position_embeddings: 8192,
+            vocab_size: 49152,
+            tokenizer_json: self.tokenizer_json.clone(),
+            chat_template: self.chat_template.clone(),
+            eos_token_ids: vec![EOS],
+            bos_token: "<|im_start|>".into(),
+            eos_token: "<|im_end|>".into(),
+            world_size: 1,
+        }))
+    }
+
+    async fn health(&self, _: Request<pb::HealthRequest>) -> Result<Response<pb::HealthResponse>, Status> {
+        Ok(Response::new(pb::HealthResponse {}))
+    }
+
+    async fn warmup(&self, _: Request<pb::WarmupRequest>) -> Result<Response<pb::WarmupResponse>, Status> {
+        Ok(Response::new(pb::WarmupResponse {
+            num_device_blocks: 256,
+            num_host_blocks: 256,
+            cost_model: Some(pb::CostModel {
+                step_base_s: 0.002,
+                per_prefill_token_s: 1e-5,
+                per_decode_request_s: 1e-4,
+                per_context_token_s: 1e-7,
+                swap_out_bytes_per_s: 1e9,
+                swap_in_bytes_per_s: 1e9,
+                transfer_overhead_s: 1e-4,
+                duplex: false,
+            }),
+        }))
+    }
+
+    async fn step(&self, request: Request<pb::StepRequest>) -> Result<Response<pb::StepResponse>, Status> {
+        // A step takes a little time, as a model's would, so that long generations stay open.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let step = request.into_inner();
+        let mut sequences = self.sequences.lock().unwrap();
+        for id in &step.forget {
+            if let Some(sequence) = sequences.remove(id) {
+                self.log.lock().unwrap().forgotten.push((*id, sequence.sampled));
+            }
+        }
+        for new in step.new_requests {
+            let prompt_tokens = new.prompt_token_ids.len();
+            self.log.lock().unwrap().new_requests.push(new.clone());
+            sequences.insert(new.id, Sequence { known_tokens: prompt_tokens, prompt_tokens, sampled: 0, request: new });
+        }
+        let mut outputs = Vec::new();
+        for scheduled in &step.scheduled {
+            let sequence = sequences
+                .get_mut(&scheduled.id)
+                .ok_or_else(|| Status::invalid_argument(format!("unknown request {}", scheduled.id)))?;
+            outputs.push(self.output(scheduled, sequence));
+        }
+        let completed_transfers = step.swap_out.iter().chain(&step.swap_in).map(|transfer| transfer.id).collect();
+        Ok(Response::new(pb::StepResponse { step_id: step.step_id, outputs, completed_transfers, timings: None }))
+    }
+}
