@@ -1,0 +1,108 @@
+"""KV swaps through the DuplexKV engine, driven by Step plans: a request swapped out to the
+host, its device blocks overwritten by another request, and swapped back into different
+device blocks continues exactly as if it had never left."""
+import pytest
+import torch
+from conftest import make_executor
+
+from superinfer.pb import shard_pb2 as pb
+from superinfer.shard.errors import PlanError
+from superinfer.shard.plan import InFlight, PlanLimits, validate_plan
+
+PROMPT = list(range(3, 43))  # 40 tokens: 3 blocks of 16
+
+
+class Driver:
+    def __init__(self, executor):
+        self.executor = executor
+        self.step_id = 0
+        self.completed: list[int] = []
+
+    def step(self, **fields) -> pb.StepResponse:
+        reply = self.executor.step(pb.StepRequest(step_id=self.step_id, **fields))
+        self.step_id += 1
+        self.completed.extend(reply.completed_transfers)
+        return reply
+
+    def decode(self, rid: int, tokens: list[int], prompt_len: int, blocks: list[int], count: int) -> None:
+        for _ in range(count):
+            computed = prompt_len + len(tokens) - 1
+            reply = self.step(scheduled=[pb.ScheduledRequest(id=rid, num_computed_tokens=computed, num_new_tokens=1, block_table=blocks)])
+            tokens.append(reply.outputs[0].token.id)
+
+    def wait_for(self, transfer_id: int) -> None:
+        for _ in range(10_000):
+            if transfer_id in self.completed:
+                return
+            self.step()
+        raise TimeoutError(f"transfer {transfer_id} never completed")
+
+
+def _start(driver: Driver, rid: int, blocks: list[int], prompt=PROMPT) -> list[int]:
+    reply = driver.step(
+        new_requests=[pb.NewRequest(id=rid, prompt_token_ids=prompt)],
+        scheduled=[pb.ScheduledRequest(id=rid, num_computed_tokens=0, num_new_tokens=len(prompt), block_table=blocks)],
+    )
+    return [reply.outputs[0].token.id]
+
+
+def test_swap_round_trip_into_other_blocks_continues_identically(tiny_llama_dir):
+    reference = Driver(make_executor(tiny_llama_dir))
+    expected = _start(reference, 1, [0, 1, 2, 3])
+    reference.decode(1, expected, len(PROMPT), [0, 1, 2, 3], 15)
+
+    driver = Driver(make_executor(tiny_llama_dir))
+    tokens = _start(driver, 1, [0, 1, 2, 3])
+    driver.decode(1, tokens, len(PROMPT), [0, 1, 2, 3], 5)
+    driver.step(swap_out=[pb.Transfer(id=7, src_blocks=[0, 1, 2, 3], dst_blocks=[9, 4, 11, 2])])
+    driver.wait_for(7)
+    # Another request now fills the same device blocks with its own K/V.
+    _start(driver, 2, [0, 1, 2, 3], prompt=list(range(100, 160)))
+    driver.step(forget=[2], swap_in=[pb.Transfer(id=8, src_blocks=[9, 4, 11, 2], dst_blocks=[20, 31, 22, 25])])
+    driver.wait_for(8)
+    driver.decode(1, tokens, len(PROMPT), [20, 31, 22, 25], 10)
+    assert driver.completed.count(7) == 1 and driver.completed.count(8) == 1
+    assert tokens == expected
+
+
+def test_compute_on_a_block_being_swapped_in_is_rejected(tiny_llama_dir):
+    driver = Driver(make_executor(tiny_llama_dir))
+    _start(driver, 1, [0, 1, 2])
+    with pytest.raises(PlanError, match="swap-in"):
+        driver.step(
+            swap_in=[pb.Transfer(id=3, src_blocks=[0], dst_blocks=[5])],
+            scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=40, num_new_tokens=1, block_table=[5, 1, 2])],
+        )
+    with pytest.raises(PlanError, match="swapped out"):
+        driver.step(
+            swap_out=[pb.Transfer(id=4, src_blocks=[2], dst_blocks=[1])],
+            scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=40, num_new_tokens=1, block_table=[0, 1, 2])],
+        )
+
+
+def test_blocks_of_transfers_in_flight_are_protected():
+    in_flight = InFlight(transfer_ids=frozenset({1}), host_written=frozenset({3}), host_read=frozenset({8}),
+                         device_written=frozenset({5}), device_read=frozenset({0}))
+    limits = PlanLimits(num_device_blocks=32, num_host_blocks=16, block_size=16, vocab_size=512, max_position_embeddings=512)
+    cases = {
+        "host block 3": pb.StepRequest(swap_out=[pb.Transfer(id=2, src_blocks=[1], dst_blocks=[3])]),
+        "host block 8": pb.StepRequest(swap_out=[pb.Transfer(id=2, src_blocks=[1], dst_blocks=[8])]),
+        "used twice": pb.StepRequest(swap_in=[pb.Transfer(id=1, src_blocks=[4], dst_blocks=[4])]),
+        "device block 0": pb.StepRequest(swap_in=[pb.Transfer(id=2, src_blocks=[4], dst_blocks=[0])]),
+        "device block 5": pb.StepRequest(swap_in=[pb.Transfer(id=2, src_blocks=[4], dst_blocks=[5])]),
+    }
+    for message, step in cases.items():
+        with pytest.raises(PlanError, match=message):
+            validate_plan(step, {}, limits, in_flight)
+    # Reading host block 8 again, or a disjoint copy, is fine.
+    validate_plan(pb.StepRequest(swap_in=[pb.Transfer(id=2, src_blocks=[8], dst_blocks=[6])]), {}, limits, in_flight)
+
+
+def test_device_pool_holds_swapped_data(tiny_llama_dir):
+    executor = make_executor(tiny_llama_dir)
+    cache = executor.runner.cache
+    cache.device[6].copy_(torch.randn_like(cache.device[6]))
+    driver = Driver(executor)
+    driver.step(swap_out=[pb.Transfer(id=1, src_blocks=[6], dst_blocks=[0])])
+    driver.wait_for(1)
+    assert torch.equal(cache.host[0], cache.device[6])
