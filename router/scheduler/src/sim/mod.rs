@@ -18,3 +18,5 @@ pub use report::{percentile_sorted, GapStats, RequestOutcome, SimReport};
 pub use simulator::simulate;
 pub use timing::{step_shape, LinkModel, Roofline, StepTimeModel};
 
+#[cfg(test)]
+mod tests;

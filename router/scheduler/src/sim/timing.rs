@@ -87,7 +87,7 @@ mod tests {
     fn roofline_takes_the_slower_bound() {
         let r = Roofline {
             overhead_s: 0.001,
-            flops_per_token: 1e9,
+            flops_per_token: 1e6,
             flops_per_context_token: 0.0,
             flops_per_s: 1e12,
             weight_bytes: 1e9,
