@@ -199,6 +199,7 @@ fn stream_response(state: Arc<AppState>, request: GenerateRequest, arrival: Inst
     })
 }
 
+#[tracing::instrument(skip_all, name = "generate_stream_events")]
 async fn run_stream(
     state: &AppState,
     request: GenerateRequest,

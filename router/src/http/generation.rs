@@ -280,6 +280,7 @@ impl Generation {
     }
 
     /// Runs to the end and returns the output (non-streaming routes).
+    #[tracing::instrument(skip_all, name = "generation")]
     pub async fn collect(mut self) -> Result<GenerationOutput, HttpError> {
         while let Some(event) = self.next().await {
             match event? {

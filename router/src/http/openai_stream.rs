@@ -144,6 +144,7 @@ async fn run_choice(
     }
 }
 
+#[tracing::instrument(skip_all, fields(index = choice.index))]
 async fn stream_choice(
     state: &AppState,
     choice: Choice,
