@@ -10,6 +10,7 @@ of the sources, flags and tools, so an unchanged tree costs nothing.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch.utils import cpp_extension
@@ -96,27 +98,32 @@ def _cudart(toolchain: Toolchain) -> Path:
     raise CudaToolchainError(f"libcudart not found under {toolchain.root}")
 
 
-def _link(objects: list[Path], output: Path, toolchain: Toolchain) -> None:
+def _link(objects: list[Path], output: Path, toolchain: Toolchain, strict: bool) -> None:
     torch_lib = Path(torch.__file__).parent / "lib"
     libraries = ["c10", "c10_cuda", "torch_cpu", "torch_cuda", "torch", "torch_python"]
     command = [
         "c++", "-shared", "-o", str(output), *map(str, objects), f"-L{torch_lib}",
-        *(f"-l{name}" for name in libraries), str(_cudart(toolchain)),
-        f"-Wl,-rpath,{torch_lib}", "-Wl,--no-undefined",
-        f"-L{sysconfig.get_config_var('LIBDIR')}", f"-lpython{sysconfig.get_python_version()}",
+        *(f"-l{name}" for name in libraries), str(_cudart(toolchain)), f"-Wl,-rpath,{torch_lib}",
     ]  # fmt: skip
+    if strict:
+        # Every symbol must resolve now (Python's included), not at import on a GPU host.
+        python_lib = f"-L{sysconfig.get_config_var('LIBDIR')}"
+        command += ["-Wl,--no-undefined", python_lib, f"-lpython{sysconfig.get_python_version()}"]
     _run(command, "linking the CUDA extension")
 
 
-def compile_cuda_sources(build_dir: Path, link: bool | None = None) -> Path:
+def compile_cuda_sources(build_dir: Path, link: bool | None = None, strict: bool = True) -> Path:
     """Compiles every CUDA-side source with nvcc; links and imports when `link` (default: when
-    torch is a CUDA build). Returns the build directory; raises CudaToolchainError on failure.
+    torch is a CUDA build). `strict` also resolves every symbol at link time. Returns the
+    build directory (holding superinfer_kv_cuda.so when linked); raises CudaToolchainError.
     """
     toolchain = find_toolchain()
     flags = _compile_flags()
     link = torch.version.cuda is not None if link is None else link
     out_dir = build_dir / _fingerprint(toolchain, flags)
     stamp = out_dir / ("linked.ok" if link else "compiled.ok")
+    if not strict:
+        stamp = out_dir / "linked-runtime.ok"
     if stamp.exists():
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -130,9 +137,21 @@ def compile_cuda_sources(build_dir: Path, link: bool | None = None) -> Path:
             compiled.result()
     if link:
         library = out_dir / f"{EXTENSION_NAME}.so"
-        _link(objects, library, toolchain)
+        _link(objects, library, toolchain, strict)
         # A fresh interpreter imports it, so this process never holds a second copy.
         probe = f"import sys, torch; sys.path.insert(0, {str(out_dir)!r}); import {EXTENSION_NAME}"
         _run([sys.executable, "-c", probe], "importing the linked CUDA extension")
     stamp.touch()
     return out_dir
+
+
+def build_cuda_extension(build_dir: Path) -> ModuleType:
+    """Builds the CUDA extension without ninja (nvcc and c++ directly) and imports it."""
+    out_dir = compile_cuda_sources(build_dir, link=True, strict=False)
+    library = out_dir / f"{EXTENSION_NAME}.so"
+    spec = importlib.util.spec_from_file_location(EXTENSION_NAME, library)
+    if spec is None or spec.loader is None:
+        raise CudaToolchainError(f"cannot import {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -33,7 +33,15 @@ def load_cpu_extension() -> ModuleType:
 
 
 def load_cuda_extension() -> ModuleType:
-    """Builds (once) and imports the CUDA transfer extension; needs nvcc and a CUDA torch."""
+    """Builds (once) and imports the CUDA transfer extension; needs nvcc and a CUDA torch.
+
+    torch's builder needs ninja; where it is missing (a bare GPU image) nvcc and the host
+    compiler are driven directly, caching under ~/.cache/superinfer_kv/cuda.
+    """
+    if not cpp_extension.is_ninja_available():
+        from .cuda_toolchain import build_cuda_extension
+
+        return build_cuda_extension(Path.home() / ".cache" / "superinfer_kv" / "cuda")
     return cpp_extension.load(
         name="superinfer_kv_cuda",
         sources=[str(CSRC / name) for name in CUDA_SOURCES],
