@@ -105,8 +105,9 @@ def make_tiny_runner():
     return make_runner
 
 
-def make_executor(directory: pathlib.Path, device_blocks: int = 64, host_blocks: int = 16, block_size: int = 16):
-    """A warmed-up ShardExecutor (no gRPC) over the model in `directory`."""
+def make_executor(directory: pathlib.Path, device_blocks: int = 64, host_blocks: int = 16, block_size: int = 16,
+                  warm: bool = True):
+    """A ShardExecutor (no gRPC) over the model in `directory`, warmed up unless `warm` is False."""
     from superinfer.pb import shard_pb2
     from superinfer.shard.cli import build_executor
     from superinfer.shard.config import ShardConfig
@@ -116,5 +117,6 @@ def make_executor(directory: pathlib.Path, device_blocks: int = 64, host_blocks:
         block_size=block_size, device_kv_blocks=device_blocks, host_kv_blocks=host_blocks, warmup_repeats=1,
     )
     executor = build_executor(config)
-    executor.warmup(shard_pb2.WarmupRequest(max_batch_tokens=128, max_batch_requests=8))
+    if warm:
+        executor.warmup(shard_pb2.WarmupRequest(max_batch_tokens=128, max_batch_requests=8))
     return executor
