@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='"default" (embedded SmolLM2-135M-Instruct), a local HF directory, a .gguf file, '
                         "or a model id in the local Hugging Face cache")
     parser.add_argument("--revision", default=None, help="hub revision (local cache only)")
+    parser.add_argument("--hf-cache-dir", type=pathlib.Path, default=None,
+                        help="Hugging Face hub cache to find model ids in (default: huggingface_hub's)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--device", default="auto", help='"auto", "cpu", "cuda" or "cuda:N"')
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -51,6 +53,7 @@ def shard_config(args: argparse.Namespace):
         model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
         block_size=args.block_size, device_kv_blocks=args.device_kv_blocks, host_kv_blocks=args.host_kv_blocks,
         kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens, revision=args.revision,
+        hub_cache=args.hf_cache_dir,
     )
 
 
@@ -61,7 +64,7 @@ def build_executor(config):
     from .model_runner import ModelRunner
     from .model_source import resolve_model
 
-    source = resolve_model(config.model, config.cache_dir, config.revision)
+    source = resolve_model(config.model, config.cache_dir, config.revision, config.hub_cache)
     loaded = load_model(source, config.dtype, config.device)
     return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size), config)
 

@@ -21,6 +21,8 @@ class ShardConfig:
     # Used by Warmup when the router sends 0.
     max_batch_tokens: int = 2048
     revision: str | None = None
+    # The Hugging Face hub cache searched for model ids (None: huggingface_hub's default).
+    hub_cache: pathlib.Path | None = None
     warmup_repeats: int = 2
 
 

@@ -47,12 +47,13 @@ def _converted_dir(gguf: pathlib.Path, cache_root: pathlib.Path) -> pathlib.Path
     return target
 
 
-def _hub_snapshot(model_id: str, revision: str | None) -> pathlib.Path:
+def _hub_snapshot(model_id: str, revision: str | None, hub_cache: pathlib.Path | None) -> pathlib.Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return pathlib.Path(snapshot_download(model_id, revision=revision, local_files_only=True))
+        cache_dir = str(hub_cache) if hub_cache is not None else None
+        return pathlib.Path(snapshot_download(model_id, revision=revision, cache_dir=cache_dir, local_files_only=True))
     except (LocalEntryNotFoundError, ValueError) as err:
         raise LoaderError(
             f"model {model_id!r} is neither a local directory nor in the local Hugging Face cache "
@@ -60,8 +61,12 @@ def _hub_snapshot(model_id: str, revision: str | None) -> pathlib.Path:
         ) from None
 
 
-def resolve_model(model: str | None, cache_root: pathlib.Path, revision: str | None = None) -> ModelSource:
-    """Returns where the model's Hugging Face files are, converting a GGUF file once if needed."""
+def resolve_model(
+    model: str | None, cache_root: pathlib.Path, revision: str | None = None, hub_cache: pathlib.Path | None = None
+) -> ModelSource:
+    """Returns where the model's Hugging Face files are, converting a GGUF file once if needed.
+
+    `hub_cache`: the Hugging Face hub cache to look in (None: huggingface_hub's default)."""
     if model is None or model == DEFAULT_MODEL:
         return ModelSource(DEFAULT_MODEL, _converted_dir(default_gguf_path(), cache_root))
     path = pathlib.Path(model).expanduser()
@@ -71,4 +76,4 @@ def resolve_model(model: str | None, cache_root: pathlib.Path, revision: str | N
         return ModelSource(model, path)
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
         raise LoaderError(f"model path {model!r} is not a directory or a .gguf file")
-    return ModelSource(model, _hub_snapshot(model, revision))
+    return ModelSource(model, _hub_snapshot(model, revision, hub_cache))

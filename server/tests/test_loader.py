@@ -1,0 +1,153 @@
+"""Model loading: local directories, the local Hugging Face cache (offline), the converted
+default model, and clear LoaderErrors for every kind of bad input."""
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import build_tiny_model, make_runner, runner_logits
+from safetensors.torch import load_file, save_file
+
+from superinfer.shard.errors import LoaderError
+from superinfer.shard.loader import load_model
+from superinfer.shard.model_source import DEFAULT_MODEL, ModelSource, resolve_model
+
+
+def _load(directory):
+    return load_model(ModelSource(str(directory), directory), torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture
+def model_dir(tiny_llama_dir, tmp_path):
+    target = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, target)
+    return target
+
+
+def _edit_config(directory, **changes):
+    config = json.loads((directory / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_unsupported_architecture(model_dir):
+    _edit_config(model_dir, model_type="mamba")
+    with pytest.raises(LoaderError, match="unsupported architecture 'mamba'.*llama, mistral, qwen2"):
+        _load(model_dir)
+
+
+def test_unsupported_rope_scaling(model_dir):
+    _edit_config(model_dir, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0})
+    with pytest.raises(LoaderError, match="unsupported rope scaling 'yarn'"):
+        _load(model_dir)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("config.json", "has no config.json"),
+    ("model.safetensors", r"has no \*.safetensors"),
+    ("tokenizer.json", "has no tokenizer.json"),
+])
+def test_missing_files(model_dir, name, message):
+    (model_dir / name).unlink()
+    with pytest.raises(LoaderError, match=message):
+        _load(model_dir)
+
+
+def test_corrupt_safetensors(model_dir):
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(LoaderError, match="cannot read weights from .*model.safetensors"):
+        _load(model_dir)
+
+
+def test_garbage_safetensors_header(model_dir):
+    (model_dir / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    with pytest.raises(LoaderError, match="cannot read weights"):
+        _load(model_dir)
+
+
+def test_missing_tensor(model_dir):
+    state = load_file(model_dir / "model.safetensors")
+    del state["model.layers.1.mlp.down_proj.weight"]
+    save_file(state, model_dir / "model.safetensors")
+    with pytest.raises(LoaderError, match="missing .*model.layers.1.mlp.down_proj.weight"):
+        _load(model_dir)
+
+
+def test_missing_part_of_a_fused_projection(model_dir):
+    state = load_file(model_dir / "model.safetensors")
+    del state["model.layers.0.self_attn.k_proj.weight"]
+    save_file(state, model_dir / "model.safetensors")
+    with pytest.raises(LoaderError, match="lacks parts of fused weights.*qkv_proj"):
+        _load(model_dir)
+
+
+def test_invalid_config_json(model_dir):
+    (model_dir / "config.json").write_text("{")
+    with pytest.raises(LoaderError, match="not valid JSON"):
+        _load(model_dir)
+
+
+def test_config_missing_a_field(model_dir):
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["hidden_size"]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoaderError, match="lacks the field 'hidden_size'"):
+        _load(model_dir)
+
+
+def test_model_id_from_the_local_hub_cache(tiny_llama_dir, tmp_path):
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--tiny-llama"
+    shutil.copytree(tiny_llama_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    source = resolve_model("acme/tiny-llama", tmp_path / "cache", hub_cache=tmp_path / "hub")
+    assert source.directory == repo / "snapshots" / commit and source.model_id == "acme/tiny-llama"
+    runner = make_runner(source.directory)
+    reference = make_runner(tiny_llama_dir)
+    assert torch.equal(runner_logits(runner, [4, 5, 6], [0]), runner_logits(reference, [4, 5, 6], [0]))
+
+
+def test_model_id_not_in_the_cache(tmp_path):
+    with pytest.raises(LoaderError, match="neither a local directory nor in the local Hugging Face cache"):
+        resolve_model("acme/absent-model", tmp_path / "cache", hub_cache=tmp_path / "hub")
+
+
+def test_path_that_is_not_a_model(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(LoaderError, match="not a directory or a .gguf file"):
+        resolve_model(str(tmp_path / "weights.bin"), tmp_path / "cache")
+
+
+def test_corrupt_gguf(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(LoaderError, match="cannot read GGUF file"):
+        resolve_model(str(bad), tmp_path / "cache")
+    assert not any((tmp_path / "cache" / "converted").glob("broken*/.complete"))
+
+
+def test_default_model_is_converted_once(smollm2_dir, tmp_path):
+    from superinfer.shard.model_source import default_gguf_path
+
+    assert (smollm2_dir / ".complete").is_file() and (smollm2_dir / "model.safetensors").is_file()
+    cache_root = smollm2_dir.parents[1]
+    again = resolve_model(DEFAULT_MODEL, cache_root)
+    assert again.directory == smollm2_dir and again.model_id == "default"
+    assert default_gguf_path().name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    loaded = _load(smollm2_dir)
+    assert loaded.config.architecture == "llama" and loaded.config.num_layers == 30
+    assert loaded.tokenizer.chat_template and loaded.tokenizer.eos_token == "<|im_end|>"
+    assert loaded.tokenizer.eos_token_ids[0] == 2
+
+
+def test_generation_config_eos_ids_are_reported(model_dir):
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    assert _load(model_dir).tokenizer.eos_token_ids == (2, 7)
+
+
+def test_tied_embeddings_share_the_weight(tmp_path):
+    build_tiny_model(tmp_path, "llama", tie_word_embeddings=True)
+    model = _load(tmp_path).model
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

@@ -1,0 +1,127 @@
+"""Sampling: penalties against hand-computed values, warpers restrict the support as defined,
+seeded sampling reproducible and independent of the batch, logprobs of the unmodified logits."""
+import math
+
+import torch
+
+from superinfer.shard.requests import RequestState, SamplingParams
+from superinfer.shard.sampling import (
+    apply_frequency_penalty,
+    apply_repetition_penalty,
+    prompt_logprobs,
+    sample,
+    top_k_filter,
+    top_p_filter,
+    typical_p_filter,
+)
+
+
+def _request(rid=1, tokens=(0,), prompt_len=1, **params) -> RequestState:
+    return RequestState(rid, list(tokens), prompt_len, SamplingParams(**params))
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative():
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    out = apply_repetition_penalty(logits, torch.tensor([0, 1, 1]), 2.0)
+    assert out.tolist() == [1.0, -2.0, 0.5, 3.0]
+
+
+def test_frequency_penalty_subtracts_per_occurrence():
+    logits = torch.tensor([1.0, 1.0, 1.0])
+    out = apply_frequency_penalty(logits, torch.tensor([2, 2, 0]), 0.5)
+    assert out.tolist() == [0.5, 1.0, 0.0]
+
+
+def test_penalties_apply_over_the_right_tokens():
+    # Repetition over prompt + generated, frequency over generated only (prompt is [0, 1]).
+    logits = torch.tensor([[4.0, 4.0, 4.0, 3.9]])
+    request = _request(tokens=(0, 1, 2, 2), prompt_len=2, repetition_penalty=2.0)
+    assert sample(logits, [request])[0].token_id == 3  # 0, 1, 2 all halved to 2.0
+    request = _request(tokens=(0, 1, 2, 2), prompt_len=2, frequency_penalty=0.1)
+    # 2 -> 3.8; 0 and 1 untouched (prompt); argmax is the first of the tied 4.0s.
+    assert sample(logits, [request])[0].token_id == 0
+
+
+def test_top_k_keeps_k_largest():
+    logits = torch.tensor([1.0, 5.0, 3.0, 4.0, 2.0])
+    kept = torch.isfinite(top_k_filter(logits, 2)).nonzero().flatten().tolist()
+    assert kept == [1, 3]
+
+
+def test_top_p_keeps_smallest_set_reaching_mass():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log()
+    assert torch.isfinite(top_p_filter(logits, 0.7)).tolist() == [True, True, False, False]
+    assert torch.isfinite(top_p_filter(logits, 0.85)).tolist() == [True, True, True, False]
+    assert torch.isfinite(top_p_filter(logits, 0.01)).tolist() == [True, False, False, False]
+
+
+def test_typical_p_keeps_tokens_near_the_entropy():
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    logits = probs.log()
+    entropy = -(probs * probs.log()).sum()
+    surprise_distance = (-probs.log() - entropy).abs()
+    order = surprise_distance.argsort().tolist()
+    kept = torch.isfinite(typical_p_filter(logits, 0.5)).nonzero().flatten().tolist()
+    # The closest-to-entropy tokens, in that order, until their mass reaches 0.5.
+    mass, expected = 0.0, []
+    for index in order:
+        expected.append(index)
+        mass += float(probs[index])
+        if mass >= 0.5:
+            break
+    assert sorted(kept) == sorted(expected)
+
+
+def test_top_k_and_top_p_restrict_sampled_support():
+    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(0)) * 3
+    top5 = set(torch.topk(logits[0], 5).indices.tolist())
+    request = _request(do_sample=True, temperature=1.0, top_k=5, seed=1)
+    drawn = {sample(logits, [request])[0].token_id for _ in range(200)}
+    assert drawn <= top5 and len(drawn) > 1
+    request = _request(do_sample=True, temperature=1.0, top_p=0.3, seed=2)
+    kept = set(torch.isfinite(top_p_filter(logits[0], 0.3)).nonzero().flatten().tolist())
+    drawn = {sample(logits, [request])[0].token_id for _ in range(200)}
+    assert drawn <= kept
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+
+    def draws(requests, rows, steps=20):
+        return [[t.token_id for t in sample(logits[rows], requests)] for _ in range(steps)]
+
+    alone = draws([_request(rid=7, do_sample=True, temperature=1.0, seed=42)], [1])
+    again = draws([_request(rid=7, do_sample=True, temperature=1.0, seed=42)], [1])
+    batched = draws([_request(rid=1, do_sample=True, temperature=1.0, seed=3),
+                     _request(rid=7, do_sample=True, temperature=1.0, seed=42),
+                     _request(rid=9)], [0, 1, 2])
+    assert alone == again
+    assert [row[0] for row in alone] == [row[1] for row in batched]
+    other_seed = draws([_request(rid=7, do_sample=True, temperature=1.0, seed=43)], [1])
+    assert other_seed != alone
+
+
+def test_logprobs_come_from_unmodified_logits_with_top_n():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    request = _request(tokens=(1,), repetition_penalty=10.0, top_n_tokens=2)
+    token = sample(logits, [request])[0]
+    reference = logits.log_softmax(-1)[0]
+    assert token.token_id == 2  # the penalty on 1 changed the choice
+    assert math.isclose(token.logprob, float(reference[2]), rel_tol=1e-6)
+    assert [t for t, _ in token.top_tokens] == [1, 2]
+    assert math.isclose(token.top_tokens[0][1], float(reference[1]), rel_tol=1e-6)
+
+
+def test_greedy_batch_takes_argmax():
+    logits = torch.randn(16, 30, generator=torch.Generator().manual_seed(4))
+    tokens = sample(logits, [_request(rid=i) for i in range(16)])
+    assert [t.token_id for t in tokens] == logits.argmax(-1).tolist()
+    assert all(t.top_tokens == [] for t in tokens)
+
+
+def test_prompt_logprobs_score_the_next_tokens():
+    logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(1))
+    values = prompt_logprobs(logits, [3, 7, 1])
+    expected = [float(logits[i].log_softmax(-1)[t]) for i, t in enumerate([3, 7, 1])]
+    assert values == expected
