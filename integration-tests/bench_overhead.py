@@ -1,0 +1,144 @@
+"""Router + gRPC overhead per output token (a benchmark, not a test).
+
+    .venv/bin/python integration-tests/bench_overhead.py [--url http://host:port]
+
+Without --url it launches `superinfer launch` on the embedded model. For 1 and 32 concurrent
+streams it measures the client-observed time between tokens and subtracts the shard-reported
+forward time per step (from /metrics, same run): what is left is the router, the gRPC hop, the
+HTTP stream and sampling. Then 256 concurrent streams must all complete without errors.
+Target: overhead p50 <= 1 ms per token."""
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
+
+
+def metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+) (\S+)$", text, re.MULTILINE)}
+
+
+def mean_between(before: dict, after: dict, name: str) -> float:
+    count = after.get(f"{name}_count", 0) - before.get(f"{name}_count", 0)
+    total = after.get(f"{name}_sum", 0) - before.get(f"{name}_sum", 0)
+    return total / count if count else float("nan")
+
+
+async def one_stream(session: aiohttp.ClientSession, url: str, max_new_tokens: int) -> list[float]:
+    """Arrival times of the stream's tokens (client clock)."""
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": max_new_tokens}}
+    arrivals = []
+    async with session.post(f"{url}/generate_stream", json=body) as response:
+        response.raise_for_status()
+        async for line in response.content:
+            if line.startswith(b"data:"):
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise RuntimeError(event["error"])
+                arrivals.append(time.perf_counter())
+    return arrivals
+
+
+async def run_streams(url: str, concurrency: int, max_new_tokens: int) -> tuple[list[list[float]], int]:
+    timeout = aiohttp.ClientTimeout(total=1800)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        results = await asyncio.gather(
+            *(one_stream(session, url, max_new_tokens) for _ in range(concurrency)), return_exceptions=True
+        )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for error in errors[:3]:
+        print(f"  error: {error!r}")
+    return [r for r in results if not isinstance(r, BaseException)], len(errors)
+
+
+def measure(url: str, concurrency: int, max_new_tokens: int) -> dict:
+    before = metrics(url)
+    streams, errors = asyncio.run(run_streams(url, concurrency, max_new_tokens))
+    after = metrics(url)
+    # Gaps after the first token: one decode step each, as the client sees it.
+    gaps = [b - a for arrivals in streams for a, b in zip(arrivals[1:], arrivals[2:])]
+    gap_p50 = statistics.median(gaps) if gaps else float("nan")
+    forward = mean_between(before, after, "superinfer_forward_duration")
+    step = mean_between(before, after, "superinfer_step_duration")
+    router_hop = mean_between(before, after, "superinfer_step_overhead_duration")
+    return {
+        "concurrency": concurrency, "errors": errors, "tokens": sum(len(s) for s in streams),
+        "client_gap_p50_ms": gap_p50 * 1e3, "forward_mean_ms": forward * 1e3,
+        "step_round_trip_mean_ms": step * 1e3, "grpc_hop_mean_ms": router_hop * 1e3,
+        "overhead_per_token_ms": (gap_p50 - forward) * 1e3,
+    }
+
+
+def launch(port: int) -> subprocess.Popen:
+    argv = [str(REPO / ".venv/bin/superinfer"), "launch", "--port", str(port), "--hostname", "127.0.0.1",
+            "--device-kv-blocks", "1024", "--host-kv-blocks", "256", "--max-batch-requests", "256"]
+    return subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def wait_healthy(url: str, process: subprocess.Popen | None, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise SystemExit(f"the server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("the server did not become healthy")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="a running server (default: launch one)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    process = None
+    url = args.url
+    if url is None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        process = launch(port)
+    try:
+        wait_healthy(url, process)
+        measure(url, 4, 8)  # warm the path
+        rows = [measure(url, c, args.max_new_tokens) for c in (1, 32)]
+        for row in rows:
+            ratio = row["overhead_per_token_ms"] / row["forward_mean_ms"]
+            print(f"{row['concurrency']:>3} streams: client gap p50 {row['client_gap_p50_ms']:.2f} ms, "
+                  f"shard forward {row['forward_mean_ms']:.2f} ms, overhead {row['overhead_per_token_ms']:.2f} ms/token "
+                  f"({ratio:.1%} of forward; target <= 1 ms), engine<->shard hop {row['grpc_hop_mean_ms']:.2f} ms, "
+                  f"errors {row['errors']}")
+        big = measure(url, 256, 16)
+        print(f"256 streams: {big['tokens']} tokens, errors {big['errors']}, "
+              f"client gap p50 {big['client_gap_p50_ms']:.1f} ms, forward {big['forward_mean_ms']:.1f} ms")
+        print(json.dumps({"rows": rows, "256": big}))
+        return 1 if big["errors"] or any(r["errors"] for r in rows) else 0
+    finally:
+        if process is not None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+//! The engine against the real Python shard on the embedded model: generation, determinism
+//! under batching, cancellation, and shard failure. Skipped (with a note) when the project's
+//! virtualenv is missing, e.g. in a `cargo test` run before `make build`.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use superinfer_router::config::RouterConfig;
+use superinfer_router::engine::api::{EngineError, EngineEvent, FinishReason, GenerationRequest, SamplingParams};
+use superinfer_router::engine::{EngineHandle, RequestStream};
+use superinfer_router::server::start_engine;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+struct Shard {
+    process: Child,
+    _dir: TempDir,
+    socket: PathBuf,
+}
+
+impl Drop for Shard {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("router/ has a parent").to_path_buf()
+}
+
+fn start_shard(name: &str) -> Option<Shard> {
+    let root = repo_root();
+    let python = root.join(".venv/bin/python");
+    if !python.exists() {
+        eprintln!("skipping: {} is missing (run `make build` first)", python.display());
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("superinfer-engine-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let socket = dir.join("shard.sock");
+    let pythonpath = format!("{}:{}", root.join("server").display(), root.display());
+    let process = Command::new(python)
+        .args(["-m", "superinfer.cli", "serve", "--uds-path"])
+        .arg(&socket)
+        .args(["--device-kv-blocks", "48", "--host-kv-blocks", "32", "--log-level", "WARNING"])
+        .env("PYTHONPATH", pythonpath)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the shard");
+    Some(Shard { process, _dir: TempDir(dir), socket })
+}
+
+async fn engine(shard: &Shard, policy: &str, tracker: &TaskTracker, shutdown: &CancellationToken) -> EngineHandle {
+    let socket = shard.socket.to_str().expect("utf-8 path");
+    let argv = ["router", "--uds-path", socket, "--max-batch-tokens", "64", "--scheduler", policy];
+    let config = RouterConfig::parse_argv(argv).unwrap();
+    start_engine(&config, tracker, shutdown).await.expect("engine starts").0
+}
+
+fn request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest {
+    GenerationRequest {
+        prompt_token_ids,
+        sampling: SamplingParams {
+            do_sample: false,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            typical_p: 1.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        },
+        max_new_tokens,
+        ignore_eos: true,
+        prompt_logprobs: false,
+        top_n_tokens: 0,
+        slo: None,
+        arrival: Instant::now(),
+    }
+}
+
+/// Reads a stream to its end: the generated token ids and how it ended.
+async fn collect(mut stream: RequestStream) -> (Vec<u32>, EngineEvent) {
+    let mut tokens = Vec::new();
+    while let Some(event) = stream.recv().await {
+        match event {
+            EngineEvent::Token(token) => tokens.push(token.id),
+            EngineEvent::PromptLogprobs(_) => {}
+            last => return (tokens, last),
+        }
+    }
+    panic!("the stream ended without a final event");
+}
+
+fn prompt(seed: u32, length: u32) -> Vec<u32> {
+    (0..length).map(|i| 100 + (seed * 37 + i * 11) % 5000).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generates_batches_and_cancels_on_the_real_shard() {
+    let Some(shard) = start_shard("generate") else { return };
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    // fcfs reserves worst-case blocks and never preempts: the cancellation check below can
+    // only pass if the cancelled request really returned its reservation.
+    let engine = engine(&shard, "fcfs", &tracker, &shutdown).await;
+    engine.health().await.expect("healthy");
+
+    // Alone, then eight at once (prompts up to 150 tokens: prefill in 64-token chunks).
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(i, 20 + i * 18)).collect();
+    let mut alone = Vec::new();
+    for ids in &prompts {
+        let (tokens, last) = collect(engine.submit(request(ids.clone(), 6)).unwrap()).await;
+        assert!(matches!(last, EngineEvent::Finished { reason: FinishReason::Length, .. }), "{last:?}");
+        assert_eq!(tokens.len(), 6);
+        alone.push(tokens);
+    }
+    let streams: Vec<_> = prompts.iter().map(|ids| engine.submit(request(ids.clone(), 6)).unwrap()).collect();
+    let together: Vec<_> = futures::future::join_all(streams.into_iter().map(collect)).await;
+    for (index, (tokens, _)) in together.iter().enumerate() {
+        assert_eq!(tokens, &alone[index], "prompt {index} differs when batched");
+    }
+
+    // A dropped stream is cancelled and its reservation (500 tokens: 32 of the 48 blocks) comes
+    // back, so a request needing 17 blocks can run.
+    let mut long = engine.submit(request(prompt(99, 100), 400)).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(long.recv().await, Some(EngineEvent::Token(_))));
+    }
+    drop(long);
+    let finished = tokio::time::timeout(Duration::from_secs(120), collect(engine.submit(request(prompt(5, 200), 70)).unwrap()));
+    let (tokens, last) = finished.await.expect("the cancelled request's blocks were not returned");
+    assert!(matches!(last, EngineEvent::Finished { .. }), "{last:?}");
+    assert_eq!(tokens.len(), 70);
+
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_shard_fails_running_requests_and_health() {
+    let Some(mut shard) = start_shard("failure") else { return };
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let engine = engine(&shard, "rotasched", &tracker, &shutdown).await;
+    let mut stream = engine.submit(request(prompt(1, 30), 500)).unwrap();
+    assert!(matches!(stream.recv().await, Some(EngineEvent::Token(_))));
+    shard.process.kill().expect("kill the shard");
+    let deadline = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match stream.recv().await {
+                Some(EngineEvent::Token(_)) => continue,
+                other => return other,
+            }
+        }
+    });
+    let last = deadline.await.expect("the failure reaches the stream");
+    assert!(matches!(last, Some(EngineEvent::Failed(EngineError::Shard(_)))), "{last:?}");
+    assert!(matches!(engine.health().await, Err(EngineError::Shard(_))));
+    assert!(matches!(engine.submit(request(vec![1, 2], 1)), Err(EngineError::Shard(_))));
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+}
