@@ -1,0 +1,74 @@
+"""`superinfer simulate --profile gh200:llama-3-8b --policies fcfs,rotasched --rates 35,60 …`:
+the same workload options as `superinfer bench`, replayed through the scheduler on a
+simulated machine, one run per (policy, rate). Writes `<out>/simulate.json` and PNGs, and
+prints the side-by-side table; everything is labelled "simulated"."""
+import argparse
+from dataclasses import asdict, replace
+
+from superinfer.bench import plots, report
+from superinfer.bench.cli import add_workload_arguments, slo_request, workload_config
+from superinfer.bench.sharegpt import load_conversations
+from superinfer.bench.tokenizer import local_tokenizer
+from superinfer.bench.trace import load_trace
+from superinfer.bench.workload import plan
+from superinfer.simulate.profiles import resolve
+from superinfer.simulate.runner import SimOptions, simulate, unloaded_latency
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", default="gh200:llama-3-8b",
+                        help="HARDWARE:MODEL (gh200, gh200-144g, h200-pcie : llama-3-8b, qwen2.5-32b, "
+                             "mixtral-8x7b), measured:PATH (Warmup cost model JSON) or bench:PATH")
+    parser.add_argument("--policies", default="fcfs,recompute,swap,rotasched")
+    parser.add_argument("--device-kv-blocks", type=int, default=None, help="override the profile's pool")
+    parser.add_argument("--host-kv-blocks", type=int, default=None)
+    parser.add_argument("--max-batch-tokens", type=int, default=None)
+    parser.add_argument("--max-batch-requests", type=int, default=None)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--no-send-slo", action="store_true", help="requests carry no objectives (server defaults)")
+    parser.add_argument("--tokenizer", default="default", help="for ShareGPT lengths: 'default' or a path")
+    add_workload_arguments(parser)
+
+
+def _profile(args: argparse.Namespace):
+    profile = resolve(args.profile)
+    overrides = {
+        "num_device_blocks": args.device_kv_blocks, "num_host_blocks": args.host_kv_blocks,
+        "max_batch_tokens": args.max_batch_tokens, "max_batch_requests": args.max_batch_requests,
+    }
+    return replace(profile, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = _profile(args)
+    config = workload_config(args)
+    trace = load_trace(args.trace) if args.trace else None
+    conversations = tokenizer = None
+    if config.lengths == "sharegpt":
+        conversations, tokenizer = load_conversations(args.sharegpt), local_tokenizer(args.tokenizer)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    workloads = {rate: plan(replace(config, rate=rate), trace, conversations, tokenizer) for rate in args.rates}
+    wanted = slo_request(args)
+    unloaded = None
+    if wanted.needs_calibration:
+        first = workloads[min(workloads)]
+        mean_prompt = round(sum(s.prompt_tokens for s in first) / len(first))
+        mean_output = round(sum(s.max_new_tokens for s in first) / len(first))
+        unloaded = unloaded_latency(profile, mean_prompt, mean_output, policies[0])
+    slo = wanted.resolve(unloaded)
+    results = []
+    for policy in policies:
+        options = SimOptions(policy, slo, send_slo=not args.no_send_slo, prefix_caching=not args.no_prefix_caching)
+        for rate in sorted(workloads):
+            results.append(simulate(profile, workloads[rate], options, policy, rate))
+            if not args.no_progress:
+                sim = results[-1].summary["simulator"]
+                print(f"simulated {policy} @ {rate:g} req/s: {len(workloads[rate])} requests, "
+                      f"{sim['steps']} steps in {sim['wall_s']:.2f} s")
+    header = {"label": "simulated", "command": "simulate", "profile": profile.describe(), "policies": policies,
+              "workload": asdict(config), "rates": args.rates, "slo": asdict(slo), "unloaded": unloaded}
+    report.write_json(args.out / "simulate.json", header, results)
+    written = plots.write_plots(results, args.out, prefix="simulate_")
+    print(report.table(results))
+    print(f"wrote {args.out / 'simulate.json'} and {len(written)} plots in {args.out}")
+    return 0
