@@ -10,7 +10,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::client::{ClientError, ShardClient};
 use crate::config::{RouterConfig, SchedulerKind};
+use crate::engine::api::Slo as RequestSlo;
 use crate::engine::{spawn_engine, EngineConfig, EngineHandle, ModelInfo};
+use crate::http::{self, HttpConfig};
 use crate::pb;
 
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +27,8 @@ pub enum ServerError {
     Bind { address: String, source: std::io::Error },
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    HttpConfig(#[from] http::ConfigError),
     #[error("the HTTP server failed: {0}")]
     Http(std::io::Error),
 }
@@ -42,24 +46,35 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> Result<()
 
 async fn serve(config: &RouterConfig, tracker: &TaskTracker, shutdown: &CancellationToken) -> Result<(), ServerError> {
     let (engine, model) = start_engine(config, tracker, shutdown).await?;
+    let app = http::router(http_config(config, &model), engine, &model)?;
     let address = format!("{}:{}", config.hostname, config.port);
     let listener = TcpListener::bind(&address)
         .await
         .map_err(|source| ServerError::Bind { address: address.clone(), source })?;
     tracing::info!(%address, model = %model.model_id, "router listening");
-    serve_http(config, engine, &model, listener, shutdown.clone()).await.map_err(ServerError::Http)
+    http::serve(listener, app, shutdown.clone()).await.map_err(ServerError::Http)
 }
 
-/// The HTTP API over the engine, served on `listener` until `shutdown`.
-async fn serve_http(
-    _config: &RouterConfig,
-    _engine: EngineHandle,
-    _model: &ModelInfo,
-    _listener: TcpListener,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    shutdown.cancelled().await;
-    Ok(())
+/// The HTTP layer's limits: the flags where given, else what the model and the KV pool allow.
+pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
+    let max_total_tokens = config.max_total_tokens.unwrap_or_else(|| model.max_sequence_tokens()) as usize;
+    let max_input_tokens =
+        config.max_input_tokens.map_or_else(|| max_total_tokens.saturating_sub(1), |tokens| tokens as usize);
+    HttpConfig {
+        max_concurrent_requests: config.max_concurrent_requests,
+        max_best_of: config.max_best_of,
+        max_stop_sequences: config.max_stop_sequences,
+        max_top_n_tokens: config.max_top_n_tokens,
+        max_input_tokens,
+        max_total_tokens,
+        max_client_batch_size: config.max_client_batch_size,
+        payload_limit: config.payload_limit,
+        api_key: config.api_key.clone(),
+        default_slo: Some(RequestSlo { ttft_ms: config.ttft_slo_ms, tbt_ms: config.tbt_slo_ms }),
+        model_id: String::new(),
+        cors_allow_origin: config.cors_allow_origin.clone(),
+        compute_type: model.device_type.clone(),
+    }
 }
 
 /// Connects to the shard, learns the model, warms it up and starts the engine task.
