@@ -57,6 +57,11 @@ class TransferEngine:
         swap_out = (src_device_blocks, dst_host_blocks), swap_in = (src_host_blocks,
         dst_device_blocks); either may be None or empty. Raises ValueError, changing nothing,
         when the plan is malformed.
+
+        Copies of one direction run in submit order; the two directions of different submits
+        are not ordered against each other, so a block written by one submit's swap-in must
+        not be read by an earlier, unconfirmed swap-out (the caller confirms with done/wait
+        before reusing a swapped-out block, as the Step protocol requires).
         """
         if self._backend is None:
             raise RuntimeError("TransferEngine is closed")
@@ -64,7 +69,7 @@ class TransferEngine:
         in_plan = make_plan(swap_in, self._num_host_blocks, self._num_device_blocks, "swap_in")
         check_no_overlap(out_plan, in_plan)
         out_done, in_done = self._backend.start(out_plan, in_plan)
-        return TransferHandle(out_done, in_done, (out_plan, in_plan))
+        return TransferHandle(out_done, in_done)
 
     def close(self) -> None:
         """Waits for running copies and stops the backend's threads; idempotent."""

@@ -1,14 +1,12 @@
 """The caller's view of one submitted transfer: completion flags, waiting, compute ordering.
 
-A handle keeps the id tensors of its plan alive until both directions have completed, so a
-backend may read them from its own threads or streams without copying.
+Owns nothing but the two per-direction completions the backend returned; the backends copy
+the block ids they need at submit time.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
-
-from .validation import CopyPlan
 
 
 class Completion(Protocol):
@@ -32,15 +30,9 @@ class Completion(Protocol):
 class TransferHandle:
     """Completion of one `TransferEngine.submit`: swap-out and swap-in, each tracked apart."""
 
-    def __init__(
-        self,
-        swap_out: Completion,
-        swap_in: Completion,
-        plans: tuple[CopyPlan, CopyPlan],
-    ) -> None:
+    def __init__(self, swap_out: Completion, swap_in: Completion) -> None:
         self._swap_out = swap_out
         self._swap_in = swap_in
-        self._plans: tuple[CopyPlan, CopyPlan] | None = plans
 
     @property
     def methods(self) -> tuple[str, str]:
@@ -67,7 +59,6 @@ class TransferHandle:
             # Wait for the other direction even if the first failed: its threads or stream
             # may still be using the plan's memory.
             self._swap_in.wait()
-        self._plans = None
 
     def order_compute_after_in(self) -> None:
         """Orders compute issued after this call behind the swap-in (CUDA: no host sync)."""

@@ -6,6 +6,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdint>
+#include <cstring>
+
 #include "dma_copy.h"
 #include "gather_scatter.h"
 

@@ -100,3 +100,23 @@ def test_methods_report_the_path() -> None:
     handle = engine.submit(swap_out=([0], [1]))
     handle.wait()
     assert handle.methods == ("threads", "none")
+
+
+def test_blocks_larger_than_a_work_piece_are_split_and_exact() -> None:
+    # 3 MiB blocks: runs are cut into 1 MiB pieces spread over the threads.
+    device_kv = torch.randn(6, 3, 256, 1024)
+    host_kv = torch.zeros(6, 3, 256, 1024)
+    engine = TransferEngine(device_kv, host_kv)
+    engine.submit(swap_out=([0, 1, 2, 5], [3, 4, 5, 0])).wait()
+    assert torch.equal(host_kv[3:6], device_kv[0:3]) and torch.equal(host_kv[0], device_kv[5])
+
+
+def test_native_layer_checks_ids_itself() -> None:
+    # The extension re-checks ranges so a bad id can never reach memcpy.
+    from superinfer_kv.extension import load_cpu_extension
+
+    native = load_cpu_extension().CpuTransfer(torch.zeros(4, 8), torch.zeros(2, 8), 1)
+    with pytest.raises(IndexError, match="out of range"):
+        native.copy(True, torch.tensor([0]), torch.tensor([2]))
+    with pytest.raises(RuntimeError, match="int64"):
+        native.copy(True, torch.tensor([0], dtype=torch.int32), torch.tensor([1]))

@@ -50,10 +50,13 @@ def test_round_trip_is_bit_exact(method: str, dtype: torch.dtype) -> None:
 
 
 def test_auto_picks_kernel_for_small_runs_and_copy_engines_for_large() -> None:
-    device_kv, host_kv = _pools(64, 64, torch.bfloat16, block_shape=(1, 2, 16, 1, 64))  # 4 KiB
+    # 4 KiB blocks: [1 layer, K/V, 16 tokens, 1 head, 64] bf16.
+    device_kv, host_kv = _pools(128, 128, torch.bfloat16, block_shape=(1, 2, 16, 1, 64))
     engine = _engine(device_kv, host_kv)
+    # Single scattered blocks go to the kernel; 32 neighbours merge into one 128 KiB run that
+    # goes to the copy engines. The two submits touch disjoint blocks, as they run unordered.
     scattered = engine.submit(swap_out=(list(range(0, 64, 2)), list(range(1, 64, 2))))
-    contiguous = engine.submit(swap_in=(list(range(0, 32)), list(range(32, 64))))  # one 128 KiB run
+    contiguous = engine.submit(swap_in=(list(range(64, 96)), list(range(64, 96))))
     scattered.wait()
     contiguous.wait()
     assert scattered.methods == ("kernel", "none")

@@ -82,3 +82,14 @@ def test_closed_engine_refuses_work() -> None:
     engine.close()
     with pytest.raises(RuntimeError, match="closed"):
         engine.submit(swap_out=([2], [2]))
+
+
+def test_config_is_checked() -> None:
+    from superinfer_kv import TransferConfig
+
+    with pytest.raises(ValueError, match="cuda_method"):
+        TransferConfig(cuda_method="fast")
+    with pytest.raises(ValueError, match="kernel_ctas"):
+        TransferConfig(kernel_ctas=0)
+    with pytest.raises(ValueError, match="cpu_threads"):
+        TransferConfig(cpu_threads=-1)
