@@ -28,6 +28,9 @@ mod scheduler;
 mod stats;
 mod step;
 
+#[cfg(test)]
+mod tests;
+
 pub mod sim;
 
 pub use config::{PolicyKind, SchedulerConfig, Slo};

@@ -59,6 +59,9 @@ pub struct StepPlan {
     pub sampling: Vec<u64>,
     /// Predicted wall time of this step (cost model), in seconds.
     pub predicted_step_s: f64,
+    /// RotaSched's per-direction transfer budget for this step (None: unbudgeted policy).
+    pub swap_out_budget_bytes: Option<u64>,
+    pub swap_in_budget_bytes: Option<u64>,
 }
 
 impl StepPlan {

@@ -228,6 +228,10 @@ impl Scheduler {
         sampling.sort_unstable();
         ctx.plan.sampling = sampling;
         ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
+        if let Some(budget) = &ctx.budget {
+            ctx.plan.swap_out_budget_bytes = Some(budget.limit(Direction::Out));
+            ctx.plan.swap_in_budget_bytes = Some(budget.limit(Direction::In));
+        }
         if !ctx.entries.is_empty() {
             let pending = PendingStep { entries: ctx.entries, shape: ctx.shape };
             self.pending.insert(ctx.plan.step_id, pending);

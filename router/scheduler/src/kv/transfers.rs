@@ -90,6 +90,7 @@ impl BlockManager {
 
     /// Whether `block` is being written or read by an unacknowledged transfer (a swap-out
     /// source or a swap-in destination).
+    #[cfg(test)]
     pub(crate) fn device_block_busy(&self, block: u32) -> bool {
         self.device.is_in_flight(block)
             || self.transfers.values().any(|t| {

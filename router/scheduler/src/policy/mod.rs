@@ -36,25 +36,37 @@ impl Scheduler {
         plan
     }
 
-    /// Rotated requests keep their shared prefix blocks on device; if those are all that is
-    /// left and nothing runs or moves, no swap-in can ever fit. Dropping the oldest rotated
-    /// request's KV (it is recomputed later) guarantees progress, because every admitted
-    /// request fits the device pool alone.
+    /// Guarantees progress when a plan would do nothing although requests wait: rotated
+    /// requests keep their shared prefix blocks on device, and RotaSched refuses victims that
+    /// could not return on time, so blocks can end up held with nobody able to move. With no
+    /// transfer or step result still to come, the newest rotated request (else the newest
+    /// running one) is dropped for recompute. Always evicting the newest means the oldest
+    /// request keeps progressing, and every admitted request fits the device pool alone.
     fn break_deadlock(&mut self, ctx: &mut StepCtx) {
-        let busy = self.requests.values().any(|r| {
-            matches!(r.phase, Phase::Running | Phase::SwappingOut | Phase::SwappingIn)
-        });
-        if busy || !ctx.plan.is_empty() {
+        if !ctx.plan.is_empty() {
             return;
         }
-        let oldest_rotated = self
-            .requests
-            .values()
-            .filter(|r| r.phase == Phase::Rotated && !r.doomed)
-            .min_by_key(|r| r.seq)
-            .map(|r| r.id);
-        if let Some(id) = oldest_rotated {
-            self.preempt_for_recompute(ctx, id);
+        let settling = self.requests.values().any(|r| {
+            r.pending_steps > 0 || matches!(r.phase, Phase::SwappingOut | Phase::SwappingIn)
+        });
+        let starved = self.requests.values().any(|r| r.has_work());
+        if settling || !starved {
+            return;
+        }
+        let newest = |phase: Phase, this: &Self| {
+            this.requests
+                .values()
+                .filter(|r| r.phase == phase && !r.doomed && (phase == Phase::Rotated || r.has_work()))
+                .max_by_key(|r| r.seq)
+                .map(|r| r.id)
+        };
+        let victim = newest(Phase::Rotated, self).or_else(|| newest(Phase::Running, self));
+        if let Some(id) = victim {
+            if self.requests.values().filter(|r| r.has_work() || r.phase == Phase::Rotated).count() > 1
+                || self.requests[&id].phase == Phase::Rotated
+            {
+                self.preempt_for_recompute(ctx, id);
+            }
         }
     }
 }

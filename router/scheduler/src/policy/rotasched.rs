@@ -22,7 +22,7 @@ impl Scheduler {
         let step_s = self.step_estimate();
         ctx.budget = Some(ByteBudget::new(&self.cost, step_s));
         self.reserve_blocks = self.arrival_reserve(ctx.now, step_s);
-        let order = self.urgency_order(ctx.now, step_s);
+        let order = self.service_order(ctx, step_s);
         let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
         ctx.decode_reserve = decodes.min(ctx.tokens_left);
         let mut admissions_blocked = false;
@@ -39,11 +39,32 @@ impl Scheduler {
                     // itself: less urgent admissions may not take them first.
                     admissions_blocked = !self.serve_waiting(ctx, urgency, step_s) && !urgency.late;
                 }
-                Some(Phase::Rotated) => self.serve_rotated(ctx, urgency, step_s),
+                Some(Phase::Rotated) => self.serve_rotated(ctx, urgency, step_s, false),
                 _ => {}
             }
         }
+        if !admissions_blocked {
+            // Early returns only take what the urgent ones left.
+            for urgency in &order {
+                if self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Rotated) {
+                    self.serve_rotated(ctx, urgency, step_s, true);
+                }
+            }
+        }
         self.keep_reserve(ctx, step_s);
+    }
+
+    /// Urgency order, except that running requests with slack to spare for a round trip (the
+    /// possible victims) come last: the requests that cannot wait claim memory first, and the
+    /// ones that can are served with what is left — or rotated out to make room.
+    fn service_order(&self, ctx: &StepCtx, step_s: f64) -> Vec<Urgency> {
+        let spare: std::collections::BTreeSet<u64> =
+            self.rotation_victims(ctx, u64::MAX, step_s).iter().map(|v| v.id).collect();
+        let (deferred, urgent): (Vec<Urgency>, Vec<Urgency>) = self
+            .urgency_order(ctx.now, step_s)
+            .into_iter()
+            .partition(|u| spare.contains(&u.id));
+        urgent.into_iter().chain(deferred).collect()
     }
 
     fn is_running_decode(&self, id: u64) -> bool {
@@ -77,13 +98,14 @@ impl Scheduler {
         }
     }
 
-    /// Issues the swap-in a step ahead of the deadline, or early when blocks are plentiful.
-    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) {
+    /// Issues the swap-in a step ahead of the deadline or, on the `early` pass, when blocks
+    /// are plentiful.
+    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool) {
         let id = urgency.id;
         let need = self.blocks.host_slots(id);
         let due = urgency.slack <= step_s;
         let plentiful = self.blocks.free_device() >= need + self.reserve_blocks;
-        if !(due || plentiful) {
+        if !(if early { plentiful } else { due }) {
             return;
         }
         let bytes = u64::from(need) * self.config.block_bytes;

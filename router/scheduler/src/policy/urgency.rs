@@ -92,17 +92,19 @@ impl Scheduler {
         self.cost.predict_transfer(bytes, direction)
     }
 
-    /// The cheaper way to evict `id` by the cost model: the swap round trip (out, in, and the
-    /// two step boundaries at which the acknowledgements arrive) or re-prefilling its context.
-    /// Swap needs host room for the private blocks.
+    /// The cheaper way to evict `id` by the cost model: copying its private blocks out and
+    /// back, or the marginal prefill time of its context (the step's base cost is paid anyway).
+    /// Swap needs host room. The returned round trip — time until it could compute again,
+    /// including the step boundaries at which acknowledgements arrive — is what its slack must
+    /// cover.
     pub(crate) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
         let private = self.blocks.private_device_blocks(id);
-        let swap_s = self.transfer_s(private, Direction::Out)
-            + self.transfer_s(private, Direction::In)
-            + 2.0 * step_s;
+        let copy_s = self.transfer_s(private, Direction::Out) + self.transfer_s(private, Direction::In);
         let computed = u64::from(self.requests[&id].num_computed);
+        let marginal_prefill_s = self.cost.predict_prefill(computed) - self.cost.predict_prefill(0);
+        let swap_s = copy_s + 2.0 * step_s;
         let recompute_s = self.cost.predict_prefill(computed) + step_s;
-        if private <= self.blocks.free_host() && swap_s <= recompute_s {
+        if private <= self.blocks.free_host() && copy_s <= marginal_prefill_s {
             Eviction::Swap { round_trip_s: swap_s }
         } else {
             Eviction::Recompute { round_trip_s: recompute_s }

@@ -1,0 +1,211 @@
+//! A fake shard and engine: executes plans (sampling deterministic tokens), acknowledges
+//! transfers after a chosen delay, finishes requests at their length limit, and asserts the
+//! ordering rules on every plan.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::{PolicyKind, SchedulerConfig, Slo};
+use crate::cost_model::CostModel;
+use crate::plan::{StepPlan, StepResults};
+use crate::request::RequestSpec;
+use crate::scheduler::Scheduler;
+
+pub(crate) const BLOCK_BYTES: u64 = 1000;
+
+/// Small pools and a cost model with round numbers: 10 ms steps, 1 ms per block transferred.
+pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: 4,
+        num_device_blocks: device_blocks,
+        num_host_blocks: 64,
+        block_bytes: BLOCK_BYTES,
+        max_batch_tokens: 64,
+        max_batch_requests: 16,
+        policy,
+        default_slo: Slo { ttft_s: 1.0, tbt_s: 0.1 },
+        cost_model: CostModel {
+            step_base_s: 0.01,
+            per_prefill_token_s: 0.0001,
+            per_decode_request_s: 0.0001,
+            per_context_token_s: 0.0,
+            swap_out_bytes_per_s: 1e6,
+            swap_in_bytes_per_s: 1e6,
+            transfer_overhead_s: 0.0,
+            duplex: true,
+            correction: 1.0,
+        },
+        prefix_caching: true,
+        rotation_cooldown_steps: 4,
+        min_rotation_tokens_left: 2,
+        ema_alpha: 0.2,
+        late_starvation_s: 10.0,
+    }
+}
+
+pub(crate) fn spec(id: u64, prompt_len: u32, max_new_tokens: u32, arrival: f64) -> RequestSpec {
+    RequestSpec {
+        id,
+        prompt_token_ids: (0..prompt_len).map(|i| (id as u32 * 1000 + i) % 50_000).collect(),
+        max_new_tokens,
+        slo: None,
+        arrival,
+    }
+}
+
+pub(crate) struct Driver {
+    pub(crate) scheduler: Scheduler,
+    pub(crate) now: f64,
+    pub(crate) step_s: f64,
+    /// Steps a transfer waits before its acknowledgement (0 = with its own step's results).
+    pub(crate) ack_delay: u64,
+    /// transfer id -> (step at which it is acknowledged, is swap-in, request)
+    unacked: BTreeMap<u64, (u64, bool, u64)>,
+    /// Device blocks read by unacknowledged swap-outs / written by unacknowledged swap-ins.
+    busy_blocks: BTreeMap<u64, Vec<u32>>,
+    pub(crate) plans: Vec<StepPlan>,
+    pub(crate) finished: BTreeSet<u64>,
+    /// Whether to finish requests that reach their length limit (the engine's job).
+    pub(crate) auto_finish: bool,
+}
+
+impl Driver {
+    pub(crate) fn new(config: SchedulerConfig) -> Self {
+        Driver {
+            scheduler: Scheduler::new(config).expect("valid test config"),
+            now: 0.0,
+            step_s: 0.01,
+            ack_delay: 0,
+            unacked: BTreeMap::new(),
+            busy_blocks: BTreeMap::new(),
+            plans: Vec::new(),
+            finished: BTreeSet::new(),
+            auto_finish: true,
+        }
+    }
+
+    pub(crate) fn add(&mut self, spec: RequestSpec) {
+        self.scheduler.add(spec, self.now).expect("request accepted");
+    }
+
+    /// One plan/execute/complete round; returns the plan.
+    pub(crate) fn step(&mut self) -> StepPlan {
+        let plan = self.scheduler.plan(self.now);
+        self.check_plan(&plan);
+        for t in &plan.swap_out {
+            self.unacked.insert(t.id, (plan.step_id + self.ack_delay, false, t.request_id));
+            self.busy_blocks.insert(t.id, t.src_blocks.clone());
+        }
+        for t in &plan.swap_in {
+            self.unacked.insert(t.id, (plan.step_id + self.ack_delay, true, t.request_id));
+            self.busy_blocks.insert(t.id, t.dst_blocks.clone());
+        }
+        let sampled = plan
+            .sampling
+            .iter()
+            .map(|id| {
+                let known = self.scheduler.tokens(*id).map_or(0, |t| t.len());
+                (*id, ((*id as usize * 31 + known) % 997) as u32)
+            })
+            .collect();
+        let due: Vec<u64> = self
+            .unacked
+            .iter()
+            .filter(|(_, (at, _, _))| *at <= plan.step_id)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &due {
+            self.unacked.remove(id);
+            self.busy_blocks.remove(id);
+        }
+        self.now += self.step_s;
+        let results = StepResults {
+            step_id: plan.step_id,
+            sampled,
+            completed_transfers: due,
+            // The model's own prediction: tests steer the cost model through the config, not
+            // through drifting measurements.
+            step_time_s: Some(plan.predicted_step_s.max(1e-6)),
+        };
+        self.scheduler.complete(&results, self.now);
+        if self.auto_finish {
+            self.finish_exhausted();
+        }
+        self.plans.push(plan.clone());
+        plan
+    }
+
+    fn finish_exhausted(&mut self) {
+        let done: Vec<u64> = self
+            .scheduler
+            .requests
+            .values()
+            .filter(|r| r.exhausted() && !r.doomed)
+            .map(|r| r.id)
+            .collect();
+        for id in done {
+            self.scheduler.finish(id);
+            self.finished.insert(id);
+        }
+    }
+
+    /// The ordering rules: no scheduled table holds a block a transfer is reading or writing,
+    /// no request is scheduled before its swap-in is acknowledged, every table covers its
+    /// tokens, and the budgets hold.
+    fn check_plan(&self, plan: &StepPlan) {
+        let config = self.scheduler.config();
+        let bs = config.block_size as usize;
+        let mut busy: BTreeSet<u32> = self.busy_blocks.values().flatten().copied().collect();
+        busy.extend(plan.swap_out.iter().flat_map(|t| t.src_blocks.iter().copied()));
+        busy.extend(plan.swap_in.iter().flat_map(|t| t.dst_blocks.iter().copied()));
+        let returning: BTreeSet<u64> = self
+            .unacked
+            .values()
+            .filter(|(_, is_in, _)| *is_in)
+            .map(|(_, _, r)| *r)
+            .chain(plan.swap_in.iter().map(|t| t.request_id))
+            .collect();
+        let mut tokens = 0u64;
+        for entry in &plan.scheduled {
+            assert!(!returning.contains(&entry.id), "request {} scheduled before its swap-in ack", entry.id);
+            let end = (entry.num_computed_tokens + entry.num_new_tokens) as usize;
+            assert!(entry.num_new_tokens > 0);
+            assert!(entry.block_table.len() * bs >= end, "table of {} does not cover {end}", entry.id);
+            for block in &entry.block_table {
+                assert!(!busy.contains(block), "block {block} of {} is in flight", entry.id);
+                let held = self.scheduler.blocks.device_block_busy(*block);
+                assert!(!held, "block {block} of {} is held by a transfer", entry.id);
+            }
+            let known = self.scheduler.tokens(entry.id).map_or(0, |t| t.len());
+            assert!(end <= known, "request {} computes beyond its tokens", entry.id);
+            tokens += u64::from(entry.num_new_tokens);
+        }
+        assert!(tokens <= u64::from(config.max_batch_tokens));
+        assert!(plan.scheduled.len() <= config.max_batch_requests as usize);
+        let ids: BTreeSet<u64> = plan.scheduled.iter().map(|e| e.id).collect();
+        assert_eq!(ids.len(), plan.scheduled.len(), "a request scheduled twice in one step");
+        let pending_out: Vec<u32> = self.busy_blocks.values().flatten().copied().collect();
+        for t in &plan.swap_in {
+            for block in &t.dst_blocks {
+                assert!(!pending_out.contains(block), "swap-in into in-flight block {block}");
+            }
+        }
+    }
+
+    /// Steps until every request is finished (or `max_steps` pass); returns the steps taken.
+    pub(crate) fn run_to_completion(&mut self, max_steps: usize) -> usize {
+        for taken in 0..max_steps {
+            if !self.scheduler.has_work() {
+                return taken;
+            }
+            self.step();
+        }
+        panic!("requests left after {max_steps} steps: {:?}", self.scheduler.stats());
+    }
+
+    pub(crate) fn assert_all_free(&self) {
+        let stats = self.scheduler.stats();
+        assert_eq!(stats.device_blocks_free, stats.device_blocks_total, "device blocks leaked");
+        assert_eq!(stats.host_blocks_free, stats.host_blocks_total, "host blocks leaked");
+        self.scheduler.check_invariants().expect("invariants");
+    }
+}

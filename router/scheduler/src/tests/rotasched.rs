@@ -1,0 +1,145 @@
+//! Scripted RotaSched scenarios with a fake clock.
+
+use super::driver::{config, spec, Driver, BLOCK_BYTES};
+use crate::config::{PolicyKind, SchedulerConfig, Slo};
+use crate::request::RequestSpec;
+
+fn with_slo(mut spec: RequestSpec, ttft_s: f64, tbt_s: f64) -> RequestSpec {
+    spec.slo = Some(Slo { ttft_s, tbt_s });
+    spec
+}
+
+/// Prefill expensive enough that swapping (1 ms per block each way) beats recomputing.
+fn swap_friendly(device_blocks: u32) -> SchedulerConfig {
+    let mut cfg = config(PolicyKind::RotaSched, device_blocks);
+    cfg.cost_model.per_prefill_token_s = 0.002;
+    cfg
+}
+
+/// Steps until a plan swaps something out; returns that plan's victims.
+fn first_rotation(d: &mut Driver) -> Vec<u64> {
+    for _ in 0..20 {
+        let plan = d.step();
+        let mut victims: Vec<u64> = plan.swap_out.iter().map(|t| t.request_id).collect();
+        victims.extend(plan.preempted_for_recompute.iter().copied());
+        if !victims.is_empty() {
+            return victims;
+        }
+    }
+    panic!("nothing was rotated out");
+}
+
+#[test]
+fn rotates_out_the_request_with_most_slack_and_brings_it_back() {
+    let mut d = Driver::new(swap_friendly(14));
+    d.add(with_slo(spec(1, 15, 40, 0.0), 1.0, 0.1));
+    d.add(with_slo(spec(2, 15, 40, 0.0), 1.0, 0.5));
+    d.step();
+    d.step();
+    // 8 blocks held, 6 free; request 3 needs 7 for its prompt.
+    d.add(with_slo(spec(3, 26, 4, d.now), 1.0, 0.1));
+    assert_eq!(first_rotation(&mut d), vec![2], "request 2 has the most slack");
+    assert_eq!(d.plans.last().unwrap().swap_out.len(), 1, "swap beats recompute here");
+    let admitted = (0..5).map(|_| d.step()).position(|p| p.first_scheduled.contains(&3));
+    assert!(admitted.is_some(), "the arrival is admitted once the swap-out is acknowledged");
+    d.run_to_completion(400);
+    let returned = d.plans.iter().any(|p| p.swap_in.iter().any(|t| t.request_id == 2));
+    assert!(returned, "the rotated request comes back");
+    assert_eq!(d.finished.len(), 3);
+    d.assert_all_free();
+}
+
+#[test]
+fn victims_over_the_byte_budget_are_skipped_not_stopped_at() {
+    let mut cfg = config(PolicyKind::RotaSched, 15);
+    cfg.max_batch_tokens = 8;
+    cfg.cost_model.per_prefill_token_s = 0.02;
+    // A step with an 8-token chunk takes ~170 ms: ~6 blocks per direction at 40 kB/s; a block
+    // costs 50 ms round trip against 80 ms to recompute its 4 tokens.
+    cfg.cost_model.swap_out_bytes_per_s = 4e4;
+    cfg.cost_model.swap_in_bytes_per_s = 4e4;
+    let mut d = Driver::new(cfg);
+    d.add(with_slo(spec(1, 36, 20, 0.0), 1.0, 5.0)); // most slack, 10 blocks: over budget
+    d.add(with_slo(spec(2, 11, 20, 0.0), 1.0, 2.0)); // less slack, 4 blocks: fits
+    for _ in 0..8 {
+        d.step();
+    }
+    assert!(d.plans.iter().all(|p| p.swap_out.is_empty()), "decode steps have no budget");
+    d.add(with_slo(spec(3, 8, 2, d.now), 5.0, 0.1));
+    let victims = first_rotation(&mut d);
+    assert_eq!(victims, vec![2]);
+    assert_eq!(d.plans.last().unwrap().swap_out.len(), 1);
+    d.run_to_completion(600);
+    assert!(d.plans.iter().all(|p| p.swap_out.iter().all(|t| t.request_id != 1)));
+    for plan in &d.plans {
+        let out: u64 = plan.swap_out.iter().map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES).sum();
+        assert!(out <= plan.swap_out_budget_bytes.unwrap(), "step {} moved {out} bytes out", plan.step_id);
+        let into: u64 = plan.swap_in.iter().map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES).sum();
+        assert!(into <= plan.swap_in_budget_bytes.unwrap() || plan.swap_in.len() == 1);
+    }
+    assert_eq!(d.finished.len(), 3);
+    d.assert_all_free();
+}
+
+#[test]
+fn a_hopeless_request_does_not_displace_a_punctual_one() {
+    let mut d = Driver::new(config(PolicyKind::RotaSched, 8));
+    // Both need 5 of 8 blocks; only one fits. The hopeless one arrived first.
+    d.add(with_slo(spec(1, 20, 4, 0.0), 0.000_1, 0.1));
+    d.add(with_slo(spec(2, 20, 4, 0.0), 1.0, 0.1));
+    let plan = d.step();
+    assert_eq!(plan.first_scheduled, vec![2]);
+    assert!(plan.swap_out.is_empty() && plan.preempted_for_recompute.is_empty());
+    d.run_to_completion(200);
+    assert!(d.finished.contains(&1), "the late request is still served");
+    // fcfs, for contrast, serves the hopeless one first.
+    let mut f = Driver::new(config(PolicyKind::Fcfs, 8));
+    f.add(with_slo(spec(1, 20, 4, 0.0), 0.000_1, 0.1));
+    f.add(with_slo(spec(2, 20, 4, 0.0), 1.0, 0.1));
+    assert_eq!(f.step().first_scheduled, vec![1]);
+}
+
+#[test]
+fn late_requests_are_served_in_arrival_order_after_punctual_ones() {
+    let mut d = Driver::new(config(PolicyKind::RotaSched, 64));
+    d.add(with_slo(spec(1, 30, 2, 0.0), 0.000_1, 0.1));
+    d.add(with_slo(spec(2, 30, 2, 0.0), 0.000_1, 0.1));
+    d.add(with_slo(spec(3, 30, 2, 0.0), 1.0, 0.1));
+    let plan = d.step();
+    let order: Vec<(u64, u32)> = plan.scheduled.iter().map(|e| (e.id, e.num_new_tokens)).collect();
+    // Budget 64: the punctual one, the oldest late one, then what is left for the next.
+    assert_eq!(order, vec![(3, 30), (1, 30), (2, 4)]);
+}
+
+#[test]
+fn nothing_starves_under_sustained_overload() {
+    let mut cfg = config(PolicyKind::RotaSched, 24);
+    cfg.late_starvation_s = 0.5;
+    let mut d = Driver::new(cfg);
+    for i in 0..150u64 {
+        if i % 2 == 0 {
+            let ttft = if i % 6 == 0 { 0.000_1 } else { 0.3 };
+            d.add(with_slo(spec(i, 6 + (i % 5) as u32 * 3, 3 + (i % 4) as u32, d.now), ttft, 0.1));
+        }
+        d.step();
+    }
+    d.run_to_completion(2000);
+    assert_eq!(d.finished.len(), 75);
+    d.assert_all_free();
+}
+
+#[test]
+fn keeps_a_reserve_for_steady_arrivals() {
+    let mut d = Driver::new(swap_friendly(36));
+    d.add(with_slo(spec(100, 30, 100, 0.0), 1.0, 5.0));
+    d.add(with_slo(spec(101, 30, 100, 0.0), 1.0, 5.0));
+    d.add(with_slo(spec(102, 30, 100, 0.0), 1.0, 5.0));
+    for i in 0..40u64 {
+        // One short request per step: the estimated rate is 100/s.
+        d.add(with_slo(spec(i, 4, 1, d.now), 1.0, 0.1));
+        d.step();
+    }
+    let stats = d.scheduler.stats();
+    assert!(stats.reserve_blocks > 0, "{stats:?}");
+    assert!(stats.rotations_out > 0, "long requests with slack were rotated out proactively");
+}
