@@ -5,7 +5,6 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 
 use crate::chat_template::{ChatTemplate, TemplateError};
-use crate::config::RouterConfig;
 use crate::engine::api::Slo;
 use crate::engine::{EngineHandle, ModelInfo};
 use crate::error::HttpError;
@@ -55,34 +54,6 @@ impl Default for HttpConfig {
             model_id: String::new(),
             cors_allow_origin: Vec::new(),
             compute_type: "gpu+optimized".to_string(),
-        }
-    }
-}
-
-impl HttpConfig {
-    /// The HTTP settings from the router's flags. Unset token limits take what the model and
-    /// the device KV pool allow (`max_input_tokens` one less than `max_total_tokens`).
-    pub fn from_router_config(config: &RouterConfig, model: &ModelInfo) -> Self {
-        let max_total_tokens =
-            config.max_total_tokens.map_or(model.max_sequence_tokens(), |tokens| tokens) as usize;
-        let max_input_tokens = config
-            .max_input_tokens
-            .map_or(max_total_tokens.saturating_sub(1), |tokens| tokens as usize);
-        Self {
-            max_concurrent_requests: config.max_concurrent_requests,
-            max_best_of: config.max_best_of,
-            max_stop_sequences: config.max_stop_sequences,
-            max_top_n_tokens: config.max_top_n_tokens,
-            max_input_tokens,
-            max_total_tokens,
-            max_client_batch_size: config.max_client_batch_size,
-            payload_limit: config.payload_limit,
-            api_key: config.api_key.clone(),
-            // The engine applies the server's default objectives to requests without `slo`.
-            default_slo: None,
-            model_id: model.model_id.clone(),
-            cors_allow_origin: config.cors_allow_origin.clone(),
-            compute_type: format!("{}+superinfer", model.device_type),
         }
     }
 }

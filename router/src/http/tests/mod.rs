@@ -313,33 +313,3 @@ async fn read_only_routes() {
     let tokens: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(tokens[1], json!({"id": tokens[1]["id"], "text": " world", "start": 5, "stop": 11}));
 }
-
-#[test]
-fn config_from_router_flags_defaults_to_the_pool() {
-    let flags = RouterConfig::parse_argv(["router", "--api-key", "k", "--max-concurrent-requests", "3"]).unwrap();
-    let mut model = crate::engine::ModelInfo {
-        model_id: "m".into(),
-        architecture: "llama".into(),
-        dtype: "float32".into(),
-        device_type: "cpu".into(),
-        tokenizer_json: String::new(),
-        chat_template: None,
-        bos_token: None,
-        eos_token: None,
-        eos_token_ids: vec![2],
-        max_position_embeddings: 8192,
-        vocab_size: 10,
-        block_size: 16,
-        num_device_blocks: 100,
-        num_host_blocks: 0,
-        world_size: 1,
-    };
-    let config = HttpConfig::from_router_config(&flags, &model);
-    assert_eq!((config.max_total_tokens, config.max_input_tokens), (1600, 1599));
-    assert_eq!(config.api_key.as_deref(), Some("k"));
-    assert_eq!(config.max_concurrent_requests, 3);
-    model.max_position_embeddings = 1000;
-    let flags = RouterConfig::parse_argv(["router", "--max-input-tokens", "10"]).unwrap();
-    let config = HttpConfig::from_router_config(&flags, &model);
-    assert_eq!((config.max_total_tokens, config.max_input_tokens), (1000, 10));
-}
