@@ -53,3 +53,9 @@ clean:
 # Regenerates the committed Python gRPC stubs (server/superinfer/pb/) from proto/shard.proto.
 proto: $(VENV)/.deps
 	cd server && ../$(PY) -m superinfer.pb.generate
+
+# Compiles (and, with a CUDA build of torch, links) DuplexKV's CUDA sources with the pinned
+# nvcc; needs no GPU. pytest runs the same check (superinfer_kv/tests/test_cuda_compile.py).
+.PHONY: kv-cuda-check
+kv-cuda-check: $(VENV)/.deps
+	$(PY) -c 'from pathlib import Path; from superinfer_kv.cuda_toolchain import compile_cuda_sources as c; print(c(Path("target/kv-cuda-check")))'
