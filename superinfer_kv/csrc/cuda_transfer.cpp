@@ -15,8 +15,8 @@
 namespace duplexkv {
 namespace {
 
-// Kernel pieces are cut to this size so a few long runs still spread over all CTAs.
-constexpr int64_t kKernelPieceBytes = 64 * 1024;
+// Kernel pieces (one warp each) are cut to this size so long runs still spread over warps.
+constexpr int64_t kKernelPieceBytes = 16 * 1024;
 
 void check_ids(const at::Tensor& ids, const char* name) {
   TORCH_CHECK(ids.device().is_cpu(), name, " must be a CPU tensor");

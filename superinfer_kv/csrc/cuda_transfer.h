@@ -17,7 +17,8 @@ namespace duplexkv {
 enum class CopyMethod : int64_t { kAuto = 0, kKernel = 1, kBatchMemcpy = 2, kMemcpyLoop = 3 };
 
 struct CudaTransferOptions {
-  // CTAs the gather/scatter kernel may occupy (bounds how many SMs it takes from compute).
+  // CTAs (512 threads, a warp per piece) the gather/scatter kernel may occupy; bounds how
+  // many SMs it takes from compute.
   int64_t kernel_ctas = 16;
   // In auto mode, runs averaging at least this many bytes go to the copy engines; smaller,
   // fragmented ones to the kernel (copy-engine throughput collapses for small copies).
