@@ -8,8 +8,18 @@
 //! - `request`: [`RequestSpec`] — what the engine submits.
 //! - `plan`: [`StepPlan`], [`ScheduledEntry`], [`Transfer`], [`StepResults`] — the step
 //!   contract, mirroring `proto/shard.proto`.
-//! - `scheduler`: [`Scheduler`] — the state machine the engine drives.
+//! - `scheduler`: [`Scheduler`] — the state machine the engine drives (`add`, `complete`,
+//!   `finish`, `cancel`); `policy/` holds `plan` and the four policies (fcfs, recompute, swap,
+//!   rotasched); `step` the machinery they share (budgets, admission, preemption, rotation);
+//!   `inspect` the stats snapshot and the invariant check.
+//! - `kv`: the two-tier block manager — device/host pools, prefix cache, transfers in flight.
+//! - `byte_budget`, `arrivals`: RotaSched's per-step transfer budget and arrival-rate estimate.
 //! - `stats`: [`SchedulerStats`] — what /metrics exports.
+//! - `sim`: the discrete-event simulator driving the same `Scheduler`.
+//!
+//! Driving it: `add` each request; per step `plan(now)`, send the plan to the shard, then
+//! `complete(results, now)`; `finish`/`cancel` when the engine or the client ends a request.
+//! Debug builds check every invariant after each call.
 //!
 //! Decisions never depend on hash-map iteration order, so identical inputs give identical plans
 //! (the simulator relies on it).

@@ -62,6 +62,10 @@ pub(crate) struct Driver {
     unacked: BTreeMap<u64, (u64, bool, u64)>,
     /// Device blocks read by unacknowledged swap-outs / written by unacknowledged swap-ins.
     busy_blocks: BTreeMap<u64, Vec<u32>>,
+    /// Host blocks written by unacknowledged swap-outs / read by unacknowledged swap-ins.
+    busy_host: BTreeMap<u64, Vec<u32>>,
+    /// request -> step of its latest swap-in.
+    swapped_in_at: BTreeMap<u64, u64>,
     pub(crate) plans: Vec<StepPlan>,
     pub(crate) finished: BTreeSet<u64>,
     /// Whether to finish requests that reach their length limit (the engine's job).
@@ -77,6 +81,8 @@ impl Driver {
             ack_delay: 0,
             unacked: BTreeMap::new(),
             busy_blocks: BTreeMap::new(),
+            busy_host: BTreeMap::new(),
+            swapped_in_at: BTreeMap::new(),
             plans: Vec::new(),
             finished: BTreeSet::new(),
             auto_finish: true,
@@ -94,10 +100,13 @@ impl Driver {
         for t in &plan.swap_out {
             self.unacked.insert(t.id, (plan.step_id + self.ack_delay, false, t.request_id));
             self.busy_blocks.insert(t.id, t.src_blocks.clone());
+            self.busy_host.insert(t.id, t.dst_blocks.clone());
         }
         for t in &plan.swap_in {
             self.unacked.insert(t.id, (plan.step_id + self.ack_delay, true, t.request_id));
             self.busy_blocks.insert(t.id, t.dst_blocks.clone());
+            self.busy_host.insert(t.id, t.src_blocks.clone());
+            self.swapped_in_at.insert(t.request_id, plan.step_id);
         }
         let sampled = plan
             .sampling
@@ -116,6 +125,7 @@ impl Driver {
         for id in &due {
             self.unacked.remove(id);
             self.busy_blocks.remove(id);
+            self.busy_host.remove(id);
         }
         self.now += self.step_s;
         let results = StepResults {
@@ -188,6 +198,37 @@ impl Driver {
             for block in &t.dst_blocks {
                 assert!(!pending_out.contains(block), "swap-in into in-flight block {block}");
             }
+        }
+        let pending_host: BTreeSet<u32> = self.busy_host.values().flatten().copied().collect();
+        for t in plan.swap_out.iter() {
+            for block in &t.dst_blocks {
+                assert!(!pending_host.contains(block), "swap-out into in-flight host block {block}");
+            }
+        }
+        self.check_rotation_rules(plan);
+    }
+
+    /// RotaSched's rotation limits: the per-step byte budget (a due swap-in larger than a
+    /// whole budget may go alone), the cool-down after a swap-in, the tokens-left floor.
+    fn check_rotation_rules(&self, plan: &StepPlan) {
+        let config = self.scheduler.config();
+        if config.policy != crate::config::PolicyKind::RotaSched {
+            return;
+        }
+        let bytes = |ts: &[crate::plan::Transfer]| -> u64 {
+            ts.iter().map(|t| t.src_blocks.len() as u64 * config.block_bytes).sum()
+        };
+        let (out_limit, in_limit) = (plan.swap_out_budget_bytes, plan.swap_in_budget_bytes);
+        assert!(bytes(&plan.swap_out) <= out_limit.expect("rotasched reports its budget"));
+        let into = bytes(&plan.swap_in);
+        assert!(into <= in_limit.expect("budget") || plan.swap_in.len() == 1, "swap-in budget");
+        for t in &plan.swap_out {
+            if let Some(at) = self.swapped_in_at.get(&t.request_id) {
+                let since = plan.step_id - at;
+                assert!(since >= config.rotation_cooldown_steps, "{} rotated {since} steps after returning", t.request_id);
+            }
+            let request = &self.scheduler.requests[&t.request_id];
+            assert!(request.tokens_left() >= config.min_rotation_tokens_left);
         }
     }
 

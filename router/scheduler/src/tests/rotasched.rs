@@ -45,6 +45,11 @@ fn rotates_out_the_request_with_most_slack_and_brings_it_back() {
     d.run_to_completion(400);
     let returned = d.plans.iter().any(|p| p.swap_in.iter().any(|t| t.request_id == 2));
     assert!(returned, "the rotated request comes back");
+    // ... before its 0.5 s TBT deadline: no gap between its tokens exceeds it (10 ms steps).
+    let sampled_at: Vec<usize> =
+        d.plans.iter().enumerate().filter(|(_, p)| p.sampling.contains(&2)).map(|(i, _)| i).collect();
+    let widest = sampled_at.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(widest as f64 * d.step_s <= 0.5, "widest gap {widest} steps");
     assert_eq!(d.finished.len(), 3);
     d.assert_all_free();
 }
