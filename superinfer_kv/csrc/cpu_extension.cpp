@@ -9,8 +9,8 @@ namespace duplexkv {
 namespace {
 
 // Largest piece one worker copies at a time: big enough for full-speed memcpy, small enough
-// to spread a few large runs over every thread.
-constexpr int64_t kMaxPieceBytes = int64_t{1} << 20;
+// to spread even a single block (737 KiB for SmolLM2 in fp32) over several threads.
+constexpr int64_t kMaxPieceBytes = int64_t{256} << 10;
 
 void check_pool(const at::Tensor& pool, const char* name) {
   TORCH_CHECK(pool.device().is_cpu(), name, " must be a CPU tensor, got ", pool.device());

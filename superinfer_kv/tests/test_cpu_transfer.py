@@ -103,7 +103,7 @@ def test_methods_report_the_path() -> None:
 
 
 def test_blocks_larger_than_a_work_piece_are_split_and_exact() -> None:
-    # 3 MiB blocks: runs are cut into 1 MiB pieces spread over the threads.
+    # 3 MiB blocks: runs are cut into 256 KiB pieces spread over the threads.
     device_kv = torch.randn(6, 3, 256, 1024)
     host_kv = torch.zeros(6, 3, 256, 1024)
     engine = TransferEngine(device_kv, host_kv)
