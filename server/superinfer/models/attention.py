@@ -4,7 +4,10 @@ The runner builds one `AttentionMetadata` per step (indices and masks computed o
 layer); every layer then does one scatter of its new K/V into the cache and, per group of
 requests, one gather of the context plus one SDPA call. Requests are split into two groups —
 prefill chunks (padded to the longest chunk) and decodes (one query each) — so a long prefill
-does not pad every decode to its length."""
+does not pad every decode to its length.
+
+Grouped-query attention is computed by folding the G query heads that share a KV head into
+the query-length axis ([B, Hkv, G·Q, D]), so K/V are never repeated per query head."""
 from dataclasses import dataclass
 
 import torch
@@ -17,13 +20,14 @@ class AttentionGroup:
     # contiguous in the batch: [row_start, row_start + num_rows).
     row_start: int
     num_rows: int
-    # [B, S_ctx / block_size] device block ids of each request's context (padded with a valid id).
-    block_tables: torch.Tensor
-    # [B, 1, Q, S_ctx] True where a query may attend a key; None when every key is visible.
+    # [B, 2, nb] row of each context block's K (0) and V (1) in the cache viewed as
+    # [N·L·2, block_size·Hkv·D], for layer 0; layer l adds 2·l. Padded with a valid block.
+    context_rows: torch.Tensor
+    # [B, 1, G·Q, S_ctx] True where a query may attend a key; None when every key is visible.
     mask: torch.Tensor | None
-    # Prefill only: [B, Q] row of each padded query in the group ([row_start, ...)).
+    # Prefill only: [B, Q] row of each padded query in the flat batch.
     query_rows: torch.Tensor | None = None
-    # Prefill only: [num_rows] index of each real query in the flattened [B * Q] padded layout.
+    # Prefill only: [num_rows] index of each real query in the flattened [B·Q] padded layout.
     real_queries: torch.Tensor | None = None
 
 
@@ -37,46 +41,48 @@ class AttentionMetadata:
     groups: tuple[AttentionGroup, ...]
 
 
-def write_kv(layer_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
+def write_kv(kv_cache: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
     """Stores the step's new keys and values in their slots.
 
-    layer_cache: [N, 2, block_size, Hkv, D] (one layer's view of the cache); k, v: [T, Hkv, D]."""
-    # Advanced indices on dims 0 and 2 with a slice between: the target is [T, 2, Hkv, D].
-    layer_cache[meta.slot_blocks, :, meta.slot_offsets] = torch.stack((k, v), dim=1)
+    kv_cache: [N, L, 2, block_size, Hkv, D]; k, v: [T, Hkv, D]."""
+    # Advanced indices on dims 0 and 2 of the layer view with a slice between: target [T, 2, Hkv, D].
+    kv_cache[:, layer][meta.slot_blocks, :, meta.slot_offsets] = torch.stack((k, v), dim=1)
 
 
-def _gather_context(layer_cache: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # Gathering whole blocks copies block_size·Hkv·D contiguous values per index, far cheaper
-    # than per-token indexing.  k, v: [B, nb, bs, Hkv, D] -> [B, Hkv, S_ctx, D] (views).
-    batch, num_blocks = block_tables.shape
-    _, _, block_size, num_kv_heads, head_dim = layer_cache.shape
-    seq = num_blocks * block_size
-    k = layer_cache[:, 0][block_tables].view(batch, seq, num_kv_heads, head_dim).transpose(1, 2)
-    v = layer_cache[:, 1][block_tables].view(batch, seq, num_kv_heads, head_dim).transpose(1, 2)
-    return k, v
+def _gather_context(kv_cache: torch.Tensor, layer: int, context_rows: torch.Tensor):
+    # One index_select of whole contiguous blocks (block_size·Hkv·D values each) gathers K and
+    # V of every request.  -> k, v: [B, Hkv, S_ctx, D] (views of one [B, 2, S_ctx, Hkv, D] copy)
+    _, _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    batch, _, num_blocks = context_rows.shape
+    flat = kv_cache.view(-1, block_size * num_kv_heads * head_dim)
+    context = flat.index_select(0, (context_rows + 2 * layer).view(-1))
+    context = context.view(batch, 2, num_blocks * block_size, num_kv_heads, head_dim)
+    return context[:, 0].transpose(1, 2), context[:, 1].transpose(1, 2)
 
 
-def paged_attention(q: torch.Tensor, layer_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> torch.Tensor:
     """q: [T, H, D] (rotated) -> [T, H·D], attending over each request's cached context.
 
-    torch SDPA picks a fused kernel on both CPU and GPU (flash / memory-efficient), handles
-    grouped-query attention without materialising repeated K/V, and takes an arbitrary mask,
-    which is what mixing chunked prefills and decodes in one call needs."""
+    torch SDPA picks a fused kernel on both CPU and GPU (flash / memory-efficient) and takes
+    an arbitrary mask, which is what mixing chunked prefills and decodes in one call needs."""
     num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[4]
+    groups = num_heads // num_kv_heads
     out = q.new_empty(num_tokens, num_heads * head_dim)
     for group in meta.groups:
-        k, v = _gather_context(layer_cache, group.block_tables)
+        k, v = _gather_context(kv_cache, layer, group.context_rows)
         rows = slice(group.row_start, group.row_start + group.num_rows)
         if group.query_rows is None:
-            # Decodes: one query per request.  qg: [B, H, 1, D]
-            qg = q[rows].unsqueeze(2)
-            og = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, enable_gqa=True)
+            # Decodes, one query each.  qg: [B, Hkv, G, D]
+            qg = q[rows].view(group.num_rows, num_kv_heads, groups, head_dim)
+            og = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask)
             out[rows] = og.reshape(group.num_rows, num_heads * head_dim)
-        else:
-            # Prefill chunks padded to the longest.  qg: [B, H, Q, D]
-            qg = q[group.query_rows].transpose(1, 2)
-            og = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, enable_gqa=True)
-            batch, _, queries, _ = og.shape
-            flat = og.transpose(1, 2).reshape(batch * queries, num_heads * head_dim)
-            out[rows] = flat[group.real_queries]
+            continue
+        # Prefill chunks padded to the longest.  [B, Q, H, D] -> qg: [B, Hkv, G·Q, D]
+        batch, queries = group.query_rows.shape
+        qg = q[group.query_rows].view(batch, queries, num_kv_heads, groups, head_dim)
+        qg = qg.permute(0, 2, 3, 1, 4).reshape(batch, num_kv_heads, groups * queries, head_dim)
+        og = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask)
+        og = og.view(batch, num_kv_heads, groups, queries, head_dim).permute(0, 3, 1, 2, 4)
+        out[rows] = og.reshape(batch * queries, num_heads * head_dim)[group.real_queries]
     return out

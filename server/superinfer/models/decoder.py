@@ -42,16 +42,17 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        layer_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]; layer_cache: [N, 2, block_size, Hkv, D]."""
+        """x: [T, hidden] -> [T, hidden]; kv_cache: [N, L, 2, block_size, Hkv, D]."""
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)  # [T, H, D]
         k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)  # [T, Hkv, D]
-        write_kv(layer_cache, k, v.view(num_tokens, self.num_kv_heads, self.head_dim), meta)
-        return self.o_proj(paged_attention(q, layer_cache, meta))
+        write_kv(kv_cache, layer, k, v.view(num_tokens, self.num_kv_heads, self.head_dim), meta)
+        return self.o_proj(paged_attention(q, kv_cache, layer, meta))
 
 
 class MLP(nn.Module):
@@ -74,8 +75,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, rope, layer_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, layer_cache, meta)
+    def forward(self, x, rope, kv_cache, layer, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, layer, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -108,7 +109,7 @@ class DecoderForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb(meta.positions, x.dtype)
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, rope, kv_cache[:, index], meta)
+            x = layer(x, rope, kv_cache, index, meta)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

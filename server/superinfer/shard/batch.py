@@ -21,6 +21,17 @@ class Chunk:
 
 
 @dataclass(frozen=True)
+class BatchLayout:
+    """What the metadata depends on besides the chunks."""
+
+    block_size: int
+    num_layers: int
+    # Query heads per KV head (grouped-query attention).
+    query_groups: int
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
 class StepBatch:
     input_ids: torch.Tensor  # [T]
     meta: AttentionMetadata
@@ -45,29 +56,33 @@ def _context_mask(starts: torch.Tensor, lengths: torch.Tensor, queries: int, key
     return allowed[:, None]
 
 
-def _group(chunks: list[Chunk], row_start: int, block_size: int, window: int | None, decode: bool) -> AttentionGroup:
+def _group(chunks: list[Chunk], row_start: int, layout: BatchLayout, decode: bool) -> AttentionGroup:
     lengths = torch.tensor([len(c.token_ids) for c in chunks], dtype=torch.int64)
     starts = torch.tensor([c.start for c in chunks], dtype=torch.int64)
     context = starts + lengths
-    num_blocks = int((int(context.max()) + block_size - 1) // block_size)
-    block_tables = _padded([c.block_table for c in chunks], num_blocks)
-    keys = num_blocks * block_size
+    num_blocks = int((int(context.max()) + layout.block_size - 1) // layout.block_size)
+    block_tables = _padded([c.block_table for c in chunks], num_blocks)  # [B, nb]
+    # Row of K and V of layer 0 in the cache viewed as [N·L·2, block elements].  [B, 2, nb]
+    context_rows = block_tables[:, None, :] * (2 * layout.num_layers) + torch.arange(2)[None, :, None]
+    keys = num_blocks * layout.block_size
     queries = int(lengths.max())
-    mask = _context_mask(starts, lengths, queries, keys, window)
-    if decode and window is None and bool((context == keys).all()):
+    mask = _context_mask(starts, lengths, queries, keys, layout.sliding_window)
+    if decode and layout.sliding_window is None and bool((context == keys).all()):
         mask = None  # every key is visible to every query
+    elif mask is not None:
+        mask = mask.repeat(1, 1, layout.query_groups, 1)  # queries folded as [G, Q] -> [B, 1, G·Q, S]
     num_rows = int(lengths.sum())
     if decode:
-        return AttentionGroup(row_start, num_rows, block_tables, mask)
+        return AttentionGroup(row_start, num_rows, context_rows, mask)
     # query_rows[b, q]: flat row of query q of chunk b (padded queries repeat the last row).
     offsets = torch.cumsum(lengths, 0) - lengths
     q_index = torch.arange(queries)[None, :]
     query_rows = row_start + offsets[:, None] + torch.minimum(q_index, (lengths - 1)[:, None])
     real_queries = (torch.arange(len(chunks))[:, None] * queries + q_index)[q_index < lengths[:, None]]
-    return AttentionGroup(row_start, num_rows, block_tables, mask, query_rows, real_queries)
+    return AttentionGroup(row_start, num_rows, context_rows, mask, query_rows, real_queries)
 
 
-def build_batch(chunks: list[Chunk], block_size: int, window: int | None, device: torch.device) -> StepBatch:
+def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
     prefill = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
     decode = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
     order = prefill + decode
@@ -82,21 +97,22 @@ def build_batch(chunks: list[Chunk], block_size: int, window: int | None, device
     # positions[t] = start of its chunk + index within the chunk.  [T]
     chunk_of_row = torch.repeat_interleave(torch.arange(len(ordered)), lengths)
     positions = starts[chunk_of_row] + torch.arange(int(lengths.sum())) - offsets[chunk_of_row]
+    block_size = layout.block_size
     widest = int(((starts + lengths).max() + block_size - 1) // block_size)
     all_tables = _padded([c.block_table for c in ordered], widest)
     slot_blocks = all_tables[chunk_of_row, positions // block_size]
     groups = []
     if prefill:
-        groups.append(_group([chunks[i] for i in prefill], 0, block_size, window, decode=False))
+        groups.append(_group([chunks[i] for i in prefill], 0, layout, decode=False))
     if decode:
-        groups.append(_group([chunks[i] for i in decode], len(input_ids) - len(decode), block_size, window, decode=True))
+        groups.append(_group([chunks[i] for i in decode], len(input_ids) - len(decode), layout, decode=True))
     to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
     meta = AttentionMetadata(
         positions=to(positions),
         slot_blocks=to(slot_blocks),
         slot_offsets=to(positions % block_size),
         groups=tuple(
-            AttentionGroup(g.row_start, g.num_rows, to(g.block_tables), to(g.mask), to(g.query_rows), to(g.real_queries))
+            AttentionGroup(g.row_start, g.num_rows, to(g.context_rows), to(g.mask), to(g.query_rows), to(g.real_queries))
             for g in groups
         ),
     )

@@ -3,7 +3,7 @@ reading and writing K/V through the paged cache. Owns the model and (after Warmu
 import torch
 
 from ..models.config import ModelConfig
-from .batch import Chunk, StepBatch, build_batch
+from .batch import BatchLayout, Chunk, StepBatch, build_batch
 from .kv_cache import KVCache, KVGeometry
 from .loader import LoadedModel
 
@@ -18,6 +18,8 @@ class ModelRunner:
         self.dtype = dtype
         self.geometry = KVGeometry.for_model(loaded.config, block_size, dtype)
         self.cache: KVCache | None = None
+        config = loaded.model.config
+        self.layout = BatchLayout(block_size, config.num_layers, config.num_heads // config.num_kv_heads, config.sliding_window)
 
     @property
     def config(self) -> ModelConfig:
@@ -37,7 +39,7 @@ class ModelRunner:
         """Computes every chunk's K/V into the cache; returns final hidden states [T, hidden]
         (rows ordered as `StepBatch.first_rows` says) and the batch."""
         kv = cache if cache is not None else self._device_cache()
-        batch = build_batch(chunks, self.block_size, self.config.sliding_window, self.device)
+        batch = build_batch(chunks, self.layout, self.device)
         return self.model(batch.input_ids, kv, batch.meta), batch
 
     @torch.inference_mode()
