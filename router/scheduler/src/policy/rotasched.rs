@@ -113,7 +113,7 @@ impl Scheduler {
         // A due request larger than a whole step's budget may still go alone, or it could
         // never return.
         let alone = budget.used(Direction::In) == 0;
-        if !budget.fits(Direction::In, bytes) && !(due && alone) {
+        if !(budget.fits(Direction::In, bytes) || (due && alone)) {
             return;
         }
         let free = self.blocks.free_device();

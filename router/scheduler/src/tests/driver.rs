@@ -205,6 +205,16 @@ impl Driver {
                 assert!(!pending_host.contains(block), "swap-out into in-flight host block {block}");
             }
         }
+        match config.policy {
+            crate::config::PolicyKind::Fcfs => {
+                assert!(plan.preempted_for_recompute.is_empty(), "fcfs never preempts");
+                assert!(plan.swap_out.is_empty() && plan.swap_in.is_empty(), "fcfs never swaps");
+            }
+            crate::config::PolicyKind::Recompute => {
+                assert!(plan.swap_out.is_empty() && plan.swap_in.is_empty(), "recompute never swaps");
+            }
+            _ => {}
+        }
         self.check_rotation_rules(plan);
     }
 
