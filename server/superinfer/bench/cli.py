@@ -80,7 +80,7 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
 
 def slo_request(args: argparse.Namespace) -> SloRequest:
     return SloRequest(args.ttft_slo_ms, args.tbt_slo_ms, args.ttft_slo_scale, args.tbt_slo_scale,
-                      args.tbt_percentile, args.calibration_requests)
+                      args.tbt_percentile, getattr(args, "calibration_requests", 1))
 
 
 def _inputs(args: argparse.Namespace, url: str) -> WorkloadInputs:

@@ -13,6 +13,15 @@ def write_json(path: Path, header: dict, results: list[RunResult]) -> None:
     path.write_text(json.dumps(document, indent=1, allow_nan=False))
 
 
+def read_json(path: Path) -> list[RunResult]:
+    """The runs of a report written by `write_json` (per-request outcomes are not restored)."""
+    document = json.loads(Path(path).read_text())
+    return [
+        RunResult(run["series"], run["rate"], run["label"], run["summary"], run["ttft_s"], run["gaps_s"])
+        for run in document["runs"]
+    ]
+
+
 def _ms(value) -> str:
     return "-" if value is None else f"{value * 1e3:.0f}"
 

@@ -31,7 +31,9 @@ def free_port() -> int:
 
 
 def launch_command(policy: str, port: int, options: LaunchOptions) -> list[str]:
-    command = [sys.executable, "-m", "superinfer.cli", "launch", "--port", str(port), "--scheduler", policy]
+    # Loopback only: a bench server is never reachable from elsewhere.
+    command = [sys.executable, "-m", "superinfer.cli", "launch", "--port", str(port), "--hostname", "127.0.0.1",
+               "--scheduler", policy]
     if options.device_kv_blocks is not None:
         command += ["--device-kv-blocks", str(options.device_kv_blocks)]
     if options.host_kv_blocks is not None:

@@ -1,0 +1,98 @@
+"""`superinfer simulate` through the real Rust simulator (the built `superinfer._router`):
+closed form on a lone request, determinism, derived profiles, and the command's report."""
+import json
+from dataclasses import replace
+
+import pytest
+
+from superinfer.bench.metrics import Slo
+from superinfer.bench.workload import RequestSpec, WorkloadConfig, plan
+from superinfer.cli import main
+from superinfer.simulate.profiles import MODELS, Profile, derived, resolve
+from superinfer.simulate.runner import SimOptions, run_raw, simulate, unloaded_latency
+
+COST = {
+    "step_base_s": 0.01, "per_prefill_token_s": 0.001, "per_decode_request_s": 0.002, "per_context_token_s": 0.0,
+    "swap_out_bytes_per_s": 1e9, "swap_in_bytes_per_s": 1e9, "transfer_overhead_s": 1e-4, "duplex": True,
+}
+
+
+def linear_profile(device_blocks: int = 256) -> Profile:
+    link = {"out_bytes_per_s": 1e9, "in_bytes_per_s": 1e9, "overhead_s": 1e-4, "duplex": True}
+    return Profile("linear test machine", {"kind": "linear", **COST}, link, COST, 16, 1 << 16, device_blocks, 4096, 512, 64)
+
+
+def write_measured(tmp_path) -> str:
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps({"cost_model": COST, "block_size": 16, "block_bytes": 65536,
+                                "num_device_blocks": 256, "num_host_blocks": 4096, "max_batch_tokens": 512}))
+    return str(path)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "recompute", "swap", "rotasched"])
+def test_lone_request_matches_the_closed_form(policy):
+    # TTFT = one prefill step of 100 tokens; end-to-end adds one decode step per further token.
+    prefill, decode = 0.01 + 100 * 0.001, 0.01 + 0.002
+    result = simulate(linear_profile(), [RequestSpec(0, 1.0, 100, 6, True)], SimOptions(policy, Slo(1000, 100)), policy, 1.0)
+    (outcome,) = result.outcomes
+    assert outcome.ok and outcome.output_tokens == 6
+    assert outcome.ttft_s == pytest.approx(prefill, abs=1e-9)
+    assert outcome.e2e_s == pytest.approx(prefill + 5 * decode, abs=1e-9)
+    assert result.summary["tbt_s"]["p50"] == pytest.approx(decode, abs=1e-9)
+    assert result.label == "simulated"
+
+
+def test_same_seed_same_result():
+    specs = plan(WorkloadConfig(arrival="gamma", burstiness=0.5, rate=30.0, num_requests=60, prompt_tokens=200,
+                                output_tokens=30, seed=3))
+    options = SimOptions("swap", Slo(500, 60))
+    first, second = run_raw(linear_profile(64), specs, options), run_raw(linear_profile(64), specs, options)
+    first.pop("wall_s"), second.pop("wall_s")
+    assert first == second
+    other = plan(WorkloadConfig(arrival="gamma", burstiness=0.5, rate=30.0, num_requests=60, prompt_tokens=200,
+                                output_tokens=30, seed=4))
+    assert run_raw(linear_profile(64), other, options)["requests"] != first["requests"]
+
+
+def test_unloaded_latency_from_a_measured_profile(tmp_path):
+    profile = resolve(f"measured:{write_measured(tmp_path)}")
+    unloaded = unloaded_latency(profile, 100, 8, "fcfs")
+    assert unloaded["ttft_s"] == pytest.approx(0.11) and unloaded["tbt_s"] == pytest.approx(0.012)
+
+
+def test_derived_profiles_follow_the_hardware():
+    gh200 = derived("gh200", "llama-3-8b")
+    # Llama-3-8B KV: 32 layers × 8 heads × 128 × K,V × bf16 = 128 KiB per token, 2 MiB per block.
+    assert MODELS["llama-3-8b"].kv_bytes_per_token == 131072 and gh200.block_bytes == 2 << 20
+    # A lone decode is memory-bound: ~16 GB of weights at 80% of 4 TB/s ≈ 5 ms (+ overhead).
+    base = gh200.cost_model["step_base_s"]
+    assert 0.004 < base < 0.009
+    assert gh200.link["out_bytes_per_s"] == 450e9 and gh200.link["duplex"]
+    h200 = derived("h200-pcie", "llama-3-8b")
+    assert h200.link["in_bytes_per_s"] == 55e9 and h200.num_device_blocks > gh200.num_device_blocks
+    with pytest.raises(ValueError, match="does not fit"):
+        derived("gh200", "mixtral-8x7b")
+    assert derived("gh200-144g", "mixtral-8x7b").num_device_blocks > 0
+
+
+def test_simulate_command_writes_a_simulated_report(tmp_path):
+    out = tmp_path / "sim"
+    code = main(["simulate", "--profile", "gh200:llama-3-8b", "--policies", "fcfs,rotasched", "--rates", "20,40",
+                 "--num-requests", "80", "--prompt-tokens", "300", "--output-tokens", "50",
+                 "--device-kv-blocks", "400", "--out", str(out), "--no-progress"])
+    assert code == 0
+    document = json.loads((out / "simulate.json").read_text())
+    assert document["label"] == "simulated" and document["profile"]["num_device_blocks"] == 400
+    assert {(run["series"], run["rate"]) for run in document["runs"]} == {
+        ("fcfs", 20.0), ("fcfs", 40.0), ("rotasched", 20.0), ("rotasched", 40.0)}
+    assert all(run["label"] == "simulated" and run["summary"]["requests"] == 80 for run in document["runs"])
+    for name in ("attainment_vs_rate", "p99_ttft_vs_rate", "cdf_ttft", "cdf_tbt"):
+        assert (out / f"simulate_{name}.png").stat().st_size > 1000
+
+
+def test_profile_overrides_and_bad_specs():
+    assert replace(linear_profile(), num_device_blocks=7).num_device_blocks == 7
+    with pytest.raises(ValueError):
+        resolve("gh200")
+    with pytest.raises(ValueError):
+        resolve("tpu:llama-3-8b")
