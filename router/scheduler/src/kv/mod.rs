@@ -13,4 +13,7 @@ mod host_pool;
 mod prefix_hash;
 mod transfers;
 
+#[cfg(test)]
+mod tests;
+
 pub(crate) use block_manager::{BlockManager, Slot};
