@@ -58,7 +58,11 @@ class CpuBackend:
 
     def start(self, swap_out: CopyPlan, swap_in: CopyPlan) -> tuple[CpuCompletion, CpuCompletion]:
         out = self._native.copy(True, swap_out.src_ids, swap_out.dst_ids)
-        into = self._native.copy(False, swap_in.src_ids, swap_in.dst_ids)
+        try:
+            into = self._native.copy(False, swap_in.src_ids, swap_in.dst_ids)
+        except Exception:
+            out.wait()  # no handle will track the swap-out: let it land before raising
+            raise
         return CpuCompletion(out, len(swap_out) == 0), CpuCompletion(into, len(swap_in) == 0)
 
     def close(self) -> None:

@@ -59,7 +59,11 @@ class CudaBackend:
         self, swap_out: CopyPlan, swap_in: CopyPlan
     ) -> tuple[CudaCompletion, CudaCompletion]:
         out = self._native.copy(True, swap_out.src_ids, swap_out.dst_ids, self._method)
-        into = self._native.copy(False, swap_in.src_ids, swap_in.dst_ids, self._method)
+        try:
+            into = self._native.copy(False, swap_in.src_ids, swap_in.dst_ids, self._method)
+        except Exception:
+            out.wait()  # no handle will track the swap-out: let it land before raising
+            raise
         return CudaCompletion(out), CudaCompletion(into)
 
     def close(self) -> None:
