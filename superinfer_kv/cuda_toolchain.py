@@ -78,8 +78,10 @@ def nvcc_compile(source: Path, output: Path, toolchain: Toolchain | None = None)
 
 def _fingerprint(toolchain: Toolchain, flags: list[str]) -> str:
     digest = hashlib.sha256()
+    # The CUDA sources and every header (the CPU-only sources do not affect this build).
     for path in sorted(CSRC.iterdir()):
-        digest.update(path.name.encode() + path.read_bytes())
+        if path.name in CUDA_SOURCES or path.suffix == ".h":
+            digest.update(path.name.encode() + path.read_bytes())
     digest.update(" ".join(flags).encode())
     digest.update(str(toolchain.nvcc.resolve()).encode() + torch.__version__.encode())
     return digest.hexdigest()[:16]
