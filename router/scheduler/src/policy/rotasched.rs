@@ -110,10 +110,11 @@ impl Scheduler {
         }
         let bytes = u64::from(need) * self.config.block_bytes;
         let budget = ctx.budget.as_ref().expect("rotasched sets a budget");
-        // A due request larger than a whole step's budget may still go alone, or it could
-        // never return.
+        // A request larger than a whole step's budget may still go alone when it is due (or
+        // it could never return) or when the step computes nothing (the link is idle anyway).
         let alone = budget.used(Direction::In) == 0;
-        if !(budget.fits(Direction::In, bytes) || (due && alone)) {
+        let idle = ctx.plan.scheduled.is_empty();
+        if !(budget.fits(Direction::In, bytes) || ((due || idle) && alone)) {
             return;
         }
         let free = self.blocks.free_device();
