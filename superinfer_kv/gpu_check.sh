@@ -6,7 +6,7 @@
 #   gpu_tests.xml    pytest's junit report; *.log the raw output of each step
 # Needs torch with CUDA and nvcc (on PATH or the pinned PyPI package); ninja and pytest are used
 # when present (without ninja the extension is built with nvcc directly; without pytest the
-# tests step is reported as not run). No network access is needed.
+# tests run under superinfer_kv/tests/run_without_pytest.py). No network access is needed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
@@ -36,8 +36,9 @@ print(load_cuda_extension())"
 if "$PYTHON" -c "import pytest" 2>/dev/null; then
   step tests "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
     superinfer_kv/tests/test_cuda_transfer.py superinfer_kv/tests/test_validation.py
-else
-  echo '{"rc": null, "seconds": 0, "note": "pytest not installed"}' >"$STEPS/tests.json"
+else  # a bare image: the stand-in runner covers what these tests use
+  step tests "$PYTHON" -m superinfer_kv.tests.run_without_pytest \
+    superinfer_kv/tests/test_cuda_transfer.py superinfer_kv/tests/test_validation.py
 fi
 
 step bench timeout 400 "$PYTHON" -m superinfer_kv.bench --skip-cpu --out "$OUT/gpu_bench.json"
@@ -51,6 +52,10 @@ summary = {"torch": torch.__version__, "cuda": torch.version.cuda,
 for name in ("build", "tests", "bench"):
     path = steps / f"{name}.json"
     summary[name] = json.loads(path.read_text()) if path.exists() else None
+log = out / "tests.log"
+lines = log.read_text().strip().splitlines() if log.exists() else []
+if lines and lines[-1].startswith("{"):  # the stand-in runner's summary line
+    summary["test_counts"] = json.loads(lines[-1])
 junit = out / "gpu_tests.xml"
 if junit.exists():
     suite = tree.parse(junit).getroot()
