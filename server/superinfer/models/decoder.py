@@ -100,9 +100,10 @@ class DecoderForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def reset_buffers(self) -> None:
-        """Recomputes derived (non-checkpoint) buffers; the loader calls it after `to_empty`."""
-        self.model.rotary_emb.reset_buffers()
+    def reset_buffers(self, device: torch.device) -> None:
+        """Recomputes derived (non-checkpoint) buffers on `device`; the loader calls it after
+        building the model on the meta device."""
+        self.model.rotary_emb.reset_buffers(device)
 
     def forward(self, input_ids: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids: [T]; kv_cache: [N, L, 2, block_size, Hkv, D] -> final hidden states [T, hidden]."""

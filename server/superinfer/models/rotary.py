@@ -37,9 +37,9 @@ class RotaryEmbedding(torch.nn.Module):
         # A buffer, not a parameter: it follows .to(device) but is not loaded from checkpoints.
         self.register_buffer("inv_freq", inverse_frequencies(config.rope, config.head_dim), persistent=False)
 
-    def reset_buffers(self) -> None:
+    def reset_buffers(self, device: torch.device) -> None:
         """Recomputes the frequencies (after the model was built on the meta device)."""
-        self.inv_freq = inverse_frequencies(self.rope, self.head_dim).to(self.inv_freq.device)
+        self.inv_freq = inverse_frequencies(self.rope, self.head_dim).to(device)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] -> cos, sin: [T, 1, D] in `dtype` (float32 math, as Hugging Face)."""

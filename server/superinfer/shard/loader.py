@@ -124,11 +124,11 @@ def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: tor
             f"weights in {directory} do not match the {model.config.architecture} model: "
             f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
         )
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.shape != state[name].shape:
-                raise LoaderError(f"weight {name} has shape {tuple(state[name].shape)}, expected {tuple(param.shape)}")
-            param.copy_(state[name])
+    for name, param in model.named_parameters():
+        if param.shape != state[name].shape:
+            raise LoaderError(f"weight {name} has shape {tuple(state[name].shape)}, expected {tuple(param.shape)}")
+    # assign=True adopts the loaded tensors as the parameters: no second copy of the weights.
+    model.load_state_dict(state, strict=False, assign=True)
 
 
 def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) -> LoadedModel:
@@ -139,15 +139,14 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) ->
     except ConfigError as err:
         raise LoaderError(f"{source.directory}: {err}") from None
     tokenizer = read_tokenizer_info(source.directory, config.eos_token_ids)
-    # Built on the meta device then given uninitialised storage: random initialisation of
-    # weights about to be overwritten would cost seconds.
+    # Built on the meta device, then the checkpoint's tensors become the parameters: random
+    # initialisation of weights about to be replaced would cost seconds.
     with torch.device("meta"):
         model = cls(config)
-    model = model.to_empty(device="cpu").to(dtype)
-    model.reset_buffers()
-    if config.tie_word_embeddings:  # to_empty gives each module its own storage: tie again
-        model.lm_head.weight = model.model.embed_tokens.weight
     _load_weights(model, source.directory, dtype)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.reset_buffers(torch.device("cpu"))
     model = model.to(device).eval()
     log.info("loaded %s (%s, %d layers) from %s", source.model_id, config.architecture, config.num_layers, source.directory)
     return LoadedModel(model_id=source.model_id, config=model.config, model=model, tokenizer=tokenizer)
