@@ -52,6 +52,46 @@ pub fn validate_parameters(
         return Err(ValidationError::Watermark);
     }
     let best_of = validate_best_of(parameters, limits)?;
+    let mut sampling = validate_sampling(parameters)?;
+    if parameters.max_new_tokens == Some(0) {
+        return Err(ValidationError::NegativeMaxNewTokens);
+    }
+    if parameters.stop.len() > limits.max_stop_sequences {
+        return Err(ValidationError::StopSequence(limits.max_stop_sequences, parameters.stop.len()));
+    }
+    sampling.seed = match parameters.seed {
+        Some(_) if best_of > 1 => return Err(ValidationError::BestOfSeed),
+        Some(seed) => seed,
+        None => random_seed,
+    };
+    let top_n_tokens = parameters.top_n_tokens.unwrap_or(0);
+    if top_n_tokens > limits.max_top_n_tokens {
+        return Err(ValidationError::TopNTokens(limits.max_top_n_tokens, top_n_tokens));
+    }
+    let truncate = match parameters.truncate {
+        Some(value) if value == 0 || value > limits.max_input_tokens => {
+            return Err(ValidationError::Truncate(limits.max_input_tokens, value))
+        }
+        other => other,
+    };
+    let slo = parameters.slo.as_ref().map(validate_slo).transpose()?;
+    Ok(ValidParameters {
+        sampling,
+        best_of,
+        max_new_tokens: parameters.max_new_tokens,
+        stop: parameters.stop.clone(),
+        truncate,
+        top_n_tokens,
+        details: parameters.details,
+        decoder_input_details: parameters.decoder_input_details,
+        return_full_text: parameters.return_full_text.unwrap_or(false),
+        ignore_eos: parameters.ignore_eos,
+        slo,
+    })
+}
+
+/// The sampling values, in TGI's order of checks (the seed is decided by the caller).
+fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, ValidationError> {
     let temperature = parameters.temperature.unwrap_or(1.0);
     if !(temperature > 0.0) {
         return Err(ValidationError::Temperature);
@@ -71,55 +111,21 @@ pub fn validate_parameters(
         Some(value) => value as u32,
         None => 0,
     };
-    if parameters.max_new_tokens == Some(0) {
-        return Err(ValidationError::NegativeMaxNewTokens);
-    }
-    if parameters.stop.len() > limits.max_stop_sequences {
-        return Err(ValidationError::StopSequence(limits.max_stop_sequences, parameters.stop.len()));
-    }
-    let seed = match parameters.seed {
-        Some(_) if best_of > 1 => return Err(ValidationError::BestOfSeed),
-        Some(seed) => seed,
-        None => random_seed,
-    };
-    let top_n_tokens = parameters.top_n_tokens.unwrap_or(0);
-    if top_n_tokens > limits.max_top_n_tokens {
-        return Err(ValidationError::TopNTokens(limits.max_top_n_tokens, top_n_tokens));
-    }
-    let truncate = match parameters.truncate {
-        Some(value) if value == 0 || value > limits.max_input_tokens => {
-            return Err(ValidationError::Truncate(limits.max_input_tokens, value))
-        }
-        other => other,
-    };
-    let slo = parameters.slo.as_ref().map(validate_slo).transpose()?;
     // TGI samples whenever a warper is set, even without `do_sample`.
     let do_sample = parameters.do_sample
         || temperature != 1.0
         || top_k > 0
         || top_p < 1.0
         || typical_p < 1.0;
-    Ok(ValidParameters {
-        sampling: SamplingParams {
-            do_sample,
-            temperature,
-            top_k,
-            top_p,
-            typical_p,
-            repetition_penalty,
-            frequency_penalty,
-            seed,
-        },
-        best_of,
-        max_new_tokens: parameters.max_new_tokens,
-        stop: parameters.stop.clone(),
-        truncate,
-        top_n_tokens,
-        details: parameters.details,
-        decoder_input_details: parameters.decoder_input_details,
-        return_full_text: parameters.return_full_text.unwrap_or(false),
-        ignore_eos: parameters.ignore_eos,
-        slo,
+    Ok(SamplingParams {
+        do_sample,
+        temperature,
+        top_k,
+        top_p,
+        typical_p,
+        repetition_penalty,
+        frequency_penalty,
+        seed: 0,
     })
 }
 
