@@ -4,6 +4,7 @@ the layers do no per-request Python work.
 
 Flat order: every prefill chunk (more than one token) first, then every decode; each group's
 rows are contiguous. `ChunkRows` maps each chunk, in the caller's order, back to its rows."""
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -93,7 +94,7 @@ def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) 
     first_rows = [0] * len(chunks)
     for rank, index in enumerate(order):
         first_rows[index] = int(offsets[rank])
-    input_ids = torch.tensor([t for c in ordered for t in c.token_ids], dtype=torch.int64)
+    input_ids = torch.tensor(list(itertools.chain.from_iterable(c.token_ids for c in ordered)), dtype=torch.int64)
     # positions[t] = start of its chunk + index within the chunk.  [T]
     chunk_of_row = torch.repeat_interleave(torch.arange(len(ordered)), lengths)
     positions = starts[chunk_of_row] + torch.arange(int(lengths.sum())) - offsets[chunk_of_row]
