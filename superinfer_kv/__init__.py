@@ -4,8 +4,9 @@
     handle = engine.submit(swap_out=(device_ids, host_ids), swap_in=(host_ids, device_ids))
     handle.order_compute_after_in(); ...; handle.wait()
 
-Modules: `engine` (entry point), `config` (tuning), `validation` (entry checks), `handle` (completion),
-`cpu_backend` and `cuda_backend` (the copies), `extension` (JIT build of csrc/), `bench`.
+Modules: `engine` (entry point), `config` (tuning), `validation` (entry checks), `handle`
+(completion), `cpu_backend` and `cuda_backend` (the copies), `extension` and `cuda_toolchain`
+(building csrc/), `bench` and `bench_gpu` (figures).
 """
 
 from .config import TransferConfig

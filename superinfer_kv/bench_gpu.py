@@ -72,7 +72,9 @@ def _method_figures(pools: _Pools, method: str, reference: dict, repeats: int) -
     engine = TransferEngine(pools.device, pools.host, TransferConfig(cuda_method=method))
     out = _seconds(lambda: engine.submit(swap_out=pools.swap_out).wait(), repeats)
     into = _seconds(lambda: engine.submit(swap_in=pools.swap_in).wait(), repeats)
-    both = _seconds(lambda: engine.submit(swap_out=pools.swap_out, swap_in=pools.swap_in).wait(), repeats)
+    both = _seconds(
+        lambda: engine.submit(swap_out=pools.swap_out, swap_in=pools.swap_in).wait(), repeats
+    )
     probe = engine.submit(swap_out=pools.swap_out, swap_in=pools.swap_in)
     probe.wait()
     engine.close()
@@ -94,7 +96,10 @@ def _per_block_loop_figures(pools: _Pools, repeats: int) -> dict:
     loop_out = _seconds(lambda: backend.native.copy_per_block(True, src, dst), repeats)
     src, dst = pools.swap_in
     loop_in = _seconds(lambda: backend.native.copy_per_block(False, src, dst), repeats)
-    return {"loop_out_gbps": _gbps(pools.nbytes, loop_out), "loop_in_gbps": _gbps(pools.nbytes, loop_in)}
+    return {
+        "loop_out_gbps": _gbps(pools.nbytes, loop_out),
+        "loop_in_gbps": _gbps(pools.nbytes, loop_in),
+    }
 
 
 def _kernel_cta_sweep(pools: _Pools, repeats: int) -> dict:
@@ -104,7 +109,10 @@ def _kernel_cta_sweep(pools: _Pools, repeats: int) -> dict:
         engine = TransferEngine(pools.device, pools.host, config)
         out = _seconds(lambda: engine.submit(swap_out=pools.swap_out).wait(), repeats)
         into = _seconds(lambda: engine.submit(swap_in=pools.swap_in).wait(), repeats)
-        figures[str(ctas)] = {"out_gbps": _gbps(pools.nbytes, out), "in_gbps": _gbps(pools.nbytes, into)}
+        figures[str(ctas)] = {
+            "out_gbps": _gbps(pools.nbytes, out),
+            "in_gbps": _gbps(pools.nbytes, into),
+        }
         engine.close()
     return figures
 

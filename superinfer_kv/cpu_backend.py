@@ -46,7 +46,9 @@ class CpuBackend:
 
     name = "cpu"
 
-    def __init__(self, device_kv: torch.Tensor, host_kv: torch.Tensor, num_threads: int = 0) -> None:
+    def __init__(
+        self, device_kv: torch.Tensor, host_kv: torch.Tensor, num_threads: int = 0
+    ) -> None:
         extension = load_cpu_extension()
         self._native = extension.CpuTransfer(
             device_kv, host_kv, num_threads or default_thread_count()

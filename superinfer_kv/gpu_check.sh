@@ -60,7 +60,8 @@ junit = out / "gpu_tests.xml"
 if junit.exists():
     suite = tree.parse(junit).getroot()
     suite = suite if suite.tag == "testsuite" else suite[0]
-    summary["test_counts"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    keys = ("tests", "failures", "errors", "skipped")
+    summary["test_counts"] = {k: int(suite.get(k, 0)) for k in keys}
 (out / "gpu_check.json").write_text(json.dumps(summary, indent=2) + "\n")
 print(json.dumps(summary, indent=2))
 PY

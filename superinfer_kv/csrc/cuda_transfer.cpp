@@ -143,7 +143,8 @@ void CudaTransfer::launch_kernel(const char* src, char* dst, const std::vector<C
   const int64_t count = static_cast<int64_t>(pieces.size());
   // pieces: [count, 3] int64 — staged in pinned memory and uploaded on the copy stream; the
   // non-blocking copy records the stream on both buffers so neither is reused too early.
-  at::Tensor staged = at::empty({count, 3}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  const auto pinned = at::TensorOptions().dtype(at::kLong).pinned_memory(true);
+  at::Tensor staged = at::empty({count, 3}, pinned);
   std::memcpy(staged.data_ptr(), pieces.data(), pieces.size() * sizeof(CopyRun));
   const c10::cuda::CUDAStreamGuard stream_guard(
       c10::cuda::getStreamFromExternal(stream, static_cast<c10::DeviceIndex>(device_index_)));

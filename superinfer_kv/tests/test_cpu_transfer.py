@@ -27,7 +27,8 @@ def test_round_trip_is_bit_exact(dtype: torch.dtype) -> None:
         back_ids = torch.randperm(64, generator=generator)[:40]
         engine.submit(swap_in=(host_ids, back_ids)).wait()
         # Bitwise comparison: NaN-safe and catches any conversion.
-        assert torch.equal(device_kv[back_ids].view(torch.uint8), original[device_ids].view(torch.uint8))
+        moved, expected = device_kv[back_ids], original[device_ids]
+        assert torch.equal(moved.view(torch.uint8), expected.view(torch.uint8))
         device_kv.copy_(original)
 
 
