@@ -24,6 +24,7 @@ import numpy
 import torch
 
 from . import TransferEngine
+from .cpu_backend import default_thread_count
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ def cpu_bench(geometry: BlockGeometry, blocks: int, repeats: int) -> dict:
         "block_bytes": geometry.block_bytes,
         "blocks_per_direction": blocks,
         "bytes_per_direction": nbytes,
-        "threads": torch.get_num_threads(),
+        "engine_threads": default_thread_count(),
+        "torch_threads": torch.get_num_threads(),
         "contiguous_torch_copy_gbps": _gbps(nbytes, torch_copy),
         "contiguous_numpy_copy_gbps": _gbps(nbytes, numpy_copy),
         "contiguous_copy_gbps": _gbps(nbytes, contiguous),
