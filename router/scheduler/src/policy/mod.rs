@@ -16,7 +16,7 @@ use crate::config::PolicyKind;
 use crate::plan::StepPlan;
 use crate::request::Phase;
 use crate::scheduler::Scheduler;
-use crate::step::StepCtx;
+use crate::step::{Outcome, StepCtx};
 
 impl Scheduler {
     /// Decides the next step: what to compute, what to move, whom to preempt. Requests whose
@@ -30,7 +30,10 @@ impl Scheduler {
             PolicyKind::Swap => self.plan_reactive(&mut ctx, true),
             PolicyKind::RotaSched => self.plan_rotasched(&mut ctx),
         }
-        self.break_deadlock(&mut ctx);
+        if matches!(self.config.policy, PolicyKind::Swap | PolicyKind::RotaSched) {
+            // Only the policies that rotate can strand blocks on device.
+            self.break_deadlock(&mut ctx);
+        }
         let plan = self.seal(ctx);
         self.debug_check("plan");
         plan
@@ -39,9 +42,10 @@ impl Scheduler {
     /// Guarantees progress when a plan would do nothing although requests wait: rotated
     /// requests keep their shared prefix blocks on device, and RotaSched refuses victims that
     /// could not return on time, so blocks can end up held with nobody able to move. With no
-    /// transfer or step result still to come, the newest rotated request (else the newest
-    /// running one) is dropped for recompute. Always evicting the newest means the oldest
-    /// request keeps progressing, and every admitted request fits the device pool alone.
+    /// transfer or step result still to come, rotated requests are dropped for recompute
+    /// (newest first) and then the oldest request with work is served, evicting the newest
+    /// running ones for recompute as vLLM does. The oldest thus always progresses, and it fits
+    /// the device pool alone, so nothing livelocks.
     fn break_deadlock(&mut self, ctx: &mut StepCtx) {
         if !ctx.plan.is_empty() {
             return;
@@ -49,24 +53,42 @@ impl Scheduler {
         let settling = self.requests.values().any(|r| {
             r.pending_steps > 0 || matches!(r.phase, Phase::SwappingOut | Phase::SwappingIn)
         });
-        let starved = self.requests.values().any(|r| r.has_work());
-        if settling || !starved {
+        let oldest = self
+            .requests
+            .values()
+            .filter(|r| r.has_work() && matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated))
+            .min_by_key(|r| r.seq)
+            .map(|r| r.id);
+        let Some(oldest) = oldest else { return };
+        if settling {
             return;
         }
-        let newest = |phase: Phase, this: &Self| {
-            this.requests
-                .values()
-                .filter(|r| r.phase == phase && !r.doomed && (phase == Phase::Rotated || r.has_work()))
-                .max_by_key(|r| r.seq)
-                .map(|r| r.id)
-        };
-        let victim = newest(Phase::Rotated, self).or_else(|| newest(Phase::Running, self));
-        if let Some(id) = victim {
-            if self.requests.values().filter(|r| r.has_work() || r.phase == Phase::Rotated).count() > 1
-                || self.requests[&id].phase == Phase::Rotated
-            {
-                self.preempt_for_recompute(ctx, id);
+        while let Some(rotated) = self.newest(ctx, Phase::Rotated) {
+            self.preempt_for_recompute(ctx, rotated);
+        }
+        loop {
+            let outcome = match self.requests[&oldest].phase {
+                Phase::Running => self.schedule_running(ctx, oldest, 0),
+                _ => self.admit(ctx, oldest, 0),
+            };
+            if !matches!(outcome, Outcome::NoBlocks(_)) {
+                return;
+            }
+            match self.newest(ctx, Phase::Running).filter(|id| *id != oldest) {
+                Some(victim) => {
+                    self.preempt_for_recompute(ctx, victim);
+                }
+                None => return,
             }
         }
+    }
+
+    fn newest(&self, ctx: &StepCtx, phase: Phase) -> Option<u64> {
+        self.requests
+            .values()
+            .filter(|r| r.phase == phase && !r.doomed)
+            .filter(|r| phase != Phase::Running || (r.has_work() && self.evictable(ctx, r.id)))
+            .max_by_key(|r| r.seq)
+            .map(|r| r.id)
     }
 }

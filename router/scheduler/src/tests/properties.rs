@@ -32,8 +32,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(policy: PolicyKind, device_blocks: u32, host_blocks: u32, ack_delay: u64, ops: &[Op]) {
+fn run(policy: PolicyKind, device_blocks: u32, host_blocks: u32, ack_delay: u64, caching: bool, ops: &[Op]) {
     let mut cfg = config(policy, device_blocks);
+    cfg.prefix_caching = caching;
     cfg.num_host_blocks = host_blocks;
     cfg.max_batch_tokens = 16;
     cfg.max_batch_requests = 6;
@@ -79,25 +80,25 @@ fn run(policy: PolicyKind, device_blocks: u32, host_blocks: u32, ack_delay: u64,
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
-    fn fcfs_holds_invariants(ops in prop::collection::vec(op(), 1..60), delay in 0u64..3) {
-        run(PolicyKind::Fcfs, 12, 16, delay, &ops);
+    fn fcfs_holds_invariants(ops in prop::collection::vec(op(), 1..120), delay in 0u64..3, caching in any::<bool>()) {
+        run(PolicyKind::Fcfs, 12, 16, delay, caching, &ops);
     }
 
     #[test]
-    fn recompute_holds_invariants(ops in prop::collection::vec(op(), 1..60), delay in 0u64..3) {
-        run(PolicyKind::Recompute, 10, 16, delay, &ops);
+    fn recompute_holds_invariants(ops in prop::collection::vec(op(), 1..120), delay in 0u64..3, caching in any::<bool>()) {
+        run(PolicyKind::Recompute, 10, 16, delay, caching, &ops);
     }
 
     #[test]
-    fn swap_holds_invariants(ops in prop::collection::vec(op(), 1..60), delay in 0u64..3, host in 0u32..20) {
-        run(PolicyKind::Swap, 10, host, delay, &ops);
+    fn swap_holds_invariants(ops in prop::collection::vec(op(), 1..120), delay in 0u64..3, host in 0u32..20, caching in any::<bool>()) {
+        run(PolicyKind::Swap, 10, host, delay, caching, &ops);
     }
 
     #[test]
-    fn rotasched_holds_invariants(ops in prop::collection::vec(op(), 1..60), delay in 0u64..3, host in 0u32..20) {
-        run(PolicyKind::RotaSched, 10, host, delay, &ops);
+    fn rotasched_holds_invariants(ops in prop::collection::vec(op(), 1..120), delay in 0u64..3, host in 0u32..20, caching in any::<bool>()) {
+        run(PolicyKind::RotaSched, 10, host, delay, caching, &ops);
     }
 }
