@@ -29,8 +29,7 @@ pub struct ScheduledEntry {
 }
 
 impl ScheduledEntry {
-    /// Whether this step reaches the end of the request's known tokens, so the shard samples.
-    /// (The scheduler knows; the engine reads it from `StepPlan::sampling`.)
+    /// Positions the request's KV covers once this step has run.
     pub fn end_position(&self) -> u32 {
         self.num_computed_tokens + self.num_new_tokens
     }

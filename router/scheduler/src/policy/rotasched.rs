@@ -55,16 +55,18 @@ impl Scheduler {
     }
 
     /// Urgency order, except that running requests with slack to spare for a round trip (the
-    /// possible victims) come last: the requests that cannot wait claim memory first, and the
-    /// ones that can are served with what is left — or rotated out to make room.
+    /// possible victims) come after the other punctual ones: the requests that cannot wait
+    /// claim memory first, and the ones that can are served with what is left — or rotated out
+    /// to make room. The late class still comes last, so a hopeless request never takes the
+    /// blocks a punctual one needs.
     fn service_order(&self, ctx: &StepCtx, step_s: f64) -> Vec<Urgency> {
         let spare: std::collections::BTreeSet<u64> =
             self.rotation_victims(ctx, u64::MAX, step_s).iter().map(|v| v.id).collect();
-        let (deferred, urgent): (Vec<Urgency>, Vec<Urgency>) = self
-            .urgency_order(ctx.now, step_s)
-            .into_iter()
-            .partition(|u| spare.contains(&u.id));
-        urgent.into_iter().chain(deferred).collect()
+        let (late, punctual): (Vec<Urgency>, Vec<Urgency>) =
+            self.urgency_order(ctx.now, step_s).into_iter().partition(|u| u.late);
+        let (deferred, urgent): (Vec<Urgency>, Vec<Urgency>) =
+            punctual.into_iter().partition(|u| spare.contains(&u.id));
+        urgent.into_iter().chain(deferred).chain(late).collect()
     }
 
     fn is_running_decode(&self, id: u64) -> bool {

@@ -181,3 +181,20 @@ fn rotation_meets_a_burst_ttft_that_baselines_miss() {
     assert!(rotasched >= 8, "rotasched met {rotasched}/10");
     assert!(rotasched > recompute && rotasched > fcfs, "{rotasched} vs {recompute}, {fcfs}");
 }
+
+#[test]
+fn a_hopeless_arrival_does_not_take_the_block_a_relaxed_decode_needs() {
+    let mut d = Driver::new(config(PolicyKind::RotaSched, 8));
+    d.add(with_slo(spec(1, 7, 10, 0.0), 1.0, 5.0)); // relaxed: a rotation candidate
+    d.add(with_slo(spec(2, 16, 3, 0.0), 1.0, 0.1)); // 5 blocks by step 2: 1 left
+    d.step();
+    d.step();
+    d.add(with_slo(spec(3, 3, 2, 0.0), 0.000_1, 0.1)); // hopeless from the start
+    let plan = d.step();
+    let relaxed = plan.scheduled.iter().find(|e| e.id == 1).expect("the decode runs");
+    assert_eq!((relaxed.num_computed_tokens, relaxed.block_table.len()), (8, 3));
+    assert!(!plan.first_scheduled.contains(&3), "the late request waits for free blocks");
+    d.run_to_completion(200);
+    assert!(d.finished.contains(&3));
+    d.assert_all_free();
+}
