@@ -179,6 +179,7 @@ std::shared_ptr<CudaJob> CudaTransfer::copy(bool swap_out, const at::Tensor& src
   const std::vector<CopyRun> runs = coalesce_runs(src_ptr, dst_ptr, count, block_bytes_);
   const CopyMethod chosen = choose_method(runs, method);
 
+  const std::lock_guard<std::mutex> lock(swap_out ? out_mutex_ : in_mutex_);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
   const cudaStream_t stream = swap_out ? out_stream_ : in_stream_;
   const cudaEvent_t ready = swap_out ? out_ready_ : in_ready_;

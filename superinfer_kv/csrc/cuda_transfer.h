@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "copy_runs.h"
@@ -82,6 +83,10 @@ class CudaTransfer {
   // Recorded on the caller's stream at each submit; the copy stream waits on it.
   cudaEvent_t out_ready_ = nullptr;
   cudaEvent_t in_ready_ = nullptr;
+  // copy() runs without the GIL: one lock per direction keeps concurrent submits from
+  // interleaving a record/wait pair on the shared ready event.
+  std::mutex out_mutex_;
+  std::mutex in_mutex_;
 };
 
 }  // namespace duplexkv
