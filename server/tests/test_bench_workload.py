@@ -111,3 +111,12 @@ def test_sharegpt_lengths_follow_the_filter(tmp_path):
     assert len(conversations) == 2
     specs = plan(WorkloadConfig(num_requests=3, lengths="sharegpt"), None, conversations, WordTokenizer())
     assert [(s.prompt_tokens, s.max_new_tokens, s.prompt) for s in specs] == [(5, 6, "w w w w w")] * 3
+
+
+def test_a_truncated_sharegpt_file_keeps_its_complete_entries(tmp_path):
+    path = tmp_path / "cut.json"
+    path.write_text(
+        '[{"id": "a", "conversations": [{"from": "human", "value": "p"}, {"from": "gpt", "value": "r"}]},\n'
+        ' {"id": "b", "conversations": [{"from": "human", "value": "cut off mid-str'
+    )
+    assert load_conversations(path) == [Conversation("p", "r")]
