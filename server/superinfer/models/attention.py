@@ -20,8 +20,9 @@ class AttentionGroup:
     # contiguous in the batch: [row_start, row_start + num_rows).
     row_start: int
     num_rows: int
-    # [B, 2, nb] row of each context block's K (0) and V (1) in the cache viewed as
-    # [N·L·2, block_size·Hkv·D], for layer 0; layer l adds 2·l. Padded with a valid block.
+    # [B, 2, Hkv, S_ctx] row of each context token's K (0) and V (1) head vector in the cache
+    # viewed as [N·L·2·block_size·Hkv, D], for layer 0 (layer l starts 2·block_size·Hkv·l
+    # rows further). Padded with a valid row.
     context_rows: torch.Tensor
     # [B, 1, G·Q, S_ctx] True where a query may attend a key; None when every key is visible.
     mask: torch.Tensor | None
@@ -50,14 +51,13 @@ def write_kv(kv_cache: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tenso
 
 
 def _gather_context(kv_cache: torch.Tensor, layer: int, context_rows: torch.Tensor):
-    # One index_select of whole contiguous blocks (block_size·Hkv·D values each) gathers K and
-    # V of every request.  -> k, v: [B, Hkv, S_ctx, D] (views of one [B, 2, S_ctx, Hkv, D] copy)
+    # One index_select gathers K and V of every request straight into the head-major layout
+    # SDPA reads fastest (a strided [B, S, Hkv, D] view runs about 2x slower on the CPU).
+    # -> k, v: [B, Hkv, S_ctx, D]
     _, _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
-    batch, _, num_blocks = context_rows.shape
-    flat = kv_cache.view(-1, block_size * num_kv_heads * head_dim)
-    context = flat.index_select(0, (context_rows + 2 * layer).view(-1))
-    context = context.view(batch, 2, num_blocks * block_size, num_kv_heads, head_dim)
-    return context[:, 0].transpose(1, 2), context[:, 1].transpose(1, 2)
+    layer_rows = kv_cache.view(-1, head_dim)[2 * block_size * num_kv_heads * layer :]
+    context = layer_rows.index_select(0, context_rows.view(-1)).view(*context_rows.shape, head_dim)
+    return context[:, 0], context[:, 1]
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> torch.Tensor:

@@ -27,6 +27,7 @@ class BatchLayout:
 
     block_size: int
     num_layers: int
+    num_kv_heads: int
     # Query heads per KV head (grouped-query attention).
     query_groups: int
     sliding_window: int | None = None
@@ -57,20 +58,31 @@ def _context_mask(starts: torch.Tensor, lengths: torch.Tensor, queries: int, key
     return allowed[:, None]
 
 
+def _context_rows(chunks: list[Chunk], keys: int, layout: BatchLayout, num_kv_heads: int) -> torch.Tensor:
+    """[B, 2, Hkv, S] row of every context token's K/V head vector in the cache viewed as
+    [N·L·2·block_size·Hkv, D] (layer 0); positions past a request's context point into one of
+    its own blocks, whose values are finite, and are masked out."""
+    block_size = layout.block_size
+    block_tables = _padded([c.block_table for c in chunks], -(-keys // block_size))  # [B, nb]
+    positions = torch.arange(keys)
+    blocks = block_tables[:, positions // block_size]  # [B, S]
+    per_block = layout.num_layers * 2 * block_size * num_kv_heads
+    token_rows = blocks * per_block + (positions % block_size)[None, :] * num_kv_heads  # [B, S]
+    kv_offset = torch.arange(2)[None, :, None, None] * (block_size * num_kv_heads)
+    head_offset = torch.arange(num_kv_heads)[None, None, :, None]
+    return token_rows[:, None, None, :] + kv_offset + head_offset
+
+
 def _group(chunks: list[Chunk], row_start: int, layout: BatchLayout, decode: bool) -> AttentionGroup:
     lengths = torch.tensor([len(c.token_ids) for c in chunks], dtype=torch.int64)
     starts = torch.tensor([c.start for c in chunks], dtype=torch.int64)
     context = starts + lengths
-    num_blocks = int((int(context.max()) + layout.block_size - 1) // layout.block_size)
-    block_tables = _padded([c.block_table for c in chunks], num_blocks)  # [B, nb]
-    # Row of K and V of layer 0 in the cache viewed as [N·L·2, block elements].  [B, 2, nb]
-    context_rows = block_tables[:, None, :] * (2 * layout.num_layers) + torch.arange(2)[None, :, None]
-    keys = num_blocks * layout.block_size
+    keys = int(context.max())
+    context_rows = _context_rows(chunks, keys, layout, layout.num_kv_heads)
     queries = int(lengths.max())
-    mask = _context_mask(starts, lengths, queries, keys, layout.sliding_window)
-    if decode and layout.sliding_window is None and bool((context == keys).all()):
-        mask = None  # every key is visible to every query
-    elif mask is not None:
+    mask = None
+    if not (decode and layout.sliding_window is None and bool((context == keys).all())):
+        mask = _context_mask(starts, lengths, queries, keys, layout.sliding_window)
         mask = mask.repeat(1, 1, layout.query_groups, 1)  # queries folded as [G, Q] -> [B, 1, G·Q, S]
     num_rows = int(lengths.sum())
     if decode:

@@ -19,7 +19,9 @@ class ModelRunner:
         self.geometry = KVGeometry.for_model(loaded.config, block_size, dtype)
         self.cache: KVCache | None = None
         config = loaded.model.config
-        self.layout = BatchLayout(block_size, config.num_layers, config.num_heads // config.num_kv_heads, config.sliding_window)
+        self.layout = BatchLayout(
+            block_size, config.num_layers, config.num_kv_heads, config.num_heads // config.num_kv_heads, config.sliding_window
+        )
 
     @property
     def config(self) -> ModelConfig:
