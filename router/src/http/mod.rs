@@ -52,6 +52,7 @@ pub fn router(config: HttpConfig, engine: EngineHandle, info: &ModelInfo) -> Res
         .route_layer(middleware::from_fn_with_state(state.clone(), extract::require_api_key));
     let open_routes = Router::new()
         .route("/health", get(info::health))
+        .route("/ping", get(info::health))
         .route("/info", get(info::info))
         .route("/metrics", get(info::metrics))
         .route("/v1/models", get(info::models))

@@ -313,3 +313,23 @@ async fn read_only_routes() {
     let tokens: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(tokens[1], json!({"id": tokens[1]["id"], "text": " world", "start": 5, "stop": 11}));
 }
+
+#[tokio::test]
+async fn completions_stream_interleaves_choices_and_ends_once() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"prompt": ["a", "b"], "max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = sse_data(&text);
+    assert_eq!(events.iter().filter(|event| *event == "[DONE]").count(), 1);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<&Value> = events.iter().filter(|event| event["choices"].as_array().is_some_and(|c| !c.is_empty())).collect();
+    for index in 0..2 {
+        let choice: Vec<&Value> = chunks.iter().map(|chunk| &chunk["choices"][0]).filter(|c| c["index"] == index).collect();
+        assert_eq!(choice.len(), 3, "choice {index}");
+        assert_eq!(choice[2]["finish_reason"], "length");
+        let text: String = choice.iter().map(|c| c["text"].as_str().unwrap()).collect();
+        assert_eq!(text, "Hello world.");
+    }
+    assert_eq!(events[events.len() - 2]["usage"]["completion_tokens"], 6);
+}
