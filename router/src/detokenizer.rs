@@ -123,4 +123,27 @@ mod tests {
         let pieces = stream(&tokenizer, &[], cut);
         assert_eq!(pieces.concat(), tokenizer.decode(cut, true).unwrap());
     }
+
+    /// A SentencePiece-style tokenizer: a word's leading space is a "▁" that the decoder drops
+    /// at the start of the decoded text, so a token decoded alone loses its space.
+    fn metaspace() -> Tokenizer {
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,"post_processor":null,
+            "pre_tokenizer":{"type":"Metaspace","replacement":"\u2581","prepend_scheme":"always","split":true},
+            "decoder":{"type":"Metaspace","replacement":"\u2581","prepend_scheme":"always","split":true},
+            "model":{"type":"WordLevel","vocab":{"\u2581Hello":0,"\u2581world":1,"\u2581again":2,"[UNK]":3},
+                     "unk_token":"[UNK]"}}"#;
+        Tokenizer::from_json(json).unwrap()
+    }
+
+    #[test]
+    fn prompt_context_keeps_the_leading_space_of_sentencepiece_tokens() {
+        let tokenizer = metaspace();
+        assert_eq!(tokenizer.decode(&[1], true).unwrap(), "world");
+        let pieces = stream(&tokenizer, &[0], &[1, 2]);
+        assert_eq!(pieces.concat(), " world again");
+        let whole = tokenizer.decode(&[0, 1, 2], true).unwrap();
+        let prompt = tokenizer.decode(&[0], true).unwrap();
+        assert_eq!(pieces.concat(), whole[prompt.len()..]);
+    }
 }

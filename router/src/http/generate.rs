@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::extract::JsonBody;
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
-use super::headers::{figures, finished_headers, stream_headers};
+use super::headers::{figures, finished_headers, record_in_span, stream_headers};
 use super::request::{acquire_permit, validate_request, ValidRequest};
 use super::sse::{sse_response, EventSender};
 use super::state::AppState;
@@ -29,7 +29,8 @@ use crate::validation::validate_stream;
     responses((status = 200, body = GenerateResponse),
         (status = 422, body = ErrorBody), (status = 424, body = ErrorBody),
         (status = 429, body = ErrorBody)))]
-#[tracing::instrument(skip_all)]
+#[tracing::instrument(skip_all, fields(total_time, validation_time, queue_time, inference_time,
+    time_per_token, seed))]
 pub(crate) async fn generate(
     State(state): State<Arc<AppState>>,
     JsonBody(request): JsonBody<GenerateRequest>,
@@ -199,7 +200,8 @@ fn stream_response(state: Arc<AppState>, request: GenerateRequest, arrival: Inst
     })
 }
 
-#[tracing::instrument(skip_all, name = "generate_stream_events")]
+#[tracing::instrument(skip_all, name = "generate_stream_events", fields(total_time,
+    validation_time, queue_time, inference_time, time_per_token, seed))]
 async fn run_stream(
     state: &AppState,
     request: GenerateRequest,
@@ -223,7 +225,9 @@ async fn run_stream(
         match event.ok_or(HttpError::Incomplete)?? {
             GenerationEvent::Token { index, token, top_tokens, end, .. } => {
                 let last = end.as_ref().map(|output| {
-                    metrics::request_succeeded(&figures(output, valid.max_new_tokens));
+                    let figures = figures(output, valid.max_new_tokens);
+                    metrics::request_succeeded(&figures);
+                    record_in_span(&figures, output.seed);
                     (
                         full_text(&valid, &output.generated_text),
                         StreamDetails {

@@ -28,6 +28,7 @@ pub(crate) fn finished_headers(
 ) -> HeaderMap {
     let figures = figures(output, max_new_tokens);
     metrics::request_succeeded(&figures);
+    record_in_span(&figures, output.seed);
     let mut headers = HeaderMap::new();
     let mut insert = |name: &'static str, value: String| {
         if let Ok(value) = HeaderValue::from_str(&value) {
@@ -45,6 +46,19 @@ pub(crate) fn finished_headers(
     insert("x-prompt-tokens", output.input_length.to_string());
     insert("x-generated-tokens", output.generated_tokens.to_string());
     headers
+}
+
+/// TGI's handler span fields; a span that does not declare them ignores the values.
+pub(crate) fn record_in_span(figures: &RequestFigures, seed: Option<u64>) {
+    let span = tracing::Span::current();
+    span.record("total_time", tracing::field::debug(figures.total));
+    span.record("validation_time", tracing::field::debug(figures.validation));
+    span.record("queue_time", tracing::field::debug(figures.queue));
+    span.record("inference_time", tracing::field::debug(figures.inference));
+    span.record("time_per_token", tracing::field::debug(figures.time_per_token()));
+    if let Some(seed) = seed {
+        span.record("seed", seed);
+    }
 }
 
 /// The headers of a streamed response (sent before the outcome is known).
