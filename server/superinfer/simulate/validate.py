@@ -1,7 +1,8 @@
 """Validation of the simulator on this machine: the same workload is benched against the real
-server (`superinfer bench compare`, one launch per policy) and simulated with the cost model
-that server measured at warm-up (read from its log), then attainment and p50/p99 TTFT are
-compared. Prints the relative error of each figure and writes `validation.json`.
+server (`superinfer bench compare`, one launch per policy) and simulated, then attainment and
+p50/p99 TTFT are compared. Two profiles are tried: the linear cost model the shard
+fitted at warm-up (read from its log), and one built from the unloaded latencies the bench
+measured first. Prints the relative error of each figure and writes `validation.json`.
 
     python -m superinfer.simulate.validate --out runs/validate --policies fcfs --rates 1,2,4
 """
@@ -15,7 +16,7 @@ from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.report import read_json
 from superinfer.bench.workload import WorkloadConfig, plan
 from superinfer.cli import main as superinfer_main
-from superinfer.simulate.profiles import from_server_log
+from superinfer.simulate.profiles import from_bench, from_server_log
 from superinfer.simulate.runner import SimOptions, simulate
 
 FIGURES = (("attainment", "ttft"), ("attainment", "tbt"), ("attainment", "both"), ("ttft_s", "p50"), ("ttft_s", "p99"))
@@ -27,6 +28,10 @@ def _relative(simulated: float | None, measured: float | None) -> float | None:
     if measured == 0:
         return 0.0 if simulated == 0 else None
     return (simulated - measured) / measured
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def compare_runs(measured: dict, simulated: dict) -> dict:
@@ -50,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-kv-blocks", type=int, default=256)
     parser.add_argument("--max-batch-tokens", type=int, default=512)
     parser.add_argument("--ttft-slo-scale", type=float, default=5.0)
-    parser.add_argument("--tbt-slo-scale", type=float, default=3.0)
+    parser.add_argument("--tbt-slo-scale", type=float, default=5.0)
+    parser.add_argument("--reuse", action="store_true", help="analyse an earlier measured run in --out again")
     args = parser.parse_args(argv)
     measured_dir = args.out / "measured"
-    code = superinfer_main([
+    code = 0 if args.reuse and (measured_dir / "compare.json").is_file() else superinfer_main([
         "bench", "compare", "--policies", args.policies, "--rates", args.rates, "--num-requests", str(args.num_requests),
         "--prompt-tokens", str(args.prompt_tokens), "--output-tokens", str(args.output_tokens), "--ignore-eos",
         "--ttft-slo-scale", str(args.ttft_slo_scale), "--tbt-slo-scale", str(args.tbt_slo_scale),
@@ -67,17 +73,25 @@ def main(argv: list[str] | None = None) -> int:
     config = WorkloadConfig(**{**document["workload"], "limits": LengthLimits(**document["workload"]["limits"])})
     measured = {(r.series, r.rate): r for r in read_json(measured_dir / "compare.json")}
     report = []
+    sources = {
+        # The linear model the shard fitted at warm-up, as the scheduler uses it.
+        "warm-up": lambda policy: from_server_log(measured_dir / f"server-{policy}.log",
+                                                  max_batch_tokens=args.max_batch_tokens),
+        # The unloaded latencies the bench measured just before the run.
+        "unloaded": lambda policy: from_bench(measured_dir / "compare.json"),
+    }
     for (policy, rate), run in sorted(measured.items()):
-        profile = from_server_log(measured_dir / f"server-{policy}.log", max_batch_tokens=args.max_batch_tokens)
-        profile = replace(profile, num_device_blocks=min(profile.num_device_blocks, args.device_kv_blocks),
-                          num_host_blocks=min(profile.num_host_blocks, args.host_kv_blocks))
         specs = plan(replace(config, rate=rate))
-        simulated = simulate(profile, specs, SimOptions(policy, slo), policy, rate)
-        rows = compare_runs(run.summary, simulated.summary)
-        report.append({"policy": policy, "rate": rate, "figures": rows})
-        for name, (m, s, error) in rows.items():
-            shown = "-" if error is None else f"{error * 100:+.0f}%"
-            print(f"{policy:>10} @ {rate:g} req/s  {name:<16} measured {m!s:<22} simulated {s!s:<22} error {shown}")
+        for source, make in sources.items():
+            profile = replace(make(policy), num_device_blocks=args.device_kv_blocks,
+                              num_host_blocks=args.host_kv_blocks, max_batch_tokens=args.max_batch_tokens)
+            simulated = simulate(profile, specs, SimOptions(policy, slo), policy, rate)
+            rows = compare_runs(run.summary, simulated.summary)
+            report.append({"policy": policy, "rate": rate, "profile": source, "figures": rows})
+            for name, (m, s, error) in rows.items():
+                shown = "-" if error is None else f"{error * 100:+.0f}%"
+                print(f"{policy:>10} @ {rate:g} req/s [{source:>8}] {name:<16} measured {_fmt(m):>8} "
+                      f"simulated {_fmt(s):>8} error {shown}")
     (args.out / "validation.json").write_text(json.dumps({"slo": document["slo"], "runs": report}, indent=1))
     return 0
 
