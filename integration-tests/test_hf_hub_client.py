@@ -20,13 +20,14 @@ def test_text_generation_stream(url):
 def test_chat_completion(url):
     client = InferenceClient(base_url=url, timeout=120)
     messages = [{"role": "user", "content": "Say hello."}]
-    reply = client.chat_completion(messages, max_tokens=8)
+    # Greedy, so the streamed reply must equal the whole one.
+    reply = client.chat_completion(messages, max_tokens=8, temperature=0)
     assert reply.choices[0].message.role == "assistant"
     assert reply.choices[0].message.content
     assert reply.usage.completion_tokens <= 8
     streamed = "".join(
         chunk.choices[0].delta.content or ""
-        for chunk in client.chat_completion(messages, max_tokens=8, stream=True)
+        for chunk in client.chat_completion(messages, max_tokens=8, temperature=0, stream=True)
         if chunk.choices
     )
     assert streamed == reply.choices[0].message.content
