@@ -69,8 +69,6 @@ pub enum ConfigError {
     Zero(&'static str),
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
-    #[error("chat template: {0}")]
-    Template(#[from] TemplateError),
     #[error("metrics: {0}")]
     Metrics(#[from] crate::metrics::MetricsError),
     #[error("invalid CORS origin {0:?}")]
@@ -81,7 +79,9 @@ pub(crate) struct AppState {
     pub config: HttpConfig,
     pub engine: EngineHandle,
     pub tokenizer: Tokenizer,
-    pub chat_template: Option<ChatTemplate>,
+    /// The compiled template, or why chat is unavailable (a template minijinja cannot compile
+    /// disables the chat route instead of the whole server).
+    pub chat_template: Result<ChatTemplate, TemplateError>,
     pub limits: ValidationLimits,
     pub permits: Arc<Semaphore>,
     pub metrics: PrometheusHandle,
@@ -92,11 +92,11 @@ impl AppState {
     pub fn new(config: HttpConfig, engine: EngineHandle, info: &ModelInfo) -> Result<Self, ConfigError> {
         check_config(&config, info)?;
         let tokenizer = Tokenizer::from_json(&info.tokenizer_json)?;
-        let chat_template = info
-            .chat_template
-            .as_deref()
-            .map(|source| ChatTemplate::new(source, info.bos_token.as_deref(), info.eos_token.as_deref()))
-            .transpose()?;
+        let chat_template = match info.chat_template.as_deref() {
+            None => Err(TemplateError::Missing),
+            Some(source) => ChatTemplate::new(source, info.bos_token.as_deref(), info.eos_token.as_deref())
+                .inspect_err(|error| tracing::warn!(%error, "chat completions are disabled")),
+        };
         let limits = ValidationLimits {
             max_best_of: config.max_best_of,
             max_stop_sequences: config.max_stop_sequences,
@@ -119,7 +119,7 @@ impl AppState {
     }
 
     pub fn chat_template(&self) -> Result<&ChatTemplate, HttpError> {
-        self.chat_template.as_ref().ok_or(HttpError::Template(TemplateError::Missing))
+        self.chat_template.as_ref().map_err(|error| HttpError::Template(error.clone()))
     }
 }
 

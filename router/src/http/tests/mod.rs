@@ -25,8 +25,13 @@ const HOLD: &str = "please hold";
 
 async fn app(config: HttpConfig) -> (Router, Arc<Mutex<ShardLog>>) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
-    let tokenizer_json = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
     let chat_template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    app_with_template(config, chat_template).await
+}
+
+async fn app_with_template(config: HttpConfig, chat_template: String) -> (Router, Arc<Mutex<ShardLog>>) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let tokenizer_json = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
     let (socket, log) = ScriptedShard::spawn(tokenizer_json, chat_template);
     let socket = socket.to_string_lossy().to_string();
     let router_config =
@@ -332,4 +337,21 @@ async fn completions_stream_interleaves_choices_and_ends_once() {
         assert_eq!(text, "Hello world.");
     }
     assert_eq!(events[events.len() - 2]["usage"]["completion_tokens"], 6);
+}
+
+#[tokio::test]
+async fn a_template_that_does_not_compile_disables_chat_only() {
+    let (app, _) = app_with_template(HttpConfig::default(), "{% for %}".into()).await;
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error_type"], "template_error");
+    assert!(error["error"].as_str().unwrap().starts_with("Template error: the chat template does not compile"));
+    let generate = json!({"inputs": "x", "parameters": {"max_new_tokens": 1}});
+    assert_eq!(send(&app, post("/generate", &generate)).await.0, StatusCode::OK);
+    let (model, _) = app_with_template(HttpConfig::default(), String::new()).await;
+    let (status, _, text) = send(&model, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(text.contains("the model has no chat template"), "{text}");
 }
