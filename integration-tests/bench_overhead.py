@@ -27,9 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
 
 
-def metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
-        text = response.read().decode()
+def parse_metrics(text: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+) (\S+)$", text, re.MULTILINE)}
 
 
@@ -39,10 +37,9 @@ def mean_between(before: dict, after: dict, name: str) -> float:
     return total / count if count else float("nan")
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, max_new_tokens: int) -> list[float]:
-    """Arrival times of the stream's tokens (client clock)."""
+async def one_stream(session: aiohttp.ClientSession, url: str, max_new_tokens: int, arrivals: list[float]) -> None:
+    """Appends the arrival time (client clock) of each of the stream's tokens."""
     body = {"inputs": PROMPT, "parameters": {"max_new_tokens": max_new_tokens}}
-    arrivals = []
     async with session.post(f"{url}/generate_stream", json=body) as response:
         response.raise_for_status()
         async for line in response.content:
@@ -51,37 +48,50 @@ async def one_stream(session: aiohttp.ClientSession, url: str, max_new_tokens: i
                 if "error" in event:
                     raise RuntimeError(event["error"])
                 arrivals.append(time.perf_counter())
-    return arrivals
 
 
-async def run_streams(url: str, concurrency: int, max_new_tokens: int) -> tuple[list[list[float]], int]:
+async def wait_until(condition, tasks) -> None:
+    while not condition() and not all(task.done() for task in tasks):
+        await asyncio.sleep(0.001)
+
+
+async def run_streams(url: str, concurrency: int, max_new_tokens: int) -> dict:
+    """Runs the streams; scrapes /metrics when every stream is decoding and again before the
+    first one ends, so the window holds only decode steps of all `concurrency` streams."""
     timeout = aiohttp.ClientTimeout(total=1800)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        results = await asyncio.gather(
-            *(one_stream(session, url, max_new_tokens) for _ in range(concurrency)), return_exceptions=True
-        )
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def scrape() -> tuple[float, dict]:
+            async with session.get(f"{url}/metrics") as response:
+                return time.perf_counter(), parse_metrics(await response.text())
+
+        arrivals = [[] for _ in range(concurrency)]
+        tasks = [asyncio.create_task(one_stream(session, url, max_new_tokens, a)) for a in arrivals]
+        await wait_until(lambda: all(len(a) >= 2 for a in arrivals), tasks)
+        start, before = await scrape()
+        await wait_until(lambda: any(len(a) >= max_new_tokens - 2 for a in arrivals), tasks)
+        end, after = await scrape()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     for error in errors[:3]:
         print(f"  error: {error!r}")
-    return [r for r in results if not isinstance(r, BaseException)], len(errors)
+    gaps = [b - a for times in arrivals for a, b in zip(times, times[1:]) if a >= start and b <= end]
+    return {"errors": len(errors), "tokens": sum(map(len, arrivals)), "gaps": gaps, "before": before, "after": after}
 
 
 def measure(url: str, concurrency: int, max_new_tokens: int) -> dict:
-    before = metrics(url)
-    streams, errors = asyncio.run(run_streams(url, concurrency, max_new_tokens))
-    after = metrics(url)
-    # Gaps after the first token: one decode step each, as the client sees it.
-    gaps = [b - a for arrivals in streams for a, b in zip(arrivals[1:], arrivals[2:])]
-    gap_p50 = statistics.median(gaps) if gaps else float("nan")
-    forward = mean_between(before, after, "superinfer_forward_duration")
-    step = mean_between(before, after, "superinfer_step_duration")
-    router_hop = mean_between(before, after, "superinfer_step_overhead_duration")
+    run = asyncio.run(run_streams(url, concurrency, max_new_tokens))
+    gaps, before, after = run["gaps"], run["before"], run["after"]
+    ms = lambda name: mean_between(before, after, name) * 1e3  # noqa: E731
+    gap_p50 = statistics.median(gaps) * 1e3 if gaps else float("nan")
+    gap_mean = statistics.fmean(gaps) * 1e3 if gaps else float("nan")
+    forward = ms("superinfer_forward_duration")
     return {
-        "concurrency": concurrency, "errors": errors, "tokens": sum(len(s) for s in streams),
-        "client_gap_p50_ms": gap_p50 * 1e3, "forward_mean_ms": forward * 1e3,
-        "step_round_trip_mean_ms": step * 1e3, "grpc_hop_mean_ms": router_hop * 1e3,
-        "overhead_per_token_ms": (gap_p50 - forward) * 1e3,
+        "concurrency": concurrency, "errors": run["errors"], "tokens": run["tokens"], "window_gaps": len(gaps),
+        "client_gap_p50_ms": gap_p50, "client_gap_mean_ms": gap_mean, "forward_mean_ms": forward,
+        "step_round_trip_mean_ms": ms("superinfer_step_duration"),
+        "grpc_hop_mean_ms": ms("superinfer_step_overhead_duration"),
+        "engine_turn_mean_ms": ms("superinfer_engine_turn_duration"),
+        "overhead_p50_ms": gap_p50 - forward, "overhead_mean_ms": gap_mean - forward,
     }
 
 
@@ -124,11 +134,12 @@ def main() -> int:
         measure(url, 4, 8)  # warm the path
         rows = [measure(url, c, args.max_new_tokens) for c in (1, 32)]
         for row in rows:
-            ratio = row["overhead_per_token_ms"] / row["forward_mean_ms"]
-            print(f"{row['concurrency']:>3} streams: client gap p50 {row['client_gap_p50_ms']:.2f} ms, "
-                  f"shard forward {row['forward_mean_ms']:.2f} ms, overhead {row['overhead_per_token_ms']:.2f} ms/token "
-                  f"({ratio:.1%} of forward; target <= 1 ms), engine<->shard hop {row['grpc_hop_mean_ms']:.2f} ms, "
-                  f"errors {row['errors']}")
+            print(f"{row['concurrency']:>3} streams: client gap p50 {row['client_gap_p50_ms']:.2f} ms "
+                  f"(mean {row['client_gap_mean_ms']:.2f}), shard forward {row['forward_mean_ms']:.2f} ms "
+                  f"-> overhead p50 {row['overhead_p50_ms']:.2f} ms/token "
+                  f"({row['overhead_p50_ms'] / row['forward_mean_ms']:.1%} of forward; target <= 1 ms); "
+                  f"of which engine<->shard hop {row['grpc_hop_mean_ms']:.2f} ms, "
+                  f"engine turn {row['engine_turn_mean_ms']:.2f} ms; errors {row['errors']}")
         big = measure(url, 256, 16)
         print(f"256 streams: {big['tokens']} tokens, errors {big['errors']}, "
               f"client gap p50 {big['client_gap_p50_ms']:.1f} ms, forward {big['forward_mean_ms']:.1f} ms")

@@ -22,6 +22,8 @@ pub(crate) fn describe() {
     describe_histogram!("superinfer_step_duration", Unit::Seconds, "Step RPC round trip");
     describe_histogram!("superinfer_forward_duration", Unit::Seconds, "Model forward pass per step");
     describe_histogram!("superinfer_step_overhead_duration", Unit::Seconds, "Step round trip minus the shard's own time");
+    describe_histogram!("superinfer_engine_turn_duration", Unit::Seconds,
+        "Engine time between back-to-back steps (commands, plan, request building, postprocessing)");
     describe_counter!("superinfer_steps_total", "Steps executed");
     describe_counter!("superinfer_rotations_out_total", "Requests rotated or swapped out to host memory");
     describe_counter!("superinfer_rotations_in_total", "Requests brought back to the device");
@@ -39,6 +41,10 @@ pub(crate) fn record_step(plan: &StepPlan, round_trip: Duration, timings: Option
         let overhead = round_trip.as_secs_f64() - timings.total_ns as f64 * 1e-9;
         metrics::histogram!("superinfer_step_overhead_duration").record(overhead.max(0.0));
     }
+}
+
+pub(crate) fn record_turn(between_steps: Duration) {
+    metrics::histogram!("superinfer_engine_turn_duration").record(between_steps.as_secs_f64());
 }
 
 /// Publishes the scheduler's gauges; counters advance by the difference to `previous`.

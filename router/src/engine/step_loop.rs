@@ -53,6 +53,7 @@ pub fn spawn_engine(
         status: status_tx,
         failure: None,
         last_stats: SchedulerStats::default(),
+        previous_step_end: None,
     };
     tracker.spawn(engine.run(commands, shutdown));
     Ok(EngineHandle::new(commands_tx, status))
@@ -71,6 +72,8 @@ struct Engine {
     /// Set once the shard failed; the engine then only answers commands.
     failure: Option<String>,
     last_stats: SchedulerStats,
+    /// When the previous step's reply was applied, while steps follow back to back.
+    previous_step_end: Option<Instant>,
 }
 
 /// What the loop does after planning.
@@ -95,6 +98,8 @@ impl Engine {
                     Turn::Idle { wait } => Some(wait),
                 }
             };
+            // Time spent waiting for work is not the engine's overhead.
+            self.previous_step_end = None;
             let sleep = tokio::time::sleep(wait.unwrap_or(Duration::MAX / 4));
             tokio::select! {
                 command = commands.recv() => match command {
@@ -182,6 +187,9 @@ impl Engine {
         }
         let request = build_step_request(&plan, std::mem::take(&mut self.forget), &mut self.requests, Instant::now());
         let started = Instant::now();
+        if let Some(previous) = self.previous_step_end.take() {
+            metrics::record_turn(started.saturating_duration_since(previous));
+        }
         let response = match self.client.step(request).await {
             Ok(response) => response,
             Err(error) => {
@@ -200,6 +208,7 @@ impl Engine {
             self.scheduler.cancel(id);
             self.release(id);
         }
+        self.previous_step_end = Some(Instant::now());
         Turn::Stepped
     }
 
