@@ -35,7 +35,10 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.debug_struct("ChatTemplate").field("bos_token", &self.bos_token).finish()
+        formatter
+            .debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .finish()
     }
 }
 
@@ -57,7 +60,8 @@ impl ChatTemplate {
             .build()
             .map_err(|error| TemplateError::Syntax(error.to_string()))?;
         environment.set_syntax(syntax);
-        environment.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        environment
+            .set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         environment.add_function("raise_exception", raise_exception);
         environment
             .add_template_owned(TEMPLATE_NAME, source.to_string())
@@ -102,19 +106,27 @@ mod tests {
     use super::*;
 
     fn smollm2() -> ChatTemplate {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2_chat_template.jinja");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/smollm2_chat_template.jinja"
+        );
         let source = std::fs::read_to_string(path).expect("fixture chat template");
         ChatTemplate::new(&source, Some("<|im_start|>"), Some("<|im_end|>")).unwrap()
     }
 
     fn message(role: &str, content: &str) -> TemplateMessage {
-        TemplateMessage { role: role.into(), content: content.into() }
+        TemplateMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 
     #[test]
     fn smollm2_template_adds_default_system_prompt_and_generation_prompt() {
         // Expected strings from transformers' `apply_chat_template` on the embedded model.
-        let rendered = smollm2().render(&[message("user", "Hello, who are you?")], true).unwrap();
+        let rendered = smollm2()
+            .render(&[message("user", "Hello, who are you?")], true)
+            .unwrap();
         assert_eq!(
             rendered,
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging \
@@ -146,7 +158,12 @@ mod tests {
             Some("</s>"),
         )
         .unwrap();
-        assert_eq!(template.render(&[message("user", "  hi  ")], false).unwrap(), "<s>HI?</s>");
+        assert_eq!(
+            template
+                .render(&[message("user", "  hi  ")], false)
+                .unwrap(),
+            "<s>HI?</s>"
+        );
     }
 
     #[test]
@@ -157,12 +174,20 @@ mod tests {
             None,
         )
         .unwrap();
-        let error = template.render(&[message("assistant", "x")], false).unwrap_err();
-        assert_eq!(error, TemplateError::Render("Conversation must start with user".into()));
+        let error = template
+            .render(&[message("assistant", "x")], false)
+            .unwrap_err();
+        assert_eq!(
+            error,
+            TemplateError::Render("Conversation must start with user".into())
+        );
     }
 
     #[test]
     fn broken_template_is_a_syntax_error() {
-        assert!(matches!(ChatTemplate::new("{% for %}", None, None), Err(TemplateError::Syntax(_))));
+        assert!(matches!(
+            ChatTemplate::new("{% for %}", None, None),
+            Err(TemplateError::Syntax(_))
+        ));
     }
 }

@@ -36,11 +36,17 @@ impl IncrementalDecoder {
     /// Adds one token; returns the text it completes (empty while a character is incomplete).
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
-        let prefix_text =
-            tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
-        let new_text = tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
+        let prefix_text = tokenizer.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special_tokens,
+        )?;
+        let new_text =
+            tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
         if new_text.len() > prefix_text.len() && !new_text.ends_with('\u{FFFD}') {
-            let piece = new_text.get(prefix_text.len()..).unwrap_or_default().to_string();
+            let piece = new_text
+                .get(prefix_text.len()..)
+                .unwrap_or_default()
+                .to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
             Ok(piece)
@@ -55,12 +61,18 @@ impl IncrementalDecoder {
         if self.read_offset == self.ids.len() {
             return Ok(String::new());
         }
-        let prefix_text =
-            tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
-        let new_text = tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
+        let prefix_text = tokenizer.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special_tokens,
+        )?;
+        let new_text =
+            tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();
-        Ok(new_text.get(prefix_text.len()..).unwrap_or_default().to_string())
+        Ok(new_text
+            .get(prefix_text.len()..)
+            .unwrap_or_default()
+            .to_string())
     }
 }
 
@@ -71,8 +83,10 @@ mod tests {
 
     fn stream(tokenizer: &Tokenizer, prompt: &[u32], generated: &[u32]) -> Vec<String> {
         let mut decoder = IncrementalDecoder::new(prompt, true);
-        let mut pieces: Vec<String> =
-            generated.iter().map(|&id| decoder.push(tokenizer, id).unwrap()).collect();
+        let mut pieces: Vec<String> = generated
+            .iter()
+            .map(|&id| decoder.push(tokenizer, id).unwrap())
+            .collect();
         pieces.push(decoder.flush(tokenizer).unwrap());
         pieces
     }
@@ -82,7 +96,10 @@ mod tests {
         let tokenizer = smollm2();
         let generated = tokenizer.encode("héllo 日本語 🤗", false).unwrap().ids;
         let pieces = stream(&tokenizer, &[], &generated);
-        assert!(pieces.iter().all(|piece| !piece.contains('\u{FFFD}')), "{pieces:?}");
+        assert!(
+            pieces.iter().all(|piece| !piece.contains('\u{FFFD}')),
+            "{pieces:?}"
+        );
         // Some tokens carry only part of a character and release nothing on their own.
         assert!(pieces[..generated.len()].iter().any(String::is_empty));
         assert_eq!(pieces.concat(), "héllo 日本語 🤗");
@@ -91,7 +108,10 @@ mod tests {
     #[test]
     fn streamed_text_equals_whole_decode() {
         let tokenizer = smollm2();
-        let prompt = tokenizer.encode("<|im_start|>user\nSay something<|im_end|>\n", false).unwrap().ids;
+        let prompt = tokenizer
+            .encode("<|im_start|>user\nSay something<|im_end|>\n", false)
+            .unwrap()
+            .ids;
         let texts = [
             "Plain ASCII text, with  double spaces and\nnewlines.",
             "Ünïcödé — “quotes” … and emoji 🚀🔥 mixed with 中文字符 and कुछ हिंदी.",

@@ -83,7 +83,10 @@ impl HttpError {
     }
 
     pub fn body(&self) -> ErrorBody {
-        ErrorBody { error: self.to_string(), error_type: self.error_type().to_string() }
+        ErrorBody {
+            error: self.to_string(),
+            error_type: self.error_type().to_string(),
+        }
     }
 
     /// The OpenAI streaming routes' error shape: `{"error":{"message":…,"http_status_code":…}}`.
@@ -107,15 +110,31 @@ mod tests {
     #[test]
     fn each_error_maps_to_tgi_status_and_type() {
         let cases = [
-            (HttpError::Validation(ValidationError::EmptyInput), 422, "validation"),
-            (HttpError::Template(TemplateError::Render("x".into())), 422, "template_error"),
-            (HttpError::Generation("shard died".into()), 424, "generation"),
+            (
+                HttpError::Validation(ValidationError::EmptyInput),
+                422,
+                "validation",
+            ),
+            (
+                HttpError::Template(TemplateError::Render("x".into())),
+                422,
+                "template_error",
+            ),
+            (
+                HttpError::Generation("shard died".into()),
+                424,
+                "generation",
+            ),
             (HttpError::Overloaded, 429, "overloaded"),
             (HttpError::Incomplete, 500, "incomplete_generation"),
             (HttpError::Unhealthy("down".into()), 503, "healthcheck"),
             (HttpError::Unauthorized, 401, "unauthorized"),
             (HttpError::PayloadTooLarge(10), 413, "payload_too_large"),
-            (HttpError::BadRequestBody("missing field".into()), 422, "validation"),
+            (
+                HttpError::BadRequestBody("missing field".into()),
+                422,
+                "validation",
+            ),
         ];
         for (error, status, error_type) in cases {
             assert_eq!(error.status().as_u16(), status, "{error}");
@@ -126,17 +145,26 @@ mod tests {
     #[test]
     fn validation_messages_carry_tgi_prefix() {
         let body = HttpError::from(ValidationError::EmptyInput).body();
-        assert_eq!(body.error, "Input validation error: `inputs` cannot be empty");
+        assert_eq!(
+            body.error,
+            "Input validation error: `inputs` cannot be empty"
+        );
         assert_eq!(body.error_type, "validation");
         let json = serde_json::to_value(&body).unwrap();
-        assert_eq!(json, serde_json::json!({"error": body.error, "error_type": "validation"}));
+        assert_eq!(
+            json,
+            serde_json::json!({"error": body.error, "error_type": "validation"})
+        );
     }
 
     #[test]
     fn engine_errors_are_generation_errors() {
         let error = HttpError::from(EngineError::Shard("boom".into()));
         assert_eq!(error.status(), StatusCode::FAILED_DEPENDENCY);
-        assert_eq!(error.to_string(), "Request failed during generation: shard error: boom");
+        assert_eq!(
+            error.to_string(),
+            "Request failed during generation: shard error: boom"
+        );
         let stream = error.openai_stream_body();
         assert_eq!(stream["error"]["http_status_code"], 424);
     }

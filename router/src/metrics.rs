@@ -27,8 +27,12 @@ pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
     let token_buckets: Vec<f64> = (0..=10).map(|n| f64::from(1u32 << n)).collect();
     let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("duration".into()), &duration_buckets)
-        .and_then(|builder| builder.set_buckets_for_metric(Matcher::Suffix("tokens".into()), &token_buckets))
-        .and_then(|builder| builder.set_buckets_for_metric(Matcher::Suffix("length".into()), &token_buckets))
+        .and_then(|builder| {
+            builder.set_buckets_for_metric(Matcher::Suffix("tokens".into()), &token_buckets)
+        })
+        .and_then(|builder| {
+            builder.set_buckets_for_metric(Matcher::Suffix("length".into()), &token_buckets)
+        })
         .map_err(|error| MetricsError::Build(error.to_string()))?
         .build_recorder();
     let handle = recorder.handle();
@@ -38,7 +42,10 @@ pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
             metrics::set_global_recorder(recorder).map_err(|_| MetricsError::AlreadyInstalled)?;
             Ok(handle)
         }
-        Err(_) => RECORDER.get().cloned().ok_or(MetricsError::AlreadyInstalled),
+        Err(_) => RECORDER
+            .get()
+            .cloned()
+            .ok_or(MetricsError::AlreadyInstalled),
     }
 }
 
@@ -79,14 +86,18 @@ impl RequestFigures {
 pub fn request_succeeded(figures: &RequestFigures) {
     metrics::counter!("superinfer_request_success").increment(1);
     metrics::histogram!("superinfer_request_duration").record(figures.total.as_secs_f64());
-    metrics::histogram!("superinfer_request_validation_duration").record(figures.validation.as_secs_f64());
+    metrics::histogram!("superinfer_request_validation_duration")
+        .record(figures.validation.as_secs_f64());
     metrics::histogram!("superinfer_request_queue_duration").record(figures.queue.as_secs_f64());
-    metrics::histogram!("superinfer_request_inference_duration").record(figures.inference.as_secs_f64());
+    metrics::histogram!("superinfer_request_inference_duration")
+        .record(figures.inference.as_secs_f64());
     metrics::histogram!("superinfer_request_mean_time_per_token_duration")
         .record(figures.time_per_token().as_secs_f64());
-    metrics::histogram!("superinfer_request_generated_tokens").record(f64::from(figures.generated_tokens));
+    metrics::histogram!("superinfer_request_generated_tokens")
+        .record(f64::from(figures.generated_tokens));
     metrics::histogram!("superinfer_request_input_length").record(f64::from(figures.input_length));
-    metrics::histogram!("superinfer_request_max_new_tokens").record(f64::from(figures.max_new_tokens));
+    metrics::histogram!("superinfer_request_max_new_tokens")
+        .record(f64::from(figures.max_new_tokens));
 }
 
 #[cfg(test)]

@@ -31,15 +31,19 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     pub fn from_json(json: &str) -> Result<Self, TokenizerError> {
-        let inner: tokenizers::Tokenizer =
-            json.parse().map_err(|error: tokenizers::Error| TokenizerError::Load(error.to_string()))?;
+        let inner: tokenizers::Tokenizer = json
+            .parse()
+            .map_err(|error: tokenizers::Error| TokenizerError::Load(error.to_string()))?;
         let special_ids = inner
             .get_added_tokens_decoder()
             .into_iter()
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
-        Ok(Self { inner: Arc::new(inner), special_ids: Arc::new(special_ids) })
+        Ok(Self {
+            inner: Arc::new(inner),
+            special_ids: Arc::new(special_ids),
+        })
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Encoded, TokenizerError> {
@@ -47,7 +51,10 @@ impl Tokenizer {
             .inner
             .encode(text, add_special_tokens)
             .map_err(|error| TokenizerError::Encode(error.to_string()))?;
-        Ok(Encoded { ids: encoding.get_ids().to_vec(), offsets: encoding.get_offsets().to_vec() })
+        Ok(Encoded {
+            ids: encoding.get_ids().to_vec(),
+            offsets: encoding.get_offsets().to_vec(),
+        })
     }
 
     /// `encode` on the blocking pool.
@@ -85,7 +92,10 @@ pub(crate) mod tests {
 
     /// The SmolLM2-135M-Instruct tokenizer (byte-level BPE), exported from the embedded model.
     pub(crate) fn smollm2() -> Tokenizer {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2_tokenizer.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/smollm2_tokenizer.json"
+        );
         let json = std::fs::read_to_string(path).expect("fixture tokenizer.json");
         Tokenizer::from_json(&json).expect("fixture tokenizer loads")
     }
@@ -94,7 +104,10 @@ pub(crate) mod tests {
     fn encodes_like_transformers() {
         // Ids from `AutoTokenizer.from_pretrained(<gguf>)("héllo 日本語 🤗").input_ids`.
         let encoded = smollm2().encode("héllo 日本語 🤗", true).unwrap();
-        assert_eq!(encoded.ids, vec![88, 2756, 31394, 17097, 241, 115, 40993, 179, 120, 248, 15107, 114, 241]);
+        assert_eq!(
+            encoded.ids,
+            vec![88, 2756, 31394, 17097, 241, 115, 40993, 179, 120, 248, 15107, 114, 241]
+        );
         assert_eq!(encoded.offsets.first(), Some(&(0, 1)));
     }
 
@@ -111,12 +124,18 @@ pub(crate) mod tests {
 
     #[test]
     fn rejects_a_broken_tokenizer_json() {
-        assert!(matches!(Tokenizer::from_json("{}"), Err(TokenizerError::Load(_))));
+        assert!(matches!(
+            Tokenizer::from_json("{}"),
+            Err(TokenizerError::Load(_))
+        ));
     }
 
     #[tokio::test]
     async fn encodes_off_the_executor() {
-        let encoded = smollm2().encode_off_executor("Hello world".into(), true).await.unwrap();
+        let encoded = smollm2()
+            .encode_off_executor("Hello world".into(), true)
+            .await
+            .unwrap();
         assert_eq!(smollm2().decode(&encoded.ids, true).unwrap(), "Hello world");
     }
 }

@@ -19,7 +19,10 @@ where
 {
     type Rejection = HttpError;
 
-    async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+    async fn from_request(
+        request: Request,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
         match axum::Json::<T>::from_request(request, state).await {
             Ok(axum::Json(value)) => Ok(JsonBody(value)),
             Err(rejection) => Err(map_rejection(rejection, state.config.payload_limit)),

@@ -16,8 +16,8 @@ use super::request::{acquire_permit, validate_request, ValidRequest};
 use super::sse::{sse_response, EventSender};
 use super::state::AppState;
 use super::types::{
-    BestOfSequence, CompatGenerateRequest, Details, GenerateRequest, GenerateResponse,
-    SimpleToken, StreamDetails, StreamResponse,
+    BestOfSequence, CompatGenerateRequest, Details, GenerateRequest, GenerateResponse, SimpleToken,
+    StreamDetails, StreamResponse,
 };
 use crate::error::{ErrorBody, HttpError};
 use crate::metrics;
@@ -29,8 +29,17 @@ use crate::validation::validate_stream;
     responses((status = 200, body = GenerateResponse),
         (status = 422, body = ErrorBody), (status = 424, body = ErrorBody),
         (status = 429, body = ErrorBody)))]
-#[tracing::instrument(skip_all, fields(total_time, validation_time, queue_time, inference_time,
-    time_per_token, seed))]
+#[tracing::instrument(
+    skip_all,
+    fields(
+        total_time,
+        validation_time,
+        queue_time,
+        inference_time,
+        time_per_token,
+        seed
+    )
+)]
 pub(crate) async fn generate(
     State(state): State<Arc<AppState>>,
     JsonBody(request): JsonBody<GenerateRequest>,
@@ -93,7 +102,11 @@ pub(crate) async fn tokenize(
         .zip(&encoded.offsets)
         .map(|(&id, &(start, stop))| SimpleToken {
             id,
-            text: request.inputs.get(start..stop).unwrap_or_default().to_string(),
+            text: request
+                .inputs
+                .get(start..stop)
+                .unwrap_or_default()
+                .to_string(),
             start,
             stop,
         })
@@ -110,8 +123,12 @@ async fn generate_response(
     let characters = request.inputs.chars().count();
     let valid = validate_request(state, request.inputs, &request.parameters, true, arrival).await?;
     let (best, others) = run_candidates(state, &valid).await?;
-    let headers =
-        finished_headers(&best, valid.max_new_tokens, &state.config.compute_type, characters);
+    let headers = finished_headers(
+        &best,
+        valid.max_new_tokens,
+        &state.config.compute_type,
+        characters,
+    );
     Ok((headers, to_response(&valid, best, others)))
 }
 
@@ -125,10 +142,16 @@ pub(crate) async fn run_candidates(
     let best_of = valid.parameters.best_of.max(1);
     let candidates = (0..best_of).map(|_| {
         // A single request keeps its validated seed; best_of candidates each draw their own.
-        let seed = if best_of == 1 { valid.parameters.sampling.seed } else { rand::random() };
+        let seed = if best_of == 1 {
+            valid.parameters.sampling.seed
+        } else {
+            rand::random()
+        };
         async move {
             let stream = state.engine.submit(valid.engine_request(Some(seed)))?;
-            Generation::new(stream, valid, state.tokenizer.clone(), seed).collect().await
+            Generation::new(stream, valid, state.tokenizer.clone(), seed)
+                .collect()
+                .await
         }
     });
     let mut outputs = try_join_all(candidates).await?;
@@ -181,7 +204,10 @@ fn to_response(
         top_tokens: best.top_tokens,
         best_of_sequences,
     });
-    GenerateResponse { generated_text, details }
+    GenerateResponse {
+        generated_text,
+        details,
+    }
 }
 
 /// Answers with SSE at once; validation and engine errors arrive as an error event.
@@ -200,8 +226,18 @@ fn stream_response(state: Arc<AppState>, request: GenerateRequest, arrival: Inst
     })
 }
 
-#[tracing::instrument(skip_all, name = "generate_stream_events", fields(total_time,
-    validation_time, queue_time, inference_time, time_per_token, seed))]
+#[tracing::instrument(
+    skip_all,
+    name = "generate_stream_events",
+    fields(
+        total_time,
+        validation_time,
+        queue_time,
+        inference_time,
+        time_per_token,
+        seed
+    )
+)]
 async fn run_stream(
     state: &AppState,
     request: GenerateRequest,
@@ -223,7 +259,13 @@ async fn run_stream(
             event = generation.next() => event,
         };
         match event.ok_or(HttpError::Incomplete)?? {
-            GenerationEvent::Token { index, token, top_tokens, end, .. } => {
+            GenerationEvent::Token {
+                index,
+                token,
+                top_tokens,
+                end,
+                ..
+            } => {
                 let last = end.as_ref().map(|output| {
                     let figures = figures(output, valid.max_new_tokens);
                     metrics::request_succeeded(&figures);
@@ -240,7 +282,13 @@ async fn run_stream(
                 });
                 let done = last.is_some();
                 let (generated_text, details) = last.unzip();
-                let event = StreamResponse { index, token, top_tokens, generated_text, details };
+                let event = StreamResponse {
+                    index,
+                    token,
+                    top_tokens,
+                    generated_text,
+                    details,
+                };
                 if !sender.send_json(&event).await || done {
                     return Ok(());
                 }

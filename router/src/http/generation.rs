@@ -50,7 +50,13 @@ pub(crate) enum GenerationEvent {
     /// A generated token; `text` is the text it releases (may be empty mid-character). The
     /// last token carries the whole output in `end`, so that streams can put TGI's
     /// `generated_text` and `details` on the last token's event without holding tokens back.
-    Token { index: u32, token: Token, top_tokens: Vec<Token>, text: String, end: Option<Box<GenerationOutput>> },
+    Token {
+        index: u32,
+        token: Token,
+        top_tokens: Vec<Token>,
+        text: String,
+        end: Option<Box<GenerationOutput>>,
+    },
     /// The engine ended the generation without a final token (nothing was generated).
     End(Box<GenerationOutput>),
 }
@@ -78,7 +84,12 @@ pub(crate) struct Generation {
 }
 
 impl Generation {
-    pub fn new(stream: RequestStream, request: &ValidRequest, tokenizer: Tokenizer, seed: u64) -> Self {
+    pub fn new(
+        stream: RequestStream,
+        request: &ValidRequest,
+        tokenizer: Tokenizer,
+        seed: u64,
+    ) -> Self {
         let sampling = request.parameters.sampling.do_sample;
         Self {
             stream: Some(stream),
@@ -144,7 +155,10 @@ impl Generation {
 
     /// A token; when it is the last one, waits for the engine's end event (sent with it) and
     /// attaches the output.
-    async fn on_token_event(&mut self, token: GeneratedToken) -> Result<GenerationEvent, HttpError> {
+    async fn on_token_event(
+        &mut self,
+        token: GeneratedToken,
+    ) -> Result<GenerationEvent, HttpError> {
         let last_by_engine = (token.is_eos && !self.ignore_eos)
             || self.tokens.len() + 1 >= self.max_new_tokens as usize;
         let mut event = self.on_token(token)?;
@@ -203,7 +217,11 @@ impl Generation {
         }
         let token = Token {
             id: generated.id,
-            text: if special { tokenizer.token_text(generated.id) } else { piece.clone() },
+            text: if special {
+                tokenizer.token_text(generated.id)
+            } else {
+                piece.clone()
+            },
             logprob: generated.logprob,
             special,
         };
@@ -223,7 +241,13 @@ impl Generation {
         }
         let index = u32::try_from(self.tokens.len()).unwrap_or(u32::MAX);
         self.released = self.text.len();
-        Ok(GenerationEvent::Token { index, token, top_tokens, text: piece, end: None })
+        Ok(GenerationEvent::Token {
+            index,
+            token,
+            top_tokens,
+            text: piece,
+            end: None,
+        })
     }
 
     fn end(
@@ -274,7 +298,9 @@ impl Generation {
                 id,
                 text: self.tokenizer.token_text(id),
                 // Position 0 has no logprob; position i's is logprobs[i - 1].
-                logprob: position.checked_sub(1).and_then(|i| logprobs.get(i).copied()),
+                logprob: position
+                    .checked_sub(1)
+                    .and_then(|i| logprobs.get(i).copied()),
             })
             .collect()
     }
@@ -284,9 +310,10 @@ impl Generation {
     pub async fn collect(mut self) -> Result<GenerationOutput, HttpError> {
         while let Some(event) = self.next().await {
             match event? {
-                GenerationEvent::End(output) | GenerationEvent::Token { end: Some(output), .. } => {
-                    return Ok(*output)
-                }
+                GenerationEvent::End(output)
+                | GenerationEvent::Token {
+                    end: Some(output), ..
+                } => return Ok(*output),
                 GenerationEvent::Token { end: None, .. } => {}
             }
         }

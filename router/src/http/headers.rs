@@ -11,8 +11,12 @@ pub(crate) fn figures(output: &GenerationOutput, max_new_tokens: u32) -> Request
     RequestFigures {
         total: Instant::now().saturating_duration_since(timings.arrival),
         validation: timings.validated.saturating_duration_since(timings.arrival),
-        queue: timings.first_scheduled.saturating_duration_since(timings.validated),
-        inference: timings.finished.saturating_duration_since(timings.first_scheduled),
+        queue: timings
+            .first_scheduled
+            .saturating_duration_since(timings.validated),
+        inference: timings
+            .finished
+            .saturating_duration_since(timings.first_scheduled),
         input_length: output.input_length,
         generated_tokens: output.generated_tokens,
         max_new_tokens,
@@ -39,10 +43,19 @@ pub(crate) fn finished_headers(
     insert("x-compute-time", figures.total.as_secs_f64().to_string());
     insert("x-compute-characters", compute_characters.to_string());
     insert("x-total-time", figures.total.as_millis().to_string());
-    insert("x-validation-time", figures.validation.as_millis().to_string());
+    insert(
+        "x-validation-time",
+        figures.validation.as_millis().to_string(),
+    );
     insert("x-queue-time", figures.queue.as_millis().to_string());
-    insert("x-inference-time", figures.inference.as_millis().to_string());
-    insert("x-time-per-token", figures.time_per_token().as_millis().to_string());
+    insert(
+        "x-inference-time",
+        figures.inference.as_millis().to_string(),
+    );
+    insert(
+        "x-time-per-token",
+        figures.time_per_token().as_millis().to_string(),
+    );
     insert("x-prompt-tokens", output.input_length.to_string());
     insert("x-generated-tokens", output.generated_tokens.to_string());
     headers
@@ -55,7 +68,10 @@ pub(crate) fn record_in_span(figures: &RequestFigures, seed: Option<u64>) {
     span.record("validation_time", tracing::field::debug(figures.validation));
     span.record("queue_time", tracing::field::debug(figures.queue));
     span.record("inference_time", tracing::field::debug(figures.inference));
-    span.record("time_per_token", tracing::field::debug(figures.time_per_token()));
+    span.record(
+        "time_per_token",
+        tracing::field::debug(figures.time_per_token()),
+    );
     if let Some(seed) = seed {
         span.record("seed", seed);
     }
@@ -67,7 +83,13 @@ pub(crate) fn stream_headers(compute_type: &str, compute_characters: usize) -> H
     if let Ok(value) = HeaderValue::from_str(compute_type) {
         headers.insert(HeaderName::from_static("x-compute-type"), value);
     }
-    headers.insert(HeaderName::from_static("x-compute-characters"), HeaderValue::from(compute_characters));
-    headers.insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+    headers.insert(
+        HeaderName::from_static("x-compute-characters"),
+        HeaderValue::from(compute_characters),
+    );
+    headers.insert(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
     headers
 }

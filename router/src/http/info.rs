@@ -18,7 +18,11 @@ use crate::error::{ErrorBody, HttpError};
         (status = 503, description = "The shard is down", body = ErrorBody)))]
 #[tracing::instrument(skip_all)]
 pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Result<(), HttpError> {
-    state.engine.health().await.map_err(|error| HttpError::Unhealthy(error.to_string()))
+    state
+        .engine
+        .health()
+        .await
+        .map_err(|error| HttpError::Unhealthy(error.to_string()))
 }
 
 /// Served model and server limits.
@@ -48,7 +52,10 @@ pub(crate) async fn info(State(state): State<Arc<AppState>>) -> Json<Info> {
 #[utoipa::path(get, path = "/metrics", tag = "Text Generation Inference",
     responses((status = 200, description = "Prometheus text format", body = String)))]
 pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&state.metrics))
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::render(&state.metrics),
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -18,9 +18,9 @@ mod request;
 mod sse;
 mod state;
 mod stop;
-pub mod types;
 #[cfg(test)]
 mod tests;
+pub mod types;
 
 use std::sync::Arc;
 
@@ -38,7 +38,11 @@ use crate::engine::{EngineHandle, ModelInfo};
 
 /// Builds the app: every route, the API-key check on the generation routes, the payload limit
 /// and CORS.
-pub fn router(config: HttpConfig, engine: EngineHandle, info: &ModelInfo) -> Result<Router, ConfigError> {
+pub fn router(
+    config: HttpConfig,
+    engine: EngineHandle,
+    info: &ModelInfo,
+) -> Result<Router, ConfigError> {
     let payload_limit = config.payload_limit;
     let cors = cors_layer(&config.cors_allow_origin)?;
     let state = Arc::new(state::AppState::new(config, engine, info)?);
@@ -49,7 +53,10 @@ pub fn router(config: HttpConfig, engine: EngineHandle, info: &ModelInfo) -> Res
         .route("/tokenize", post(generate::tokenize))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
-        .route_layer(middleware::from_fn_with_state(state.clone(), extract::require_api_key));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            extract::require_api_key,
+        ));
     let open_routes = Router::new()
         .route("/health", get(info::health))
         .route("/ping", get(info::health))
@@ -86,13 +93,20 @@ fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, ConfigError> {
     Ok(Some(
         CorsLayer::new()
             .allow_methods([Method::GET, Method::POST])
-            .allow_headers([axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION])
+            .allow_headers([
+                axum::http::header::CONTENT_TYPE,
+                axum::http::header::AUTHORIZATION,
+            ])
             .allow_origin(allow_origin),
     ))
 }
 
 /// Serves `app` on `listener` until `shutdown` is cancelled, then lets open requests finish.
-pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
         .await

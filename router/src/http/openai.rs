@@ -36,7 +36,10 @@ pub(crate) async fn chat_completions(
 ) -> Response {
     let arrival = Instant::now();
     let stream = request.stream;
-    let include_usage = request.stream_options.as_ref().is_some_and(|options| options.include_usage);
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .is_some_and(|options| options.include_usage);
     let prepared = prepare_chat(&state, &request);
     if stream {
         let headers = stream_headers(&state.config.compute_type, 0);
@@ -55,9 +58,13 @@ pub(crate) async fn chat_completions(
         let _permit = acquire_permit(&state.permits)?;
         let valid = validate_request(&state, inputs, &parameters, false, arrival).await?;
         let (output, _) = run_candidates(&state, &valid).await?;
-        let headers = finished_headers(&output, valid.max_new_tokens, &state.config.compute_type, 0);
+        let headers =
+            finished_headers(&output, valid.max_new_tokens, &state.config.compute_type, 0);
         let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
-        Ok::<_, HttpError>((headers, Json(chat_completion(&state.model_id, &output, logprobs))))
+        Ok::<_, HttpError>((
+            headers,
+            Json(chat_completion(&state.model_id, &output, logprobs)),
+        ))
     }
     .await;
     respond(result)
@@ -73,7 +80,10 @@ pub(crate) async fn completions(
     JsonBody(request): JsonBody<CompletionRequest>,
 ) -> Response {
     let arrival = Instant::now();
-    let include_usage = request.stream_options.as_ref().is_some_and(|options| options.include_usage);
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .is_some_and(|options| options.include_usage);
     let prepared = prepare_completion(&state, &request);
     if request.stream {
         let headers = stream_headers(&state.config.compute_type, 0);
@@ -122,7 +132,10 @@ fn respond<T: IntoResponse>(result: Result<T, HttpError>) -> Response {
 }
 
 /// The rendered conversation and its generation parameters.
-fn prepare_chat(state: &AppState, request: &ChatRequest) -> Result<(String, GenerateParameters), HttpError> {
+fn prepare_chat(
+    state: &AppState,
+    request: &ChatRequest,
+) -> Result<(String, GenerateParameters), HttpError> {
     if request.tools.is_some() {
         return Err(ValidationError::Unsupported("tools").into());
     }
@@ -133,8 +146,15 @@ fn prepare_chat(state: &AppState, request: &ChatRequest) -> Result<(String, Gene
         .messages
         .iter()
         .map(|message| {
-            let content = message.content.as_ref().map(MessageContent::text).transpose()?;
-            Ok(TemplateMessage { role: message.role.clone(), content: content.unwrap_or_default() })
+            let content = message
+                .content
+                .as_ref()
+                .map(MessageContent::text)
+                .transpose()?;
+            Ok(TemplateMessage {
+                role: message.role.clone(),
+                content: content.unwrap_or_default(),
+            })
         })
         .collect::<Result<Vec<_>, ValidationError>>()?;
     let inputs = state.chat_template()?.render(&messages, true)?;
@@ -158,7 +178,10 @@ fn prepare_completion(
         return Err(ValidationError::ClientBatchSize(limit, prompts.len()).into());
     }
     let parameters = request.sampling.to_parameters(None)?;
-    Ok(prompts.into_iter().map(|prompt| (prompt, parameters.clone())).collect())
+    Ok(prompts
+        .into_iter()
+        .map(|prompt| (prompt, parameters.clone()))
+        .collect())
 }
 
 fn chat_logprobs(tokens: &[Token], top_tokens: &[Vec<Token>]) -> ChatLogprobs {
@@ -170,7 +193,14 @@ fn chat_logprobs(tokens: &[Token], top_tokens: &[Vec<Token>]) -> ChatLogprobs {
             logprob: token.logprob,
             top_logprobs: top_tokens
                 .get(position)
-                .map(|tops| tops.iter().map(|top| TopLogprob { token: top.text.clone(), logprob: top.logprob }).collect())
+                .map(|tops| {
+                    tops.iter()
+                        .map(|top| TopLogprob {
+                            token: top.text.clone(),
+                            logprob: top.logprob,
+                        })
+                        .collect()
+                })
                 .unwrap_or_default(),
         })
         .collect();
@@ -187,7 +217,10 @@ fn chat_completion(model: &str, output: &GenerationOutput, logprobs: bool) -> Ch
         system_fingerprint: fingerprint(),
         choices: vec![ChatChoice {
             index: 0,
-            message: AssistantMessage { role: "assistant".to_string(), content: output.generated_text.clone() },
+            message: AssistantMessage {
+                role: "assistant".to_string(),
+                content: output.generated_text.clone(),
+            },
             logprobs: logprobs.then(|| chat_logprobs(&output.tokens, &output.top_tokens)),
             finish_reason: finish_reason(output.finish_reason),
         }],
@@ -233,9 +266,14 @@ fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> serde_js
         system_fingerprint: fingerprint(),
         choices: vec![ChatChunkChoice {
             index: update.index,
-            delta: Delta { role: "assistant".to_string(), content: update.text },
+            delta: Delta {
+                role: "assistant".to_string(),
+                content: update.text,
+            },
             logprobs,
-            finish_reason: update.finish.map(|output| finish_reason(output.finish_reason)),
+            finish_reason: update
+                .finish
+                .map(|output| finish_reason(output.finish_reason)),
         }],
         usage: None,
     };
@@ -253,7 +291,9 @@ fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> se
             index: update.index,
             text: update.text,
             logprobs: None,
-            finish_reason: update.finish.map(|output| finish_reason(output.finish_reason)),
+            finish_reason: update
+                .finish
+                .map(|output| finish_reason(output.finish_reason)),
         }],
         usage: None,
     };

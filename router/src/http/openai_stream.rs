@@ -58,7 +58,8 @@ pub(crate) struct ChoiceUpdate<'a> {
 }
 
 /// Builds one chunk's JSON from an update.
-pub(crate) type ChunkBuilder = dyn Fn(&ResponseIdentity, ChoiceUpdate<'_>) -> serde_json::Value + Send + Sync;
+pub(crate) type ChunkBuilder =
+    dyn Fn(&ResponseIdentity, ChoiceUpdate<'_>) -> serde_json::Value + Send + Sync;
 
 /// A prepared prompt (rendered text and parameters), or why it could not be prepared.
 pub(crate) type PreparedPrompt = Result<(String, GenerateParameters), HttpError>;
@@ -81,9 +82,19 @@ pub(crate) fn openai_stream(
     let span = tracing::Span::current();
     sse_response(headers, move |sender| {
         async move {
-            let StreamPlan { prompts, add_special_tokens, include_usage, identity, arrival } = plan;
+            let StreamPlan {
+                prompts,
+                add_special_tokens,
+                include_usage,
+                identity,
+                arrival,
+            } = plan;
             let choices = prompts.into_iter().enumerate().map(|(index, prompt)| {
-                let choice = Choice { index: index as u32, add_special_tokens, arrival };
+                let choice = Choice {
+                    index: index as u32,
+                    add_special_tokens,
+                    arrival,
+                };
                 run_choice(&state, choice, prompt, &identity, &sender, chunk.as_ref())
             });
             let results = join_all(choices).await;
@@ -155,8 +166,14 @@ async fn stream_choice(
 ) -> Result<Option<Usage>, HttpError> {
     let (inputs, parameters) = prompt?;
     let _permit = acquire_permit(&state.permits)?;
-    let valid =
-        validate_request(state, inputs, &parameters, choice.add_special_tokens, choice.arrival).await?;
+    let valid = validate_request(
+        state,
+        inputs,
+        &parameters,
+        choice.add_special_tokens,
+        choice.arrival,
+    )
+    .await?;
     validate_stream(&valid.parameters)?;
     let seed = valid.parameters.sampling.seed;
     let stream = state.engine.submit(valid.engine_request(None))?;
@@ -170,7 +187,13 @@ async fn stream_choice(
             event = generation.next() => event,
         };
         let (update, output) = match event.ok_or(HttpError::Incomplete)?? {
-            GenerationEvent::Token { token, top_tokens, text, end, .. } => {
+            GenerationEvent::Token {
+                token,
+                top_tokens,
+                text,
+                end,
+                ..
+            } => {
                 let update = ChoiceUpdate {
                     index: choice.index,
                     text,
@@ -196,7 +219,10 @@ async fn stream_choice(
         }
         if let Some(output) = output {
             metrics::request_succeeded(&figures(&output, valid.max_new_tokens));
-            return Ok(Some(Usage::new(output.input_length, output.generated_tokens)));
+            return Ok(Some(Usage::new(
+                output.input_length,
+                output.generated_tokens,
+            )));
         }
     }
 }

@@ -10,7 +10,10 @@ use super::types::{null_as_default, FinishReason, GenerateParameters, SloParamet
 use crate::validation::ValidationError;
 
 pub fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_secs())
+        .unwrap_or(0)
 }
 
 /// `stop` may be one string or a list.
@@ -67,7 +70,10 @@ pub struct OpenAiSampling {
 
 impl OpenAiSampling {
     /// TGI's parameters for this request; `top_n_tokens` from the logprobs options.
-    pub fn to_parameters(&self, top_n_tokens: Option<u32>) -> Result<GenerateParameters, ValidationError> {
+    pub fn to_parameters(
+        &self,
+        top_n_tokens: Option<u32>,
+    ) -> Result<GenerateParameters, ValidationError> {
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ValidationError::ChoiceCount(n));
         }
@@ -86,9 +92,15 @@ impl OpenAiSampling {
             top_p: self.top_p,
             seed: self.seed,
             max_new_tokens: self.max_tokens.or(self.max_completion_tokens),
-            stop: self.stop.clone().map(StopSequences::into_vec).unwrap_or_default(),
+            stop: self
+                .stop
+                .clone()
+                .map(StopSequences::into_vec)
+                .unwrap_or_default(),
             frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty.or(self.presence_penalty.map(|x| x + 2.0)),
+            repetition_penalty: self
+                .repetition_penalty
+                .or(self.presence_penalty.map(|x| x + 2.0)),
             top_n_tokens,
             details: true,
             slo: self.slo.clone(),
@@ -191,7 +203,11 @@ pub struct Usage {
 
 impl Usage {
     pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
-        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
     }
 }
 
@@ -312,24 +328,38 @@ mod tests {
         assert_eq!(parameters.repetition_penalty, Some(2.5));
         assert_eq!(parameters.stop, vec!["\n".to_string()]);
         assert!(parameters.ignore_eos);
-        assert_eq!(parameters.slo, Some(SloParameters { ttft_ms: 100.0, tbt_ms: 20.0 }));
+        assert_eq!(
+            parameters.slo,
+            Some(SloParameters {
+                ttft_ms: 100.0,
+                tbt_ms: 20.0
+            })
+        );
         assert!(request.stream_options.unwrap().include_usage);
     }
 
     #[test]
     fn only_one_choice_is_supported() {
-        let sampling = OpenAiSampling { n: Some(2), ..Default::default() };
-        assert_eq!(sampling.to_parameters(None).unwrap_err().to_string(), "`n` must be 1. Given: 2");
+        let sampling = OpenAiSampling {
+            n: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(
+            sampling.to_parameters(None).unwrap_err().to_string(),
+            "`n` must be 1. Given: 2"
+        );
     }
 
     #[test]
     fn message_parts_are_joined_and_images_rejected() {
-        let parts: MessageContent =
-            serde_json::from_value(json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]))
-                .unwrap();
+        let parts: MessageContent = serde_json::from_value(
+            json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]),
+        )
+        .unwrap();
         assert_eq!(parts.text().unwrap(), "ab");
         let image: MessageContent =
-            serde_json::from_value(json!([{"type": "image_url", "image_url": {"url": "x"}}])).unwrap();
+            serde_json::from_value(json!([{"type": "image_url", "image_url": {"url": "x"}}]))
+                .unwrap();
         assert!(image.text().is_err());
     }
 
@@ -343,17 +373,29 @@ mod tests {
             system_fingerprint: "v".into(),
             choices: vec![ChatChunkChoice {
                 index: 0,
-                delta: Delta { role: "assistant".into(), content: "Hi".into() },
+                delta: Delta {
+                    role: "assistant".into(),
+                    content: "Hi".into(),
+                },
                 logprobs: None,
                 finish_reason: None,
             }],
             usage: None,
         };
         let value = serde_json::to_value(&chunk).unwrap();
-        assert_eq!(value["choices"][0]["delta"], json!({"role": "assistant", "content": "Hi"}));
-        assert_eq!(value["choices"][0]["finish_reason"], serde_json::Value::Null);
+        assert_eq!(
+            value["choices"][0]["delta"],
+            json!({"role": "assistant", "content": "Hi"})
+        );
+        assert_eq!(
+            value["choices"][0]["finish_reason"],
+            serde_json::Value::Null
+        );
         assert_eq!(value["usage"], serde_json::Value::Null);
-        assert_eq!(serde_json::from_value::<ChatCompletionChunk>(value).unwrap(), chunk);
+        assert_eq!(
+            serde_json::from_value::<ChatCompletionChunk>(value).unwrap(),
+            chunk
+        );
         assert_eq!(finish_reason(FinishReason::EosToken), "stop");
         assert_eq!(finish_reason(FinishReason::Length), "length");
     }

@@ -10,24 +10,58 @@ use crate::error::ErrorBody;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "SuperInfer", description = "SLO-aware LLM inference server: TGI's API and \
-          OpenAI-compatible routes."),
+    info(
+        title = "SuperInfer",
+        description = "SLO-aware LLM inference server: TGI's API and \
+          OpenAI-compatible routes."
+    ),
     paths(
-        generate::compat_generate, generate::generate, generate::generate_stream,
-        generate::tokenize, openai::chat_completions, openai::completions, info::health,
-        info::info, info::metrics, info::models,
+        generate::compat_generate,
+        generate::generate,
+        generate::generate_stream,
+        generate::tokenize,
+        openai::chat_completions,
+        openai::completions,
+        info::health,
+        info::info,
+        info::metrics,
+        info::models,
     ),
     components(schemas(
-        ErrorBody, types::GenerateRequest, types::CompatGenerateRequest,
-        types::GenerateParameters, types::SloParameters, types::GenerateResponse, types::Details,
-        types::BestOfSequence, types::PrefillToken, types::Token, types::FinishReason,
-        types::StreamResponse, types::StreamDetails, types::SimpleToken, types::Info,
-        info::ModelList, info::ModelCard, openai_types::ChatRequest, openai_types::ChatMessage,
-        openai_types::MessageContent, openai_types::ContentPart, openai_types::ChatCompletion,
-        openai_types::ChatChoice, openai_types::ChatCompletionChunk, openai_types::ChatChunkChoice,
-        openai_types::Delta, openai_types::CompletionRequest, openai_types::Completion,
-        openai_types::CompletionChoice, openai_types::Usage, openai_types::StreamOptions,
-        openai_types::StopSequences, openai_types::Prompt, openai_types::OpenAiSampling,
+        ErrorBody,
+        types::GenerateRequest,
+        types::CompatGenerateRequest,
+        types::GenerateParameters,
+        types::SloParameters,
+        types::GenerateResponse,
+        types::Details,
+        types::BestOfSequence,
+        types::PrefillToken,
+        types::Token,
+        types::FinishReason,
+        types::StreamResponse,
+        types::StreamDetails,
+        types::SimpleToken,
+        types::Info,
+        info::ModelList,
+        info::ModelCard,
+        openai_types::ChatRequest,
+        openai_types::ChatMessage,
+        openai_types::MessageContent,
+        openai_types::ContentPart,
+        openai_types::ChatCompletion,
+        openai_types::ChatChoice,
+        openai_types::ChatCompletionChunk,
+        openai_types::ChatChunkChoice,
+        openai_types::Delta,
+        openai_types::CompletionRequest,
+        openai_types::Completion,
+        openai_types::CompletionChoice,
+        openai_types::Usage,
+        openai_types::StreamOptions,
+        openai_types::StopSequences,
+        openai_types::Prompt,
+        openai_types::OpenAiSampling,
     ))
 )]
 pub(crate) struct ApiDoc;
@@ -73,11 +107,21 @@ mod tests {
     fn spec_lists_every_route() {
         let spec = serde_json::to_value(ApiDoc::openapi()).unwrap();
         for path in [
-            "/", "/generate", "/generate_stream", "/tokenize", "/v1/chat/completions",
-            "/v1/completions", "/health", "/info", "/metrics", "/v1/models",
+            "/",
+            "/generate",
+            "/generate_stream",
+            "/tokenize",
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/health",
+            "/info",
+            "/metrics",
+            "/v1/models",
         ] {
             assert!(spec["paths"].get(path).is_some(), "{path} missing");
         }
-        assert!(spec["components"]["schemas"].get("GenerateParameters").is_some());
+        assert!(spec["components"]["schemas"]
+            .get("GenerateParameters")
+            .is_some());
     }
 }

@@ -47,7 +47,10 @@ impl ValidRequest {
 
 /// Takes a concurrency permit without waiting: a full server answers 429 at once (TGI).
 pub(crate) fn acquire_permit(permits: &Arc<Semaphore>) -> Result<OwnedSemaphorePermit, HttpError> {
-    permits.clone().try_acquire_owned().map_err(|_| HttpError::Overloaded)
+    permits
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| HttpError::Overloaded)
 }
 
 /// Validates parameters, tokenizes `inputs`, applies `truncate` and the length rules.

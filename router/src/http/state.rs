@@ -89,13 +89,19 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    pub fn new(config: HttpConfig, engine: EngineHandle, info: &ModelInfo) -> Result<Self, ConfigError> {
+    pub fn new(
+        config: HttpConfig,
+        engine: EngineHandle,
+        info: &ModelInfo,
+    ) -> Result<Self, ConfigError> {
         check_config(&config, info)?;
         let tokenizer = Tokenizer::from_json(&info.tokenizer_json)?;
         let chat_template = match info.chat_template.as_deref() {
             None => Err(TemplateError::Missing),
-            Some(source) => ChatTemplate::new(source, info.bos_token.as_deref(), info.eos_token.as_deref())
-                .inspect_err(|error| tracing::warn!(%error, "chat completions are disabled")),
+            Some(source) => {
+                ChatTemplate::new(source, info.bos_token.as_deref(), info.eos_token.as_deref())
+                    .inspect_err(|error| tracing::warn!(%error, "chat completions are disabled"))
+            }
         };
         let limits = ValidationLimits {
             max_best_of: config.max_best_of,
@@ -104,8 +110,11 @@ impl AppState {
             max_input_tokens: config.max_input_tokens,
             max_total_tokens: config.max_total_tokens,
         };
-        let model_id =
-            if config.model_id.is_empty() { info.model_id.clone() } else { config.model_id.clone() };
+        let model_id = if config.model_id.is_empty() {
+            info.model_id.clone()
+        } else {
+            config.model_id.clone()
+        };
         Ok(Self {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             metrics: crate::metrics::install_recorder()?,
@@ -119,7 +128,9 @@ impl AppState {
     }
 
     pub fn chat_template(&self) -> Result<&ChatTemplate, HttpError> {
-        self.chat_template.as_ref().map_err(|error| HttpError::Template(error.clone()))
+        self.chat_template
+            .as_ref()
+            .map_err(|error| HttpError::Template(error.clone()))
     }
 }
 
@@ -135,10 +146,18 @@ fn check_config(config: &HttpConfig, info: &ModelInfo) -> Result<(), ConfigError
         }
     }
     if config.max_input_tokens >= config.max_total_tokens {
-        return Err(ConfigError::InputNotBelowTotal(config.max_input_tokens, config.max_total_tokens));
+        return Err(ConfigError::InputNotBelowTotal(
+            config.max_input_tokens,
+            config.max_total_tokens,
+        ));
     }
-    if info.max_position_embeddings > 0 && config.max_total_tokens > info.max_position_embeddings as usize {
-        return Err(ConfigError::TotalAboveModel(config.max_total_tokens, info.max_position_embeddings));
+    if info.max_position_embeddings > 0
+        && config.max_total_tokens > info.max_position_embeddings as usize
+    {
+        return Err(ConfigError::TotalAboveModel(
+            config.max_total_tokens,
+            info.max_position_embeddings,
+        ));
     }
     Ok(())
 }

@@ -10,7 +10,11 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(sequences: &[String]) -> Self {
-        let sequences: Vec<String> = sequences.iter().filter(|s| !s.is_empty()).cloned().collect();
+        let sequences: Vec<String> = sequences
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect();
         let longest = sequences.iter().map(String::len).max().unwrap_or(0);
         Self { sequences, longest }
     }
@@ -68,13 +72,19 @@ mod tests {
     #[test]
     fn match_inside_one_piece_cuts_after_the_sequence() {
         let stop = matcher(&["\n\n"]);
-        assert_eq!(run(&stop, &["Hello", " world.\n\nNext", " part"]), ("Hello world.\n\n".into(), true));
+        assert_eq!(
+            run(&stop, &["Hello", " world.\n\nNext", " part"]),
+            ("Hello world.\n\n".into(), true)
+        );
     }
 
     #[test]
     fn match_spanning_pieces_is_found() {
         let stop = matcher(&["END"]);
-        assert_eq!(run(&stop, &["abc E", "N", "D and more"]), ("abc END".into(), true));
+        assert_eq!(
+            run(&stop, &["abc E", "N", "D and more"]),
+            ("abc END".into(), true)
+        );
     }
 
     #[test]
@@ -94,7 +104,10 @@ mod tests {
     #[test]
     fn multi_byte_text_and_sequences() {
         let stop = matcher(&["日本"]);
-        assert_eq!(run(&stop, &["héllo 日", "本語"]), ("héllo 日本".into(), true));
+        assert_eq!(
+            run(&stop, &["héllo 日", "本語"]),
+            ("héllo 日本".into(), true)
+        );
         let stop = matcher(&["ab"]);
         assert_eq!(run(&stop, &["🤗a", "b🤗"]), ("🤗ab".into(), true));
     }

@@ -70,7 +70,10 @@ pub struct GenerateParameters {
 
 /// TGI's quirk: a request without `parameters` samples.
 fn default_parameters() -> GenerateParameters {
-    GenerateParameters { do_sample: true, ..GenerateParameters::default() }
+    GenerateParameters {
+        do_sample: true,
+        ..GenerateParameters::default()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -92,7 +95,10 @@ pub struct CompatGenerateRequest {
 
 impl From<CompatGenerateRequest> for GenerateRequest {
     fn from(request: CompatGenerateRequest) -> Self {
-        GenerateRequest { inputs: request.inputs, parameters: request.parameters }
+        GenerateRequest {
+            inputs: request.inputs,
+            parameters: request.parameters,
+        }
     }
 }
 
@@ -232,7 +238,12 @@ mod tests {
     fn stream_response_matches_tgi_shape() {
         let event = StreamResponse {
             index: 16,
-            token: Token { id: 28723, text: ".".into(), logprob: -0.61, special: false },
+            token: Token {
+                id: 28723,
+                text: ".".into(),
+                logprob: -0.61,
+                special: false,
+            },
             top_tokens: vec![],
             generated_text: None,
             details: None,
@@ -268,17 +279,32 @@ mod tests {
                 finish_reason: FinishReason::StopSequence,
                 generated_tokens: 1,
                 seed: Some(7),
-                prefill: vec![PrefillToken { id: 1, text: "a".into(), logprob: None }],
-                tokens: vec![Token { id: 2, text: "ok".into(), logprob: -0.5, special: false }],
+                prefill: vec![PrefillToken {
+                    id: 1,
+                    text: "a".into(),
+                    logprob: None,
+                }],
+                tokens: vec![Token {
+                    id: 2,
+                    text: "ok".into(),
+                    logprob: -0.5,
+                    special: false,
+                }],
                 top_tokens: vec![],
                 best_of_sequences: None,
             }),
         };
         let value = serde_json::to_value(&response).unwrap();
-        assert_eq!(value["details"]["prefill"][0]["logprob"], serde_json::Value::Null);
+        assert_eq!(
+            value["details"]["prefill"][0]["logprob"],
+            serde_json::Value::Null
+        );
         assert_eq!(value["details"]["finish_reason"], "stop_sequence");
         assert!(value["details"].get("top_tokens").is_none());
         assert!(value["details"].get("best_of_sequences").is_none());
-        assert_eq!(serde_json::from_value::<GenerateResponse>(value).unwrap(), response);
+        assert_eq!(
+            serde_json::from_value::<GenerateResponse>(value).unwrap(),
+            response
+        );
     }
 }

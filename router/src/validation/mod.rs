@@ -57,7 +57,10 @@ pub fn validate_parameters(
         return Err(ValidationError::NegativeMaxNewTokens);
     }
     if parameters.stop.len() > limits.max_stop_sequences {
-        return Err(ValidationError::StopSequence(limits.max_stop_sequences, parameters.stop.len()));
+        return Err(ValidationError::StopSequence(
+            limits.max_stop_sequences,
+            parameters.stop.len(),
+        ));
     }
     sampling.seed = match parameters.seed {
         Some(_) if best_of > 1 => return Err(ValidationError::BestOfSeed),
@@ -66,7 +69,10 @@ pub fn validate_parameters(
     };
     let top_n_tokens = parameters.top_n_tokens.unwrap_or(0);
     if top_n_tokens > limits.max_top_n_tokens {
-        return Err(ValidationError::TopNTokens(limits.max_top_n_tokens, top_n_tokens));
+        return Err(ValidationError::TopNTokens(
+            limits.max_top_n_tokens,
+            top_n_tokens,
+        ));
     }
     let truncate = match parameters.truncate {
         Some(value) if value == 0 || value > limits.max_input_tokens => {
@@ -112,11 +118,8 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
         None => 0,
     };
     // TGI samples whenever a warper is set, even without `do_sample`.
-    let do_sample = parameters.do_sample
-        || temperature != 1.0
-        || top_k > 0
-        || top_p < 1.0
-        || typical_p < 1.0;
+    let do_sample =
+        parameters.do_sample || temperature != 1.0 || top_k > 0 || top_p < 1.0 || typical_p < 1.0;
     Ok(SamplingParams {
         do_sample,
         temperature,
@@ -163,7 +166,10 @@ fn validate_slo(slo: &SloParameters) -> Result<Slo, ValidationError> {
             return Err(ValidationError::Slo(name));
         }
     }
-    Ok(Slo { ttft_ms: slo.ttft_ms, tbt_ms: slo.tbt_ms })
+    Ok(Slo {
+        ttft_ms: slo.ttft_ms,
+        tbt_ms: slo.tbt_ms,
+    })
 }
 
 /// Rules for streamed requests, checked before anything is scheduled.
@@ -204,7 +210,10 @@ pub fn validate_length(
         ));
     }
     if input_length > limits.max_input_tokens {
-        return Err(ValidationError::InputLength(limits.max_input_tokens, input_length));
+        return Err(ValidationError::InputLength(
+            limits.max_input_tokens,
+            input_length,
+        ));
     }
     Ok(max_new_tokens)
 }

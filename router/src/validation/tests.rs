@@ -14,7 +14,9 @@ fn check(parameters: GenerateParameters) -> Result<ValidParameters, ValidationEr
 }
 
 fn message(parameters: GenerateParameters) -> String {
-    check(parameters).expect_err("the rule must reject this").to_string()
+    check(parameters)
+        .expect_err("the rule must reject this")
+        .to_string()
 }
 
 #[test]
@@ -22,7 +24,14 @@ fn defaults_are_greedy_and_unrestricted() {
     let valid = check(GenerateParameters::default()).unwrap();
     assert!(!valid.sampling.do_sample);
     assert_eq!(valid.sampling.temperature, 1.0);
-    assert_eq!((valid.sampling.top_k, valid.sampling.top_p, valid.sampling.typical_p), (0, 1.0, 1.0));
+    assert_eq!(
+        (
+            valid.sampling.top_k,
+            valid.sampling.top_p,
+            valid.sampling.typical_p
+        ),
+        (0, 1.0, 1.0)
+    );
     assert_eq!(valid.sampling.repetition_penalty, 1.0);
     assert_eq!(valid.sampling.frequency_penalty, 0.0);
     assert_eq!(valid.best_of, 1);
@@ -31,27 +40,52 @@ fn defaults_are_greedy_and_unrestricted() {
 
 #[test]
 fn sampling_without_seed_takes_the_random_one_and_a_given_seed_is_kept() {
-    let sampled = check(GenerateParameters { do_sample: true, ..Default::default() }).unwrap();
+    let sampled = check(GenerateParameters {
+        do_sample: true,
+        ..Default::default()
+    })
+    .unwrap();
     assert_eq!(sampled.sampling.seed, 42);
-    let seeded = check(GenerateParameters { seed: Some(7), ..Default::default() }).unwrap();
+    let seeded = check(GenerateParameters {
+        seed: Some(7),
+        ..Default::default()
+    })
+    .unwrap();
     assert_eq!(seeded.sampling.seed, 7);
 }
 
 #[test]
 fn a_warper_turns_sampling_on() {
-    let valid = check(GenerateParameters { top_k: Some(5), ..Default::default() }).unwrap();
+    let valid = check(GenerateParameters {
+        top_k: Some(5),
+        ..Default::default()
+    })
+    .unwrap();
     assert!(valid.sampling.do_sample);
     assert_eq!(valid.sampling.top_k, 5);
 }
 
 #[test]
 fn best_of_rules() {
-    let bad = |best_of| GenerateParameters { best_of: Some(best_of), do_sample: true, ..Default::default() };
+    let bad = |best_of| GenerateParameters {
+        best_of: Some(best_of),
+        do_sample: true,
+        ..Default::default()
+    };
     assert_eq!(message(bad(0)), "`best_of` must be > 0 and <= 2. Given: 0");
     assert_eq!(message(bad(3)), "`best_of` must be > 0 and <= 2. Given: 3");
-    let greedy = GenerateParameters { best_of: Some(2), ..Default::default() };
-    assert_eq!(message(greedy), "you must use sampling when `best_of` is > 1");
-    let seeded = GenerateParameters { seed: Some(1), ..bad(2) };
+    let greedy = GenerateParameters {
+        best_of: Some(2),
+        ..Default::default()
+    };
+    assert_eq!(
+        message(greedy),
+        "you must use sampling when `best_of` is > 1"
+    );
+    let seeded = GenerateParameters {
+        seed: Some(1),
+        ..bad(2)
+    };
     assert_eq!(message(seeded), "`seed` must not be set when `best_of` > 1");
     assert_eq!(check(bad(2)).unwrap().best_of, 2);
 }
@@ -59,19 +93,97 @@ fn best_of_rules() {
 #[test]
 fn sampling_value_rules() {
     let cases: Vec<(GenerateParameters, &str)> = vec![
-        (GenerateParameters { temperature: Some(0.0), ..Default::default() }, "`temperature` must be strictly positive"),
-        (GenerateParameters { temperature: Some(-1.0), ..Default::default() }, "`temperature` must be strictly positive"),
-        (GenerateParameters { repetition_penalty: Some(0.0), ..Default::default() }, "`repetition_penalty` must be strictly positive"),
-        (GenerateParameters { frequency_penalty: Some(2.5), ..Default::default() }, "`frequency_penalty` must be >= -2.0 and <= 2.0"),
-        (GenerateParameters { frequency_penalty: Some(-2.5), ..Default::default() }, "`frequency_penalty` must be >= -2.0 and <= 2.0"),
-        (GenerateParameters { top_p: Some(1.0), ..Default::default() }, "`top_p` must be > 0.0 and < 1.0"),
-        (GenerateParameters { top_p: Some(0.0), ..Default::default() }, "`top_p` must be > 0.0 and < 1.0"),
-        (GenerateParameters { typical_p: Some(1.5), ..Default::default() }, "`typical_p` must be > 0.0 and < 1.0"),
-        (GenerateParameters { top_k: Some(0), ..Default::default() }, "`top_k` must be strictly positive"),
-        (GenerateParameters { max_new_tokens: Some(0), ..Default::default() }, "`max_new_tokens` must be strictly positive"),
-        (GenerateParameters { top_n_tokens: Some(6), ..Default::default() }, "`top_n_tokens` must be >= 0 and <= 5. Given: 6"),
-        (GenerateParameters { truncate: Some(0), ..Default::default() }, "`truncate` must be strictly positive and less than 1024. Given: 0"),
-        (GenerateParameters { truncate: Some(1025), ..Default::default() }, "`truncate` must be strictly positive and less than 1024. Given: 1025"),
+        (
+            GenerateParameters {
+                temperature: Some(0.0),
+                ..Default::default()
+            },
+            "`temperature` must be strictly positive",
+        ),
+        (
+            GenerateParameters {
+                temperature: Some(-1.0),
+                ..Default::default()
+            },
+            "`temperature` must be strictly positive",
+        ),
+        (
+            GenerateParameters {
+                repetition_penalty: Some(0.0),
+                ..Default::default()
+            },
+            "`repetition_penalty` must be strictly positive",
+        ),
+        (
+            GenerateParameters {
+                frequency_penalty: Some(2.5),
+                ..Default::default()
+            },
+            "`frequency_penalty` must be >= -2.0 and <= 2.0",
+        ),
+        (
+            GenerateParameters {
+                frequency_penalty: Some(-2.5),
+                ..Default::default()
+            },
+            "`frequency_penalty` must be >= -2.0 and <= 2.0",
+        ),
+        (
+            GenerateParameters {
+                top_p: Some(1.0),
+                ..Default::default()
+            },
+            "`top_p` must be > 0.0 and < 1.0",
+        ),
+        (
+            GenerateParameters {
+                top_p: Some(0.0),
+                ..Default::default()
+            },
+            "`top_p` must be > 0.0 and < 1.0",
+        ),
+        (
+            GenerateParameters {
+                typical_p: Some(1.5),
+                ..Default::default()
+            },
+            "`typical_p` must be > 0.0 and < 1.0",
+        ),
+        (
+            GenerateParameters {
+                top_k: Some(0),
+                ..Default::default()
+            },
+            "`top_k` must be strictly positive",
+        ),
+        (
+            GenerateParameters {
+                max_new_tokens: Some(0),
+                ..Default::default()
+            },
+            "`max_new_tokens` must be strictly positive",
+        ),
+        (
+            GenerateParameters {
+                top_n_tokens: Some(6),
+                ..Default::default()
+            },
+            "`top_n_tokens` must be >= 0 and <= 5. Given: 6",
+        ),
+        (
+            GenerateParameters {
+                truncate: Some(0),
+                ..Default::default()
+            },
+            "`truncate` must be strictly positive and less than 1024. Given: 0",
+        ),
+        (
+            GenerateParameters {
+                truncate: Some(1025),
+                ..Default::default()
+            },
+            "`truncate` must be strictly positive and less than 1024. Given: 1025",
+        ),
     ];
     for (parameters, expected) in cases {
         assert_eq!(message(parameters), expected);
@@ -80,8 +192,14 @@ fn sampling_value_rules() {
 
 #[test]
 fn stop_sequence_count_is_limited() {
-    let stop = |n: usize| GenerateParameters { stop: vec!["x".into(); n], ..Default::default() };
-    assert_eq!(message(stop(5)), "`stop` supports up to 4 stop sequences. Given: 5");
+    let stop = |n: usize| GenerateParameters {
+        stop: vec!["x".into(); n],
+        ..Default::default()
+    };
+    assert_eq!(
+        message(stop(5)),
+        "`stop` supports up to 4 stop sequences. Given: 5"
+    );
     assert_eq!(check(stop(4)).unwrap().stop.len(), 4);
 }
 
@@ -92,7 +210,10 @@ fn grammar_and_watermark_are_not_supported() {
         ..Default::default()
     };
     assert_eq!(message(grammar), "grammar is not supported");
-    let watermark = GenerateParameters { watermark: true, ..Default::default() };
+    let watermark = GenerateParameters {
+        watermark: true,
+        ..Default::default()
+    };
     assert_eq!(message(watermark), "watermark is not supported");
 }
 
@@ -102,17 +223,41 @@ fn slo_must_be_positive() {
         slo: Some(SloParameters { ttft_ms, tbt_ms }),
         ..Default::default()
     };
-    assert_eq!(message(slo(0.0, 50.0)), "`slo.ttft_ms` must be a strictly positive number of milliseconds");
-    assert_eq!(message(slo(100.0, f64::NAN)), "`slo.tbt_ms` must be a strictly positive number of milliseconds");
+    assert_eq!(
+        message(slo(0.0, 50.0)),
+        "`slo.ttft_ms` must be a strictly positive number of milliseconds"
+    );
+    assert_eq!(
+        message(slo(100.0, f64::NAN)),
+        "`slo.tbt_ms` must be a strictly positive number of milliseconds"
+    );
     let valid = check(slo(100.0, 50.0)).unwrap();
-    assert_eq!(valid.slo, Some(Slo { ttft_ms: 100.0, tbt_ms: 50.0 }));
+    assert_eq!(
+        valid.slo,
+        Some(Slo {
+            ttft_ms: 100.0,
+            tbt_ms: 50.0
+        })
+    );
 }
 
 #[test]
 fn streaming_rejects_best_of_and_prefill_details() {
-    let best_of = check(GenerateParameters { best_of: Some(2), do_sample: true, ..Default::default() }).unwrap();
-    assert_eq!(validate_stream(&best_of).unwrap_err().to_string(), "`best_of` != 1 is not supported when streaming tokens");
-    let prefill = check(GenerateParameters { decoder_input_details: true, ..Default::default() }).unwrap();
+    let best_of = check(GenerateParameters {
+        best_of: Some(2),
+        do_sample: true,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        validate_stream(&best_of).unwrap_err().to_string(),
+        "`best_of` != 1 is not supported when streaming tokens"
+    );
+    let prefill = check(GenerateParameters {
+        decoder_input_details: true,
+        ..Default::default()
+    })
+    .unwrap();
     assert_eq!(
         validate_stream(&prefill).unwrap_err().to_string(),
         "`decoder_input_details` == true is not supported when streaming tokens"
@@ -129,10 +274,17 @@ fn length_rules_in_tgi_order() {
         "`inputs` tokens + `max_new_tokens` must be <= 2048. Given: 100 `inputs` tokens and 2000 `max_new_tokens`"
     );
     assert_eq!(
-        validate_length(1030, Some(10), &LIMITS).unwrap_err().to_string(),
+        validate_length(1030, Some(10), &LIMITS)
+            .unwrap_err()
+            .to_string(),
         "`inputs` must have less than 1024 tokens. Given: 1030"
     );
-    assert_eq!(validate_length(0, Some(10), &LIMITS).unwrap_err().to_string(), "`inputs` cannot be empty");
+    assert_eq!(
+        validate_length(0, Some(10), &LIMITS)
+            .unwrap_err()
+            .to_string(),
+        "`inputs` cannot be empty"
+    );
 }
 
 #[test]

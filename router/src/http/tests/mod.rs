@@ -25,19 +25,34 @@ const HOLD: &str = "please hold";
 
 async fn app(config: HttpConfig) -> (Router, Arc<Mutex<ShardLog>>) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
-    let chat_template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let chat_template =
+        std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
     app_with_template(config, chat_template).await
 }
 
-async fn app_with_template(config: HttpConfig, chat_template: String) -> (Router, Arc<Mutex<ShardLog>>) {
+async fn app_with_template(
+    config: HttpConfig,
+    chat_template: String,
+) -> (Router, Arc<Mutex<ShardLog>>) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
     let tokenizer_json = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
     let (socket, log) = ScriptedShard::spawn(tokenizer_json, chat_template);
     let socket = socket.to_string_lossy().to_string();
-    let router_config =
-        RouterConfig::parse_argv(["router", "--uds-path", socket.as_str(), "--shard-connect-timeout-s", "10"]).unwrap();
-    let (engine, model) =
-        crate::server::start_engine(&router_config, &TaskTracker::new(), &CancellationToken::new()).await.unwrap();
+    let router_config = RouterConfig::parse_argv([
+        "router",
+        "--uds-path",
+        socket.as_str(),
+        "--shard-connect-timeout-s",
+        "10",
+    ])
+    .unwrap();
+    let (engine, model) = crate::server::start_engine(
+        &router_config,
+        &TaskTracker::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
     (router(config, engine, &model).unwrap(), log)
 }
 
@@ -53,14 +68,21 @@ async fn wait_for(log: &Mutex<ShardLog>, condition: impl Fn(&ShardLog) -> bool) 
 }
 
 fn post(path: &str, body: &Value) -> Request<Body> {
-    Request::post(path).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap()
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
 }
 
 async fn send(app: &Router, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
     let response = app.clone().oneshot(request).await.unwrap();
     let (parts, body) = response.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-    (parts.status, parts.headers, String::from_utf8(bytes.to_vec()).unwrap())
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(bytes.to_vec()).unwrap(),
+    )
 }
 
 /// The JSON payloads of an SSE body (`data:` lines), `[DONE]` as a string.
@@ -81,18 +103,35 @@ async fn generate_returns_text_details_and_tgi_headers() {
     assert_eq!(response["generated_text"], SCRIPT);
     let details = &response["details"];
     assert_eq!(details["finish_reason"], "eos_token");
-    assert_eq!(details["seed"], Value::Null, "greedy requests report no seed");
+    assert_eq!(
+        details["seed"],
+        Value::Null,
+        "greedy requests report no seed"
+    );
     assert_eq!(details["prefill"][0]["logprob"], Value::Null);
     assert_eq!(details["prefill"][1]["logprob"], -1.0);
     let tokens = details["tokens"].as_array().unwrap();
     assert_eq!(details["generated_tokens"], tokens.len());
     assert_eq!(tokens.last().unwrap()["special"], true);
     assert_eq!(tokens.last().unwrap()["text"], "<|im_end|>");
-    for name in ["x-compute-type", "x-compute-time", "x-compute-characters", "x-total-time", "x-validation-time",
-                 "x-queue-time", "x-inference-time", "x-time-per-token", "x-prompt-tokens", "x-generated-tokens"] {
+    for name in [
+        "x-compute-type",
+        "x-compute-time",
+        "x-compute-characters",
+        "x-total-time",
+        "x-validation-time",
+        "x-queue-time",
+        "x-inference-time",
+        "x-time-per-token",
+        "x-prompt-tokens",
+        "x-generated-tokens",
+    ] {
         assert!(headers.contains_key(name), "{name} missing");
     }
-    assert_eq!(headers["x-generated-tokens"], tokens.len().to_string().as_str());
+    assert_eq!(
+        headers["x-generated-tokens"],
+        tokens.len().to_string().as_str()
+    );
     assert_eq!(headers["x-compute-characters"], "6");
 }
 
@@ -104,7 +143,10 @@ async fn compat_route_answers_an_array_and_samples_by_default() {
     let response: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(response[0]["generated_text"], SCRIPT);
     let log = log.lock().unwrap();
-    assert!(log.new_requests[0].parameters.as_ref().unwrap().do_sample, "omitted parameters sample (TGI)");
+    assert!(
+        log.new_requests[0].parameters.as_ref().unwrap().do_sample,
+        "omitted parameters sample (TGI)"
+    );
 }
 
 #[tokio::test]
@@ -121,10 +163,20 @@ async fn stop_sequence_cuts_text_and_cancels_the_engine_request() {
     assert_eq!(response["details"]["generated_tokens"], 2);
     // The dropped stream cancels the request: the shard forgets it (with the next step, which
     // the next request brings) long before 500 tokens.
-    send(&app, post("/generate", &json!({"inputs": "x", "parameters": {"max_new_tokens": 1}}))).await;
+    send(
+        &app,
+        post(
+            "/generate",
+            &json!({"inputs": "x", "parameters": {"max_new_tokens": 1}}),
+        ),
+    )
+    .await;
     wait_for(&log, |log| !log.forgotten.is_empty()).await;
     let (_, sampled) = log.lock().unwrap().forgotten[0];
-    assert!(sampled < 100, "{sampled} tokens were generated after the stop sequence");
+    assert!(
+        sampled < 100,
+        "{sampled} tokens were generated after the stop sequence"
+    );
 }
 
 #[tokio::test]
@@ -140,9 +192,14 @@ async fn generate_stream_events_have_tgi_shape() {
         assert_eq!(event["index"], position + 1);
         assert_eq!(event["top_tokens"].as_array().unwrap().len(), 2);
     }
-    assert!(events[..3].iter().all(|event| event["generated_text"].is_null() && event["details"].is_null()));
+    assert!(events[..3]
+        .iter()
+        .all(|event| event["generated_text"].is_null() && event["details"].is_null()));
     let last = &events[3];
-    let streamed: String = events.iter().map(|event| event["token"]["text"].as_str().unwrap()).collect();
+    let streamed: String = events
+        .iter()
+        .map(|event| event["token"]["text"].as_str().unwrap())
+        .collect();
     assert_eq!(last["generated_text"], streamed);
     assert_eq!(last["details"]["finish_reason"], "length");
     assert_eq!(last["details"]["generated_tokens"], 4);
@@ -158,20 +215,30 @@ async fn stream_errors_are_events_with_status_200() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         sse_data(&body),
-        vec![json!({"error": "Input validation error: `temperature` must be strictly positive", "error_type": "validation"})]
+        vec![
+            json!({"error": "Input validation error: `temperature` must be strictly positive", "error_type": "validation"})
+        ]
     );
-    let chat = json!({"messages": [{"role": "user", "content": "x"}], "stream": true, "top_p": 2.0});
+    let chat =
+        json!({"messages": [{"role": "user", "content": "x"}], "stream": true, "top_p": 2.0});
     let (status, _, body) = send(&app, post("/v1/chat/completions", &chat)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         sse_data(&body),
-        vec![json!({"error": {"message": "Input validation error: `top_p` must be > 0.0 and < 1.0", "http_status_code": 422}})]
+        vec![
+            json!({"error": {"message": "Input validation error: `top_p` must be > 0.0 and < 1.0", "http_status_code": 422}})
+        ]
     );
 }
 
 #[tokio::test]
 async fn validation_errors_have_tgi_status_and_body() {
-    let (app, _) = app(HttpConfig { max_input_tokens: 8, max_total_tokens: 16, ..HttpConfig::default() }).await;
+    let (app, _) = app(HttpConfig {
+        max_input_tokens: 8,
+        max_total_tokens: 16,
+        ..HttpConfig::default()
+    })
+    .await;
     let cases = [
         (json!({"inputs": "", "parameters": {}}), "`inputs` cannot be empty"),
         (json!({"inputs": "a b c d e f g h i j k", "parameters": {"max_new_tokens": 2}}), "`inputs` must have less than 8 tokens. Given: 11"),
@@ -182,7 +249,10 @@ async fn validation_errors_have_tgi_status_and_body() {
         let (status, _, text) = send(&app, post("/generate", &body)).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
         let error: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(error, json!({"error": format!("Input validation error: {message}"), "error_type": "validation"}));
+        assert_eq!(
+            error,
+            json!({"error": format!("Input validation error: {message}"), "error_type": "validation"})
+        );
     }
     let (status, _, text) = send(&app, post("/generate", &json!({"parameters": {}}))).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -191,13 +261,22 @@ async fn validation_errors_have_tgi_status_and_body() {
 
 #[tokio::test]
 async fn api_key_guards_generation_routes_only() {
-    let (app, _) = app(HttpConfig { api_key: Some("s3cret".into()), ..HttpConfig::default() }).await;
+    let (app, _) = app(HttpConfig {
+        api_key: Some("s3cret".into()),
+        ..HttpConfig::default()
+    })
+    .await;
     let body = json!({"inputs": "Say hi", "parameters": {"max_new_tokens": 2}});
     let (status, _, text) = send(&app, post("/generate", &body)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error_type"], "unauthorized");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["error_type"],
+        "unauthorized"
+    );
     let mut request = post("/generate", &body);
-    request.headers_mut().insert("authorization", "Bearer S3CRET".parse().unwrap());
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer S3CRET".parse().unwrap());
     assert_eq!(send(&app, request).await.0, StatusCode::OK);
     let health = Request::get("/health").body(Body::empty()).unwrap();
     assert_eq!(send(&app, health).await.0, StatusCode::OK);
@@ -205,22 +284,40 @@ async fn api_key_guards_generation_routes_only() {
 
 #[tokio::test]
 async fn payload_over_the_limit_is_413() {
-    let (app, _) = app(HttpConfig { payload_limit: 1000, ..HttpConfig::default() }).await;
+    let (app, _) = app(HttpConfig {
+        payload_limit: 1000,
+        ..HttpConfig::default()
+    })
+    .await;
     let body = json!({"inputs": "x".repeat(2000)});
     let (status, _, text) = send(&app, post("/generate", &body)).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error_type"], "payload_too_large");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["error_type"],
+        "payload_too_large"
+    );
 }
 
 #[tokio::test]
 async fn requests_over_the_concurrency_limit_get_429_at_once() {
-    let (app, log) = app(HttpConfig { max_concurrent_requests: 1, ..HttpConfig::default() }).await;
+    let (app, log) = app(HttpConfig {
+        max_concurrent_requests: 1,
+        ..HttpConfig::default()
+    })
+    .await;
     let long = json!({"inputs": HOLD, "parameters": {"max_new_tokens": 1000, "ignore_eos": true}});
-    let held = app.clone().oneshot(post("/generate_stream", &long)).await.unwrap();
+    let held = app
+        .clone()
+        .oneshot(post("/generate_stream", &long))
+        .await
+        .unwrap();
     wait_for(&log, |log| !log.new_requests.is_empty()).await;
     let (status, _, text) = send(&app, post("/generate", &json!({"inputs": "x"}))).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"error": "Model is overloaded", "error_type": "overloaded"}));
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"error": "Model is overloaded", "error_type": "overloaded"})
+    );
     drop(held);
     // The closed stream releases its permit (noticed asynchronously) and cancels its request,
     // which the shard forgets with the next step.
@@ -247,10 +344,17 @@ async fn best_of_keeps_the_highest_mean_logprob() {
     let response: Value = serde_json::from_str(&text).unwrap();
     let others = response["details"]["best_of_sequences"].as_array().unwrap();
     assert_eq!(others.len(), 1);
-    let best_logprob = response["details"]["tokens"][0]["logprob"].as_f64().unwrap();
+    let best_logprob = response["details"]["tokens"][0]["logprob"]
+        .as_f64()
+        .unwrap();
     assert!(best_logprob >= others[0]["tokens"][0]["logprob"].as_f64().unwrap());
-    let seeds: Vec<u64> =
-        log.lock().unwrap().new_requests.iter().map(|r| r.parameters.as_ref().unwrap().seed).collect();
+    let seeds: Vec<u64> = log
+        .lock()
+        .unwrap()
+        .new_requests
+        .iter()
+        .map(|r| r.parameters.as_ref().unwrap().seed)
+        .collect();
     assert_eq!(seeds.len(), 2);
     assert!(seeds.contains(&response["details"]["seed"].as_u64().unwrap()));
 }
@@ -267,13 +371,24 @@ async fn chat_stream_sends_chunks_usage_and_done() {
     let usage = &events[events.len() - 2];
     assert_eq!(usage["choices"], json!([]));
     let chunks = &events[..events.len() - 2];
-    let content: String = chunks.iter().map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap()).collect();
+    let content: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
+        .collect();
     assert_eq!(content, SCRIPT);
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
     assert_eq!(chunks[0]["object"], "chat.completion.chunk");
     assert_eq!(usage["usage"]["completion_tokens"], chunks.len());
-    let prompt = smollm2().decode(&log.lock().unwrap().new_requests[0].prompt_token_ids, false).unwrap();
-    assert!(prompt.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"), "{prompt}");
+    let prompt = smollm2()
+        .decode(&log.lock().unwrap().new_requests[0].prompt_token_ids, false)
+        .unwrap();
+    assert!(
+        prompt.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
+        "{prompt}"
+    );
 }
 
 #[tokio::test]
@@ -291,7 +406,10 @@ async fn completions_answer_each_prompt() {
     let too_many = json!({"prompt": ["a", "b", "c", "d", "e"]});
     let (status, _, text) = send(&app, post("/v1/completions", &too_many)).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(text.contains("`prompt` supports up to 4 prompts. Given: 5"), "{text}");
+    assert!(
+        text.contains("`prompt` supports up to 4 prompts. Given: 5"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -300,10 +418,23 @@ async fn read_only_routes() {
     let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
     let (status, _, text) = send(&app, get("/info")).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["model_id"], "smollm2-test");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["model_id"],
+        "smollm2-test"
+    );
     let (_, _, text) = send(&app, get("/v1/models")).await;
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["data"][0]["id"], "smollm2-test");
-    send(&app, post("/generate", &json!({"inputs": "x", "parameters": {"max_new_tokens": 1}}))).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["data"][0]["id"],
+        "smollm2-test"
+    );
+    send(
+        &app,
+        post(
+            "/generate",
+            &json!({"inputs": "x", "parameters": {"max_new_tokens": 1}}),
+        ),
+    )
+    .await;
     let (status, _, text) = send(&app, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(text.contains("superinfer_request_count"), "{text}");
@@ -316,7 +447,10 @@ async fn read_only_routes() {
     let (status, _, text) = send(&app, post("/tokenize", &json!({"inputs": "Hello world"}))).await;
     assert_eq!(status, StatusCode::OK);
     let tokens: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(tokens[1], json!({"id": tokens[1]["id"], "text": " world", "start": 5, "stop": 11}));
+    assert_eq!(
+        tokens[1],
+        json!({"id": tokens[1]["id"], "text": " world", "start": 5, "stop": 11})
+    );
 }
 
 #[tokio::test]
@@ -328,9 +462,16 @@ async fn completions_stream_interleaves_choices_and_ends_once() {
     let events = sse_data(&text);
     assert_eq!(events.iter().filter(|event| *event == "[DONE]").count(), 1);
     assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<&Value> = events.iter().filter(|event| event["choices"].as_array().is_some_and(|c| !c.is_empty())).collect();
+    let chunks: Vec<&Value> = events
+        .iter()
+        .filter(|event| event["choices"].as_array().is_some_and(|c| !c.is_empty()))
+        .collect();
     for index in 0..2 {
-        let choice: Vec<&Value> = chunks.iter().map(|chunk| &chunk["choices"][0]).filter(|c| c["index"] == index).collect();
+        let choice: Vec<&Value> = chunks
+            .iter()
+            .map(|chunk| &chunk["choices"][0])
+            .filter(|c| c["index"] == index)
+            .collect();
         assert_eq!(choice.len(), 3, "choice {index}");
         assert_eq!(choice[2]["finish_reason"], "length");
         let text: String = choice.iter().map(|c| c["text"].as_str().unwrap()).collect();
@@ -347,9 +488,15 @@ async fn a_template_that_does_not_compile_disables_chat_only() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     let error: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(error["error_type"], "template_error");
-    assert!(error["error"].as_str().unwrap().starts_with("Template error: the chat template does not compile"));
+    assert!(error["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("Template error: the chat template does not compile"));
     let generate = json!({"inputs": "x", "parameters": {"max_new_tokens": 1}});
-    assert_eq!(send(&app, post("/generate", &generate)).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&app, post("/generate", &generate)).await.0,
+        StatusCode::OK
+    );
     let (model, _) = app_with_template(HttpConfig::default(), String::new()).await;
     let (status, _, text) = send(&model, post("/v1/chat/completions", &chat)).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);

@@ -42,7 +42,10 @@ pub(super) struct ScriptedShard {
 
 impl ScriptedShard {
     /// Serves a scripted shard on a fresh unix socket; returns the socket path and its log.
-    pub(super) fn spawn(tokenizer_json: String, chat_template: String) -> (PathBuf, Arc<Mutex<ShardLog>>) {
+    pub(super) fn spawn(
+        tokenizer_json: String,
+        chat_template: String,
+    ) -> (PathBuf, Arc<Mutex<ShardLog>>) {
         let tokenizer = Tokenizer::from_json(&tokenizer_json).unwrap();
         let mut script = tokenizer.encode(SCRIPT, false).unwrap().ids;
         script.push(EOS);
@@ -54,31 +57,58 @@ impl ScriptedShard {
             sequences: Mutex::new(HashMap::new()),
             log: log.clone(),
         };
-        let path = std::env::temp_dir().join(format!("superinfer-http-test-{:016x}.sock", rand::random::<u64>()));
+        let path = std::env::temp_dir().join(format!(
+            "superinfer-http-test-{:016x}.sock",
+            rand::random::<u64>()
+        ));
         let listener = UnixListener::bind(&path).unwrap();
         let incoming = futures::stream::unfold(listener, |listener| async move {
             Some((listener.accept().await.map(|(stream, _)| stream), listener))
         });
         tokio::spawn(
-            tonic::transport::Server::builder().add_service(ShardServer::new(shard)).serve_with_incoming(incoming),
+            tonic::transport::Server::builder()
+                .add_service(ShardServer::new(shard))
+                .serve_with_incoming(incoming),
         );
         (path, log)
     }
 
-    fn output(&self, scheduled: &pb::ScheduledRequest, sequence: &mut Sequence) -> pb::RequestOutput {
+    fn output(
+        &self,
+        scheduled: &pb::ScheduledRequest,
+        sequence: &mut Sequence,
+    ) -> pb::RequestOutput {
         let end = (scheduled.num_computed_tokens + scheduled.num_new_tokens) as usize;
-        let mut output = pb::RequestOutput { request_id: scheduled.id, ..Default::default() };
+        let mut output = pb::RequestOutput {
+            request_id: scheduled.id,
+            ..Default::default()
+        };
         if sequence.request.prompt_logprobs {
             let first = scheduled.num_computed_tokens as usize + 1;
-            output.prompt_logprobs = (first..end.min(sequence.prompt_tokens)).map(|_| -1.0).collect();
+            output.prompt_logprobs = (first..end.min(sequence.prompt_tokens))
+                .map(|_| -1.0)
+                .collect();
         }
         if end == sequence.known_tokens {
             let id = self.script[sequence.sampled.min(self.script.len() - 1)];
             // The seed shifts the logprobs so that best_of candidates differ.
             let seed = sequence.request.parameters.as_ref().map_or(0, |p| p.seed);
-            let top_n = sequence.request.parameters.as_ref().map_or(0, |p| p.top_n_tokens);
-            let top_tokens = (0..top_n).map(|rank| pb::TokenLogprob { id: id + rank, logprob: -0.1 * rank as f32 }).collect();
-            output.token = Some(pb::SampledToken { id, logprob: -0.5 - (seed % 5) as f32 / 10.0, top_tokens });
+            let top_n = sequence
+                .request
+                .parameters
+                .as_ref()
+                .map_or(0, |p| p.top_n_tokens);
+            let top_tokens = (0..top_n)
+                .map(|rank| pb::TokenLogprob {
+                    id: id + rank,
+                    logprob: -0.1 * rank as f32,
+                })
+                .collect();
+            output.token = Some(pb::SampledToken {
+                id,
+                logprob: -0.5 - (seed % 5) as f32 / 10.0,
+                top_tokens,
+            });
             sequence.sampled += 1;
             sequence.known_tokens += 1;
         }
@@ -88,7 +118,10 @@ impl ScriptedShard {
 
 #[tonic::async_trait]
 impl Shard for ScriptedShard {
-    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+    async fn info(
+        &self,
+        _: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, Status> {
         Ok(Response::new(pb::InfoResponse {
             model_id: "smollm2-test".into(),
             architecture: "llama".into(),
@@ -110,11 +143,17 @@ impl Shard for ScriptedShard {
         }))
     }
 
-    async fn health(&self, _: Request<pb::HealthRequest>) -> Result<Response<pb::HealthResponse>, Status> {
+    async fn health(
+        &self,
+        _: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthResponse>, Status> {
         Ok(Response::new(pb::HealthResponse {}))
     }
 
-    async fn warmup(&self, _: Request<pb::WarmupRequest>) -> Result<Response<pb::WarmupResponse>, Status> {
+    async fn warmup(
+        &self,
+        _: Request<pb::WarmupRequest>,
+    ) -> Result<Response<pb::WarmupResponse>, Status> {
         Ok(Response::new(pb::WarmupResponse {
             num_device_blocks: 256,
             num_host_blocks: 256,
@@ -131,29 +170,54 @@ impl Shard for ScriptedShard {
         }))
     }
 
-    async fn step(&self, request: Request<pb::StepRequest>) -> Result<Response<pb::StepResponse>, Status> {
+    async fn step(
+        &self,
+        request: Request<pb::StepRequest>,
+    ) -> Result<Response<pb::StepResponse>, Status> {
         // A step takes a little time, as a model's would, so that long generations stay open.
         tokio::time::sleep(Duration::from_millis(2)).await;
         let step = request.into_inner();
         let mut sequences = self.sequences.lock().unwrap();
         for id in &step.forget {
             if let Some(sequence) = sequences.remove(id) {
-                self.log.lock().unwrap().forgotten.push((*id, sequence.sampled));
+                self.log
+                    .lock()
+                    .unwrap()
+                    .forgotten
+                    .push((*id, sequence.sampled));
             }
         }
         for new in step.new_requests {
             let prompt_tokens = new.prompt_token_ids.len();
             self.log.lock().unwrap().new_requests.push(new.clone());
-            sequences.insert(new.id, Sequence { known_tokens: prompt_tokens, prompt_tokens, sampled: 0, request: new });
+            sequences.insert(
+                new.id,
+                Sequence {
+                    known_tokens: prompt_tokens,
+                    prompt_tokens,
+                    sampled: 0,
+                    request: new,
+                },
+            );
         }
         let mut outputs = Vec::new();
         for scheduled in &step.scheduled {
-            let sequence = sequences
-                .get_mut(&scheduled.id)
-                .ok_or_else(|| Status::invalid_argument(format!("unknown request {}", scheduled.id)))?;
+            let sequence = sequences.get_mut(&scheduled.id).ok_or_else(|| {
+                Status::invalid_argument(format!("unknown request {}", scheduled.id))
+            })?;
             outputs.push(self.output(scheduled, sequence));
         }
-        let completed_transfers = step.swap_out.iter().chain(&step.swap_in).map(|transfer| transfer.id).collect();
-        Ok(Response::new(pb::StepResponse { step_id: step.step_id, outputs, completed_transfers, timings: None }))
+        let completed_transfers = step
+            .swap_out
+            .iter()
+            .chain(&step.swap_in)
+            .map(|transfer| transfer.id)
+            .collect();
+        Ok(Response::new(pb::StepResponse {
+            step_id: step.step_id,
+            outputs,
+            completed_transfers,
+            timings: None,
+        }))
     }
 }
