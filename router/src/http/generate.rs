@@ -266,20 +266,7 @@ async fn run_stream(
                 end,
                 ..
             } => {
-                let last = end.as_ref().map(|output| {
-                    let figures = figures(output, valid.max_new_tokens);
-                    metrics::request_succeeded(&figures);
-                    record_in_span(&figures, output.seed);
-                    (
-                        full_text(&valid, &output.generated_text),
-                        StreamDetails {
-                            finish_reason: output.finish_reason,
-                            generated_tokens: output.generated_tokens,
-                            seed: output.seed,
-                            input_length: output.input_length,
-                        },
-                    )
-                });
+                let last = end.as_ref().map(|output| last_event_fields(&valid, output));
                 let done = last.is_some();
                 let (generated_text, details) = last.unzip();
                 let event = StreamResponse {
@@ -299,4 +286,18 @@ async fn run_stream(
             }
         }
     }
+}
+
+/// `generated_text` and `details` of the last event; records the success.
+fn last_event_fields(valid: &ValidRequest, output: &GenerationOutput) -> (String, StreamDetails) {
+    let figures = figures(output, valid.max_new_tokens);
+    metrics::request_succeeded(&figures);
+    record_in_span(&figures, output.seed);
+    let details = StreamDetails {
+        finish_reason: output.finish_reason,
+        generated_tokens: output.generated_tokens,
+        seed: output.seed,
+        input_length: output.input_length,
+    };
+    (full_text(valid, &output.generated_text), details)
 }

@@ -186,34 +186,8 @@ async fn stream_choice(
             }
             event = generation.next() => event,
         };
-        let (update, output) = match event.ok_or(HttpError::Incomplete)?? {
-            GenerationEvent::Token {
-                token,
-                top_tokens,
-                text,
-                end,
-                ..
-            } => {
-                let update = ChoiceUpdate {
-                    index: choice.index,
-                    text,
-                    token: Some(&token),
-                    top_tokens: &top_tokens,
-                    finish: end.as_deref(),
-                };
-                (chunk(identity, update), end)
-            }
-            GenerationEvent::End(output) => {
-                let update = ChoiceUpdate {
-                    index: choice.index,
-                    text: String::new(),
-                    token: None,
-                    top_tokens: &[],
-                    finish: Some(&output),
-                };
-                (chunk(identity, update), Some(output))
-            }
-        };
+        let event = event.ok_or(HttpError::Incomplete)??;
+        let (update, output) = chunk_of(event, choice.index, identity, chunk);
         if !sender.send_json(&update).await {
             return Ok(None);
         }
@@ -223,6 +197,43 @@ async fn stream_choice(
                 output.input_length,
                 output.generated_tokens,
             )));
+        }
+    }
+}
+
+/// The chunk that reports one generation event, and the output when the choice has ended.
+fn chunk_of(
+    event: GenerationEvent,
+    index: u32,
+    identity: &ResponseIdentity,
+    chunk: &ChunkBuilder,
+) -> (serde_json::Value, Option<Box<GenerationOutput>>) {
+    match event {
+        GenerationEvent::Token {
+            token,
+            top_tokens,
+            text,
+            end,
+            ..
+        } => {
+            let update = ChoiceUpdate {
+                index,
+                text,
+                token: Some(&token),
+                top_tokens: &top_tokens,
+                finish: end.as_deref(),
+            };
+            (chunk(identity, update), end)
+        }
+        GenerationEvent::End(output) => {
+            let update = ChoiceUpdate {
+                index,
+                text: String::new(),
+                token: None,
+                top_tokens: &[],
+                finish: Some(&output),
+            };
+            (chunk(identity, update), Some(output))
         }
     }
 }
