@@ -399,3 +399,29 @@ async fn read_only_routes() {
         json!({"id": tokens[1]["id"], "text": " world", "start": 5, "stop": 11})
     );
 }
+
+#[tokio::test]
+async fn cors_allows_configured_origins() {
+    let config = HttpConfig {
+        cors_allow_origin: vec!["https://app.example".into()],
+        ..HttpConfig::default()
+    };
+    let (app, _) = app(config).await;
+    let preflight = Request::options("/generate")
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .body(Body::empty())
+        .unwrap();
+    let (status, headers, _) = send(&app, preflight).await;
+    assert!(status.is_success(), "{status}");
+    assert_eq!(
+        headers["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let other = Request::get("/info")
+        .header("origin", "https://evil.example")
+        .body(Body::empty())
+        .unwrap();
+    let (_, headers, _) = send(&app, other).await;
+    assert!(!headers.contains_key("access-control-allow-origin"));
+}
