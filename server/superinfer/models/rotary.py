@@ -8,8 +8,11 @@ from .config import ModelConfig, RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """[head_dim / 2] float32 inverse frequencies, as Hugging Face computes them."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    """[head_dim / 2] float32 inverse frequencies on the CPU, as Hugging Face computes them.
+
+    The device is explicit so that building a model on the meta device still gets real
+    frequencies (meta math would also import torch's decompositions: seconds at start-up)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.kind == "linear":
         return inv_freq / rope.factor
@@ -32,14 +35,8 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 class RotaryEmbedding(torch.nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.rope = config.rope
-        self.head_dim = config.head_dim
         # A buffer, not a parameter: it follows .to(device) but is not loaded from checkpoints.
         self.register_buffer("inv_freq", inverse_frequencies(config.rope, config.head_dim), persistent=False)
-
-    def reset_buffers(self, device: torch.device) -> None:
-        """Recomputes the frequencies (after the model was built on the meta device)."""
-        self.inv_freq = inverse_frequencies(self.rope, self.head_dim).to(device)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] -> cos, sin: [T, 1, D] in `dtype` (float32 math, as Hugging Face)."""

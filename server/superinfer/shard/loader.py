@@ -146,7 +146,6 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) ->
     _load_weights(model, source.directory, dtype)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.reset_buffers(torch.device("cpu"))
     model = model.to(device).eval()
     log.info("loaded %s (%s, %d layers) from %s", source.model_id, config.architecture, config.num_layers, source.directory)
     return LoadedModel(model_id=source.model_id, config=model.config, model=model, tokenizer=tokenizer)
