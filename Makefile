@@ -38,7 +38,8 @@ run: build
 
 test: test-rust test-python test-integration
 
-test-rust:
+# The engine's tests drive the real Python shard, so they need the project's environment.
+test-rust: $(VENV)/.deps
 	cargo test --workspace
 
 test-python: build
