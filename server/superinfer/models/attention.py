@@ -26,6 +26,9 @@ class AttentionGroup:
     context_rows: torch.Tensor
     # [B, 1, G·Q, S_ctx] True where a query may attend a key; None when every key is visible.
     mask: torch.Tensor | None
+    # [B, 2, Hkv, S_ctx, D] scratch the gathered K/V land in, reused by every layer: one
+    # allocation per step instead of one (page-faulting) allocation per layer.
+    context_buffer: torch.Tensor | None = None
     # Prefill only: [B, Q] row of each padded query in the flat batch.
     query_rows: torch.Tensor | None = None
     # Prefill only: [num_rows] index of each real query in the flattened [B·Q] padded layout.
@@ -50,14 +53,16 @@ def write_kv(kv_cache: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tenso
     kv_cache[:, layer][meta.slot_blocks, :, meta.slot_offsets] = torch.stack((k, v), dim=1)
 
 
-def _gather_context(kv_cache: torch.Tensor, layer: int, context_rows: torch.Tensor):
+def _gather_context(kv_cache: torch.Tensor, layer: int, context_rows: torch.Tensor, buffer: torch.Tensor | None):
     # One index_select gathers K and V of every request straight into the head-major layout
     # SDPA reads fastest (a strided [B, S, Hkv, D] view runs about 2x slower on the CPU).
     # -> k, v: [B, Hkv, S_ctx, D]
     _, _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     layer_rows = kv_cache.view(-1, head_dim)[2 * block_size * num_kv_heads * layer :]
-    context = layer_rows.index_select(0, context_rows.view(-1)).view(*context_rows.shape, head_dim)
-    return context[:, 0], context[:, 1]
+    if buffer is None:
+        buffer = layer_rows.new_empty(*context_rows.shape, head_dim)
+    torch.index_select(layer_rows, 0, context_rows.view(-1), out=buffer.view(-1, head_dim))
+    return buffer[:, 0], buffer[:, 1]
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> torch.Tensor:
@@ -70,7 +75,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: A
     groups = num_heads // num_kv_heads
     out = q.new_empty(num_tokens, num_heads * head_dim)
     for group in meta.groups:
-        k, v = _gather_context(kv_cache, layer, group.context_rows)
+        k, v = _gather_context(kv_cache, layer, group.context_rows, group.context_buffer)
         rows = slice(group.row_start, group.row_start + group.num_rows)
         if group.query_rows is None:
             # Decodes, one query each.  qg: [B, Hkv, G, D]

@@ -30,6 +30,8 @@ class BatchLayout:
     num_kv_heads: int
     # Query heads per KV head (grouped-query attention).
     query_groups: int
+    head_dim: int
+    dtype: torch.dtype
     sliding_window: int | None = None
 
 
@@ -92,7 +94,7 @@ def _group(chunks: list[Chunk], row_start: int, layout: BatchLayout, decode: boo
     q_index = torch.arange(queries)[None, :]
     query_rows = row_start + offsets[:, None] + torch.minimum(q_index, (lengths - 1)[:, None])
     real_queries = (torch.arange(len(chunks))[:, None] * queries + q_index)[q_index < lengths[:, None]]
-    return AttentionGroup(row_start, num_rows, context_rows, mask, query_rows, real_queries)
+    return AttentionGroup(row_start, num_rows, context_rows, mask, query_rows=query_rows, real_queries=real_queries)
 
 
 def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
@@ -125,7 +127,11 @@ def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) 
         slot_blocks=to(slot_blocks),
         slot_offsets=to(positions % block_size),
         groups=tuple(
-            AttentionGroup(g.row_start, g.num_rows, to(g.context_rows), to(g.mask), to(g.query_rows), to(g.real_queries))
+            AttentionGroup(
+                g.row_start, g.num_rows, to(g.context_rows), to(g.mask),
+                context_buffer=torch.empty((*g.context_rows.shape, layout.head_dim), dtype=layout.dtype, device=device),
+                query_rows=to(g.query_rows), real_queries=to(g.real_queries),
+            )
             for g in groups
         ),
     )

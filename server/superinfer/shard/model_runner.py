@@ -20,7 +20,8 @@ class ModelRunner:
         self.cache: KVCache | None = None
         config = loaded.model.config
         self.layout = BatchLayout(
-            block_size, config.num_layers, config.num_kv_heads, config.num_heads // config.num_kv_heads, config.sliding_window
+            block_size, config.num_layers, config.num_kv_heads, config.num_heads // config.num_kv_heads,
+            config.head_dim, dtype, config.sliding_window,
         )
 
     @property
