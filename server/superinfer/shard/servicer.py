@@ -20,8 +20,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         # take turns on it (the router sends one Step at a time anyway).
         self._lock = threading.Lock()
 
-    def _run(self, name: str, call, context: grpc.ServicerContext):
+    def _run(self, name: str, call, context: grpc.ServicerContext, exclusive: bool = True):
         try:
+            if not exclusive:
+                return call()
             with self._lock:
                 return call()
         except PlanError as err:
@@ -33,11 +35,12 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             log.exception("%s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
 
+    # Info reads immutable facts and Health a scratch tensor: neither waits behind a Step.
     def Info(self, request, context):
-        return self._run("Info", self.executor.info, context)
+        return self._run("Info", self.executor.info, context, exclusive=False)
 
     def Health(self, request, context):
-        return self._run("Health", self.executor.health, context)
+        return self._run("Health", self.executor.health, context, exclusive=False)
 
     def Warmup(self, request, context):
         return self._run("Warmup", lambda: self.executor.warmup(request), context)
