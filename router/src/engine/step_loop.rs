@@ -8,6 +8,7 @@ use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerErr
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use super::active::{ActiveRequest, ActiveRequests};
 use super::api::{EngineError, EngineEvent, GenerationRequest};
@@ -190,7 +191,9 @@ impl Engine {
         if let Some(previous) = self.previous_step_end.take() {
             metrics::record_turn(started.saturating_duration_since(previous));
         }
-        let response = match self.client.step(request).await {
+        let span = tracing::info_span!("step", step_id = plan.step_id, requests = plan.scheduled.len(),
+            tokens = plan.num_batched_tokens(), swap_out = plan.swap_out.len(), swap_in = plan.swap_in.len());
+        let response = match self.client.step(request).instrument(span).await {
             Ok(response) => response,
             Err(error) => {
                 self.fail(error);
