@@ -78,6 +78,12 @@ def _iter_checkpoint(files: list[pathlib.Path]):
             raise LoaderError(f"cannot read weights from {path}: {err}") from None
 
 
+def _aligned(tensor: torch.Tensor) -> torch.Tensor:
+    # safetensors hands out tensors at their offset in the file, often not 64-byte aligned;
+    # GEMM kernels read such weights markedly slower, so they get a fresh (aligned) copy.
+    return tensor.clone() if tensor.data_ptr() % 64 else tensor
+
+
 class _StateBuilder:
     """Collects checkpoint tensors into our parameter names, fusing split projections."""
 
@@ -94,7 +100,7 @@ class _StateBuilder:
             return
         match = _LAYER_PART.match(name)
         if match is None:
-            self.state[name] = tensor.to(self.dtype)
+            self.state[name] = _aligned(tensor.to(self.dtype))
             return
         prefix, part, kind = match.groups()
         fused, position = _FUSED_PARTS[part]
