@@ -92,12 +92,18 @@ pub(crate) mod tests {
 
     /// The SmolLM2-135M-Instruct tokenizer (byte-level BPE), exported from the embedded model.
     pub(crate) fn smollm2() -> Tokenizer {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/smollm2_tokenizer.json"
-        );
-        let json = std::fs::read_to_string(path).expect("fixture tokenizer.json");
-        Tokenizer::from_json(&json).expect("fixture tokenizer loads")
+        // Parsed once per test binary: a 1.5 MB tokenizer.json is slow to parse in debug builds.
+        static FIXTURE: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+        FIXTURE
+            .get_or_init(|| {
+                let path = concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/fixtures/smollm2_tokenizer.json"
+                );
+                let json = std::fs::read_to_string(path).expect("fixture tokenizer.json");
+                Tokenizer::from_json(&json).expect("fixture tokenizer loads")
+            })
+            .clone()
     }
 
     #[test]

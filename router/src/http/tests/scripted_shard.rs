@@ -12,7 +12,6 @@ use tonic::{Request, Response, Status};
 
 use crate::pb;
 use crate::pb::shard_server::{Shard, ShardServer};
-use crate::tokenizer::Tokenizer;
 
 pub(super) const EOS: u32 = 2;
 pub(super) const SCRIPT: &str = "Hello world. Goodbye!";
@@ -46,7 +45,7 @@ impl ScriptedShard {
         tokenizer_json: String,
         chat_template: String,
     ) -> (PathBuf, Arc<Mutex<ShardLog>>) {
-        let tokenizer = Tokenizer::from_json(&tokenizer_json).unwrap();
+        let tokenizer = crate::tokenizer::tests::smollm2();
         let mut script = tokenizer.encode(SCRIPT, false).unwrap().ids;
         script.push(EOS);
         let log = Arc::new(Mutex::new(ShardLog::default()));
