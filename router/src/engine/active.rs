@@ -7,6 +7,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use super::api::{EngineEvent, FinishReason, GenerationRequest, RequestTimings};
+use super::attainment::TokenTimes;
 
 pub(crate) struct ActiveRequest {
     pub request: GenerationRequest,
@@ -17,6 +18,8 @@ pub(crate) struct ActiveRequest {
     /// Prompt logprobs gathered over the prefill chunks, sent with the first token.
     pub prompt_logprobs: Vec<f32>,
     pub first_scheduled: Option<Instant>,
+    /// When each token was produced, for the SLO attainment counters.
+    pub token_times: TokenTimes,
 }
 
 impl ActiveRequest {
@@ -28,6 +31,7 @@ impl ActiveRequest {
             generated_tokens: 0,
             prompt_logprobs: Vec::new(),
             first_scheduled: None,
+            token_times: TokenTimes::default(),
         }
     }
 

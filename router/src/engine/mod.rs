@@ -7,6 +7,7 @@
 //! - `active`: per-request bookkeeping (stream, limits, progress).
 //! - `metrics`: the engine's /metrics series.
 mod active;
+mod attainment;
 pub mod api;
 mod handle;
 mod metrics;

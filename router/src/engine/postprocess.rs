@@ -46,6 +46,7 @@ pub(crate) fn apply_step_response(
             connected &= active.send(EngineEvent::PromptLogprobs(logprobs));
         }
         active.generated_tokens += 1;
+        active.token_times.record(now);
         let is_eos = eos_token_ids.contains(&sampled.id);
         connected &= active.send(EngineEvent::Token(generated_token(sampled, is_eos)));
         if let Some(reason) = active.finish_reason(is_eos) {

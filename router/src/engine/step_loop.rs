@@ -204,6 +204,7 @@ impl Engine {
         let outcome = apply_step_response(response, &mut self.requests, &self.eos_token_ids, Instant::now());
         self.scheduler.complete(&outcome.results, self.clock());
         for (id, _reason) in outcome.finished {
+            self.record_attainment(id);
             self.scheduler.finish(id);
             self.release(id);
         }
@@ -244,7 +245,21 @@ impl Engine {
     fn publish_stats(&mut self) {
         let stats = self.scheduler.stats();
         metrics::record_scheduler(&stats, &self.last_stats, self.requests.len());
+        metrics::record_lags(&self.scheduler.take_lag_samples());
         self.last_stats = stats;
+    }
+
+    /// Counts a finished request as meeting or missing its objectives (its own, else the
+    /// server's defaults).
+    fn record_attainment(&self, id: u64) {
+        let Some(active) = self.requests.get(id) else { return };
+        let slo = active.request.slo.map_or(self.scheduler.config().default_slo, |slo| Slo {
+            ttft_s: slo.ttft_ms / 1e3,
+            tbt_s: slo.tbt_ms / 1e3,
+        });
+        if let Some(attainment) = active.token_times.attainment(active.request.arrival, slo) {
+            metrics::record_attainment(attainment);
+        }
     }
 
     /// Seconds since the engine started: the scheduler's clock.
