@@ -34,14 +34,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tbt-slo-ms", type=float, default=100.0)
     parser.add_argument("--duration", type=float, default=120.0)
     parser.add_argument("--device-kv-blocks", type=int, default=None)
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="simulate.json of earlier runs: only merge them into one table and plots")
     args = parser.parse_args(argv)
-    code = superinfer_main(arguments(args.out, args.rates, args.policies, args.ttft_slo_ms, args.tbt_slo_ms,
-                                     args.duration, args.device_kv_blocks, args.profile))
-    if code:
-        return code
+    from superinfer.bench.plots import write_plots
     from superinfer.bench.report import markdown_table, read_json
 
-    results = read_json(args.out / "simulate.json")
+    if args.merge:
+        results = [run for path in args.merge for run in read_json(path)]
+        write_plots(results, args.out, prefix="simulate_")
+    else:
+        code = superinfer_main(arguments(args.out, args.rates, args.policies, args.ttft_slo_ms, args.tbt_slo_ms,
+                                         args.duration, args.device_kv_blocks, args.profile))
+        if code:
+            return code
+        results = read_json(args.out / "simulate.json")
     table = markdown_table(results, ("TTFT ok", "TBT ok", "both", "TTFT p99", "goodput"))
     (args.out / "headline.md").write_text(table + "\n")
     print(table)
