@@ -1,5 +1,6 @@
 """Launches the real server (`superinfer launch` on the embedded model) once per test session
 and hands the tests its URL. Everything goes through the public HTTP API."""
+import contextlib
 import os
 import re
 import signal
@@ -66,13 +67,15 @@ def _wait_healthy(server: Server) -> None:
     raise RuntimeError(f"the server was not healthy after {STARTUP_TIMEOUT_S} s:\n{server.log_tail()}")
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
+@contextlib.contextmanager
+def launch(log_dir: Path, args: list[str]):
+    """Runs `superinfer launch` with `args` (on a free port) until the block exits; yields the
+    healthy server. Tests that need their own server configuration use this directly."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    log_path = log_dir / "server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [str(SUPERINFER), "launch", "--port", str(port), "--hostname", "127.0.0.1", *SERVER_ARGS],
+            [str(SUPERINFER), "launch", "--port", str(port), "--hostname", "127.0.0.1", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -88,6 +91,12 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    with launch(tmp_path_factory.mktemp("server"), SERVER_ARGS) as instance:
+        yield instance
 
 
 @pytest.fixture(scope="session")
