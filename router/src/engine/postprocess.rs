@@ -74,6 +74,8 @@ fn generated_token(sampled: pb::SampledToken, is_eos: bool) -> GeneratedToken {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::engine::active::ActiveRequest;
     use crate::engine::testing::greedy_request;
@@ -107,6 +109,25 @@ mod tests {
         assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 40 && !t.is_eos));
         assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Finished { reason: FinishReason::Length, .. })));
         assert!(matches!(stream_b.try_recv(), Ok(EngineEvent::Token(t)) if t.is_eos));
+    }
+
+    #[test]
+    fn token_times_are_stamped_with_the_step_reply() {
+        let mut requests = ActiveRequests::default();
+        let (events, _stream) = tokio::sync::mpsc::unbounded_channel();
+        let request = greedy_request(vec![5, 6], 8);
+        let arrival = request.arrival;
+        requests.insert(5, ActiveRequest::new(request, events));
+        let slo = superinfer_scheduler::Slo { ttft_s: 1.0, tbt_s: 0.05 };
+        let reply = || pb::StepResponse { outputs: vec![output(5, Some(7), vec![])], ..Default::default() };
+        // A prefill chunk without a token stamps nothing.
+        let chunk = pb::StepResponse { outputs: vec![output(5, None, vec![])], ..Default::default() };
+        apply_step_response(chunk, &mut requests, &[0], arrival);
+        assert_eq!(requests.get(5).unwrap().token_times.attainment(arrival, slo), None);
+        apply_step_response(reply(), &mut requests, &[0], arrival + Duration::from_millis(200));
+        apply_step_response(reply(), &mut requests, &[0], arrival + Duration::from_millis(400));
+        let verdict = requests.get(5).unwrap().token_times.attainment(arrival, slo).unwrap();
+        assert!(verdict.ttft_met && !verdict.tbt_met, "{verdict:?}");
     }
 
     #[test]
