@@ -23,9 +23,11 @@ MAX_NEW_TOKENS = 32
 # 32 requests need ~128; 24 device blocks hold about six of them at a time.
 SMALL_POOL = ["--device-kv-blocks", "24", "--host-kv-blocks", "512", "--max-batch-tokens", "512"]
 LARGE_POOL = ["--device-kv-blocks", "256", "--host-kv-blocks", "16", "--max-batch-tokens", "1024"]
-# Objectives tight enough that waiting requests become urgent within a few steps (so RotaSched
-# rotates running ones out for them), loose enough that no first token is hopeless at once.
-TIGHT_SLO = ["--ttft-slo-ms", "1500", "--tbt-slo-ms", "3000"]
+# RotaSched only rotates for punctual requests (a request whose first token is already hopeless
+# never displaces others), so the objectives are loose enough that none turns late even on a
+# loaded machine: every waiting request then claims blocks, and the running requests with the
+# most slack are rotated out for it (~70 rotations for this workload).
+PUNCTUAL_SLO = ["--ttft-slo-ms", "30000", "--tbt-slo-ms", "5000"]
 
 
 def prompt(topic: str) -> str:
@@ -67,7 +69,7 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def rotasched(tmp_path_factory):
-    args = [*SMALL_POOL, *TIGHT_SLO, "--scheduler", "rotasched"]
+    args = [*SMALL_POOL, *PUNCTUAL_SLO, "--scheduler", "rotasched"]
     with launch(tmp_path_factory.mktemp("rotasched"), args) as server:
         yield server
 
