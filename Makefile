@@ -60,3 +60,13 @@ proto: $(VENV)/.deps
 .PHONY: kv-cuda-check
 kv-cuda-check: $(VENV)/.deps
 	$(PY) -c 'from pathlib import Path; from superinfer_kv.cuda_toolchain import compile_cuda_sources as c; print(c(Path("target/kv-cuda-check")))'
+
+# The image `docker run superinfer` starts (needs root, a running dockerd and debootstrap; not
+# part of `make test`). The wheel is built here, so the image needs no Rust toolchain.
+.PHONY: docker
+docker: $(VENV)/.deps
+	docker info >/dev/null 2>&1 || { echo "make docker: no Docker engine is running (start dockerd)"; exit 1; }
+	docker/build-base.sh
+	rm -rf dist && $(VENV)/bin/maturin build --release --quiet -o dist
+	cp /etc/ssl/certs/ca-certificates.crt docker/ca-certificates.crt
+	docker build -t superinfer .
