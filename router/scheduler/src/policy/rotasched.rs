@@ -22,7 +22,13 @@ impl Scheduler {
         let step_s = self.step_estimate();
         ctx.budget = Some(ByteBudget::new(&self.cost, step_s));
         self.reserve_blocks = self.arrival_reserve(ctx.now, step_s);
-        let order = self.service_order(ctx, step_s);
+        let mut order = self.service_order(ctx, step_s);
+        if self.blocks_short_for_running() {
+            // Running requests come first for blocks when they cannot all grow: otherwise
+            // returning and new requests take each block a swap-out frees, and the running
+            // ones, all stuck at a block boundary, never compute.
+            order.sort_by_key(|u| self.requests[&u.id].phase != Phase::Running);
+        }
         let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
         ctx.decode_reserve = decodes.min(ctx.tokens_left);
         let mut admissions_blocked = false;
@@ -39,7 +45,13 @@ impl Scheduler {
                     // itself: less urgent admissions may not take them first.
                     admissions_blocked = !self.serve_waiting(ctx, urgency, step_s) && !urgency.late;
                 }
-                Some(Phase::Rotated) => self.serve_rotated(ctx, urgency, step_s, false),
+                Some(Phase::Rotated) => {
+                    // A due request left on host keeps the blocks being freed for itself, as a
+                    // punctual admission does: under overload, admitting newer requests in
+                    // its place only pushes other running requests out to make room for it.
+                    let stranded = !self.serve_rotated(ctx, urgency, step_s, false);
+                    admissions_blocked |= stranded && !urgency.late;
+                }
                 _ => {}
             }
         }
@@ -52,6 +64,20 @@ impl Scheduler {
             }
         }
         self.keep_reserve(ctx, step_s);
+    }
+
+    /// Whether the running requests need more new blocks for their next tokens than are free.
+    fn blocks_short_for_running(&self) -> bool {
+        let needed: u64 = self
+            .running_by_seq()
+            .into_iter()
+            .filter_map(|id| {
+                let r = &self.requests[&id];
+                let next = u64::from(r.num_computed) + u64::from(r.uncomputed().min(1));
+                r.has_work().then(|| self.blocks.new_blocks_needed(id, next))
+            })
+            .sum();
+        needed > u64::from(self.blocks.free_device())
     }
 
     /// Urgency order, except that running requests with slack to spare for a round trip (the
@@ -101,14 +127,14 @@ impl Scheduler {
     }
 
     /// Issues the swap-in a step ahead of the deadline or, on the `early` pass, when blocks
-    /// are plentiful.
-    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool) {
+    /// are plentiful. False when it was due but could not be issued.
+    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool) -> bool {
         let id = urgency.id;
         let need = self.blocks.host_slots(id);
         let due = urgency.slack <= step_s;
         let plentiful = self.blocks.free_device() >= need + self.reserve_blocks;
         if !(if early { plentiful } else { due }) {
-            return;
+            return true;
         }
         let bytes = u64::from(need) * self.config.block_bytes;
         let budget = ctx.budget.as_ref().expect("rotasched sets a budget");
@@ -117,15 +143,13 @@ impl Scheduler {
         let alone = budget.used(Direction::In) == 0;
         let idle = ctx.plan.scheduled.is_empty();
         if !(budget.fits(Direction::In, bytes) || ((due || idle) && alone)) {
-            return;
+            return !due;
         }
         let free = self.blocks.free_device();
         if free < need && due {
             self.make_room(ctx, u64::from(need - free), urgency, step_s);
         }
-        if self.blocks.free_device() >= need {
-            self.rotate_in(ctx, id);
-        }
+        (self.blocks.free_device() >= need && self.rotate_in(ctx, id)) || !due
     }
 
     /// Evicts the running requests with the most slack until `short` blocks are free or on
@@ -162,7 +186,58 @@ impl Scheduler {
             };
             short = short.saturating_sub(freed);
         }
+        let running = self.requests.get(&requester.id).is_some_and(|r| r.phase == Phase::Running);
+        if short > 0 && running {
+            freed_now |= self.make_room_under_overload(ctx, short, requester.id, step_s);
+        }
         freed_now
+    }
+
+    /// Under overload every running request is late, so none has slack for a round trip and
+    /// the walk above finds no victim. Without a fallback, a running request that needs one more block
+    /// waits until someone finishes while its blocks sit idle: steps shrink to the few
+    /// requests that still fit, and the run crawls. Evict the requests admitted after the
+    /// requester instead, newest first, as the reactive policies do: the order is total and
+    /// stable, so the oldest always progresses and two requests never evict each other in
+    /// turn. Only running requests may do this: a rotated one returning by evicting a newer
+    /// one would push that one out in turn, a wave of copies every step. True when blocks were
+    /// freed right away.
+    fn make_room_under_overload(&mut self, ctx: &mut StepCtx, mut short: u64, requester: u64, step_s: f64) -> bool {
+        let Some(requester_seq) = self.requests.get(&requester).map(|r| r.seq) else { return false };
+        let mut freed_now = false;
+        let cooldown = self.config.rotation_cooldown_steps;
+        let newer = self.running_by_seq().into_iter().rev().filter(|id| self.requests[id].seq > requester_seq);
+        for id in newer.collect::<Vec<_>>() {
+            if short == 0 {
+                break;
+            }
+            let recent = self.requests[&id].swapped_in_step.is_some_and(|s| s + cooldown > self.step_id);
+            if recent || !self.evictable(ctx, id) || self.blocks.private_device_blocks(id) == 0 {
+                continue;
+            }
+            let freed = match self.cheaper_eviction(id, step_s) {
+                Eviction::Swap { .. } if self.swap_fits_now(ctx, id) => {
+                    let moved = self.rotate_out(ctx, id);
+                    ctx.release_credit += moved.saturating_sub(short);
+                    moved
+                }
+                _ => {
+                    let freed = self.preempt_for_recompute(ctx, id);
+                    freed_now |= freed > 0;
+                    freed
+                }
+            };
+            short = short.saturating_sub(freed);
+        }
+        freed_now
+    }
+
+    /// A swap-out keeps the rotation limits: it fits this step's byte budget and the request
+    /// has enough tokens left to be worth the round trip. Otherwise it is recomputed.
+    fn swap_fits_now(&self, ctx: &StepCtx, id: u64) -> bool {
+        let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
+        let worth = self.requests[&id].tokens_left() >= self.config.min_rotation_tokens_left;
+        worth && ctx.budget.as_ref().is_none_or(|b| b.fits(Direction::Out, bytes))
     }
 
     /// Running requests that may be evicted now, most slack first: not in this step, not

@@ -44,6 +44,11 @@ fn config(policy: PolicyKind, device_blocks: u32, requests: Vec<SimRequest>) -> 
 
 /// Deterministic pseudo-random workload (an LCG), arrivals `mean_gap` apart on average.
 fn workload(count: usize, mean_gap: f64) -> Vec<SimRequest> {
+    workload_with_outputs(count, mean_gap, 4, 40)
+}
+
+/// As `workload`, with `max_new_tokens` drawn from `min_new .. min_new + spread_new`.
+fn workload_with_outputs(count: usize, mean_gap: f64, min_new: u32, spread_new: u32) -> Vec<SimRequest> {
     let mut state: u64 = 42;
     let mut next = move || {
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -56,7 +61,7 @@ fn workload(count: usize, mean_gap: f64) -> Vec<SimRequest> {
             SimRequest {
                 arrival: time,
                 prompt_tokens: 32 + (next() * 200.0) as u32,
-                max_new_tokens: 4 + (next() * 40.0) as u32,
+                max_new_tokens: min_new + (next() * f64::from(spread_new)) as u32,
                 slo: None,
             }
         })
@@ -124,3 +129,33 @@ fn unsorted_arrivals_are_rejected() {
     requests.swap(0, 2);
     assert!(simulate(&config(PolicyKind::Fcfs, 64, requests)).is_err());
 }
+
+/// Sustained overload: arrivals outpace the pool for the whole run and every running request
+/// is late on TBT, so none has slack for a round trip. RotaSched must still keep the running
+/// requests growing (not strand them at a block boundary while returning and new requests
+/// take the freed blocks): about as many steps as reactive swap, and TTFT attainment at least
+/// recompute's.
+#[test]
+fn rotasched_under_sustained_overload_keeps_steps_and_ttft() {
+    let requests = || workload_with_outputs(OVERLOAD_N, OVERLOAD_GAP, OVERLOAD_MIN, OVERLOAD_SPREAD);
+    let run = |policy| simulate(&config(policy, OVERLOAD_BLOCKS, requests())).expect("valid config");
+    let ttft_ok = |report: &crate::sim::SimReport| {
+        report.outcomes.iter().filter(|o| o.ttft_s.is_some_and(|t| t <= 1.0)).count()
+    };
+    let (rotasched, swap, recompute) =
+        (run(PolicyKind::RotaSched), run(PolicyKind::Swap), run(PolicyKind::Recompute));
+    assert!(rotasched.outcomes.iter().all(|o| o.finished), "stalled {}", rotasched.stalled);
+    println!(
+        "steps: rotasched {} swap {} recompute {}; ttft ok: {} {} {}",
+        rotasched.steps, swap.steps, recompute.steps,
+        ttft_ok(&rotasched), ttft_ok(&swap), ttft_ok(&recompute)
+    );
+    assert!(rotasched.steps <= swap.steps * 3 / 2, "rotasched {} steps, swap {}", rotasched.steps, swap.steps);
+    assert!(ttft_ok(&rotasched) >= ttft_ok(&recompute));
+}
+
+const OVERLOAD_N: usize = 200;
+const OVERLOAD_GAP: f64 = 0.01;
+const OVERLOAD_MIN: u32 = 32;
+const OVERLOAD_SPREAD: u32 = 224;
+const OVERLOAD_BLOCKS: u32 = 256;
