@@ -2,9 +2,6 @@
 real server (its own instance, launched with an API key and small limits), and TGI's and
 OpenAI's clients raise the matching errors."""
 import json
-import os
-import signal
-import subprocess
 
 import openai
 import pytest
@@ -12,7 +9,7 @@ import requests
 from text_generation import Client
 from text_generation.errors import OverloadedError, ValidationError
 
-from conftest import SERVER_ARGS, SUPERINFER, Server, _wait_healthy, free_port
+from conftest import SERVER_ARGS, launch
 
 API_KEY = "validation-secret"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -25,24 +22,8 @@ LIMITS = [
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("guarded") / "server.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [str(SUPERINFER), "launch", "--port", str(port), "--hostname", "127.0.0.1", *SERVER_ARGS, *LIMITS],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    server = Server(f"http://127.0.0.1:{port}", process, log_path)
-    try:
-        _wait_healthy(server)
+    with launch(tmp_path_factory.mktemp("guarded"), [*SERVER_ARGS, *LIMITS]) as server:
         yield server
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def post(server, path, body, headers=AUTH, **kwargs):
