@@ -70,16 +70,7 @@ async fn engine(shard: &Shard, policy: &str, tracker: &TaskTracker, shutdown: &C
 fn request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest {
     GenerationRequest {
         prompt_token_ids,
-        sampling: SamplingParams {
-            do_sample: false,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            typical_p: 1.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            seed: 0,
-        },
+        sampling: SamplingParams::greedy(),
         max_new_tokens,
         ignore_eos: true,
         prompt_logprobs: false,

@@ -27,6 +27,22 @@ pub struct SamplingParams {
     pub seed: u64,
 }
 
+impl SamplingParams {
+    /// Greedy decoding with no penalties: what `do_sample: false` means.
+    pub fn greedy() -> Self {
+        Self {
+            do_sample: false,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            typical_p: 1.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
 /// Per-request latency objectives, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slo {
