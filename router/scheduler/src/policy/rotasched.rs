@@ -3,6 +3,8 @@
 //! slack (under the per-step byte budget, never one just swapped in, never one about to
 //! finish, never one that could not come back before its deadline); bring rotated requests
 //! back a step before they are due; keep a reserve of free blocks for expected arrivals.
+//! Under overload (no running request has slack left) it degrades to the reactive order:
+//! running requests first for blocks, evicting newer ones, so the oldest always progresses.
 
 use super::urgency::{Eviction, Urgency};
 use crate::byte_budget::ByteBudget;
@@ -194,9 +196,9 @@ impl Scheduler {
     }
 
     /// Under overload every running request is late, so none has slack for a round trip and
-    /// the walk above finds no victim. Without a fallback, a running request that needs one more block
-    /// waits until someone finishes while its blocks sit idle: steps shrink to the few
-    /// requests that still fit, and the run crawls. Evict the requests admitted after the
+    /// the walk above finds no victim. Without a fallback, a running request that needs one
+    /// more block waits until someone finishes while its blocks sit idle: steps shrink to the
+    /// few requests that still fit, and the run crawls. Evict the requests admitted after the
     /// requester instead, newest first, as the reactive policies do: the order is total and
     /// stable, so the oldest always progresses and two requests never evict each other in
     /// turn. Only running requests may do this: a rotated one returning by evicting a newer
