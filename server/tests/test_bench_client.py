@@ -4,7 +4,6 @@ real server is exercised by test_bench_e2e.py.)"""
 import asyncio
 import json
 import threading
-from pathlib import Path
 
 import aiohttp
 import pytest

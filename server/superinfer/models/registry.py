@@ -1,6 +1,6 @@
 """Architecture (the config's `model_type`) → model class. A new architecture is one file
 and one line here."""
-from .config import ConfigError, ModelConfig
+from .config import ConfigError
 from .decoder import DecoderForCausalLM
 from .llama import LlamaForCausalLM
 from .mistral import MistralForCausalLM
