@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 
 struct Shard {
     process: Child,
+    log: PathBuf,
     _dir: TempDir,
     socket: PathBuf,
 }
@@ -54,17 +55,25 @@ fn start_shard(name: &str) -> Option<Shard> {
         .args(["--device-kv-blocks", "48", "--host-kv-blocks", "32", "--log-level", "WARNING"])
         .env("PYTHONPATH", pythonpath)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("shard.log")).expect("shard log"))
         .spawn()
         .expect("start the shard");
-    Some(Shard { process, _dir: TempDir(dir), socket })
+    Some(Shard { process, log: dir.join("shard.log"), _dir: TempDir(dir), socket })
 }
 
 async fn engine(shard: &Shard, policy: &str, tracker: &TaskTracker, shutdown: &CancellationToken) -> EngineHandle {
     let socket = shard.socket.to_str().expect("utf-8 path");
-    let argv = ["router", "--uds-path", socket, "--max-batch-tokens", "64", "--scheduler", policy];
+    // A first start on a fresh machine converts the model (tens of seconds on a loaded machine).
+    let argv = ["router", "--uds-path", socket, "--max-batch-tokens", "64", "--scheduler", policy,
+        "--shard-connect-timeout-s", "300"];
     let config = RouterConfig::parse_argv(argv).unwrap();
-    start_engine(&config, tracker, shutdown).await.expect("engine starts").0
+    match start_engine(&config, tracker, shutdown).await {
+        Ok((engine, _)) => engine,
+        Err(err) => {
+            let log = std::fs::read_to_string(&shard.log).unwrap_or_default();
+            panic!("engine did not start: {err}\n--- shard log ---\n{log}");
+        }
+    }
 }
 
 fn request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest {

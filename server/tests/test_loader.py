@@ -142,6 +142,44 @@ def test_default_model_is_converted_once(smollm2_dir, tmp_path):
     assert loaded.tokenizer.eos_token_ids[0] == 2
 
 
+def test_gguf_conversion_is_shared_and_happens_once_under_concurrency(tmp_path, monkeypatch):
+    """Shards starting together convert a GGUF file once and never replace the directory
+    another is reading; copies of the same file (another clone, another venv) share it."""
+    import threading
+    import time
+
+    from superinfer.shard import model_source
+
+    calls = []
+
+    def slow_convert(gguf, target):  # the real conversion is covered above; this times the race
+        calls.append(gguf)
+        time.sleep(0.3)
+        target.mkdir(parents=True)
+        (target / ".complete").write_text(str(gguf))
+
+    monkeypatch.setattr(model_source, "convert_gguf", slow_convert)
+    first, second = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(b"GGUF same bytes")
+    results = []
+    threads = [
+        threading.Thread(target=lambda p=p: results.append(resolve_model(str(p), tmp_path / "cache")))
+        for p in (first, second, first, second)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1
+    assert len({result.directory for result in results}) == 1
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "m.gguf").write_bytes(b"GGUF other bytes")
+    assert resolve_model(str(tmp_path / "c" / "m.gguf"), tmp_path / "cache").directory != results[0].directory
+    assert len(calls) == 2
+
+
 def test_generation_config_eos_ids_are_reported(model_dir):
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     assert _load(model_dir).tokenizer.eos_token_ids == (2, 7)
