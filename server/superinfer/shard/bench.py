@@ -1,9 +1,11 @@
-"""Benchmark of the shard's model runner on the CPU (not a test): decode throughput at batch
-1, 8 and 32 with 512-token contexts against transformers' `generate` on the same model with
-static batches of the same size, measured in the same run; prefill throughput of 512-token
-prompts; the share of Step time spent outside the model forward. Prints JSON.
+"""Benchmark of the shard's model runner (not a test): decode throughput at batch 1, 8 and 32
+with 512-token contexts against transformers' `generate` on the same model with static batches
+of the same size, measured in the same run; prefill throughput of 512-token prompts; the share
+of Step time spent outside the model forward. Prints JSON. On the CPU in float32; with
+`--device cuda` in bfloat16 on the GPU (both sides).
 
-    python -m superinfer.shard.bench [--model default] [--batches 1 8 32] [--decode-steps 16]"""
+    python -m superinfer.shard.bench [--model default] [--batches 1 8 32] [--decode-steps 16]
+                                     [--device cpu|cuda]"""
 import argparse
 import json
 import os
@@ -45,9 +47,10 @@ def _rates(batch: int, step_seconds: list[float]) -> dict:
 
 
 def _transformers_decode(model, prompts: list[list[int]], steps: int) -> dict:
-    """Decode throughput of generate() with a static batch (prefill excluded)."""
+    """Decode throughput of generate() with a static batch (prefill excluded). On a GPU,
+    generate's per-step stopping check reads the tokens back, so each step is synchronized."""
     clock = _TokenClock()
-    inputs = torch.tensor(prompts)
+    inputs = torch.tensor(prompts, device=model.device)
     with torch.inference_mode():
         model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=steps + 1,
                        min_new_tokens=steps + 1, do_sample=False, streamer=clock, pad_token_id=0)
@@ -56,13 +59,21 @@ def _transformers_decode(model, prompts: list[list[int]], steps: int) -> dict:
     return _rates(len(prompts), [after - before for before, after in zip(decode, decode[1:])])
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _transformers_prefill(model, prompt: list[int], repeats: int) -> float:
+    inputs = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():
-        model(torch.tensor([prompt]))  # first call pays one-off costs
+        model(inputs)  # first call pays one-off costs
         best = float("inf")
         for _ in range(repeats):
+            _sync(model.device)
             start = time.perf_counter()
-            model(torch.tensor([prompt]))
+            model(inputs)
+            _sync(model.device)
             best = min(best, time.perf_counter() - start)
     return len(prompt) / best
 
@@ -129,16 +140,21 @@ def _shard_prefill(driver: _ShardDriver, prompt: list[int], repeats: int) -> flo
 def run_benchmark(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
-    config = ShardConfig(model=args.model, cache_dir=args.cache_dir, device=torch.device("cpu"), dtype=torch.float32,
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = ShardConfig(model=args.model, cache_dir=args.cache_dir, device=device, dtype=dtype,
                          device_kv_blocks=max(args.batches) * (-(-(CONTEXT + 64) // 16)), host_kv_blocks=0,
                          warmup_repeats=1)
     executor = build_executor(config)
     executor.warmup(pb.WarmupRequest(max_batch_tokens=CONTEXT, max_batch_requests=max(args.batches)))
-    reference = AutoModelForCausalLM.from_pretrained(_model_dir(args), dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(_model_dir(args), dtype=dtype).to(device).eval()
     vocab = executor.runner.config.vocab_size
     driver = _ShardDriver(executor)
-    results: dict = {"model": args.model, "context_tokens": CONTEXT, "decode_steps": args.decode_steps,
+    results: dict = {"model": args.model, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                     "context_tokens": CONTEXT, "decode_steps": args.decode_steps,
                      "threads": torch.get_num_threads(), "decode": {}}
+    if device.type == "cuda":
+        results["gpu"] = torch.cuda.get_device_name(device)
     for batch in args.batches:
         prompts = _prompts(batch, vocab, seed=batch)
         live = driver.prefill(prompts, CONTEXT)
@@ -182,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu (float32) or cuda (bfloat16)")
     parser.add_argument("--cache-dir", type=pathlib.Path,
                         default=pathlib.Path(os.environ.get("SUPERINFER_CACHE", pathlib.Path.home() / ".cache" / "superinfer")))
     args = parser.parse_args(argv)
