@@ -47,7 +47,8 @@ def check_pools(device_kv: torch.Tensor, host_kv: torch.Tensor) -> str:
     if host_kv.device.type != "cpu":
         raise ValueError(f"host_kv must live in CPU memory, got device {host_kv.device}")
     if device_kv.device.type == "cuda":
-        if not host_kv.is_pinned():
+        # An empty host pool has no memory to pin (is_pinned() is False); no id can address it.
+        if host_kv.numel() and not host_kv.is_pinned():
             raise ValueError("host_kv must be pinned memory when device_kv is on a CUDA device")
         return "cuda"
     if device_kv.device.type == "cpu":

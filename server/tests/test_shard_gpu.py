@@ -33,3 +33,12 @@ def test_gpu_swap_round_trip(tiny_llama_dir):
     driver.wait_for(2)
     driver.decode(1, tokens, len(PROMPT), [9, 8, 7, 6], 8)
     assert tokens == expected
+
+
+def test_gpu_without_a_host_pool(tiny_llama_dir):
+    executor = make_executor(tiny_llama_dir, device="cuda", host_blocks=0)
+    assert executor.runner.cache.num_host_blocks == 0
+    driver = Driver(executor)
+    tokens = _start(driver, 1, [0, 1, 2, 3])
+    driver.decode(1, tokens, len(PROMPT), [0, 1, 2, 3], 4)
+    assert len(tokens) == 5

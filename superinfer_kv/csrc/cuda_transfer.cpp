@@ -78,7 +78,9 @@ std::string CudaJob::method() const {
 CudaTransfer::CudaTransfer(at::Tensor device_kv, at::Tensor host_kv, CudaTransferOptions options)
     : device_kv_(std::move(device_kv)), host_kv_(std::move(host_kv)), options_(options) {
   TORCH_CHECK(device_kv_.is_cuda(), "device_kv must be a CUDA tensor");
-  TORCH_CHECK(host_kv_.device().is_cpu() && host_kv_.is_pinned(), "host_kv must be pinned");
+  // An empty host pool (a shard run without one) holds no memory to pin; no id can address it.
+  TORCH_CHECK(host_kv_.device().is_cpu() && (host_kv_.numel() == 0 || host_kv_.is_pinned()),
+              "host_kv must be pinned");
   TORCH_CHECK(device_kv_.is_contiguous() && host_kv_.is_contiguous(), "pools must be contiguous");
   TORCH_CHECK(device_kv_.dim() >= 1, "pools need a leading block dimension");
   TORCH_CHECK(device_kv_.sizes().slice(1) == host_kv_.sizes().slice(1),
@@ -90,7 +92,9 @@ CudaTransfer::CudaTransfer(at::Tensor device_kv, at::Tensor host_kv, CudaTransfe
                  device_kv_.element_size();
   const c10::cuda::CUDAGuard guard(device_kv_.device());
   void* mapped = nullptr;
-  if (cudaHostGetDevicePointer(&mapped, host_kv_.data_ptr(), 0) == cudaSuccess) {
+  if (host_kv_.numel() == 0) {
+    // Nothing to map: the kernel path stays unavailable, and no transfer can be valid anyway.
+  } else if (cudaHostGetDevicePointer(&mapped, host_kv_.data_ptr(), 0) == cudaSuccess) {
     host_mapped_ = static_cast<char*>(mapped);
   } else {
     (void)cudaGetLastError();  // not mapped: the kernel path is simply unavailable

@@ -141,3 +141,12 @@ def test_unpinned_host_pool_is_rejected() -> None:
     device_kv = torch.zeros(4, 8, device="cuda")
     with pytest.raises(ValueError, match="pinned"):
         TransferEngine(device_kv, torch.zeros(4, 8))
+
+
+def test_empty_host_pool_is_accepted_and_never_addressed() -> None:
+    # A shard without a host pool: nothing is pinned, nothing can be swapped, nothing fails.
+    device_kv = torch.zeros(4, 8, device="cuda")
+    engine = TransferEngine(device_kv, torch.zeros(0, 8, pin_memory=True))
+    with pytest.raises(ValueError, match="out of range"):
+        engine.submit(swap_out=([0], [0]))
+    engine.submit().wait()
