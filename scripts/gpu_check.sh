@@ -5,7 +5,7 @@
 #   2. the shard's GPU tests (bf16, pinned host pool, swaps through the CUDA engine);
 #   3. the shard benchmark in bf16 on the GPU against transformers, on a random-weight model with
 #      Llama-3.2-1B's shapes (the embedded model's GGUF is not needed): shard_gpu_bench.json.
-# Writes to $OUT (default: a new temporary directory). Python packages the GPU host lacks can be
+# Writes to $OUT (default: a new temporary directory); SKIP_SHARD_BENCH=1 stops before step 3. Python packages the GPU host lacks can be
 # given as wheels in .whl/ (installed into /tmp/site first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,7 @@ timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml="$OUT/shard_gp
   server/tests/test_shard_gpu.py >"$OUT/shard_gpu_tests.log" 2>&1
 echo "shard tests rc=$? $((SECONDS - start))s"; tail -n 5 "$OUT/shard_gpu_tests.log"
 
+if [ -n "${SKIP_SHARD_BENCH:-}" ]; then exit 0; fi
 echo "== shard GPU benchmark"
 start=$SECONDS
 MODEL=/tmp/superinfer-random-llama-1b

@@ -118,29 +118,41 @@ def _kernel_cta_sweep(pools: _Pools, repeats: int) -> dict:
 
 
 def _matmul_slowdown(pools: _Pools, iterations: int) -> dict:
+    """A bf16 matmul loop timed alone and while duplex transfers run the whole time.
+
+    The matmuls run on a side stream: the engine orders each transfer after the work already
+    queued on the *current* stream, so transfers submitted while the matmuls run start at once.
+    The host keeps submitting until the matmuls end, so copies are in flight throughout."""
     # a, b: [8192, 8192] bf16 — about 1.1 TFLOP per matmul.
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
 
-    def timed_matmuls() -> float:
+    def launch_matmuls() -> tuple[torch.cuda.Event, torch.cuda.Event]:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iterations):
-            torch.matmul(a, b)
-        end.record()
+        with torch.cuda.stream(side):
+            start.record()
+            for _ in range(iterations):
+                torch.matmul(a, b)
+            end.record()
+        return start, end
+
+    def alone_seconds() -> float:
+        start, end = launch_matmuls()
         end.synchronize()
         return start.elapsed_time(end) / 1e3
 
-    timed_matmuls()
-    alone = statistics.median(timed_matmuls() for _ in range(3))
+    alone_seconds()
+    alone = statistics.median(alone_seconds() for _ in range(3))
     engine = TransferEngine(pools.device, pools.host)
-    # Queue enough duplex transfers to outlast the matmuls (they start at once: the event they
-    # wait on is recorded before the matmuls are issued).
-    per_submit = 2 * pools.nbytes / 100e9  # assume a fast link: queue too many
-    handles = [engine.submit(swap_out=pools.swap_out, swap_in=pools.swap_in)
-               for _ in range(int(alone * 1.5 / per_submit) + 2)]  # fmt: skip
-    with_transfers = timed_matmuls()
+    torch.cuda.synchronize()
+    handles = [engine.submit(swap_out=pools.swap_out, swap_in=pools.swap_in) for _ in range(2)]
+    start, end = launch_matmuls()
+    while not end.query():
+        handles.append(engine.submit(swap_out=pools.swap_out, swap_in=pools.swap_in))
     covered = not handles[-1].done()
+    end.synchronize()
+    with_transfers = start.elapsed_time(end) / 1e3
     for handle in handles:
         handle.wait()
     engine.close()
@@ -149,8 +161,69 @@ def _matmul_slowdown(pools: _Pools, iterations: int) -> dict:
         "matmul_alone_s": round(alone, 4),
         "matmul_with_transfers_s": round(with_transfers, 4),
         "slowdown": round(with_transfers / alone - 1, 4),
+        "submits_during_matmuls": len(handles),
         "transfers_outlasted_matmuls": covered,
         "target_slowdown_max": 0.10,
+    }
+
+
+def _reference_duplex(pools: _Pools, repeats: int) -> float:
+    """One large copy each way at once, on two streams: the link's own duplex limit."""
+    n = pools.blocks
+    out_stream, in_stream = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def both() -> None:
+        with torch.cuda.stream(out_stream):
+            pools.host[:n].copy_(pools.device[:n], non_blocking=True)
+        with torch.cuda.stream(in_stream):
+            pools.device[n:].copy_(pools.host[n:], non_blocking=True)
+
+    return _seconds(both, repeats)
+
+
+def _hugepage_pinned(like: torch.Tensor):
+    """A host pool like `like`, in transparent-huge-page memory registered with CUDA (mapped):
+    fewer IOMMU/TLB entries for the kernel's scattered accesses than cudaHostAlloc's pages."""
+    import mmap
+
+    nbytes = like.numel() * like.element_size()
+    size = -(-nbytes // (2 << 20)) * (2 << 20)
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(buffer, dtype=torch.uint8)
+    raw.zero_()  # fault the pages in before registering
+    error = torch.cuda.cudart().cudaHostRegister(raw.data_ptr(), size, 2)  # cudaHostRegisterMapped
+    if int(error) != 0:
+        raise RuntimeError(f"cudaHostRegister failed: {error}")
+    host = raw[:nbytes].view(like.dtype).view(like.shape)
+    return host, buffer, raw
+
+
+def _hugepage_kernel_figures(pools: _Pools, repeats: int) -> dict:
+    host, buffer, raw = _hugepage_pinned(pools.host)
+    try:
+        engine = TransferEngine(pools.device, host, TransferConfig(cuda_method="kernel"))
+        out = _seconds(lambda: engine.submit(swap_out=pools.swap_out).wait(), repeats)
+        into = _seconds(lambda: engine.submit(swap_in=pools.swap_in).wait(), repeats)
+        engine.close()
+        return {"kernel_out_gbps": _gbps(pools.nbytes, out), "kernel_in_gbps": _gbps(pools.nbytes, into)}
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaHostUnregister(raw.data_ptr())
+        del host, raw
+        buffer.close()
+
+
+def _auto_threshold() -> dict:
+    from .calibrate import SCRATCH_BYTES, measure_path_speeds, threshold_from_speeds
+
+    speeds = measure_path_speeds(torch.device("cuda"), TransferConfig().kernel_ctas)
+    return {
+        "dma_min_run_bytes": threshold_from_speeds(speeds),
+        "duplex_gbps_by_run_bytes": {
+            str(size): {path: _gbps(SCRATCH_BYTES, seconds) for path, seconds in paths.items()}
+            for size, paths in speeds.items()
+        },
     }
 
 
@@ -158,17 +231,27 @@ def gpu_bench(quick: bool = False) -> dict:
     """All GPU figures as a JSON-ready dict."""
     repeats = 3 if quick else 5
     total_bytes = (128 if quick else 256) * MIB
-    report: dict = {"device": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "sizes": {}}
+    report: dict = {"device": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
+                    "auto_threshold": _auto_threshold(), "sizes": {}}
     for block_bytes in QUICK_BLOCK_SIZES if quick else BLOCK_SIZES:
         pools = _Pools(block_bytes, total_bytes // block_bytes)
         reference = _reference_copies(pools, repeats)
+        duplex = _reference_duplex(pools, repeats)
+        one_large = (pools.nbytes / reference["out"] + pools.nbytes / reference["in"]) / 2
         entry: dict = {
             "blocks": pools.blocks,
             "one_large_copy_out_gbps": _gbps(pools.nbytes, reference["out"]),
             "one_large_copy_in_gbps": _gbps(pools.nbytes, reference["in"]),
+            "one_large_copy_both_gbps": _gbps(2 * pools.nbytes, duplex),
+            "link_duplex_ratio": round(2 * pools.nbytes / duplex / one_large, 3),
         }
         for method in METHODS:
             entry[method] = _method_figures(pools, method, reference, repeats)
+        if block_bytes <= 64 * KIB:
+            try:
+                entry["kernel_hugepage_host"] = _hugepage_kernel_figures(pools, repeats)
+            except Exception as error:  # an experiment: report, never fail the run
+                entry["kernel_hugepage_host"] = {"error": repr(error)}
         if block_bytes == 32 * KIB:
             loop = _per_block_loop_figures(pools, repeats)
             auto = entry["auto"]

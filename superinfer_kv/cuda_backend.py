@@ -45,9 +45,13 @@ class CudaBackend:
         self, device_kv: torch.Tensor, host_kv: torch.Tensor, config: TransferConfig
     ) -> None:
         extension = load_cuda_extension()
-        self._native = extension.CudaTransfer(
-            device_kv, host_kv, config.kernel_ctas, config.dma_min_run_bytes
-        )
+        threshold = config.dma_min_run_bytes
+        if threshold is None:
+            from .calibrate import measured_dma_min_run_bytes
+
+            threshold = measured_dma_min_run_bytes(device_kv.device.index or 0, config.kernel_ctas)
+        self.dma_min_run_bytes = threshold
+        self._native = extension.CudaTransfer(device_kv, host_kv, config.kernel_ctas, threshold)
         self._method = CUDA_METHODS.index(config.cuda_method)
 
     @property

@@ -51,6 +51,11 @@ class TransferEngine:
         """"cuda" or "cpu"."""
         return self._backend_name
 
+    @property
+    def dma_min_run_bytes(self) -> int | None:
+        """CUDA: the run size from which "auto" uses the copy engines (measured unless set)."""
+        return getattr(self._backend, "dma_min_run_bytes", None)
+
     def submit(self, swap_out: Direction = None, swap_in: Direction = None) -> TransferHandle:
         """Starts swap-out (device→host) and swap-in (host→device); returns at once.
 

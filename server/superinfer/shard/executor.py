@@ -93,8 +93,10 @@ class ShardExecutor:
         transfer = measure_transfer_cost(engine, cache.num_device_blocks, cache.num_host_blocks, self.runner.geometry.block_bytes)
         cache.device.zero_()  # warm-up wrote synthetic K/V; start from the documented state
         cache.host.zero_()
-        log.info("warm-up: %d device / %d host KV blocks, measured in %.2fs: %s %s",
-                 cache.num_device_blocks, cache.num_host_blocks, time.perf_counter() - started, step, transfer)
+        log.info("warm-up: %d device / %d host KV blocks, measured in %.2fs: %s %s (%s transfers%s)",
+                 cache.num_device_blocks, cache.num_host_blocks, time.perf_counter() - started, step, transfer,
+                 engine.backend, "" if engine.dma_min_run_bytes is None
+                 else f", copy engines from {engine.dma_min_run_bytes // 1024} KiB runs")
         self.tracker = TransferTracker(engine, self.runner.device)
         model_config = self.runner.config
         self.limits = PlanLimits(cache.num_device_blocks, cache.num_host_blocks, self.runner.block_size,

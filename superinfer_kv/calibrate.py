@@ -1,0 +1,95 @@
+"""Chooses, by measurement on this GPU, where `auto` switches from the gather/scatter kernel to
+the copy engines.
+
+Which path is faster for a given run size depends on the machine (PCIe generation, IOMMU,
+driver, C2C on a superchip), so a constant threshold is wrong somewhere. Once per device and
+process, both paths move scattered runs of doubling sizes between scratch pools — both
+directions at once, as the shard submits them — and the threshold is the smallest run size
+from which the copy engines are at least as fast as the kernel for it and every larger size
+tried. About 0.3 s on an H200; the scratch pools (2 × 64 MiB) are freed afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import torch
+
+KIB = 1024
+RUN_SIZES = tuple(16 * KIB << shift for shift in range(8))  # 16 KiB … 2 MiB
+SCRATCH_BYTES = 64 * 1024 * KIB
+# Above every size tried: the kernel won everywhere.
+KERNEL_ALWAYS = RUN_SIZES[-1] * 2
+
+
+def _duplex_seconds(engine, plan_out, plan_in, repeats: int) -> float:
+    samples = []
+    for index in range(repeats + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.submit(swap_out=plan_out, swap_in=plan_in).wait()
+        if index:  # the first run is warm-up
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def measure_path_speeds(device: torch.device, kernel_ctas: int, repeats: int = 3) -> dict[int, dict]:
+    """Seconds per duplex submit of scattered runs, per run size and path (kernel, dma)."""
+    from . import TransferConfig, TransferEngine
+
+    device_scratch = torch.empty(SCRATCH_BYTES, dtype=torch.uint8, device=device)
+    host_scratch = torch.empty(SCRATCH_BYTES, dtype=torch.uint8, pin_memory=True)
+    generator = torch.Generator().manual_seed(0)
+    speeds: dict[int, dict] = {}
+    # Forced paths never read the threshold; an explicit one keeps these engines from
+    # calibrating in turn.
+    def config(method: str) -> TransferConfig:
+        return TransferConfig(cuda_method=method, kernel_ctas=kernel_ctas, dma_min_run_bytes=0)
+
+    try:
+        for run_bytes in RUN_SIZES:
+            blocks = SCRATCH_BYTES // run_bytes
+            device_pool = device_scratch.view(blocks, run_bytes)
+            host_pool = host_scratch.view(blocks, run_bytes)
+            half = blocks // 2
+            device_order = torch.randperm(blocks, generator=generator)
+            host_order = torch.randperm(blocks, generator=generator)
+            # Disjoint halves, shuffled: few neighbours merge into a longer run.
+            plan_out = (device_order[:half], host_order[:half])
+            plan_in = (host_order[half:], device_order[half:])
+            probe = TransferEngine(device_pool, host_pool, config("auto"))
+            native = probe._backend.native  # noqa: SLF001 - this GPU's capabilities
+            paths = {"dma": "batch_memcpy" if native.batch_memcpy_available else "memcpy_loop"}
+            if native.kernel_available:
+                paths["kernel"] = "kernel"
+            probe.close()
+            speeds[run_bytes] = {"kernel": float("inf")}
+            for path, method in paths.items():
+                engine = TransferEngine(device_pool, host_pool, config(method))
+                speeds[run_bytes][path] = _duplex_seconds(engine, plan_out, plan_in, repeats)
+                engine.close()
+    finally:
+        del device_scratch, host_scratch
+    return speeds
+
+
+def threshold_from_speeds(speeds: dict[int, dict]) -> int:
+    """The smallest run size from which DMA is never slower than the kernel (KERNEL_ALWAYS if
+    the kernel wins at the largest size)."""
+    threshold = KERNEL_ALWAYS
+    for run_bytes in sorted(speeds, reverse=True):
+        if speeds[run_bytes]["dma"] <= speeds[run_bytes]["kernel"]:
+            threshold = run_bytes
+        else:
+            break
+    return threshold
+
+
+@functools.cache
+def measured_dma_min_run_bytes(device_index: int, kernel_ctas: int) -> int:
+    """The calibrated `dma_min_run_bytes` for a CUDA device (measured once per process)."""
+    device = torch.device("cuda", device_index)
+    with torch.cuda.device(device):
+        return threshold_from_speeds(measure_path_speeds(device, kernel_ctas))
