@@ -104,7 +104,7 @@ def _per_block_loop_figures(pools: _Pools, repeats: int) -> dict:
 
 def _kernel_cta_sweep(pools: _Pools, repeats: int) -> dict:
     figures = {}
-    for ctas in (4, 8, 16, 32, 64):
+    for ctas in (1, 2, 4, 8, 16, 32):
         config = TransferConfig(cuda_method="kernel", kernel_ctas=ctas)
         engine = TransferEngine(pools.device, pools.host, config)
         out = _seconds(lambda: engine.submit(swap_out=pools.swap_out).wait(), repeats)
@@ -117,7 +117,7 @@ def _kernel_cta_sweep(pools: _Pools, repeats: int) -> dict:
     return figures
 
 
-def _matmul_slowdown(pools: _Pools, iterations: int) -> dict:
+def _matmul_slowdown(pools: _Pools, iterations: int, config: TransferConfig | None = None) -> dict:
     """A bf16 matmul loop timed alone and while duplex transfers run the whole time.
 
     The matmuls run on a side stream: the engine orders each transfer after the work already
@@ -144,7 +144,7 @@ def _matmul_slowdown(pools: _Pools, iterations: int) -> dict:
 
     alone_seconds()
     alone = statistics.median(alone_seconds() for _ in range(3))
-    engine = TransferEngine(pools.device, pools.host)
+    engine = TransferEngine(pools.device, pools.host, config)
     torch.cuda.synchronize()
     handles = [engine.submit(swap_out=pools.swap_out, swap_in=pools.swap_in) for _ in range(2)]
     start, end = launch_matmuls()
@@ -264,6 +264,16 @@ def gpu_bench(quick: bool = False) -> dict:
             entry["kernel_cta_sweep"] = _kernel_cta_sweep(pools, repeats)
         if block_bytes in (32 * KIB, 2 * MIB):
             entry["matmul_slowdown"] = _matmul_slowdown(pools, 60 if quick else 150)
+        if block_bytes == 32 * KIB:
+            # What the kernel's SMs cost the model, against the copy engines' nothing.
+            entry["matmul_slowdown_by_path"] = {
+                name: _matmul_slowdown(pools, 60 if quick else 150, config)
+                for name, config in (
+                    ("kernel_16_ctas", TransferConfig(cuda_method="kernel", kernel_ctas=16)),
+                    ("kernel_2_ctas", TransferConfig(cuda_method="kernel", kernel_ctas=2)),
+                    ("batch_memcpy", TransferConfig(cuda_method="batch_memcpy")),
+                )
+            }
         report["sizes"][f"{block_bytes // KIB}KiB"] = entry
         del pools
         torch.cuda.empty_cache()

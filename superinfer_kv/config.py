@@ -16,6 +16,8 @@ class TransferConfig:
         gather/scatter over mapped pinned memory), "batch_memcpy" (cudaMemcpyBatchAsync) and
         "memcpy_loop" (one cudaMemcpyAsync per merged run) force one path.
     kernel_ctas: CTAs the gather/scatter kernel may occupy, bounding the SMs taken from compute.
+        On an H200, 4 CTAs already reach the kernel's full PCIe throughput (as 16 or 64 do),
+        while 16 made a concurrent bf16 matmul 2.2× slower (docs/benchmarks.md).
     dma_min_run_bytes: in "auto", merged runs averaging at least this many bytes go to the copy
         engines, smaller ones to the kernel. Copy-engine throughput collapses for small copies
         (vLLM measured ~5-7 GB/s below 28 KiB and ~52 GB/s at 64 KiB host→device on H100), and
@@ -25,7 +27,7 @@ class TransferConfig:
 
     cpu_threads: int = 0
     cuda_method: str = "auto"
-    kernel_ctas: int = 16
+    kernel_ctas: int = 4
     dma_min_run_bytes: int | None = None
 
     def __post_init__(self) -> None:
