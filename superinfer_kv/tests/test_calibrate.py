@@ -27,10 +27,15 @@ def test_a_noisy_win_below_a_loss_does_not_count() -> None:
     assert threshold_from_speeds(speeds) == 256 * KIB
 
 
-def test_a_tie_goes_to_the_copy_engines() -> None:
-    # They leave the SMs to the model.
+def test_the_kernel_must_win_clearly() -> None:
+    # The copy engines leave the SMs to the model: a tie or a small kernel win goes to them.
     speeds = {size: {"kernel": 1.0, "dma": 1.0} for size in RUN_SIZES}
     assert threshold_from_speeds(speeds) == RUN_SIZES[0]
+    # Measured on an H200 (GB/s, duplex): kernel 24/33/39, copy engines 5.6/28/41 at 16/32/64 KiB.
+    speeds = {size: {"kernel": 1.0, "dma": 1.0} for size in RUN_SIZES}
+    speeds[16 * KIB] = {"kernel": 1 / 24.1, "dma": 1 / 5.59}
+    speeds[32 * KIB] = {"kernel": 1 / 33.0, "dma": 1 / 28.0}
+    assert threshold_from_speeds(speeds) == 32 * KIB
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
