@@ -117,16 +117,19 @@ def _kernel_cta_sweep(pools: _Pools, repeats: int) -> dict:
     return figures
 
 
-def _matmul_slowdown(pools: _Pools, iterations: int, config: TransferConfig | None = None) -> dict:
+def _matmul_slowdown(
+    pools: _Pools, iterations: int, config: TransferConfig | None = None, priority: int = 0
+) -> dict:
     """A bf16 matmul loop timed alone and while duplex transfers run the whole time.
 
     The matmuls run on a side stream: the engine orders each transfer after the work already
     queued on the *current* stream, so transfers submitted while the matmuls run start at once.
-    The host keeps submitting until the matmuls end, so copies are in flight throughout."""
+    The host keeps submitting until the matmuls end, so copies are in flight throughout.
+    `priority` < 0 gives the matmul stream a higher priority than the copy streams."""
     # a, b: [8192, 8192] bf16 — about 1.1 TFLOP per matmul.
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream(priority=priority)
 
     def launch_matmuls() -> tuple[torch.cuda.Event, torch.cuda.Event]:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -266,14 +269,26 @@ def gpu_bench(quick: bool = False) -> dict:
             entry["matmul_slowdown"] = _matmul_slowdown(pools, 60 if quick else 150)
         if block_bytes == 32 * KIB:
             # What the kernel's SMs cost the model, against the copy engines' nothing.
-            entry["matmul_slowdown_by_path"] = {
-                name: _matmul_slowdown(pools, 60 if quick else 150, config)
-                for name, config in (
-                    ("kernel_16_ctas", TransferConfig(cuda_method="kernel", kernel_ctas=16)),
-                    ("kernel_2_ctas", TransferConfig(cuda_method="kernel", kernel_ctas=2)),
-                    ("batch_memcpy", TransferConfig(cuda_method="batch_memcpy")),
-                )
+            kernel = {"cuda_method": "kernel"}
+            variants = {
+                "kernel_16_ctas": (TransferConfig(**kernel, kernel_ctas=16), 0),
+                "kernel_2_ctas": (TransferConfig(**kernel, kernel_ctas=2), 0),
+                "kernel_4_ctas": (TransferConfig(**kernel), 0),
+                "kernel_4_ctas_matmul_high_priority": (TransferConfig(**kernel), -1),
+                "kernel_4_ctas_1MiB_launches": (TransferConfig(**kernel, kernel_launch_bytes=MIB), 0),
+                "kernel_4_ctas_1MiB_launches_matmul_high_priority":
+                    (TransferConfig(**kernel, kernel_launch_bytes=MIB), -1),
+                "batch_memcpy": (TransferConfig(cuda_method="batch_memcpy"), 0),
             }
+            entry["matmul_slowdown_by_path"] = {
+                name: _matmul_slowdown(pools, 60 if quick else 150, config, priority)
+                for name, (config, priority) in variants.items()
+            }
+            chunked = TransferEngine(pools.device, pools.host, TransferConfig(**kernel, kernel_launch_bytes=MIB))
+            out = _seconds(lambda: chunked.submit(swap_out=pools.swap_out).wait(), repeats)
+            into = _seconds(lambda: chunked.submit(swap_in=pools.swap_in).wait(), repeats)
+            chunked.close()
+            entry["kernel_1MiB_launches"] = {"out_gbps": _gbps(pools.nbytes, out), "in_gbps": _gbps(pools.nbytes, into)}
         report["sizes"][f"{block_bytes // KIB}KiB"] = entry
         del pools
         torch.cuda.empty_cache()

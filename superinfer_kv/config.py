@@ -23,12 +23,15 @@ class TransferConfig:
         (vLLM measured ~5-7 GB/s below 28 KiB and ~52 GB/s at 64 KiB host→device on H100), and
         the copy engines leave the SMs to the model, so they win once runs are large enough.
         None (the default): measured on the GPU when the first engine is built (calibrate.py).
+    kernel_launch_bytes: the kernel path splits a transfer into launches of about this many
+        bytes, releasing its SMs between them (0: one launch per transfer).
     """
 
     cpu_threads: int = 0
     cuda_method: str = "auto"
     kernel_ctas: int = 4
     dma_min_run_bytes: int | None = None
+    kernel_launch_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.cuda_method not in CUDA_METHODS:
@@ -37,5 +40,7 @@ class TransferConfig:
             raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads}")
         if self.kernel_ctas < 1:
             raise ValueError(f"kernel_ctas must be >= 1, got {self.kernel_ctas}")
+        if self.kernel_launch_bytes < 0:
+            raise ValueError(f"kernel_launch_bytes must be >= 0, got {self.kernel_launch_bytes}")
         if self.dma_min_run_bytes is not None and self.dma_min_run_bytes < 0:
             raise ValueError(f"dma_min_run_bytes must be >= 0, got {self.dma_min_run_bytes}")

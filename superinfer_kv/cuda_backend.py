@@ -51,7 +51,9 @@ class CudaBackend:
 
             threshold = measured_dma_min_run_bytes(device_kv.device.index or 0, config.kernel_ctas)
         self.dma_min_run_bytes = threshold
-        self._native = extension.CudaTransfer(device_kv, host_kv, config.kernel_ctas, threshold)
+        self._native = extension.CudaTransfer(
+            device_kv, host_kv, config.kernel_ctas, threshold, config.kernel_launch_bytes
+        )
         self._method = CUDA_METHODS.index(config.cuda_method)
 
     @property

@@ -1,5 +1,5 @@
 // Python binding of the CUDA backend: CudaTransfer(device_kv, host_kv, kernel_ctas,
-// dma_min_run_bytes) and its CudaJob. Blocking calls release the GIL.
+// dma_min_run_bytes, kernel_launch_bytes) and its CudaJob. Blocking calls release the GIL.
 #include <torch/extension.h>
 
 #include "cuda_transfer.h"
@@ -9,10 +9,12 @@ namespace {
 
 std::unique_ptr<duplexkv::CudaTransfer> make_transfer(at::Tensor device_kv, at::Tensor host_kv,
                                                       int64_t kernel_ctas,
-                                                      int64_t dma_min_run_bytes) {
+                                                      int64_t dma_min_run_bytes,
+                                                      int64_t kernel_launch_bytes) {
   duplexkv::CudaTransferOptions options;
   options.kernel_ctas = kernel_ctas;
   options.dma_min_run_bytes = dma_min_run_bytes;
+  options.kernel_launch_bytes = kernel_launch_bytes;
   return std::make_unique<duplexkv::CudaTransfer>(std::move(device_kv), std::move(host_kv),
                                                   options);
 }

@@ -159,10 +159,23 @@ void CudaTransfer::launch_kernel(const char* src, char* dst, const std::vector<C
     aligned = aligned && piece.src_offset % 16 == 0 && piece.dst_offset % 16 == 0 &&
               piece.bytes % 16 == 0;
   }
-  C10_CUDA_CHECK(launch_gather_scatter(src, dst,
-                                       reinterpret_cast<const CopyRun*>(on_device.data_ptr()),
-                                       count, aligned, static_cast<int>(options_.kernel_ctas),
-                                       stream));
+  const auto* device_pieces = reinterpret_cast<const CopyRun*>(on_device.data_ptr());
+  const int ctas = static_cast<int>(options_.kernel_ctas);
+  if (options_.kernel_launch_bytes <= 0) {
+    C10_CUDA_CHECK(launch_gather_scatter(src, dst, device_pieces, count, aligned, ctas, stream));
+    return;
+  }
+  int64_t first = 0;
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    bytes += pieces[static_cast<size_t>(i)].bytes;
+    if (bytes >= options_.kernel_launch_bytes || i + 1 == count) {
+      C10_CUDA_CHECK(launch_gather_scatter(src, dst, device_pieces + first, i + 1 - first,
+                                           aligned, ctas, stream));
+      first = i + 1;
+      bytes = 0;
+    }
+  }
 }
 
 std::shared_ptr<CudaJob> CudaTransfer::copy(bool swap_out, const at::Tensor& src_ids,

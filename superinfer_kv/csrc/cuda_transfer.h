@@ -20,10 +20,13 @@ enum class CopyMethod : int64_t { kAuto = 0, kKernel = 1, kBatchMemcpy = 2, kMem
 struct CudaTransferOptions {
   // CTAs (512 threads, a warp per piece) the gather/scatter kernel may occupy; bounds how
   // many SMs it takes from compute.
-  int64_t kernel_ctas = 16;
+  int64_t kernel_ctas = 4;
   // In auto mode, runs averaging at least this many bytes go to the copy engines; smaller,
   // fragmented ones to the kernel (copy-engine throughput collapses for small copies).
   int64_t dma_min_run_bytes = 64 * 1024;
+  // The kernel path issues one launch per this many bytes (0: one launch for the whole
+  // transfer), so its CTAs leave the SMs between launches and the model's kernels get them.
+  int64_t kernel_launch_bytes = 0;
 };
 
 // One direction of one submit. Holds the completion event; a job with no event is done.

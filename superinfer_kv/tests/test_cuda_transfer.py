@@ -150,3 +150,14 @@ def test_empty_host_pool_is_accepted_and_never_addressed() -> None:
     with pytest.raises(ValueError, match="out of range"):
         engine.submit(swap_out=([0], [0]))
     engine.submit().wait()
+
+
+@pytest.mark.parametrize("launch_bytes", [1, 3 * 16384 + 100, 1 << 30])
+def test_kernel_split_into_launches_is_bit_exact(launch_bytes: int) -> None:
+    device_kv, host_kv = _pools(64, 64, torch.bfloat16)
+    engine = TransferEngine(
+        device_kv, host_kv, TransferConfig(cuda_method="kernel", kernel_launch_bytes=launch_bytes)
+    )
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(5))
+    engine.submit(swap_out=(order[:40], order[24:])).wait()
+    assert torch.equal(_bits(host_kv[order[24:]]), _bits(device_kv[order[:40]]))
