@@ -220,7 +220,8 @@ def _hugepage_kernel_figures(pools: _Pools, repeats: int) -> dict:
 def _auto_threshold() -> dict:
     from .calibrate import SCRATCH_BYTES, measure_path_speeds, threshold_from_speeds
 
-    speeds = measure_path_speeds(torch.device("cuda"), TransferConfig().kernel_ctas)
+    defaults = TransferConfig()
+    speeds = measure_path_speeds(torch.device("cuda"), defaults.kernel_ctas, defaults.kernel_launch_bytes)
     return {
         "dma_min_run_bytes": threshold_from_speeds(speeds),
         "duplex_gbps_by_run_bytes": {
@@ -271,10 +272,11 @@ def gpu_bench(quick: bool = False) -> dict:
             # What the kernel's SMs cost the model, against the copy engines' nothing.
             kernel = {"cuda_method": "kernel"}
             variants = {
-                "kernel_16_ctas": (TransferConfig(**kernel, kernel_ctas=16), 0),
-                "kernel_2_ctas": (TransferConfig(**kernel, kernel_ctas=2), 0),
-                "kernel_4_ctas": (TransferConfig(**kernel), 0),
-                "kernel_4_ctas_matmul_high_priority": (TransferConfig(**kernel), -1),
+                "kernel_16_ctas_one_launch": (TransferConfig(**kernel, kernel_ctas=16, kernel_launch_bytes=0), 0),
+                "kernel_2_ctas_one_launch": (TransferConfig(**kernel, kernel_ctas=2, kernel_launch_bytes=0), 0),
+                "kernel_4_ctas_one_launch": (TransferConfig(**kernel, kernel_launch_bytes=0), 0),
+                "kernel_4_ctas_one_launch_matmul_high_priority":
+                    (TransferConfig(**kernel, kernel_launch_bytes=0), -1),
                 "kernel_4_ctas_1MiB_launches": (TransferConfig(**kernel, kernel_launch_bytes=MIB), 0),
                 "kernel_4_ctas_1MiB_launches_matmul_high_priority":
                     (TransferConfig(**kernel, kernel_launch_bytes=MIB), -1),
@@ -284,11 +286,11 @@ def gpu_bench(quick: bool = False) -> dict:
                 name: _matmul_slowdown(pools, 60 if quick else 150, config, priority)
                 for name, (config, priority) in variants.items()
             }
-            chunked = TransferEngine(pools.device, pools.host, TransferConfig(**kernel, kernel_launch_bytes=MIB))
-            out = _seconds(lambda: chunked.submit(swap_out=pools.swap_out).wait(), repeats)
-            into = _seconds(lambda: chunked.submit(swap_in=pools.swap_in).wait(), repeats)
-            chunked.close()
-            entry["kernel_1MiB_launches"] = {"out_gbps": _gbps(pools.nbytes, out), "in_gbps": _gbps(pools.nbytes, into)}
+            single = TransferEngine(pools.device, pools.host, TransferConfig(**kernel, kernel_launch_bytes=0))
+            out = _seconds(lambda: single.submit(swap_out=pools.swap_out).wait(), repeats)
+            into = _seconds(lambda: single.submit(swap_in=pools.swap_in).wait(), repeats)
+            single.close()
+            entry["kernel_one_launch"] = {"out_gbps": _gbps(pools.nbytes, out), "in_gbps": _gbps(pools.nbytes, into)}
         report["sizes"][f"{block_bytes // KIB}KiB"] = entry
         del pools
         torch.cuda.empty_cache()

@@ -16,7 +16,7 @@ class TransferConfig:
         gather/scatter over mapped pinned memory), "batch_memcpy" (cudaMemcpyBatchAsync) and
         "memcpy_loop" (one cudaMemcpyAsync per merged run) force one path.
     kernel_ctas: CTAs the gather/scatter kernel may occupy, bounding the SMs taken from compute.
-        On an H200, 4 CTAs already reach the kernel's full PCIe throughput (as 16 or 64 do),
+        On an H200, 2-4 CTAs already reach the kernel's full PCIe throughput (as 16 or 32 do),
         while 16 made a concurrent bf16 matmul 2.2× slower (docs/benchmarks.md).
     dma_min_run_bytes: in "auto", merged runs averaging at least this many bytes go to the copy
         engines, smaller ones to the kernel. Copy-engine throughput collapses for small copies
@@ -24,14 +24,16 @@ class TransferConfig:
         the copy engines leave the SMs to the model, so they win once runs are large enough.
         None (the default): measured on the GPU when the first engine is built (calibrate.py).
     kernel_launch_bytes: the kernel path splits a transfer into launches of about this many
-        bytes, releasing its SMs between them (0: one launch per transfer).
+        bytes, releasing its SMs between them (0: one launch per transfer). On an H200, one
+        launch per 256 MiB transfer slowed a concurrent bf16 matmul by 19% (4 CTAs); 1 MiB
+        launches by nothing measurable, for 10-14% less copy throughput when compute is idle.
     """
 
     cpu_threads: int = 0
     cuda_method: str = "auto"
     kernel_ctas: int = 4
     dma_min_run_bytes: int | None = None
-    kernel_launch_bytes: int = 0
+    kernel_launch_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.cuda_method not in CUDA_METHODS:

@@ -49,7 +49,9 @@ class CudaBackend:
         if threshold is None:
             from .calibrate import measured_dma_min_run_bytes
 
-            threshold = measured_dma_min_run_bytes(device_kv.device.index or 0, config.kernel_ctas)
+            threshold = measured_dma_min_run_bytes(
+                device_kv.device.index or 0, config.kernel_ctas, config.kernel_launch_bytes
+            )
         self.dma_min_run_bytes = threshold
         self._native = extension.CudaTransfer(
             device_kv, host_kv, config.kernel_ctas, threshold, config.kernel_launch_bytes

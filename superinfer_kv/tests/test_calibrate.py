@@ -35,6 +35,9 @@ def test_the_kernel_must_win_clearly() -> None:
     speeds = {size: {"kernel": 1.0, "dma": 1.0} for size in RUN_SIZES}
     speeds[16 * KIB] = {"kernel": 1 / 24.1, "dma": 1 / 5.59}
     speeds[32 * KIB] = {"kernel": 1 / 33.0, "dma": 1 / 28.0}
+    speeds[64 * KIB] = {"kernel": 1 / 39.0, "dma": 1 / 40.8}
+    assert threshold_from_speeds(speeds) == 64 * KIB
+    speeds[32 * KIB] = {"kernel": 1 / 33.0, "dma": 1 / 31.0}  # a 6% kernel win is not enough
     assert threshold_from_speeds(speeds) == 32 * KIB
 
 
