@@ -28,6 +28,8 @@ pub(crate) struct StepCtx {
     pub(crate) requests_left: u32,
     /// Tokens held back for decodes not yet placed (prefill chunks may not use them).
     pub(crate) decode_reserve: u32,
+    /// Most prefill tokens the next chunk may take (RotaSched's step-time cap; u32::MAX: no cap).
+    pub(crate) prefill_token_cap: u32,
     pub(crate) scheduled: BTreeSet<u64>,
     pub(crate) entries: Vec<PlannedEntry>,
     pub(crate) shape: StepShape,
@@ -46,6 +48,7 @@ impl Scheduler {
             tokens_left: self.config.max_batch_tokens,
             requests_left: self.config.max_batch_requests,
             decode_reserve: 0,
+            prefill_token_cap: u32::MAX,
             scheduled: BTreeSet::new(),
             entries: Vec::new(),
             shape: StepShape::default(),
@@ -75,7 +78,7 @@ impl Scheduler {
         let available = if request.is_decode() {
             ctx.tokens_left
         } else {
-            ctx.tokens_left.saturating_sub(ctx.decode_reserve)
+            ctx.tokens_left.saturating_sub(ctx.decode_reserve).min(ctx.prefill_token_cap)
         };
         request.uncomputed().min(available)
     }
@@ -107,7 +110,7 @@ impl Scheduler {
         let probe = self.blocks.probe_prefix(&request.tokens);
         let bs = u64::from(self.blocks.block_size());
         let cached_tokens = u64::from(probe.hit_blocks) * bs;
-        let available = ctx.tokens_left.saturating_sub(ctx.decode_reserve);
+        let available = ctx.tokens_left.saturating_sub(ctx.decode_reserve).min(ctx.prefill_token_cap);
         let chunk = (request.tokens.len() as u64 - cached_tokens).min(u64::from(available));
         if chunk == 0 {
             return Outcome::NoBudget;

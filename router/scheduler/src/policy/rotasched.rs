@@ -5,13 +5,25 @@
 //! back a step before they are due; keep a reserve of free blocks for expected arrivals.
 //! Under overload (no running request has slack left) it degrades to the reactive order:
 //! running requests first for blocks, evicting newer ones, so the oldest always progresses.
+//! A step may not outlast the earliest next-token deadline of the running decodes: prefill
+//! chunks are cut to what still fits in that time, unless the prompt would miss its own
+//! first-token deadline by waiting one more step — otherwise a prompt waits for a step with
+//! room instead of making every running request late.
 
 use super::urgency::{Eviction, Urgency};
 use crate::byte_budget::ByteBudget;
-use crate::cost_model::Direction;
+use crate::cost_model::{Direction, StepShape};
 use crate::request::Phase;
 use crate::scheduler::Scheduler;
 use crate::step::{Outcome, StepCtx};
+
+/// The running decodes' side of the step-time cap.
+struct DecodeDeadline {
+    /// Earliest next-token deadline among running decodes (absolute seconds).
+    at: f64,
+    /// The decodes' own share of the step: their count and attended context.
+    shape: StepShape,
+}
 
 struct Victim {
     id: u64,
@@ -33,16 +45,20 @@ impl Scheduler {
         }
         let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
         ctx.decode_reserve = decodes.min(ctx.tokens_left);
+        let deadline = self.decode_deadline(&order);
         let mut admissions_blocked = false;
         for urgency in &order {
             match self.requests.get(&urgency.id).map(|r| r.phase) {
                 Some(Phase::Running) => {
                     if self.is_running_decode(urgency.id) {
                         ctx.decode_reserve = ctx.decode_reserve.saturating_sub(1);
+                    } else {
+                        ctx.prefill_token_cap = self.prefill_token_cap(ctx, urgency, deadline.as_ref());
                     }
                     self.serve_running(ctx, urgency, step_s);
                 }
                 Some(Phase::Waiting) if !admissions_blocked => {
+                    ctx.prefill_token_cap = self.prefill_token_cap(ctx, urgency, deadline.as_ref());
                     // A punctual request that does not fit keeps the blocks being freed for
                     // itself: less urgent admissions may not take them first.
                     admissions_blocked = !self.serve_waiting(ctx, urgency, step_s) && !urgency.late;
@@ -57,6 +73,7 @@ impl Scheduler {
                 _ => {}
             }
         }
+        ctx.prefill_token_cap = u32::MAX;
         if !admissions_blocked {
             // Early returns only take what the urgent ones left.
             for urgency in &order {
@@ -66,6 +83,53 @@ impl Scheduler {
             }
         }
         self.keep_reserve(ctx, step_s);
+    }
+
+    /// Deadline of the step: the earliest next-token deadline of the running decodes.
+    fn decode_deadline(&self, order: &[Urgency]) -> Option<DecodeDeadline> {
+        let mut deadline: Option<DecodeDeadline> = None;
+        let mut shape = StepShape::default();
+        for urgency in order.iter().filter(|u| self.is_running_decode(u.id)) {
+            let r = &self.requests[&urgency.id];
+            shape.decode_requests += 1;
+            shape.context_tokens += u64::from(r.num_computed) + 1;
+            let at = r.next_deadline();
+            match &mut deadline {
+                Some(d) => d.at = d.at.min(at),
+                None => deadline = Some(DecodeDeadline { at, shape }),
+            }
+        }
+        if let Some(d) = &mut deadline {
+            d.shape = shape;
+        }
+        deadline
+    }
+
+    /// Prefill tokens the next chunk of `urgency` may take so that the step, with every
+    /// running decode and the chunks placed so far, ends by the decodes' earliest deadline.
+    /// No cap when nothing decodes, or for a punctual request that would miss its first-token
+    /// deadline by waiting out one more step of decodes alone.
+    fn prefill_token_cap(&self, ctx: &StepCtx, urgency: &Urgency, deadline: Option<&DecodeDeadline>) -> u32 {
+        let Some(deadline) = deadline else { return u32::MAX };
+        if !urgency.late && urgency.slack < self.cost.predict_step(deadline.shape) {
+            return u32::MAX;
+        }
+        // Every running decode (placed or not) plus the prefill chunks placed so far.
+        let mut committed = deadline.shape;
+        for entry in ctx.plan.scheduled.iter().filter(|e| !self.is_running_decode_entry(e)) {
+            committed.prefill_tokens += u64::from(entry.num_new_tokens);
+            committed.context_tokens += u64::from(entry.num_computed_tokens + entry.num_new_tokens);
+        }
+        let left = deadline.at - ctx.now - self.cost.predict_step(committed);
+        let computed = u64::from(self.requests[&urgency.id].num_computed);
+        // A chunk of c tokens adds c prefill tokens and (computed + c) attended positions.
+        let scale = self.cost.correction;
+        let per_token = (self.cost.per_prefill_token_s + self.cost.per_context_token_s) * scale;
+        let fixed = self.cost.per_context_token_s * scale * computed as f64;
+        if left <= fixed || per_token <= 0.0 {
+            return if per_token <= 0.0 && left > fixed { u32::MAX } else { 0 };
+        }
+        ((left - fixed) / per_token).floor().min(f64::from(u32::MAX)) as u32
     }
 
     /// Whether the running requests need more new blocks for their next tokens than are free.
@@ -95,6 +159,11 @@ impl Scheduler {
         let (deferred, urgent): (Vec<Urgency>, Vec<Urgency>) =
             punctual.into_iter().partition(|u| spare.contains(&u.id));
         urgent.into_iter().chain(deferred).chain(late).collect()
+    }
+
+    /// A scheduled entry that decodes (one token after a computed context), as `seal` counts it.
+    fn is_running_decode_entry(&self, entry: &crate::plan::ScheduledEntry) -> bool {
+        entry.num_new_tokens == 1 && entry.num_computed_tokens > 0
     }
 
     fn is_running_decode(&self, id: u64) -> bool {

@@ -198,3 +198,47 @@ fn a_hopeless_arrival_does_not_take_the_block_a_relaxed_decode_needs() {
     assert!(d.finished.contains(&3));
     d.assert_all_free();
 }
+
+/// Two requests decoding under a 50 ms TBT objective in 1 ms-per-prefill-token steps, and a
+/// 60-token prompt arriving with the given TTFT objective. Returns the plans after it arrived.
+fn prompt_beside_decodes(ttft_s: f64) -> (Driver, Vec<crate::plan::StepPlan>) {
+    let mut cfg = config(PolicyKind::RotaSched, 64);
+    cfg.cost_model.per_prefill_token_s = 0.001;
+    let mut d = Driver::new(cfg);
+    d.add(with_slo(spec(1, 4, 40, 0.0), 1.0, 0.05));
+    d.add(with_slo(spec(2, 4, 40, 0.0), 1.0, 0.05));
+    for _ in 0..3 {
+        d.step();
+    }
+    d.add(with_slo(spec(3, 60, 4, d.now), ttft_s, 0.05));
+    let plans = (0..6).map(|_| d.step()).collect();
+    (d, plans)
+}
+
+fn chunk_of(plan: &crate::plan::StepPlan, id: u64) -> u32 {
+    plan.scheduled.iter().filter(|e| e.id == id).map(|e| e.num_new_tokens).sum()
+}
+
+#[test]
+fn prefill_chunks_are_cut_so_the_step_ends_before_the_next_token_is_due() {
+    let (mut d, plans) = prompt_beside_decodes(5.0);
+    // Uncut, the prompt would take 60 of the 62 free tokens: a 70 ms step against 50 ms.
+    for plan in &plans {
+        assert!(plan.predicted_step_s <= 0.05 + 1e-9, "a {:.3} s step makes decodes late", plan.predicted_step_s);
+        assert!(plan.sampling.contains(&1) && plan.sampling.contains(&2), "decodes keep going");
+    }
+    let chunks: Vec<u32> = plans.iter().map(|p| chunk_of(p, 3)).collect();
+    assert!(chunks[0] > 0 && chunks[0] < 60, "the prompt starts at once, in part: {chunks:?}");
+    assert_eq!(chunks[0] + chunks[1], 60, "and is done in the next step: {chunks:?}");
+    d.run_to_completion(200);
+    assert_eq!(d.finished.len(), 3);
+    d.assert_all_free();
+}
+
+#[test]
+fn a_prompt_more_urgent_than_every_decode_is_not_cut() {
+    // Its prefill takes 70 ms and its first token is due in 75: it cannot wait out even one
+    // 10 ms decode step, while the decodes lose 20 ms of a 50 ms objective.
+    let (_, plans) = prompt_beside_decodes(0.075);
+    assert_eq!(chunk_of(&plans[0], 3), 60);
+}
