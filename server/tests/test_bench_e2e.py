@@ -40,4 +40,6 @@ def test_bench_compare_against_the_launched_server(tmp_path):
     assert [r["output_tokens"] for r in run["requests"]] == [6, 6, 6, 6]
     assert summary["attainment"]["both"] == 1.0
     assert 0 < summary["ttft_s"]["p50"] < summary["e2e_s"]["p50"]
+    # The router counted predicted and measured step time over the run.
+    assert summary["step_load_factor"] is not None and summary["step_load_factor"] > 0
     assert (out / "compare_attainment_vs_rate.png").is_file()

@@ -77,3 +77,13 @@ def test_slo_rejects_nonsense():
         Slo(0, 10)
     with pytest.raises(ValueError):
         Slo(10, 10, tbt_percentile=101)
+
+
+def test_load_factor_from_two_scrapes_of_the_step_counters():
+    from superinfer.bench.runner import load_factor
+
+    before = {"superinfer_step_model_microseconds_total": 1000.0, "superinfer_step_shard_microseconds_total": 1500.0}
+    after = {"superinfer_step_model_microseconds_total": 3000.0, "superinfer_step_shard_microseconds_total": 5500.0}
+    assert load_factor(before, after) == 2.0
+    assert load_factor(None, after) is None
+    assert load_factor(before, before) is None  # no step between the scrapes

@@ -96,3 +96,18 @@ def test_profile_overrides_and_bad_specs():
         resolve("gh200")
     with pytest.raises(ValueError):
         resolve("tpu:llama-3-8b")
+
+
+def test_a_loaded_profile_is_slower_by_the_factor_and_keeps_the_belief():
+    from superinfer.simulate.profiles import under_load
+
+    loaded = under_load(linear_profile(), 2.0)
+    assert loaded.cost_model == COST, "the scheduler still starts from the warm-up fit"
+    policy = "fcfs"
+    spec = [RequestSpec(0, 1.0, 100, 6, True)]
+    result = simulate(loaded, spec, SimOptions(policy, Slo(1000, 100)), policy, 1.0)
+    assert result.outcomes[0].ttft_s == pytest.approx(2 * (0.01 + 100 * 0.001), abs=1e-9)
+    with pytest.raises(ValueError, match="> 0"):
+        under_load(linear_profile(), 0.0)
+    with pytest.raises(ValueError, match="linear"):
+        under_load(derived("gh200", "llama-3-8b"), 1.5)

@@ -22,6 +22,10 @@ pub(crate) fn describe() {
     describe_histogram!("superinfer_batch_size", "Requests computed per step");
     describe_histogram!("superinfer_batch_tokens", "Tokens computed per step");
     describe_histogram!("superinfer_step_duration", Unit::Seconds, "Step RPC round trip");
+    describe_counter!("superinfer_step_model_microseconds_total", Unit::Microseconds,
+        "Step time the warm-up cost model predicts (before online correction), summed over steps");
+    describe_counter!("superinfer_step_shard_microseconds_total", Unit::Microseconds,
+        "Step time the shard measured, summed over the same steps (ratio: how far load moves the model)");
     describe_histogram!("superinfer_forward_duration", Unit::Seconds, "Model forward pass per step");
     describe_histogram!("superinfer_step_overhead_duration", Unit::Seconds, "Step round trip minus the shard's own time");
     describe_histogram!("superinfer_engine_turn_duration", Unit::Seconds,
@@ -43,12 +47,18 @@ pub(crate) fn describe() {
         "Finished requests whose p90 time between tokens missed the TBT objective");
 }
 
-pub(crate) fn record_step(plan: &StepPlan, round_trip: Duration, timings: Option<&pb::StepTimings>) {
+/// `correction`: the scheduler's online factor already in `plan.predicted_step_s`.
+pub(crate) fn record_step(plan: &StepPlan, round_trip: Duration, timings: Option<&pb::StepTimings>, correction: f64) {
     metrics::counter!("superinfer_steps_total").increment(1);
     metrics::histogram!("superinfer_batch_size").record(plan.scheduled.len() as f64);
     metrics::histogram!("superinfer_batch_tokens").record(plan.num_batched_tokens() as f64);
     metrics::histogram!("superinfer_step_duration").record(round_trip.as_secs_f64());
     if let Some(timings) = timings {
+        if !plan.scheduled.is_empty() && correction > 0.0 {
+            metrics::counter!("superinfer_step_model_microseconds_total")
+                .increment((plan.predicted_step_s / correction * 1e6) as u64);
+            metrics::counter!("superinfer_step_shard_microseconds_total").increment(timings.total_ns / 1000);
+        }
         metrics::histogram!("superinfer_forward_duration").record(timings.forward_ns as f64 * 1e-9);
         let overhead = round_trip.as_secs_f64() - timings.total_ns as f64 * 1e-9;
         metrics::histogram!("superinfer_step_overhead_duration").record(overhead.max(0.0));

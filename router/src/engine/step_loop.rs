@@ -200,7 +200,8 @@ impl Engine {
                 return Turn::Stepped;
             }
         };
-        metrics::record_step(&plan, started.elapsed(), response.timings.as_ref());
+        let correction = self.scheduler.cost_model().correction;
+        metrics::record_step(&plan, started.elapsed(), response.timings.as_ref(), correction);
         let outcome = apply_step_response(response, &mut self.requests, &self.eos_token_ids, Instant::now());
         self.scheduler.complete(&outcome.results, self.clock());
         for (id, _reason) in outcome.finished {

@@ -91,6 +91,36 @@ def reduce(records: list[RequestRecord], slo: Slo, series: str, rate: float, lab
     return RunResult(series, rate, label, summary, sample(ttft), sample(gaps), outcomes)
 
 
+_STEP_COUNTERS = ("superinfer_step_model_microseconds_total", "superinfer_step_shard_microseconds_total")
+
+
+def step_counters(target: Target) -> dict[str, float] | None:
+    """The server's step-time counters from /metrics (0 before its first step; None when the
+    page cannot be read)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{target.url.rstrip('/')}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    found = dict.fromkeys(_STEP_COUNTERS, 0.0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in _STEP_COUNTERS:
+            found[name] = float(value)
+    return found
+
+
+def load_factor(before: dict | None, after: dict | None) -> float | None:
+    """Measured / warm-up-predicted step time over the steps between two scrapes: how much
+    slower than its warm-up fit the server ran under this load."""
+    if before is None or after is None:
+        return None
+    model, shard = (after[name] - before[name] for name in _STEP_COUNTERS)
+    return shard / model if model > 0 else None
+
+
 def replay(target: Target, specs: list[RequestSpec], slo_sent: Slo | None, progress: bool = True) -> list[RequestRecord]:
     """Sends every spec at its arrival offset and waits for all of them."""
     records, _elapsed = asyncio.run(_replay(target, specs, slo_sent, progress))

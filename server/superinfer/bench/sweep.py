@@ -6,7 +6,7 @@ import numpy as np
 
 from superinfer.bench.metrics import Slo
 from superinfer.bench.prompts import PromptBuilder
-from superinfer.bench.runner import RunResult, Target, reduce, replay, unloaded_latency
+from superinfer.bench.runner import RunResult, Target, load_factor, reduce, replay, step_counters, unloaded_latency
 from superinfer.bench.sharegpt import Conversation
 from superinfer.bench.tokenizer import Tokenizer
 from superinfer.bench.trace import Trace
@@ -67,8 +67,12 @@ def sweep(
     """Replays the workload of each rate, lowest first."""
     results = []
     for rate in sorted(workloads):
+        before = step_counters(target)
         records = replay(target, workloads[rate], slo if send_slo else None, progress)
-        results.append(reduce(records, slo, series, rate))
+        result = reduce(records, slo, series, rate)
+        # How far the load moved the server's steps from its warm-up model (None: no counters).
+        result.summary["step_load_factor"] = load_factor(before, step_counters(target))
+        results.append(result)
     return results
 
 

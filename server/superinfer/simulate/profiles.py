@@ -8,7 +8,7 @@ and the KV of every attended position; the scheduler's linear cost model is a le
 fit of that roofline over typical step shapes, as a warm-up fit would be."""
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +214,22 @@ def from_server_log(path: str | Path, block_size: int = 16, block_bytes: int = C
             "overhead_s": cost["transfer_overhead_s"], "duplex": cost["duplex"]}
     return Profile(f"measured at warm-up ({Path(path).name})", {"kind": "linear", **cost}, link, cost, block_size,
                    block_bytes, int(device), int(host), max_batch_tokens, max_batch_requests)
+
+
+_LINEAR_TERMS = ("step_base_s", "per_prefill_token_s", "per_decode_request_s", "per_context_token_s")
+
+
+def under_load(profile: Profile, factor: float) -> Profile:
+    """The machine as a loaded bench run found it: every step `factor` times slower than the
+    warm-up fit (the measured / predicted step time the server counted over that run, see
+    `step_load_factor` in a bench report). The scheduler still starts from the warm-up belief
+    and corrects it online, as the real one does."""
+    if profile.step_time.get("kind") != "linear":
+        raise ValueError("only a linear (measured) profile can be scaled by a load factor")
+    if not factor > 0:
+        raise ValueError(f"load factor must be > 0, got {factor}")
+    truth = {**profile.step_time, **{term: profile.step_time[term] * factor for term in _LINEAR_TERMS}}
+    return replace(profile, name=f"{profile.name} x{factor:.2f} load", step_time=truth)
 
 
 def resolve(spec: str) -> Profile:

@@ -1,8 +1,11 @@
 """Validation of the simulator on this machine: the same workload is benched against the real
 server (`superinfer bench compare`, one launch per policy) and simulated, then attainment and
-p50/p99 TTFT are compared. Two profiles are tried: the linear cost model the shard
-fitted at warm-up (read from its log), and one built from the unloaded latencies the bench
-measured first. Prints the relative error of each figure and writes `validation.json`.
+p50/p99 TTFT are compared. Three profiles are tried: the linear cost model the shard
+fitted at warm-up (read from its log); that model scaled by how much slower than it the
+server's steps ran during each measured run ("loaded": the router counts predicted and
+measured step time, `step_load_factor` in the bench report); and one built from the unloaded
+latencies the bench measured first. Prints the relative error of each figure and writes
+`validation.json`.
 
     python -m superinfer.simulate.validate --out runs/validate --policies fcfs --rates 1,2,4
 """
@@ -16,7 +19,7 @@ from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.report import read_json
 from superinfer.bench.workload import WorkloadConfig, plan
 from superinfer.cli import main as superinfer_main
-from superinfer.simulate.profiles import from_bench, from_server_log
+from superinfer.simulate.profiles import from_bench, from_server_log, under_load
 from superinfer.simulate.runner import SimOptions, simulate
 
 FIGURES = (("attainment", "ttft"), ("attainment", "tbt"), ("attainment", "both"), ("ttft_s", "p50"), ("ttft_s", "p99"))
@@ -82,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     for (policy, rate), run in sorted(measured.items()):
         specs = plan(replace(config, rate=rate))
-        for source, make in sources.items():
+        factor = run.summary.get("step_load_factor")
+        run_sources = dict(sources)
+        if factor:
+            # The warm-up model scaled by how much slower the server's steps ran in this run.
+            run_sources["loaded"] = lambda policy, f=factor: under_load(sources["warm-up"](policy), f)
+        for source, make in run_sources.items():
             profile = replace(make(policy), num_device_blocks=args.device_kv_blocks,
                               num_host_blocks=args.host_kv_blocks, max_batch_tokens=args.max_batch_tokens)
             simulated = simulate(profile, specs, SimOptions(policy, slo), policy, rate)
