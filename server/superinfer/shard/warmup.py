@@ -38,17 +38,51 @@ def _sync(device: torch.device) -> None:
 
 
 def _shapes(max_tokens: int, max_requests: int, num_blocks: int, block_size: int) -> list[tuple[int, int, int]]:
-    """(prefill tokens, decode requests, context per decode) that fit the pool and the budget."""
+    """(prefill tokens, decode requests, context per decode) that fit the pool and the budget:
+    prefill-only steps of several sizes, decode-only steps from one request to the batch limit
+    over short and long contexts, and mixed steps — short contexts included, since most steps
+    of a serving run are small and a fit from large shapes alone overstates them."""
     capacity = num_blocks * block_size
+
+    def blocks(prefill: int, decodes: int, context: int) -> int:  # as _chunks lays them out
+        return -(-prefill // block_size) + decodes * -(-max(context, 1) // block_size)
+
     big = max(2, min(max_tokens, capacity // 2, 512))
-    shapes = [(big // 8 or 1, 0, 0), (big, 0, 0)]
-    for decodes, context in ((1, 64), (max_requests // 4, 256), (max_requests, 64), (max_requests // 2, 512)):
-        decodes = max(1, min(decodes, max_tokens))
-        per_request = -(-context // block_size) * block_size
-        if decodes * per_request <= capacity:
-            shapes.append((0, decodes, context))
-    shapes.append((big // 2, min(max_requests, 8), 0))
-    return shapes
+    quarter, half = max(1, max_requests // 4), max(1, max_requests // 2)
+    candidates = [(big // 8 or 1, 0, 0), (big // 2 or 1, 0, 0), (big, 0, 0)]
+    for decodes, context in ((1, 64), (1, 512), (quarter, 32), (quarter, 256), (half, 128),
+                             (max_requests, 64), (half, 512)):
+        fit = num_blocks // -(-context // block_size)  # as many as the pool holds
+        candidates.append((0, max(1, min(decodes, max_tokens, fit)), context))
+    candidates.append((big // 2, min(max_requests, 8), 0))
+    candidates.append((big // 4, quarter, 128))
+    shapes = [shape for shape in candidates
+              if blocks(*shape) <= num_blocks and shape[0] + shape[1] <= max(max_tokens, 1)]
+    return list(dict.fromkeys(shapes))
+
+
+def fit_step_cost(rows: list[list[float]], times: list[float]) -> tuple[float, float, float, float]:
+    """Non-negative least squares on relative error: each step weighs by 1/time, so a fit
+    that is 10% off on a 50 ms step counts as much as 10% off on a 2 s one (plain least squares
+    lets the largest shapes decide, and small steps — most of a serving run — come out several
+    times too slow). The non-negative solution is found exactly over the 16 sets of active
+    terms (four terms: cheap)."""
+    a = torch.tensor(rows, dtype=torch.float64)
+    b = torch.tensor(times, dtype=torch.float64)
+    weights = 1.0 / b.clamp_min(1e-9)
+    aw, bw = a * weights[:, None], b * weights
+    best, best_error = torch.zeros(a.shape[1], dtype=torch.float64), float("inf")
+    for mask in range(1, 1 << a.shape[1]):
+        columns = [j for j in range(a.shape[1]) if mask >> j & 1]
+        solution = torch.linalg.lstsq(aw[:, columns], bw[:, None]).solution[:, 0]
+        if (solution < 0).any():
+            continue
+        full = torch.zeros(a.shape[1], dtype=torch.float64)
+        full[columns] = solution
+        error = float(((aw @ full - bw) ** 2).sum())
+        if error < best_error:
+            best, best_error = full, error
+    return tuple(float(v) for v in best)
 
 
 def _chunks(prefill: int, decodes: int, context: int, block_size: int) -> list[Chunk]:
@@ -77,7 +111,8 @@ def _time_forward(runner: ModelRunner, chunks: list[Chunk], repeats: int) -> flo
 
 
 def measure_step_cost(runner: ModelRunner, max_tokens: int, max_requests: int, repeats: int = 2) -> StepCost:
-    """Times forward passes of a few shapes and fits the linear cost model (non-negative terms)."""
+    """Times forward passes of a dozen shapes and fits the linear cost model (non-negative
+    terms, relative error)."""
     rows, times = [], []
     shapes = _shapes(max_tokens, max(1, max_requests), runner.cache.num_device_blocks, runner.block_size)
     _time_forward(runner, _chunks(*shapes[0], runner.block_size), 1)  # first call pays one-off costs
@@ -88,9 +123,7 @@ def measure_step_cost(runner: ModelRunner, max_tokens: int, max_requests: int, r
         rows.append([1.0, float(prefill), float(decodes), float(context_tokens)])
         times.append(seconds)
         log.debug("warm-up forward prefill=%d decodes=%d context=%d: %.4fs", prefill, decodes, context, seconds)
-    solution = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None])
-    c0, c1, c2, c3 = (max(0.0, float(v)) for v in solution.solution[:, 0])
-    return StepCost(c0, c1, c2, c3)
+    return StepCost(*fit_step_cost(rows, times))
 
 
 def _time_transfer(engine: TransferEngine, swap_out, swap_in, repeats: int) -> float:
