@@ -48,6 +48,10 @@ pub struct RouterConfig {
     /// Default time-between-tokens objective, in milliseconds.
     #[arg(long, env = "TBT_SLO_MS", default_value_t = 200.0)]
     pub tbt_slo_ms: f64,
+    /// Percentile of each request's gaps between tokens that the TBT objective is for (90: up
+    /// to a tenth of its gaps may be longer); RotaSched spends the rest on prefill.
+    #[arg(long, env = "TBT_SLO_PERCENTILE", default_value_t = 90.0)]
+    pub tbt_slo_percentile: f64,
     /// Largest number of tokens (prefill chunks + decodes) in one model step.
     #[arg(long, env = "MAX_BATCH_TOKENS", default_value_t = 2048)]
     pub max_batch_tokens: u32,

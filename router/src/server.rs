@@ -115,6 +115,9 @@ pub fn scheduler_config(
     if !(config.ttft_slo_ms > 0.0 && config.tbt_slo_ms > 0.0) {
         return Err(ServerError::Config("--ttft-slo-ms and --tbt-slo-ms must be > 0".into()));
     }
+    if !(config.tbt_slo_percentile > 0.0 && config.tbt_slo_percentile <= 100.0) {
+        return Err(ServerError::Config("--tbt-slo-percentile must lie in (0, 100]".into()));
+    }
     let cost_model = warmup.cost_model.as_ref().map(cost_model).unwrap_or_default();
     Ok(SchedulerConfig {
         block_size: info.block_size,
@@ -126,6 +129,7 @@ pub fn scheduler_config(
         policy: policy(config.scheduler),
         default_slo: Slo { ttft_s: config.ttft_slo_ms / 1e3, tbt_s: config.tbt_slo_ms / 1e3 },
         cost_model,
+        tbt_late_share: 1.0 - config.tbt_slo_percentile / 100.0,
         ..SchedulerConfig::default()
     })
 }

@@ -26,6 +26,7 @@ ROUTER_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--scheduler", str, "scheduling policy: fcfs, recompute, swap or rotasched (default rotasched)"),
     ("--ttft-slo-ms", float, "default time-to-first-token objective, ms (default 2000)"),
     ("--tbt-slo-ms", float, "default time-between-tokens objective, ms (default 200)"),
+    ("--tbt-slo-percentile", float, "percentile of each request's gaps the TBT objective is for (default 90)"),
     ("--max-batch-tokens", int, "most tokens (prefill chunks + decodes) per step (default 2048)"),
     ("--max-batch-requests", int, "most requests per step (default 256)"),
     ("--max-concurrent-requests", int, "requests in flight before 429 (default 512)"),

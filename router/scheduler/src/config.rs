@@ -105,6 +105,11 @@ pub struct SchedulerConfig {
     /// RotaSched: a late request (hopeless first-token deadline) that has been late for longer
     /// than this is served with the punctual ones again, so nothing starves under overload.
     pub late_starvation_s: f64,
+    /// RotaSched: share of a request's gaps between tokens that may exceed its TBT objective
+    /// (0.1: the objective holds for the 90th percentile of its gaps, as attainment is
+    /// measured). A running request with such a late gap left to spend does not bound the
+    /// step time; one without does.
+    pub tbt_late_share: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -124,6 +129,7 @@ impl Default for SchedulerConfig {
             min_rotation_tokens_left: 4,
             ema_alpha: 0.2,
             late_starvation_s: 10.0,
+            tbt_late_share: 0.1,
         }
     }
 }
@@ -140,6 +146,9 @@ impl SchedulerConfig {
         }
         if self.max_batch_tokens == 0 || self.max_batch_requests == 0 {
             return fail("max_batch_tokens and max_batch_requests must be > 0");
+        }
+        if !(0.0..1.0).contains(&self.tbt_late_share) {
+            return fail("tbt_late_share must lie in [0, 1)");
         }
         if !(self.ema_alpha > 0.0 && self.ema_alpha <= 1.0) {
             return fail("ema_alpha must lie in (0, 1]");

@@ -53,6 +53,8 @@ pub(crate) struct RequestState {
     /// Whether the shard has been sent the prompt (first scheduled).
     pub(crate) sent: bool,
     pub(crate) last_token_at: Option<f64>,
+    /// Gaps between its tokens that exceeded its TBT objective so far.
+    pub(crate) late_gaps: u32,
     /// Step in which the latest swap-in was issued (rotation cool-down).
     pub(crate) swapped_in_step: Option<u64>,
     /// Finished or cancelled while a transfer was in flight: removed at acknowledgement.
@@ -74,6 +76,7 @@ impl RequestState {
             pending_steps: 0,
             sent: false,
             last_token_at: None,
+            late_gaps: 0,
             swapped_in_step: None,
             doomed: false,
         }
@@ -109,6 +112,13 @@ impl RequestState {
     /// Most KV positions it can ever hold: the last sampled token is never computed.
     pub(crate) fn max_kv_tokens(&self) -> u64 {
         u64::from(self.prompt_len) + u64::from(self.max_new_tokens) - 1
+    }
+
+    /// Late gaps it may still have while its TBT objective holds for the (1 − `share`)
+    /// quantile of its gaps, counted over the gaps its generation limit allows.
+    pub(crate) fn late_gaps_left(&self, share: f64) -> u32 {
+        let gaps = self.max_new_tokens.saturating_sub(1);
+        ((f64::from(gaps) * share).floor() as u32).saturating_sub(self.late_gaps)
     }
 
     /// Deadline of its next token: first token by arrival + ttft, later ones by tbt.

@@ -179,6 +179,9 @@ impl Scheduler {
             match token {
                 Some(token) if request.num_computed as usize == request.tokens.len() => {
                     let lag = now - request.next_deadline();
+                    if lag > 0.0 && request.last_token_at.is_some() {
+                        request.late_gaps += 1;
+                    }
                     request.tokens.push(token);
                     request.last_token_at = Some(now);
                     if self.lag_samples.len() >= MAX_LAG_SAMPLES {

@@ -5,8 +5,9 @@
 //! back a step before they are due; keep a reserve of free blocks for expected arrivals.
 //! Under overload (no running request has slack left) it degrades to the reactive order:
 //! running requests first for blocks, evicting newer ones, so the oldest always progresses.
-//! A step may not outlast the earliest next-token deadline of the running decodes: prefill
-//! chunks are cut to what still fits in that time, unless the prompt would miss its own
+//! A step may not outlast the earliest next-token deadline of the running decodes that have
+//! no late gap left to spend (the TBT objective holds for a percentile of each request's
+//! gaps, `tbt_late_share`): prefill chunks are cut to what still fits in that time, unless the prompt would miss its own
 //! first-token deadline by waiting one more step — otherwise a prompt waits for a step with
 //! room instead of making every running request late.
 
@@ -85,7 +86,8 @@ impl Scheduler {
         self.keep_reserve(ctx, step_s);
     }
 
-    /// Deadline of the step: the earliest next-token deadline of the running decodes.
+    /// Deadline of the step: the earliest next-token deadline of the running decodes that
+    /// cannot spend a late gap (None when every decode can, or nothing decodes).
     fn decode_deadline(&self, order: &[Urgency]) -> Option<DecodeDeadline> {
         let mut deadline: Option<DecodeDeadline> = None;
         let mut shape = StepShape::default();
@@ -93,6 +95,9 @@ impl Scheduler {
             let r = &self.requests[&urgency.id];
             shape.decode_requests += 1;
             shape.context_tokens += u64::from(r.num_computed) + 1;
+            if r.late_gaps_left(self.config.tbt_late_share) > 0 {
+                continue;
+            }
             let at = r.next_deadline();
             match &mut deadline {
                 Some(d) => d.at = d.at.min(at),

@@ -242,3 +242,41 @@ fn a_prompt_more_urgent_than_every_decode_is_not_cut() {
     let (_, plans) = prompt_beside_decodes(0.075);
     assert_eq!(chunk_of(&plans[0], 3), 60);
 }
+
+#[test]
+fn a_decode_with_a_late_gap_to_spend_does_not_bound_the_step() {
+    // 40 tokens at a 10% late share: each decode may spend 3 late gaps.
+    let mut cfg = config(PolicyKind::RotaSched, 64);
+    cfg.cost_model.per_prefill_token_s = 0.001;
+    cfg.tbt_late_share = 0.1;
+    let mut d = Driver::new(cfg);
+    d.add(with_slo(spec(1, 4, 40, 0.0), 1.0, 0.05));
+    d.add(with_slo(spec(2, 4, 40, 0.0), 1.0, 0.05));
+    for _ in 0..3 {
+        d.step();
+    }
+    d.add(with_slo(spec(3, 60, 4, d.now), 5.0, 0.05));
+    let plan = d.step();
+    assert_eq!(chunk_of(&plan, 3), 60, "the whole prompt goes at once");
+    assert!(plan.predicted_step_s > 0.05);
+    // Once their late gaps are spent, the decodes bound the step again.
+    for id in [1, 2] {
+        d.scheduler.requests.get_mut(&id).unwrap().late_gaps = 3;
+    }
+    d.add(with_slo(spec(4, 60, 4, d.now), 5.0, 0.05));
+    let plan = d.step();
+    assert!(chunk_of(&plan, 4) < 60 && plan.predicted_step_s <= 0.05 + 1e-9);
+}
+
+#[test]
+fn late_gaps_are_counted_from_the_deadlines() {
+    let mut d = Driver::new(config(PolicyKind::RotaSched, 64));
+    d.add(with_slo(spec(1, 4, 10, 0.0), 1.0, 0.015));
+    d.step();
+    d.step(); // 10 ms steps: on time
+    assert_eq!(d.scheduler.requests[&1].late_gaps, 0);
+    d.step_s = 0.02; // slower than the 15 ms objective
+    d.step();
+    d.step();
+    assert_eq!(d.scheduler.requests[&1].late_gaps, 2);
+}
