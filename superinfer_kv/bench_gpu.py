@@ -102,18 +102,20 @@ def _per_block_loop_figures(pools: _Pools, repeats: int) -> dict:
     }
 
 
+def _one_way_gbps(pools: _Pools, config: TransferConfig, repeats: int, host=None) -> dict:
+    """Each direction alone through an engine of `config` (over `host` if given)."""
+    engine = TransferEngine(pools.device, pools.host if host is None else host, config)
+    out = _seconds(lambda: engine.submit(swap_out=pools.swap_out).wait(), repeats)
+    into = _seconds(lambda: engine.submit(swap_in=pools.swap_in).wait(), repeats)
+    engine.close()
+    return {"out_gbps": _gbps(pools.nbytes, out), "in_gbps": _gbps(pools.nbytes, into)}
+
+
 def _kernel_cta_sweep(pools: _Pools, repeats: int) -> dict:
     figures = {}
     for ctas in (1, 2, 4, 8, 16, 32):
         config = TransferConfig(cuda_method="kernel", kernel_ctas=ctas)
-        engine = TransferEngine(pools.device, pools.host, config)
-        out = _seconds(lambda: engine.submit(swap_out=pools.swap_out).wait(), repeats)
-        into = _seconds(lambda: engine.submit(swap_in=pools.swap_in).wait(), repeats)
-        figures[str(ctas)] = {
-            "out_gbps": _gbps(pools.nbytes, out),
-            "in_gbps": _gbps(pools.nbytes, into),
-        }
-        engine.close()
+        figures[str(ctas)] = _one_way_gbps(pools, config, repeats)
     return figures
 
 
@@ -205,11 +207,8 @@ def _hugepage_pinned(like: torch.Tensor):
 def _hugepage_kernel_figures(pools: _Pools, repeats: int) -> dict:
     host, buffer, raw = _hugepage_pinned(pools.host)
     try:
-        engine = TransferEngine(pools.device, host, TransferConfig(cuda_method="kernel"))
-        out = _seconds(lambda: engine.submit(swap_out=pools.swap_out).wait(), repeats)
-        into = _seconds(lambda: engine.submit(swap_in=pools.swap_in).wait(), repeats)
-        engine.close()
-        return {"kernel_out_gbps": _gbps(pools.nbytes, out), "kernel_in_gbps": _gbps(pools.nbytes, into)}
+        figures = _one_way_gbps(pools, TransferConfig(cuda_method="kernel"), repeats, host)
+        return {f"kernel_{name}": value for name, value in figures.items()}
     finally:
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaHostUnregister(raw.data_ptr())
@@ -286,11 +285,8 @@ def gpu_bench(quick: bool = False) -> dict:
                 name: _matmul_slowdown(pools, 60 if quick else 150, config, priority)
                 for name, (config, priority) in variants.items()
             }
-            single = TransferEngine(pools.device, pools.host, TransferConfig(**kernel, kernel_launch_bytes=0))
-            out = _seconds(lambda: single.submit(swap_out=pools.swap_out).wait(), repeats)
-            into = _seconds(lambda: single.submit(swap_in=pools.swap_in).wait(), repeats)
-            single.close()
-            entry["kernel_one_launch"] = {"out_gbps": _gbps(pools.nbytes, out), "in_gbps": _gbps(pools.nbytes, into)}
+            single = TransferConfig(**kernel, kernel_launch_bytes=0)
+            entry["kernel_one_launch"] = _one_way_gbps(pools, single, repeats)
         report["sizes"][f"{block_bytes // KIB}KiB"] = entry
         del pools
         torch.cuda.empty_cache()

@@ -56,6 +56,13 @@ def measure_path_speeds(
                               kernel_launch_bytes=kernel_launch_bytes)
 
     try:
+        # This GPU's capabilities (they do not depend on the run size).
+        probe = TransferEngine(device_scratch.view(1, -1), host_scratch.view(1, -1), config("auto"))
+        native = probe._backend.native  # noqa: SLF001
+        paths = {"dma": "batch_memcpy" if native.batch_memcpy_available else "memcpy_loop"}
+        if native.kernel_available:
+            paths["kernel"] = "kernel"
+        probe.close()
         for run_bytes in RUN_SIZES:
             blocks = SCRATCH_BYTES // run_bytes
             device_pool = device_scratch.view(blocks, run_bytes)
@@ -66,12 +73,6 @@ def measure_path_speeds(
             # Disjoint halves, shuffled: few neighbours merge into a longer run.
             plan_out = (device_order[:half], host_order[:half])
             plan_in = (host_order[half:], device_order[half:])
-            probe = TransferEngine(device_pool, host_pool, config("auto"))
-            native = probe._backend.native  # noqa: SLF001 - this GPU's capabilities
-            paths = {"dma": "batch_memcpy" if native.batch_memcpy_available else "memcpy_loop"}
-            if native.kernel_available:
-                paths["kernel"] = "kernel"
-            probe.close()
             speeds[run_bytes] = {"kernel": float("inf")}
             for path, method in paths.items():
                 engine = TransferEngine(device_pool, host_pool, config(method))

@@ -36,23 +36,31 @@ impl IncrementalDecoder {
     /// Adds one token; returns the text it completes (empty while a character is incomplete).
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
+        let (prefix_text, new_text) = self.decode_window(tokenizer)?;
+        if new_text.len() > prefix_text.len() && !new_text.ends_with('\u{FFFD}') {
+            Ok(self.take_after(&prefix_text, &new_text))
+        } else {
+            Ok(String::new())
+        }
+    }
+
+    /// The text up to the read offset, and the text including every held-back token, both
+    /// decoded from the prefix offset (so merges at the boundary decode as in the whole).
+    fn decode_window(&self, tokenizer: &Tokenizer) -> Result<(String, String), TokenizerError> {
         let prefix_text = tokenizer.decode(
             &self.ids[self.prefix_offset..self.read_offset],
             self.skip_special_tokens,
         )?;
         let new_text =
             tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
-        if new_text.len() > prefix_text.len() && !new_text.ends_with('\u{FFFD}') {
-            let piece = new_text
-                .get(prefix_text.len()..)
-                .unwrap_or_default()
-                .to_string();
-            self.prefix_offset = self.read_offset;
-            self.read_offset = self.ids.len();
-            Ok(piece)
-        } else {
-            Ok(String::new())
-        }
+        Ok((prefix_text, new_text))
+    }
+
+    /// Emits what `new_text` adds to `prefix_text` and moves the window past it.
+    fn take_after(&mut self, prefix_text: &str, new_text: &str) -> String {
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        new_text.get(prefix_text.len()..).unwrap_or_default().to_string()
     }
 
     /// The text of tokens still held back at the end of the generation (an incomplete
@@ -61,18 +69,8 @@ impl IncrementalDecoder {
         if self.read_offset == self.ids.len() {
             return Ok(String::new());
         }
-        let prefix_text = tokenizer.decode(
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special_tokens,
-        )?;
-        let new_text =
-            tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
-        self.prefix_offset = self.read_offset;
-        self.read_offset = self.ids.len();
-        Ok(new_text
-            .get(prefix_text.len()..)
-            .unwrap_or_default()
-            .to_string())
+        let (prefix_text, new_text) = self.decode_window(tokenizer)?;
+        Ok(self.take_after(&prefix_text, &new_text))
     }
 }
 

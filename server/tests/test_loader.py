@@ -66,19 +66,16 @@ def test_garbage_safetensors_header(model_dir):
         _load(model_dir)
 
 
-def test_missing_tensor(model_dir):
+@pytest.mark.parametrize("tensor, message", [
+    ("model.layers.1.mlp.down_proj.weight", "missing .*model.layers.1.mlp.down_proj.weight"),
+    # A missing part of a fused projection.
+    ("model.layers.0.self_attn.k_proj.weight", "lacks parts of fused weights.*qkv_proj"),
+])
+def test_missing_tensor(model_dir, tensor, message):
     state = load_file(model_dir / "model.safetensors")
-    del state["model.layers.1.mlp.down_proj.weight"]
+    del state[tensor]
     save_file(state, model_dir / "model.safetensors")
-    with pytest.raises(LoaderError, match="missing .*model.layers.1.mlp.down_proj.weight"):
-        _load(model_dir)
-
-
-def test_missing_part_of_a_fused_projection(model_dir):
-    state = load_file(model_dir / "model.safetensors")
-    del state["model.layers.0.self_attn.k_proj.weight"]
-    save_file(state, model_dir / "model.safetensors")
-    with pytest.raises(LoaderError, match="lacks parts of fused weights.*qkv_proj"):
+    with pytest.raises(LoaderError, match=message):
         _load(model_dir)
 
 

@@ -3,9 +3,7 @@ transfer path, and a swap round trip that continues exactly as without the swap.
 import pytest
 import torch
 from conftest import make_executor
-from test_shard_swap import PROMPT, Driver, _start
-
-from superinfer.pb import shard_pb2 as pb
+from test_shard_swap import PROMPT, Driver, _start, swap_round_trip
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -19,19 +17,7 @@ def test_gpu_pools_and_dtype(tiny_llama_dir):
 
 
 def test_gpu_swap_round_trip(tiny_llama_dir):
-    reference = Driver(make_executor(tiny_llama_dir, device="cuda"))
-    expected = _start(reference, 1, [0, 1, 2, 3])
-    reference.decode(1, expected, len(PROMPT), [0, 1, 2, 3], 12)
-
-    driver = Driver(make_executor(tiny_llama_dir, device="cuda"))
-    tokens = _start(driver, 1, [0, 1, 2, 3])
-    driver.decode(1, tokens, len(PROMPT), [0, 1, 2, 3], 4)
-    driver.step(swap_out=[pb.Transfer(id=1, src_blocks=[0, 1, 2, 3], dst_blocks=[3, 2, 1, 0])])
-    driver.wait_for(1)
-    _start(driver, 2, [0, 1, 2, 3], prompt=list(range(100, 160)))
-    driver.step(forget=[2], swap_in=[pb.Transfer(id=2, src_blocks=[3, 2, 1, 0], dst_blocks=[9, 8, 7, 6])])
-    driver.wait_for(2)
-    driver.decode(1, tokens, len(PROMPT), [9, 8, 7, 6], 8)
+    _, tokens, expected = swap_round_trip(tiny_llama_dir, "cuda", 4, 8, [3, 2, 1, 0], [9, 8, 7, 6], ids=(1, 2))
     assert tokens == expected
 
 

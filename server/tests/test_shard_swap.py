@@ -46,21 +46,31 @@ def _start(driver: Driver, rid: int, blocks: list[int], prompt=PROMPT) -> list[i
     return [reply.outputs[0].token.id]
 
 
-def test_swap_round_trip_into_other_blocks_continues_identically(tiny_llama_dir):
-    reference = Driver(make_executor(tiny_llama_dir))
+def swap_round_trip(directory, device: str, before: int, after: int, host_blocks: list[int],
+                    new_blocks: list[int], ids=(7, 8)) -> tuple[Driver, list[int], list[int]]:
+    """Request 1 decodes `before` tokens in blocks 0-3, is swapped out to `host_blocks`, has its
+    device blocks overwritten by another request, comes back into `new_blocks` and decodes
+    `after` more. Returns the driver, its tokens, and those of a run without the swap."""
+    reference = Driver(make_executor(directory, device=device))
     expected = _start(reference, 1, [0, 1, 2, 3])
-    reference.decode(1, expected, len(PROMPT), [0, 1, 2, 3], 15)
+    reference.decode(1, expected, len(PROMPT), [0, 1, 2, 3], before + after)
 
-    driver = Driver(make_executor(tiny_llama_dir))
+    driver = Driver(make_executor(directory, device=device))
     tokens = _start(driver, 1, [0, 1, 2, 3])
-    driver.decode(1, tokens, len(PROMPT), [0, 1, 2, 3], 5)
-    driver.step(swap_out=[pb.Transfer(id=7, src_blocks=[0, 1, 2, 3], dst_blocks=[9, 4, 11, 2])])
-    driver.wait_for(7)
+    driver.decode(1, tokens, len(PROMPT), [0, 1, 2, 3], before)
+    out_id, in_id = ids
+    driver.step(swap_out=[pb.Transfer(id=out_id, src_blocks=[0, 1, 2, 3], dst_blocks=host_blocks)])
+    driver.wait_for(out_id)
     # Another request now fills the same device blocks with its own K/V.
     _start(driver, 2, [0, 1, 2, 3], prompt=list(range(100, 160)))
-    driver.step(forget=[2], swap_in=[pb.Transfer(id=8, src_blocks=[9, 4, 11, 2], dst_blocks=[20, 31, 22, 25])])
-    driver.wait_for(8)
-    driver.decode(1, tokens, len(PROMPT), [20, 31, 22, 25], 10)
+    driver.step(forget=[2], swap_in=[pb.Transfer(id=in_id, src_blocks=host_blocks, dst_blocks=new_blocks)])
+    driver.wait_for(in_id)
+    driver.decode(1, tokens, len(PROMPT), new_blocks, after)
+    return driver, tokens, expected
+
+
+def test_swap_round_trip_into_other_blocks_continues_identically(tiny_llama_dir):
+    driver, tokens, expected = swap_round_trip(tiny_llama_dir, "cpu", 5, 10, [9, 4, 11, 2], [20, 31, 22, 25])
     assert driver.completed.count(7) == 1 and driver.completed.count(8) == 1
     assert tokens == expected
 

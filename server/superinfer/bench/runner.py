@@ -3,6 +3,7 @@
 `RunResult`. Also measures the unloaded latency that relative objectives are multiples of."""
 import asyncio
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -97,8 +98,6 @@ _STEP_COUNTERS = ("superinfer_step_model_microseconds_total", "superinfer_step_s
 def step_counters(target: Target) -> dict[str, float] | None:
     """The server's step-time counters from /metrics (0 before its first step; None when the
     page cannot be read)."""
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"{target.url.rstrip('/')}/metrics", timeout=10) as response:
             text = response.read().decode()

@@ -18,6 +18,7 @@ import torch
 from ..pb import shard_pb2 as pb
 from .cli import build_executor
 from .config import ShardConfig
+from .warmup import sync_device
 
 CONTEXT = 512
 
@@ -59,21 +60,16 @@ def _transformers_decode(model, prompts: list[list[int]], steps: int) -> dict:
     return _rates(len(prompts), [after - before for before, after in zip(decode, decode[1:])])
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _transformers_prefill(model, prompt: list[int], repeats: int) -> float:
     inputs = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():
         model(inputs)  # first call pays one-off costs
         best = float("inf")
         for _ in range(repeats):
-            _sync(model.device)
+            sync_device(model.device)
             start = time.perf_counter()
             model(inputs)
-            _sync(model.device)
+            sync_device(model.device)
             best = min(best, time.perf_counter() - start)
     return len(prompt) / best
 

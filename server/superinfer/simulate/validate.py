@@ -76,22 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     config = WorkloadConfig(**{**document["workload"], "limits": LengthLimits(**document["workload"]["limits"])})
     measured = {(r.series, r.rate): r for r in read_json(measured_dir / "compare.json")}
     report = []
-    sources = {
-        # The linear model the shard fitted at warm-up, as the scheduler uses it.
-        "warm-up": lambda policy: from_server_log(measured_dir / f"server-{policy}.log",
-                                                  max_batch_tokens=args.max_batch_tokens),
-        # The unloaded latencies the bench measured just before the run.
-        "unloaded": lambda policy: from_bench(measured_dir / "compare.json"),
-    }
+    # The unloaded latencies the bench measured just before the runs (the same for all).
+    unloaded = from_bench(measured_dir / "compare.json")
     for (policy, rate), run in sorted(measured.items()):
         specs = plan(replace(config, rate=rate))
-        factor = run.summary.get("step_load_factor")
-        run_sources = dict(sources)
-        if factor:
+        # The linear model the shard fitted at warm-up, as the scheduler uses it.
+        warm_up = from_server_log(measured_dir / f"server-{policy}.log", max_batch_tokens=args.max_batch_tokens)
+        profiles = {"warm-up": warm_up, "unloaded": unloaded}
+        if factor := run.summary.get("step_load_factor"):
             # The warm-up model scaled by how much slower the server's steps ran in this run.
-            run_sources["loaded"] = lambda policy, f=factor: under_load(sources["warm-up"](policy), f)
-        for source, make in run_sources.items():
-            profile = replace(make(policy), num_device_blocks=args.device_kv_blocks,
+            profiles["loaded"] = under_load(warm_up, factor)
+        for source, profile in profiles.items():
+            profile = replace(profile, num_device_blocks=args.device_kv_blocks,
                               num_host_blocks=args.host_kv_blocks, max_batch_tokens=args.max_batch_tokens)
             simulated = simulate(profile, specs, SimOptions(policy, slo), policy, rate)
             rows = compare_runs(run.summary, simulated.summary)

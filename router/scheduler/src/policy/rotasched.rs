@@ -7,9 +7,9 @@
 //! running requests first for blocks, evicting newer ones, so the oldest always progresses.
 //! A step may not outlast the earliest next-token deadline of the running decodes that have
 //! no late gap left to spend (the TBT objective holds for a percentile of each request's
-//! gaps, `tbt_late_share`): prefill chunks are cut to what still fits in that time, unless the prompt would miss its own
-//! first-token deadline by waiting one more step — otherwise a prompt waits for a step with
-//! room instead of making every running request late.
+//! gaps, `tbt_late_share`): prefill chunks are cut to what still fits in that time, unless
+//! the prompt would miss its own first-token deadline by waiting one more step — otherwise a
+//! prompt waits for a step with room instead of making every running request late.
 
 use super::urgency::{Eviction, Urgency};
 use crate::byte_budget::ByteBudget;
@@ -20,10 +20,21 @@ use crate::step::{Outcome, StepCtx};
 
 /// The running decodes' side of the step-time cap.
 struct DecodeDeadline {
-    /// Earliest next-token deadline among running decodes (absolute seconds).
+    /// Earliest next-token deadline among the decodes that cannot spend a late gap.
     at: f64,
-    /// The decodes' own share of the step: their count and attended context.
-    shape: StepShape,
+    /// Every running decode: (id, positions it attends this step).
+    decodes: Vec<(u64, u64)>,
+}
+
+impl DecodeDeadline {
+    /// The step of the given decodes alone.
+    fn shape<'a>(decodes: impl Iterator<Item = &'a (u64, u64)>) -> StepShape {
+        decodes.fold(StepShape::default(), |mut shape, (_, context)| {
+            shape.decode_requests += 1;
+            shape.context_tokens += context;
+            shape
+        })
+    }
 }
 
 struct Victim {
@@ -89,25 +100,16 @@ impl Scheduler {
     /// Deadline of the step: the earliest next-token deadline of the running decodes that
     /// cannot spend a late gap (None when every decode can, or nothing decodes).
     fn decode_deadline(&self, order: &[Urgency]) -> Option<DecodeDeadline> {
-        let mut deadline: Option<DecodeDeadline> = None;
-        let mut shape = StepShape::default();
+        let mut at: Option<f64> = None;
+        let mut decodes = Vec::new();
         for urgency in order.iter().filter(|u| self.is_running_decode(u.id)) {
             let r = &self.requests[&urgency.id];
-            shape.decode_requests += 1;
-            shape.context_tokens += u64::from(r.num_computed) + 1;
-            if r.late_gaps_left(self.config.tbt_late_share) > 0 {
-                continue;
-            }
-            let at = r.next_deadline();
-            match &mut deadline {
-                Some(d) => d.at = d.at.min(at),
-                None => deadline = Some(DecodeDeadline { at, shape }),
+            decodes.push((urgency.id, u64::from(r.num_computed) + 1));
+            if r.late_gaps_left(self.config.tbt_late_share) == 0 {
+                at = Some(at.map_or(r.next_deadline(), |t| t.min(r.next_deadline())));
             }
         }
-        if let Some(d) = &mut deadline {
-            d.shape = shape;
-        }
-        deadline
+        at.map(|at| DecodeDeadline { at, decodes })
     }
 
     /// Prefill tokens the next chunk of `urgency` may take so that the step, with every
@@ -116,23 +118,28 @@ impl Scheduler {
     /// deadline by waiting out one more step of decodes alone.
     fn prefill_token_cap(&self, ctx: &StepCtx, urgency: &Urgency, deadline: Option<&DecodeDeadline>) -> u32 {
         let Some(deadline) = deadline else { return u32::MAX };
-        if !urgency.late && urgency.slack < self.cost.predict_step(deadline.shape) {
+        let decodes_alone = DecodeDeadline::shape(deadline.decodes.iter());
+        if !urgency.late && urgency.slack < self.cost.predict_step(decodes_alone) {
             return u32::MAX;
         }
-        // Every running decode (placed or not) plus the prefill chunks placed so far.
-        let mut committed = deadline.shape;
-        for entry in ctx.plan.scheduled.iter().filter(|e| !self.is_running_decode_entry(e)) {
-            committed.prefill_tokens += u64::from(entry.num_new_tokens);
-            committed.context_tokens += u64::from(entry.num_computed_tokens + entry.num_new_tokens);
-        }
+        // What is placed so far, plus the decodes still to be placed.
+        let unplaced = DecodeDeadline::shape(deadline.decodes.iter().filter(|(id, _)| !ctx.scheduled.contains(id)));
+        let committed = StepShape {
+            prefill_tokens: ctx.shape.prefill_tokens,
+            decode_requests: ctx.shape.decode_requests + unplaced.decode_requests,
+            context_tokens: ctx.shape.context_tokens + unplaced.context_tokens,
+        };
         let left = deadline.at - ctx.now - self.cost.predict_step(committed);
         let computed = u64::from(self.requests[&urgency.id].num_computed);
         // A chunk of c tokens adds c prefill tokens and (computed + c) attended positions.
         let scale = self.cost.correction;
         let per_token = (self.cost.per_prefill_token_s + self.cost.per_context_token_s) * scale;
         let fixed = self.cost.per_context_token_s * scale * computed as f64;
-        if left <= fixed || per_token <= 0.0 {
-            return if per_token <= 0.0 && left > fixed { u32::MAX } else { 0 };
+        if left <= fixed {
+            return 0;
+        }
+        if per_token <= 0.0 {
+            return u32::MAX;
         }
         ((left - fixed) / per_token).floor().min(f64::from(u32::MAX)) as u32
     }
@@ -164,11 +171,6 @@ impl Scheduler {
         let (deferred, urgent): (Vec<Urgency>, Vec<Urgency>) =
             punctual.into_iter().partition(|u| spare.contains(&u.id));
         urgent.into_iter().chain(deferred).chain(late).collect()
-    }
-
-    /// A scheduled entry that decodes (one token after a computed context), as `seal` counts it.
-    fn is_running_decode_entry(&self, entry: &crate::plan::ScheduledEntry) -> bool {
-        entry.num_new_tokens == 1 && entry.num_computed_tokens > 0
     }
 
     fn is_running_decode(&self, id: u64) -> bool {
