@@ -121,6 +121,13 @@ impl RequestState {
         ((f64::from(gaps) * share).floor() as u32).saturating_sub(self.late_gaps)
     }
 
+    /// Whether it may take a risk of one more late gap: a rotation's return can still fail
+    /// under load (its blocks taken by more urgent requests). True while one more late gap
+    /// keeps its objective, or, with no allowance at all, while it has never been late.
+    pub(crate) fn may_risk_a_late_gap(&self, share: f64) -> bool {
+        self.late_gaps_left(share) > 0 || self.late_gaps == 0
+    }
+
     /// Deadline of its next token: first token by arrival + ttft, later ones by tbt.
     pub(crate) fn next_deadline(&self) -> f64 {
         match self.last_token_at {

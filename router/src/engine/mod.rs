@@ -7,8 +7,8 @@
 //! - `active`: per-request bookkeeping (stream, limits, progress).
 //! - `metrics`: the engine's /metrics series.
 mod active;
-mod attainment;
 pub mod api;
+mod attainment;
 mod handle;
 mod metrics;
 mod model_info;

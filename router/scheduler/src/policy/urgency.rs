@@ -16,6 +16,17 @@ pub(crate) struct Urgency {
     /// The first-token deadline is already hopeless: served after every punctual request, in
     /// arrival order, and never allowed to evict anyone.
     pub(crate) late: bool,
+    /// Rotated and already past the deadline of its next token: that gap is late whatever
+    /// happens now, so waiting longer costs it no further late gap. It returns with the blocks
+    /// the punctual ones leave, in arrival order, and never evicts anyone (until starving).
+    pub(crate) parked: bool,
+}
+
+impl Urgency {
+    /// Served after every punctual request and never allowed to evict.
+    pub(crate) fn deferred_class(&self) -> bool {
+        self.late || self.parked
+    }
 }
 
 /// How a victim would leave the device, with the time until it could compute again.
@@ -41,7 +52,9 @@ impl Scheduler {
         for request in self.requests.values().filter(|r| r.has_work()) {
             match request.phase {
                 Phase::Running if request.is_decode() => shape.decode_requests += 1,
-                Phase::Running | Phase::Waiting => prefill_wanted += u64::from(request.uncomputed()),
+                Phase::Running | Phase::Waiting => {
+                    prefill_wanted += u64::from(request.uncomputed())
+                }
                 _ => continue,
             }
             shape.context_tokens += u64::from(request.num_computed) + 1;
@@ -55,20 +68,32 @@ impl Scheduler {
         let r = &self.requests[&id];
         let service = match r.phase {
             Phase::Running if r.is_decode() => step_s,
-            Phase::Running | Phase::Waiting => {
-                self.cost.predict_prefill(u64::from(r.uncomputed())).max(step_s)
+            Phase::Running | Phase::Waiting => self
+                .cost
+                .predict_prefill(u64::from(r.uncomputed()))
+                .max(step_s),
+            Phase::Rotated => {
+                self.transfer_s(self.blocks.host_slots(id), Direction::In) + 2.0 * step_s
             }
-            Phase::Rotated => self.transfer_s(self.blocks.host_slots(id), Direction::In) + 2.0 * step_s,
             Phase::SwappingIn | Phase::SwappingOut => 2.0 * step_s,
         };
         let deadline = r.next_deadline();
         let slack = deadline - (now + service);
         let starving = now - deadline > self.config.late_starvation_s;
         let late = r.last_token_at.is_none() && slack < 0.0 && !starving;
-        Urgency { id, seq: r.seq, slack, late }
+        let parked =
+            r.phase == Phase::Rotated && r.last_token_at.is_some() && slack < 0.0 && !starving;
+        Urgency {
+            id,
+            seq: r.seq,
+            slack,
+            late,
+            parked,
+        }
     }
 
-    /// Punctual requests by slack (least first), then the late class in arrival order.
+    /// Punctual requests by slack (least first), then the parked, then the late class, each in
+    /// arrival order.
     pub(crate) fn urgency_order(&self, now: f64, step_s: f64) -> Vec<Urgency> {
         let mut order: Vec<Urgency> = self
             .requests
@@ -78,9 +103,10 @@ impl Scheduler {
             .map(|r| self.urgency(r.id, now, step_s))
             .collect();
         order.sort_by(|a, b| {
-            let key = |u: &Urgency| if u.late { 0.0 } else { u.slack };
-            a.late
-                .cmp(&b.late)
+            let class = |u: &Urgency| (u.deferred_class(), u.late);
+            let key = |u: &Urgency| if u.deferred_class() { 0.0 } else { u.slack };
+            class(a)
+                .cmp(&class(b))
                 .then(key(a).total_cmp(&key(b)))
                 .then(a.seq.cmp(&b.seq))
         });
@@ -99,15 +125,20 @@ impl Scheduler {
     /// cover.
     pub(crate) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
         let private = self.blocks.private_device_blocks(id);
-        let copy_s = self.transfer_s(private, Direction::Out) + self.transfer_s(private, Direction::In);
+        let copy_s =
+            self.transfer_s(private, Direction::Out) + self.transfer_s(private, Direction::In);
         let computed = u64::from(self.requests[&id].num_computed);
         let marginal_prefill_s = self.cost.predict_prefill(computed) - self.cost.predict_prefill(0);
         let swap_s = copy_s + 2.0 * step_s;
         let recompute_s = self.cost.predict_prefill(computed) + step_s;
         if private <= self.blocks.free_host() && copy_s <= marginal_prefill_s {
-            Eviction::Swap { round_trip_s: swap_s }
+            Eviction::Swap {
+                round_trip_s: swap_s,
+            }
         } else {
-            Eviction::Recompute { round_trip_s: recompute_s }
+            Eviction::Recompute {
+                round_trip_s: recompute_s,
+            }
         }
     }
 }
@@ -138,7 +169,13 @@ mod tests {
         };
         let mut s = Scheduler::new(config).unwrap();
         let prompt = (0..context).collect();
-        let spec = RequestSpec { id: 1, prompt_token_ids: prompt, max_new_tokens: 8, slo: None, arrival: 0.0 };
+        let spec = RequestSpec {
+            id: 1,
+            prompt_token_ids: prompt,
+            max_new_tokens: 8,
+            slo: None,
+            arrival: 0.0,
+        };
         s.add(spec, 0.0).unwrap();
         s.plan(0.0);
         s.cheaper_eviction(1, 0.02)
