@@ -111,3 +111,18 @@ def test_a_loaded_profile_is_slower_by_the_factor_and_keeps_the_belief():
         under_load(linear_profile(), 0.0)
     with pytest.raises(ValueError, match="linear"):
         under_load(derived("gh200", "llama-3-8b"), 1.5)
+
+
+def test_kv_demand_counts_the_requests_in_the_system_against_the_pool():
+    from superinfer.simulate.demand import demand
+
+    # 100 + 60 tokens = 10 blocks each. One request at t=0; three together at t=10 (each
+    # lasting ~0.8 s): the peak holds 30 blocks, 3x a 10-block pool, and most of the window
+    # holds nothing.
+    specs = [RequestSpec(0, 0.0, 100, 60, True)] + [RequestSpec(i, 10.0, 100, 60, True) for i in (1, 2, 3)]
+    found = demand(linear_profile(device_blocks=10), specs, device_blocks=10)
+    assert found["peak"] == pytest.approx(3.0)
+    assert found["p90"] == 0.0 and 0.0 < found["mean"] < 0.2
+    assert found["window_s"] == pytest.approx(10.0)
+    # The pool it is measured against, not the profile's own, is the unit.
+    assert demand(linear_profile(device_blocks=10), specs, device_blocks=30)["peak"] == pytest.approx(1.0)

@@ -3,6 +3,11 @@
 //! slack (under the per-step byte budget, never one just swapped in, never one about to
 //! finish, never one that could not come back before its deadline); bring rotated requests
 //! back a step before they are due; keep a reserve of free blocks for expected arrivals.
+//! Only a request that may risk one more late gap is rotated (a return can fail under load).
+//! A rotated request that missed its return is *parked*: that gap is late anyway, so it comes
+//! back with the blocks the punctual ones leave instead of evicting them. A prompt about to
+//! miss its first token when nobody has slack for a round trip parks running decodes that
+//! have late gaps to spare (the TBT objective holds for a percentile of each request's gaps).
 //! Under overload (no running request has slack left) it degrades to the reactive order:
 //! running requests first for blocks, evicting newer ones, so the oldest always progresses.
 //! A step may not outlast the earliest next-token deadline of the running decodes that have
