@@ -41,10 +41,7 @@ impl From<Status> for ClientError {
             Code::Unavailable | Code::Cancelled => ClientError::Unavailable(message),
             Code::InvalidArgument => ClientError::InvalidPlan(message),
             Code::DeadlineExceeded => ClientError::Timeout(Duration::ZERO),
-            code => ClientError::Shard {
-                code: format!("{code:?}"),
-                message,
-            },
+            code => ClientError::Shard { code: format!("{code:?}"), message },
         }
     }
 }
@@ -85,19 +82,13 @@ impl ShardClient {
     async fn connect_once(path: &Path) -> Result<Self, ClientError> {
         let socket = path.to_path_buf();
         // The URI is required by the API but unused: the connector dials the socket.
-        let channel =
-            Endpoint::from_static("http://[::]:0")
-                .connect_with_connector(service_fn(move |_: Uri| {
-                    let socket = socket.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?))
-                    }
-                }))
-                .await
-                .map_err(|error| ClientError::Connect {
-                    path: path.to_path_buf(),
-                    message: error.to_string(),
-                })?;
+        let channel = Endpoint::from_static("http://[::]:0")
+            .connect_with_connector(service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+            }))
+            .await
+            .map_err(|error| ClientError::Connect { path: path.to_path_buf(), message: error.to_string() })?;
         let inner = GrpcClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -121,17 +112,11 @@ impl ShardClient {
         max_batch_tokens: u32,
         max_batch_requests: u32,
     ) -> Result<pb::WarmupResponse, ClientError> {
-        let request = pb::WarmupRequest {
-            max_batch_tokens,
-            max_batch_requests,
-        };
+        let request = pb::WarmupRequest { max_batch_tokens, max_batch_requests };
         Ok(self.inner.warmup(request).await?.into_inner())
     }
 
-    pub async fn step(
-        &mut self,
-        request: pb::StepRequest,
-    ) -> Result<pb::StepResponse, ClientError> {
+    pub async fn step(&mut self, request: pb::StepRequest) -> Result<pb::StepResponse, ClientError> {
         Ok(self.inner.step(request).await?.into_inner())
     }
 }
@@ -158,12 +143,9 @@ mod tests {
 
     #[tokio::test]
     async fn connect_fails_with_the_socket_path_when_nothing_listens() {
-        let dir =
-            std::env::temp_dir().join(format!("superinfer-client-test-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("superinfer-client-test-{}", std::process::id()));
         let path = dir.join("missing.sock");
-        let error = ShardClient::connect_uds(&path, Duration::from_millis(300))
-            .await
-            .unwrap_err();
+        let error = ShardClient::connect_uds(&path, Duration::from_millis(300)).await.unwrap_err();
         match error {
             ClientError::Connect { path: reported, .. } => assert_eq!(reported, path),
             other => panic!("unexpected error {other}"),

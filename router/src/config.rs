@@ -18,11 +18,7 @@ pub enum SchedulerKind {
 }
 
 #[derive(Debug, Clone, Parser)]
-#[command(
-    name = "superinfer-router",
-    about = "SuperInfer's HTTP router",
-    version
-)]
+#[command(name = "superinfer-router", about = "SuperInfer's HTTP router", version)]
 pub struct RouterConfig {
     /// Port of the HTTP API.
     #[arg(long, env = "PORT", default_value_t = 3000)]
@@ -125,8 +121,7 @@ mod tests {
 
     #[test]
     fn defaults_and_flags() {
-        let config =
-            RouterConfig::parse_argv(["router", "--port", "8080", "--scheduler", "swap"]).unwrap();
+        let config = RouterConfig::parse_argv(["router", "--port", "8080", "--scheduler", "swap"]).unwrap();
         assert_eq!(config.port, 8080);
         assert_eq!(config.scheduler, SchedulerKind::Swap);
         assert_eq!(config.max_batch_tokens, 2048);
@@ -147,9 +142,7 @@ mod tests {
             if id == "help" || id == "version" {
                 continue;
             }
-            let env = arg
-                .get_env()
-                .map(|name| name.to_string_lossy().into_owned());
+            let env = arg.get_env().map(|name| name.to_string_lossy().into_owned());
             assert_eq!(env, Some(id.to_uppercase()), "flag --{id}");
         }
     }

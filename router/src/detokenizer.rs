@@ -60,10 +60,7 @@ impl IncrementalDecoder {
     fn take_after(&mut self, prefix_text: &str, new_text: &str) -> String {
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();
-        new_text
-            .get(prefix_text.len()..)
-            .unwrap_or_default()
-            .to_string()
+        new_text.get(prefix_text.len()..).unwrap_or_default().to_string()
     }
 
     /// The text of tokens still held back at the end of the generation (an incomplete

@@ -16,10 +16,8 @@ pub enum MetricsError {
 /// Name of the engine's histogram of token lags (production time minus deadline, seconds).
 pub const LAG_HISTOGRAM: &str = "superinfer_token_lag_seconds";
 /// Lag buckets in seconds: negative is early, positive late, finer near the deadline.
-pub const LAG_BUCKETS: [f64; 19] = [
-    -5.0, -2.0, -1.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
-    1.0, 2.0, 5.0,
-];
+pub const LAG_BUCKETS: [f64; 19] =
+    [-5.0, -2.0, -1.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0];
 
 /// The `metrics` crate allows one global recorder per process, so its handle is process-wide
 /// too; kept here so that every HTTP app built in this process renders the same recorder.
@@ -41,9 +39,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
         .and_then(|builder| {
             builder.set_buckets_for_metric(Matcher::Suffix("length".into()), &token_buckets)
         })
-        .and_then(|builder| {
-            builder.set_buckets_for_metric(Matcher::Full(LAG_HISTOGRAM.into()), &LAG_BUCKETS)
-        })
+        .and_then(|builder| builder.set_buckets_for_metric(Matcher::Full(LAG_HISTOGRAM.into()), &LAG_BUCKETS))
         .map_err(|error| MetricsError::Build(error.to_string()))?
         .build_recorder();
     let handle = recorder.handle();

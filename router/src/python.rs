@@ -22,8 +22,7 @@ fn serve(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
         }
         Err(error) => return Err(PyValueError::new_err(error.render().to_string())),
     };
-    py.detach(|| run_until_signal(config))
-        .map_err(PyRuntimeError::new_err)
+    py.detach(|| run_until_signal(config)).map_err(PyRuntimeError::new_err)
 }
 
 fn run_until_signal(config: RouterConfig) -> Result<(), String> {
@@ -52,10 +51,7 @@ fn run_until_signal(config: RouterConfig) -> Result<(), String> {
 
 async fn cancel_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (mut interrupt, mut terminate) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
+    let (mut interrupt, mut terminate) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
         (Ok(interrupt), Ok(terminate)) => (interrupt, terminate),
         (Err(error), _) | (_, Err(error)) => {
             tracing::error!(%error, "cannot install signal handlers; stop the router by killing it");

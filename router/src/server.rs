@@ -24,10 +24,7 @@ pub enum ServerError {
     #[error("the shard reported no KV blocks (device {device}); it cannot serve")]
     NoKvBlocks { device: u32 },
     #[error("cannot listen on {address}: {source}")]
-    Bind {
-        address: String,
-        source: std::io::Error,
-    },
+    Bind { address: String, source: std::io::Error },
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error(transparent)]
@@ -47,35 +44,22 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> Result<()
     result
 }
 
-async fn serve(
-    config: &RouterConfig,
-    tracker: &TaskTracker,
-    shutdown: &CancellationToken,
-) -> Result<(), ServerError> {
+async fn serve(config: &RouterConfig, tracker: &TaskTracker, shutdown: &CancellationToken) -> Result<(), ServerError> {
     let (engine, model) = start_engine(config, tracker, shutdown).await?;
     let app = http::router(http_config(config, &model), engine, &model)?;
     let address = format!("{}:{}", config.hostname, config.port);
     let listener = TcpListener::bind(&address)
         .await
-        .map_err(|source| ServerError::Bind {
-            address: address.clone(),
-            source,
-        })?;
+        .map_err(|source| ServerError::Bind { address: address.clone(), source })?;
     tracing::info!(%address, model = %model.model_id, "router listening");
-    http::serve(listener, app, shutdown.clone())
-        .await
-        .map_err(ServerError::Http)
+    http::serve(listener, app, shutdown.clone()).await.map_err(ServerError::Http)
 }
 
 /// The HTTP layer's limits: the flags where given, else what the model and the KV pool allow.
 pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
-    let max_total_tokens = config
-        .max_total_tokens
-        .unwrap_or_else(|| model.max_sequence_tokens()) as usize;
-    let max_input_tokens = config.max_input_tokens.map_or_else(
-        || max_total_tokens.saturating_sub(1),
-        |tokens| tokens as usize,
-    );
+    let max_total_tokens = config.max_total_tokens.unwrap_or_else(|| model.max_sequence_tokens()) as usize;
+    let max_input_tokens =
+        config.max_input_tokens.map_or_else(|| max_total_tokens.saturating_sub(1), |tokens| tokens as usize);
     HttpConfig {
         max_concurrent_requests: config.max_concurrent_requests,
         max_best_of: config.max_best_of,
@@ -86,10 +70,7 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
         max_client_batch_size: config.max_client_batch_size,
         payload_limit: config.payload_limit,
         api_key: config.api_key.clone(),
-        default_slo: Some(RequestSlo {
-            ttft_ms: config.ttft_slo_ms,
-            tbt_ms: config.tbt_slo_ms,
-        }),
+        default_slo: Some(RequestSlo { ttft_ms: config.ttft_slo_ms, tbt_ms: config.tbt_slo_ms }),
         model_id: String::new(),
         cors_allow_origin: config.cors_allow_origin.clone(),
         compute_type: model.device_type.clone(),
@@ -108,19 +89,14 @@ pub async fn start_engine(
     let info = client.info().await?;
     tracing::info!(model = %info.model_id, architecture = %info.architecture, dtype = %info.dtype,
         device = %info.device_type, "shard info");
-    let warmup = client
-        .warmup(config.max_batch_tokens, config.max_batch_requests)
-        .await?;
+    let warmup = client.warmup(config.max_batch_tokens, config.max_batch_requests).await?;
     let scheduler = scheduler_config(config, &info, &warmup)?;
     tracing::info!(device_blocks = scheduler.num_device_blocks, host_blocks = scheduler.num_host_blocks,
         block_size = scheduler.block_size, policy = %scheduler.policy, "warm-up done");
     let mut model = ModelInfo::from_shard(&info, &warmup);
     model.num_device_blocks = scheduler.num_device_blocks;
     model.num_host_blocks = scheduler.num_host_blocks;
-    let engine_config = EngineConfig {
-        scheduler,
-        eos_token_ids: info.eos_token_ids.clone(),
-    };
+    let engine_config = EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone() };
     let engine = spawn_engine(engine_config, client, tracker, shutdown.child_token())?;
     Ok((engine, model))
 }
@@ -134,25 +110,15 @@ pub fn scheduler_config(
     let cap = |measured: u32, flag: Option<u32>| flag.map_or(measured, |flag| flag.min(measured));
     let num_device_blocks = cap(warmup.num_device_blocks, config.device_kv_blocks);
     if num_device_blocks == 0 {
-        return Err(ServerError::NoKvBlocks {
-            device: num_device_blocks,
-        });
+        return Err(ServerError::NoKvBlocks { device: num_device_blocks });
     }
     if !(config.ttft_slo_ms > 0.0 && config.tbt_slo_ms > 0.0) {
-        return Err(ServerError::Config(
-            "--ttft-slo-ms and --tbt-slo-ms must be > 0".into(),
-        ));
+        return Err(ServerError::Config("--ttft-slo-ms and --tbt-slo-ms must be > 0".into()));
     }
     if !(config.tbt_slo_percentile > 0.0 && config.tbt_slo_percentile <= 100.0) {
-        return Err(ServerError::Config(
-            "--tbt-slo-percentile must lie in (0, 100]".into(),
-        ));
+        return Err(ServerError::Config("--tbt-slo-percentile must lie in (0, 100]".into()));
     }
-    let cost_model = warmup
-        .cost_model
-        .as_ref()
-        .map(cost_model)
-        .unwrap_or_default();
+    let cost_model = warmup.cost_model.as_ref().map(cost_model).unwrap_or_default();
     Ok(SchedulerConfig {
         block_size: info.block_size,
         num_device_blocks,
@@ -161,10 +127,7 @@ pub fn scheduler_config(
         max_batch_tokens: config.max_batch_tokens,
         max_batch_requests: config.max_batch_requests,
         policy: policy(config.scheduler),
-        default_slo: Slo {
-            ttft_s: config.ttft_slo_ms / 1e3,
-            tbt_s: config.tbt_slo_ms / 1e3,
-        },
+        default_slo: Slo { ttft_s: config.ttft_slo_ms / 1e3, tbt_s: config.tbt_slo_ms / 1e3 },
         cost_model,
         tbt_late_share: 1.0 - config.tbt_slo_percentile / 100.0,
         ..SchedulerConfig::default()
@@ -205,43 +168,20 @@ mod tests {
 
     #[test]
     fn pools_come_from_warmup_capped_by_flags() {
-        let info = pb::InfoResponse {
-            block_size: 16,
-            block_bytes: 4096,
-            ..Default::default()
-        };
-        let warmup = pb::WarmupResponse {
-            num_device_blocks: 100,
-            num_host_blocks: 50,
-            cost_model: None,
-        };
-        let scheduler =
-            scheduler_config(&config(&["--device-kv-blocks", "40"]), &info, &warmup).unwrap();
-        assert_eq!(
-            (scheduler.num_device_blocks, scheduler.num_host_blocks),
-            (40, 50)
-        );
+        let info = pb::InfoResponse { block_size: 16, block_bytes: 4096, ..Default::default() };
+        let warmup = pb::WarmupResponse { num_device_blocks: 100, num_host_blocks: 50, cost_model: None };
+        let scheduler = scheduler_config(&config(&["--device-kv-blocks", "40"]), &info, &warmup).unwrap();
+        assert_eq!((scheduler.num_device_blocks, scheduler.num_host_blocks), (40, 50));
         assert_eq!(scheduler.policy, PolicyKind::RotaSched);
-        let uncapped = scheduler_config(
-            &config(&["--device-kv-blocks", "400", "--scheduler", "fcfs"]),
-            &info,
-            &warmup,
-        )
-        .unwrap();
+        let uncapped = scheduler_config(&config(&["--device-kv-blocks", "400", "--scheduler", "fcfs"]), &info, &warmup).unwrap();
         assert_eq!(uncapped.num_device_blocks, 100);
         assert_eq!(uncapped.policy, PolicyKind::Fcfs);
     }
 
     #[test]
     fn an_empty_device_pool_is_an_error() {
-        let info = pb::InfoResponse {
-            block_size: 16,
-            ..Default::default()
-        };
+        let info = pb::InfoResponse { block_size: 16, ..Default::default() };
         let warmup = pb::WarmupResponse::default();
-        assert!(matches!(
-            scheduler_config(&config(&[]), &info, &warmup),
-            Err(ServerError::NoKvBlocks { .. })
-        ));
+        assert!(matches!(scheduler_config(&config(&[]), &info, &warmup), Err(ServerError::NoKvBlocks { .. })));
     }
 }

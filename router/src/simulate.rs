@@ -9,9 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use superinfer_scheduler::sim::{
-    self, LinkModel, Roofline, SimConfig, SimReport, SimRequest, StepTimeModel,
-};
+use superinfer_scheduler::sim::{self, LinkModel, Roofline, SimConfig, SimReport, SimRequest, StepTimeModel};
 use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerStats, Slo};
 
 #[derive(Deserialize)]
@@ -167,8 +165,7 @@ fn requests(r: RequestsJson) -> Result<Vec<SimRequest>, String> {
 }
 
 fn parse(config_json: &str) -> Result<SimConfig, String> {
-    let c: ConfigJson =
-        serde_json::from_str(config_json).map_err(|e| format!("simulation config: {e}"))?;
+    let c: ConfigJson = serde_json::from_str(config_json).map_err(|e| format!("simulation config: {e}"))?;
     let step_time = match c.step_time {
         StepTimeJson::Linear(cost) => StepTimeModel::Linear(cost.into()),
         StepTimeJson::Roofline {

@@ -47,25 +47,15 @@ pub fn init(config: &TelemetryConfig<'_>) -> Result<TelemetryGuard, TelemetryErr
         message: error.to_string(),
     })?;
     let fmt_layer = if config.json_output {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .flatten_event(true)
-            .boxed()
+        tracing_subscriber::fmt::layer().json().flatten_event(true).boxed()
     } else {
         tracing_subscriber::fmt::layer().with_target(false).boxed()
     };
-    let provider = config
-        .otlp_endpoint
-        .map(|endpoint| exporter(endpoint, config.otlp_service_name))
-        .transpose()?;
-    let otel_layer = provider.as_ref().map(|provider| {
-        tracing_opentelemetry::layer().with_tracer(provider.tracer("superinfer-router"))
-    });
-    let installed = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt_layer)
-        .with(otel_layer)
-        .try_init();
+    let provider = config.otlp_endpoint.map(|endpoint| exporter(endpoint, config.otlp_service_name)).transpose()?;
+    let otel_layer = provider
+        .as_ref()
+        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("superinfer-router")));
+    let installed = tracing_subscriber::registry().with(filter).with(fmt_layer).with(otel_layer).try_init();
     if installed.is_err() {
         tracing::debug!("a tracing subscriber was already installed");
     }
@@ -78,11 +68,6 @@ fn exporter(endpoint: &str, service_name: &str) -> Result<SdkTracerProvider, Tel
         .with_endpoint(endpoint)
         .build()
         .map_err(|error| TelemetryError::Exporter(error.to_string()))?;
-    let resource = Resource::builder()
-        .with_service_name(service_name.to_string())
-        .build();
-    Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(resource)
-        .build())
+    let resource = Resource::builder().with_service_name(service_name.to_string()).build();
+    Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
 }

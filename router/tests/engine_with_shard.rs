@@ -6,9 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use superinfer_router::config::RouterConfig;
-use superinfer_router::engine::api::{
-    EngineError, EngineEvent, FinishReason, GenerationRequest, SamplingParams,
-};
+use superinfer_router::engine::api::{EngineError, EngineEvent, FinishReason, GenerationRequest, SamplingParams};
 use superinfer_router::engine::{EngineHandle, RequestStream};
 use superinfer_router::server::start_engine;
 use tokio_util::sync::CancellationToken;
@@ -37,20 +35,14 @@ impl Drop for TempDir {
 }
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("router/ has a parent")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("router/ has a parent").to_path_buf()
 }
 
 fn start_shard(name: &str) -> Option<Shard> {
     let root = repo_root();
     let python = root.join(".venv/bin/python");
     if !python.exists() {
-        eprintln!(
-            "skipping: {} is missing (run `make build` first)",
-            python.display()
-        );
+        eprintln!("skipping: {} is missing (run `make build` first)", python.display());
         return None;
     }
     let dir = std::env::temp_dir().join(format!("superinfer-engine-{name}-{}", std::process::id()));
@@ -60,46 +52,20 @@ fn start_shard(name: &str) -> Option<Shard> {
     let process = Command::new(python)
         .args(["-m", "superinfer.cli", "serve", "--uds-path"])
         .arg(&socket)
-        .args([
-            "--device-kv-blocks",
-            "48",
-            "--host-kv-blocks",
-            "32",
-            "--log-level",
-            "WARNING",
-        ])
+        .args(["--device-kv-blocks", "48", "--host-kv-blocks", "32", "--log-level", "WARNING"])
         .env("PYTHONPATH", pythonpath)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("shard.log")).expect("shard log"))
         .spawn()
         .expect("start the shard");
-    Some(Shard {
-        process,
-        log: dir.join("shard.log"),
-        _dir: TempDir(dir),
-        socket,
-    })
+    Some(Shard { process, log: dir.join("shard.log"), _dir: TempDir(dir), socket })
 }
 
-async fn engine(
-    shard: &Shard,
-    policy: &str,
-    tracker: &TaskTracker,
-    shutdown: &CancellationToken,
-) -> EngineHandle {
+async fn engine(shard: &Shard, policy: &str, tracker: &TaskTracker, shutdown: &CancellationToken) -> EngineHandle {
     let socket = shard.socket.to_str().expect("utf-8 path");
     // A first start on a fresh machine converts the model (tens of seconds on a loaded machine).
-    let argv = [
-        "router",
-        "--uds-path",
-        socket,
-        "--max-batch-tokens",
-        "64",
-        "--scheduler",
-        policy,
-        "--shard-connect-timeout-s",
-        "300",
-    ];
+    let argv = ["router", "--uds-path", socket, "--max-batch-tokens", "64", "--scheduler", policy,
+        "--shard-connect-timeout-s", "300"];
     let config = RouterConfig::parse_argv(argv).unwrap();
     match start_engine(&config, tracker, shutdown).await {
         Ok((engine, _)) => engine,
@@ -137,16 +103,12 @@ async fn collect(mut stream: RequestStream) -> (Vec<u32>, EngineEvent) {
 }
 
 fn prompt(seed: u32, length: u32) -> Vec<u32> {
-    (0..length)
-        .map(|i| 100 + (seed * 37 + i * 11) % 5000)
-        .collect()
+    (0..length).map(|i| 100 + (seed * 37 + i * 11) % 5000).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generates_batches_and_cancels_on_the_real_shard() {
-    let Some(shard) = start_shard("generate") else {
-        return;
-    };
+    let Some(shard) = start_shard("generate") else { return };
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
     // fcfs reserves worst-case blocks and never preempts: the cancellation check below can
     // only pass if the cancelled request really returned its reservation.
@@ -158,23 +120,11 @@ async fn generates_batches_and_cancels_on_the_real_shard() {
     let mut alone = Vec::new();
     for ids in &prompts {
         let (tokens, last) = collect(engine.submit(request(ids.clone(), 6)).unwrap()).await;
-        assert!(
-            matches!(
-                last,
-                EngineEvent::Finished {
-                    reason: FinishReason::Length,
-                    ..
-                }
-            ),
-            "{last:?}"
-        );
+        assert!(matches!(last, EngineEvent::Finished { reason: FinishReason::Length, .. }), "{last:?}");
         assert_eq!(tokens.len(), 6);
         alone.push(tokens);
     }
-    let streams: Vec<_> = prompts
-        .iter()
-        .map(|ids| engine.submit(request(ids.clone(), 6)).unwrap())
-        .collect();
+    let streams: Vec<_> = prompts.iter().map(|ids| engine.submit(request(ids.clone(), 6)).unwrap()).collect();
     let together: Vec<_> = futures::future::join_all(streams.into_iter().map(collect)).await;
     for (index, (tokens, _)) in together.iter().enumerate() {
         assert_eq!(tokens, &alone[index], "prompt {index} differs when batched");
@@ -187,13 +137,8 @@ async fn generates_batches_and_cancels_on_the_real_shard() {
         assert!(matches!(long.recv().await, Some(EngineEvent::Token(_))));
     }
     drop(long);
-    let finished = tokio::time::timeout(
-        Duration::from_secs(120),
-        collect(engine.submit(request(prompt(5, 200), 70)).unwrap()),
-    );
-    let (tokens, last) = finished
-        .await
-        .expect("the cancelled request's blocks were not returned");
+    let finished = tokio::time::timeout(Duration::from_secs(120), collect(engine.submit(request(prompt(5, 200), 70)).unwrap()));
+    let (tokens, last) = finished.await.expect("the cancelled request's blocks were not returned");
     assert!(matches!(last, EngineEvent::Finished { .. }), "{last:?}");
     assert_eq!(tokens.len(), 70);
 
@@ -204,9 +149,7 @@ async fn generates_batches_and_cancels_on_the_real_shard() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_shard_fails_running_requests_and_health() {
-    let Some(mut shard) = start_shard("failure") else {
-        return;
-    };
+    let Some(mut shard) = start_shard("failure") else { return };
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
     let engine = engine(&shard, "rotasched", &tracker, &shutdown).await;
     let mut stream = engine.submit(request(prompt(1, 30), 500)).unwrap();
@@ -221,15 +164,9 @@ async fn a_dead_shard_fails_running_requests_and_health() {
         }
     });
     let last = deadline.await.expect("the failure reaches the stream");
-    assert!(
-        matches!(last, Some(EngineEvent::Failed(EngineError::Shard(_)))),
-        "{last:?}"
-    );
+    assert!(matches!(last, Some(EngineEvent::Failed(EngineError::Shard(_)))), "{last:?}");
     assert!(matches!(engine.health().await, Err(EngineError::Shard(_))));
-    assert!(matches!(
-        engine.submit(request(vec![1, 2], 1)),
-        Err(EngineError::Shard(_))
-    ));
+    assert!(matches!(engine.submit(request(vec![1, 2], 1)), Err(EngineError::Shard(_))));
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;

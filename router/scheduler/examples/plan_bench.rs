@@ -30,33 +30,17 @@ fn run(policy: PolicyKind, concurrency: u64) -> f64 {
             let prompt_len = 256 + (next_id * 37 % 768) as usize;
             prompt_lens.insert(next_id, prompt_len);
             let prompt = (0..prompt_len as u32).map(|t| t + next_id as u32).collect();
-            let spec = RequestSpec {
-                id: next_id,
-                prompt_token_ids: prompt,
-                max_new_tokens: 128,
-                slo: None,
-                arrival: now,
-            };
+            let spec = RequestSpec { id: next_id, prompt_token_ids: prompt, max_new_tokens: 128, slo: None, arrival: now };
             scheduler.add(spec, now).expect("fits");
             next_id += 1;
         }
         let started = Instant::now();
         let plan = scheduler.plan(now);
         spent += started.elapsed().as_secs_f64();
-        let acks = plan
-            .swap_out
-            .iter()
-            .chain(&plan.swap_in)
-            .map(|t| t.id)
-            .collect();
+        let acks = plan.swap_out.iter().chain(&plan.swap_in).map(|t| t.id).collect();
         let sampled = plan.sampling.iter().map(|id| (*id, 1)).collect();
         now += 0.02;
-        let results = StepResults {
-            step_id: plan.step_id,
-            sampled,
-            completed_transfers: acks,
-            step_time_s: Some(0.02),
-        };
+        let results = StepResults { step_id: plan.step_id, sampled, completed_transfers: acks, step_time_s: Some(0.02) };
         let started = Instant::now();
         scheduler.complete(&results, now);
         spent += started.elapsed().as_secs_f64();
@@ -64,11 +48,7 @@ fn run(policy: PolicyKind, concurrency: u64) -> f64 {
             .sampling
             .iter()
             .copied()
-            .filter(|id| {
-                scheduler
-                    .tokens(*id)
-                    .is_some_and(|t| t.len() >= prompt_lens[id] + 128)
-            })
+            .filter(|id| scheduler.tokens(*id).is_some_and(|t| t.len() >= prompt_lens[id] + 128))
             .collect();
         for id in done {
             scheduler.finish(id);
@@ -79,22 +59,11 @@ fn run(policy: PolicyKind, concurrency: u64) -> f64 {
 }
 
 fn main() {
-    let concurrency = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(256);
+    let concurrency = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let reference = run(PolicyKind::Fcfs, concurrency);
     println!("{concurrency} concurrent requests, {STEPS} steps, 16384 device blocks");
     for policy in PolicyKind::ALL {
-        let micros = if policy == PolicyKind::Fcfs {
-            reference
-        } else {
-            run(policy, concurrency)
-        };
-        println!(
-            "{:>10}: {micros:8.1} us/step  ({:.2}x fcfs)",
-            policy.as_str(),
-            micros / reference
-        );
+        let micros = if policy == PolicyKind::Fcfs { reference } else { run(policy, concurrency) };
+        println!("{:>10}: {micros:8.1} us/step  ({:.2}x fcfs)", policy.as_str(), micros / reference);
     }
 }

@@ -41,13 +41,7 @@ impl ByteBudget {
 
     /// Fraction of the step's transfer time already spent (half-duplex: both directions).
     fn shared_fraction(&self) -> f64 {
-        let frac = |used: u64, limit: u64| {
-            if limit == 0 {
-                1.0
-            } else {
-                used as f64 / limit as f64
-            }
-        };
+        let frac = |used: u64, limit: u64| if limit == 0 { 1.0 } else { used as f64 / limit as f64 };
         frac(self.used_out, self.limit_out) + frac(self.used_in, self.limit_in)
     }
 
@@ -59,11 +53,7 @@ impl ByteBudget {
         if self.duplex {
             return true;
         }
-        let extra = if limit == 0 {
-            1.0
-        } else {
-            bytes as f64 / limit as f64
-        };
+        let extra = if limit == 0 { 1.0 } else { bytes as f64 / limit as f64 };
         self.shared_fraction() + extra <= 1.0 + 1e-9
     }
 

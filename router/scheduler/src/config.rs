@@ -23,12 +23,8 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 4] = [
-        PolicyKind::Fcfs,
-        PolicyKind::Recompute,
-        PolicyKind::Swap,
-        PolicyKind::RotaSched,
-    ];
+    pub const ALL: [PolicyKind; 4] =
+        [PolicyKind::Fcfs, PolicyKind::Recompute, PolicyKind::Swap, PolicyKind::RotaSched];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -71,10 +67,7 @@ pub struct Slo {
 
 impl Default for Slo {
     fn default() -> Self {
-        Slo {
-            ttft_s: 2.0,
-            tbt_s: 0.2,
-        }
+        Slo { ttft_s: 2.0, tbt_s: 0.2 }
     }
 }
 

@@ -75,14 +75,10 @@ impl CostModel {
         }
         let bandwidths = [self.swap_out_bytes_per_s, self.swap_in_bytes_per_s];
         if bandwidths.iter().any(|b| !b.is_finite() || *b <= 0.0) {
-            return Err(SchedulerError::InvalidConfig(
-                "cost model bandwidths must be > 0".into(),
-            ));
+            return Err(SchedulerError::InvalidConfig("cost model bandwidths must be > 0".into()));
         }
         if !(self.correction.is_finite() && self.correction > 0.0) {
-            return Err(SchedulerError::InvalidConfig(
-                "cost model correction must be > 0".into(),
-            ));
+            return Err(SchedulerError::InvalidConfig("cost model correction must be > 0".into()));
         }
         Ok(())
     }
@@ -149,31 +145,19 @@ mod tests {
             per_context_token_s: 0.0,
             ..CostModel::default()
         };
-        let shape = StepShape {
-            prefill_tokens: 10,
-            decode_requests: 5,
-            context_tokens: 0,
-        };
+        let shape = StepShape { prefill_tokens: 10, decode_requests: 5, context_tokens: 0 };
         assert!((model.predict_step(shape) - 0.03).abs() < 1e-12);
     }
 
     #[test]
     fn correction_converges_to_measured_ratio() {
         let mut model = CostModel::default();
-        let shape = StepShape {
-            prefill_tokens: 100,
-            decode_requests: 4,
-            context_tokens: 500,
-        };
+        let shape = StepShape { prefill_tokens: 100, decode_requests: 4, context_tokens: 500 };
         let truth = 3.0 * model.predict_step(shape);
         for _ in 0..100 {
             model.observe_step(shape, truth, 0.2);
         }
-        assert!(
-            (model.correction - 3.0).abs() < 1e-3,
-            "correction {}",
-            model.correction
-        );
+        assert!((model.correction - 3.0).abs() < 1e-3, "correction {}", model.correction);
         assert!((model.predict_step(shape) - truth).abs() / truth < 1e-3);
         model.observe_step(shape, f64::NAN, 0.2);
         assert!((model.correction - 3.0).abs() < 1e-3);

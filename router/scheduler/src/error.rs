@@ -15,12 +15,7 @@ pub enum SchedulerError {
         "request {id} needs {needed_blocks} KV blocks ({tokens} tokens) but the device pool \
          holds only {device_blocks}"
     )]
-    TooLarge {
-        id: u64,
-        tokens: u64,
-        needed_blocks: u64,
-        device_blocks: u32,
-    },
+    TooLarge { id: u64, tokens: u64, needed_blocks: u64, device_blocks: u32 },
     /// A request with this id is already known to the scheduler.
     #[error("request id {0} is already in use")]
     DuplicateId(u64),

@@ -8,8 +8,7 @@ use crate::stats::SchedulerStats;
 
 impl Scheduler {
     pub fn stats(&self) -> SchedulerStats {
-        let count =
-            |phase: Phase| self.requests.values().filter(|r| r.phase == phase).count() as u32;
+        let count = |phase: Phase| self.requests.values().filter(|r| r.phase == phase).count() as u32;
         let c = &self.counters;
         let free_device = self.blocks.free_device();
         let free_host = self.blocks.free_host();
@@ -67,12 +66,7 @@ impl Scheduler {
         Ok(())
     }
 
-    fn check_request(
-        &self,
-        id: u64,
-        r: &crate::request::RequestState,
-        queued: bool,
-    ) -> Result<(), String> {
+    fn check_request(&self, id: u64, r: &crate::request::RequestState, queued: bool) -> Result<(), String> {
         let in_flight = self.blocks.has_transfer_for(id);
         let slots = self.blocks.slots(id);
         if r.num_computed as usize > r.tokens.len() {
@@ -90,15 +84,10 @@ impl Scheduler {
             Phase::Rotated => !in_flight && slots.iter().any(|s| matches!(s, Slot::Host(_))),
         };
         if r.doomed && !in_flight {
-            return Err(format!(
-                "request {id} is doomed without a transfer in flight"
-            ));
+            return Err(format!("request {id} is doomed without a transfer in flight"));
         }
         if !ok || (queued && r.phase != Phase::Waiting) {
-            return Err(format!(
-                "request {id} in phase {:?} has inconsistent blocks",
-                r.phase
-            ));
+            return Err(format!("request {id} in phase {:?} has inconsistent blocks", r.phase));
         }
         Ok(())
     }

@@ -73,10 +73,7 @@ impl StepPlan {
     }
 
     pub fn num_batched_tokens(&self) -> u64 {
-        self.scheduled
-            .iter()
-            .map(|e| u64::from(e.num_new_tokens))
-            .sum()
+        self.scheduled.iter().map(|e| u64::from(e.num_new_tokens)).sum()
     }
 }
 

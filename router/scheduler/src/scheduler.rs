@@ -101,10 +101,7 @@ impl Scheduler {
     /// prompt plus max_new_tokens needs more blocks than the whole device pool.
     pub fn add(&mut self, request: RequestSpec, now: f64) -> Result<(), SchedulerError> {
         let id = request.id;
-        let invalid = |reason: &str| SchedulerError::InvalidRequest {
-            id,
-            reason: reason.into(),
-        };
+        let invalid = |reason: &str| SchedulerError::InvalidRequest { id, reason: reason.into() };
         if request.prompt_token_ids.is_empty() {
             return Err(invalid("empty prompt"));
         }
@@ -130,8 +127,7 @@ impl Scheduler {
             });
         }
         let prompt_blocks = self.blocks.blocks_for(u64::from(state.prompt_len));
-        self.arrivals
-            .observe(now, prompt_blocks as f64, self.config.ema_alpha);
+        self.arrivals.observe(now, prompt_blocks as f64, self.config.ema_alpha);
         self.next_seq += 1;
         self.requests.insert(id, state);
         self.waiting.push_back(id);
@@ -152,20 +148,15 @@ impl Scheduler {
                 self.apply_entry(entry, sampled.get(&entry.id).copied(), now);
             }
             if let Some(measured) = results.step_time_s {
-                self.cost
-                    .observe_step(step.shape, measured, self.config.ema_alpha);
+                self.cost.observe_step(step.shape, measured, self.config.ema_alpha);
             }
         }
         self.debug_check("complete");
     }
 
     fn apply_ack(&mut self, transfer_id: u64) {
-        let Some(done) = self.blocks.ack(transfer_id) else {
-            return;
-        };
-        let Some(request) = self.requests.get_mut(&done.request) else {
-            return;
-        };
+        let Some(done) = self.blocks.ack(transfer_id) else { return };
+        let Some(request) = self.requests.get_mut(&done.request) else { return };
         if request.doomed {
             self.blocks.release(done.request);
             self.requests.remove(&done.request);
@@ -179,9 +170,7 @@ impl Scheduler {
     }
 
     fn apply_entry(&mut self, entry: &PlannedEntry, token: Option<u32>, now: f64) {
-        let Some(request) = self.requests.get_mut(&entry.id) else {
-            return;
-        };
+        let Some(request) = self.requests.get_mut(&entry.id) else { return };
         request.pending_steps = request.pending_steps.saturating_sub(1);
         if request.doomed || request.phase == Phase::Waiting {
             return;
@@ -209,8 +198,7 @@ impl Scheduler {
         }
         let request = &self.requests[&entry.id];
         let end = entry.end.min(request.num_computed);
-        self.blocks
-            .register_computed(entry.id, &request.tokens, end);
+        self.blocks.register_computed(entry.id, &request.tokens, end);
     }
 
     /// The engine decided the request is done (EOS, length, stop sequence); frees its blocks
@@ -231,9 +219,7 @@ impl Scheduler {
     }
 
     fn drop_request(&mut self, id: u64) -> bool {
-        let Some(request) = self.requests.get_mut(&id) else {
-            return false;
-        };
+        let Some(request) = self.requests.get_mut(&id) else { return false };
         if request.doomed {
             return false;
         }

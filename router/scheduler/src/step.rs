@@ -44,10 +44,7 @@ impl Scheduler {
         self.step_id += 1;
         StepCtx {
             now,
-            plan: StepPlan {
-                step_id: self.step_id,
-                ..StepPlan::default()
-            },
+            plan: StepPlan { step_id: self.step_id, ..StepPlan::default() },
             tokens_left: self.config.max_batch_tokens,
             requests_left: self.config.max_batch_requests,
             decode_reserve: 0,
@@ -81,21 +78,14 @@ impl Scheduler {
         let available = if request.is_decode() {
             ctx.tokens_left
         } else {
-            ctx.tokens_left
-                .saturating_sub(ctx.decode_reserve)
-                .min(ctx.prefill_token_cap)
+            ctx.tokens_left.saturating_sub(ctx.decode_reserve).min(ctx.prefill_token_cap)
         };
         request.uncomputed().min(available)
     }
 
     /// Schedules a running request's next chunk, growing its table to `reserve_tokens`
     /// positions at least (fcfs reserves the worst case; others pass 0).
-    pub(crate) fn schedule_running(
-        &mut self,
-        ctx: &mut StepCtx,
-        id: u64,
-        reserve_tokens: u64,
-    ) -> Outcome {
+    pub(crate) fn schedule_running(&mut self, ctx: &mut StepCtx, id: u64, reserve_tokens: u64) -> Outcome {
         let chunk = self.chunk_for(ctx, id);
         if chunk == 0 {
             return Outcome::NoBudget;
@@ -120,10 +110,7 @@ impl Scheduler {
         let probe = self.blocks.probe_prefix(&request.tokens);
         let bs = u64::from(self.blocks.block_size());
         let cached_tokens = u64::from(probe.hit_blocks) * bs;
-        let available = ctx
-            .tokens_left
-            .saturating_sub(ctx.decode_reserve)
-            .min(ctx.prefill_token_cap);
+        let available = ctx.tokens_left.saturating_sub(ctx.decode_reserve).min(ctx.prefill_token_cap);
         let chunk = (request.tokens.len() as u64 - cached_tokens).min(u64::from(available));
         if chunk == 0 {
             return Outcome::NoBudget;
@@ -155,10 +142,7 @@ impl Scheduler {
 
     fn push_entry(&mut self, ctx: &mut StepCtx, id: u64, chunk: u32) {
         let block_table = self.blocks.device_table(id).unwrap_or_default();
-        let request = self
-            .requests
-            .get_mut(&id)
-            .expect("scheduled request exists");
+        let request = self.requests.get_mut(&id).expect("scheduled request exists");
         let computed = request.num_computed;
         let samples = (computed + chunk) as usize == request.tokens.len();
         if request.is_decode() {
@@ -172,11 +156,7 @@ impl Scheduler {
         ctx.tokens_left -= chunk;
         ctx.requests_left -= 1;
         ctx.scheduled.insert(id);
-        ctx.entries.push(PlannedEntry {
-            id,
-            end: computed + chunk,
-            samples,
-        });
+        ctx.entries.push(PlannedEntry { id, end: computed + chunk, samples });
         ctx.plan.scheduled.push(ScheduledEntry {
             id,
             num_computed_tokens: computed,
@@ -200,10 +180,7 @@ impl Scheduler {
     pub(crate) fn preempt_for_recompute(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
         let before = self.blocks.free_device();
         self.blocks.release(id);
-        let request = self
-            .requests
-            .get_mut(&id)
-            .expect("preempted request exists");
+        let request = self.requests.get_mut(&id).expect("preempted request exists");
         request.phase = Phase::Waiting;
         request.num_computed = 0;
         self.waiting.push_front(id);
@@ -215,38 +192,28 @@ impl Scheduler {
     /// Starts copying the request's private blocks to host. Returns the device blocks that
     /// will be freed at acknowledgement (0 = nothing issued).
     pub(crate) fn rotate_out(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
-        let Some(transfer) = self.blocks.swap_out(id) else {
-            return 0;
-        };
+        let Some(transfer) = self.blocks.swap_out(id) else { return 0 };
         let moved = transfer.src_blocks.len() as u64;
         if let Some(budget) = ctx.budget.as_mut() {
             budget.take(Direction::Out, moved * self.config.block_bytes);
         }
         self.counters.rotations_out += 1;
         self.counters.bytes_out += moved * self.config.block_bytes;
-        self.requests
-            .get_mut(&id)
-            .expect("rotated request exists")
-            .phase = Phase::SwappingOut;
+        self.requests.get_mut(&id).expect("rotated request exists").phase = Phase::SwappingOut;
         ctx.plan.swap_out.push(transfer);
         moved
     }
 
     /// Starts copying the request's host blocks back to device. False when it does not fit.
     pub(crate) fn rotate_in(&mut self, ctx: &mut StepCtx, id: u64) -> bool {
-        let Some(transfer) = self.blocks.swap_in(id) else {
-            return false;
-        };
+        let Some(transfer) = self.blocks.swap_in(id) else { return false };
         let bytes = transfer.src_blocks.len() as u64 * self.config.block_bytes;
         if let Some(budget) = ctx.budget.as_mut() {
             budget.take(Direction::In, bytes);
         }
         self.counters.rotations_in += 1;
         self.counters.bytes_in += bytes;
-        let request = self
-            .requests
-            .get_mut(&id)
-            .expect("returning request exists");
+        let request = self.requests.get_mut(&id).expect("returning request exists");
         request.phase = Phase::SwappingIn;
         request.swapped_in_step = Some(self.step_id);
         ctx.plan.swap_in.push(transfer);
@@ -260,12 +227,7 @@ impl Scheduler {
         let (decodes, prefills): (Vec<_>, Vec<_>) =
             ctx.plan.scheduled.drain(..).partition(|e| is_decode(e));
         ctx.plan.scheduled = decodes.into_iter().chain(prefills).collect();
-        let mut sampling: Vec<u64> = ctx
-            .entries
-            .iter()
-            .filter(|e| e.samples)
-            .map(|e| e.id)
-            .collect();
+        let mut sampling: Vec<u64> = ctx.entries.iter().filter(|e| e.samples).map(|e| e.id).collect();
         sampling.sort_unstable();
         ctx.plan.sampling = sampling;
         ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
@@ -274,10 +236,7 @@ impl Scheduler {
             ctx.plan.swap_in_budget_bytes = Some(budget.limit(Direction::In));
         }
         if !ctx.entries.is_empty() {
-            let pending = PendingStep {
-                entries: ctx.entries,
-                shape: ctx.shape,
-            };
+            let pending = PendingStep { entries: ctx.entries, shape: ctx.shape };
             self.pending.insert(ctx.plan.step_id, pending);
         }
         ctx.plan

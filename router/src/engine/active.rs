@@ -47,10 +47,7 @@ impl ActiveRequest {
     }
 
     pub fn timings(&self, now: Instant) -> RequestTimings {
-        RequestTimings {
-            first_scheduled: self.first_scheduled.unwrap_or(now),
-            finished: now,
-        }
+        RequestTimings { first_scheduled: self.first_scheduled.unwrap_or(now), finished: now }
     }
 
     /// Sends an event; false when the client has gone (its stream was dropped).

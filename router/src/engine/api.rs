@@ -108,10 +108,7 @@ pub enum EngineEvent {
     /// One generated token. Sent for every token, including the last one.
     Token(GeneratedToken),
     /// The generation ended; no more events follow.
-    Finished {
-        reason: FinishReason,
-        timings: RequestTimings,
-    },
+    Finished { reason: FinishReason, timings: RequestTimings },
     /// The generation failed (e.g. the shard failed); no more events follow.
     Failed(EngineError),
 }

@@ -30,8 +30,7 @@ pub(crate) struct Attainment {
 impl TokenTimes {
     pub fn record(&mut self, now: Instant) {
         if let Some(last) = self.last {
-            self.gaps
-                .push(now.saturating_duration_since(last).as_secs_f64());
+            self.gaps.push(now.saturating_duration_since(last).as_secs_f64());
         }
         self.first.get_or_insert(now);
         self.last = Some(now);
@@ -67,10 +66,7 @@ pub(crate) fn percentile(values: &[f64], p: f64) -> Option<f64> {
 mod tests {
     use super::*;
 
-    const SLO: Slo = Slo {
-        ttft_s: 0.5,
-        tbt_s: 0.1,
-    };
+    const SLO: Slo = Slo { ttft_s: 0.5, tbt_s: 0.1 };
 
     fn times(arrival: Instant, offsets_ms: &[u64]) -> TokenTimes {
         let mut times = TokenTimes::default();
@@ -109,12 +105,7 @@ mod tests {
         let arrival = Instant::now();
         // Ten gaps of 50 ms, one of them 400 ms: p90 interpolates to 0.9*50+0.1*400 = 85 ms.
         let one_slow: Vec<u64> = [0, 50, 100, 150, 200, 250, 300, 350, 400, 450, 850].to_vec();
-        assert!(
-            times(arrival, &one_slow)
-                .attainment(arrival, SLO)
-                .unwrap()
-                .tbt_met
-        );
+        assert!(times(arrival, &one_slow).attainment(arrival, SLO).unwrap().tbt_met);
         // Two slow gaps: p90 is 400 ms.
         let two_slow: Vec<u64> = [0, 50, 100, 150, 200, 250, 300, 350, 400, 800, 1200].to_vec();
         let verdict = times(arrival, &two_slow).attainment(arrival, SLO).unwrap();

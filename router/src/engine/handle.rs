@@ -11,17 +11,11 @@ use super::api::{EngineError, EngineEvent, GenerationRequest};
 /// What the engine task receives from handles and streams.
 #[derive(Debug)]
 pub(crate) enum Command {
-    Submit {
-        id: u64,
-        request: GenerationRequest,
-        events: mpsc::UnboundedSender<EngineEvent>,
-    },
+    Submit { id: u64, request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent> },
     /// The stream was dropped before its request finished.
     Cancel { id: u64 },
     /// Answered once the engine knows whether the shard is alive.
-    Health {
-        reply: oneshot::Sender<Result<(), EngineError>>,
-    },
+    Health { reply: oneshot::Sender<Result<(), EngineError>> },
 }
 
 /// The engine's externally visible state, published by the engine task.
@@ -45,11 +39,7 @@ impl EngineHandle {
         commands: mpsc::UnboundedSender<Command>,
         status: watch::Receiver<EngineStatus>,
     ) -> Self {
-        Self {
-            commands,
-            status,
-            next_id: Arc::new(AtomicU64::new(1)),
-        }
+        Self { commands, status, next_id: Arc::new(AtomicU64::new(1)) }
     }
 
     /// Queues a request. The returned stream yields its events; dropping it cancels the request.
@@ -60,18 +50,9 @@ impl EngineHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = mpsc::unbounded_channel();
         self.commands
-            .send(Command::Submit {
-                id,
-                request,
-                events,
-            })
+            .send(Command::Submit { id, request, events })
             .map_err(|_| EngineError::Stopped)?;
-        Ok(RequestStream {
-            id,
-            events: receiver,
-            commands: self.commands.clone(),
-            done: false,
-        })
+        Ok(RequestStream { id, events: receiver, commands: self.commands.clone(), done: false })
     }
 
     /// Ok when the engine runs and its shard answers; the shard's error otherwise.
@@ -80,9 +61,7 @@ impl EngineHandle {
             return Err(EngineError::Shard(message.clone()));
         }
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Health { reply })
-            .map_err(|_| EngineError::Stopped)?;
+        self.commands.send(Command::Health { reply }).map_err(|_| EngineError::Stopped)?;
         answer.await.map_err(|_| EngineError::Stopped)?
     }
 }
@@ -110,9 +89,7 @@ impl RequestStream {
         }
         let event = self.events.recv().await;
         match &event {
-            Some(EngineEvent::Finished { .. }) | Some(EngineEvent::Failed(_)) | None => {
-                self.done = true
-            }
+            Some(EngineEvent::Finished { .. }) | Some(EngineEvent::Failed(_)) | None => self.done = true,
             _ => {}
         }
         event

@@ -7,8 +7,8 @@
 //! - `active`: per-request bookkeeping (stream, limits, progress).
 //! - `metrics`: the engine's /metrics series.
 mod active;
-pub mod api;
 mod attainment;
+pub mod api;
 mod handle;
 mod metrics;
 mod model_info;

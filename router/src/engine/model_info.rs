@@ -47,8 +47,6 @@ impl ModelInfo {
 
     /// Longest sequence (prompt + generated tokens) the device pool can hold at all.
     pub fn max_sequence_tokens(&self) -> u32 {
-        self.num_device_blocks
-            .saturating_mul(self.block_size)
-            .min(self.max_position_embeddings)
+        self.num_device_blocks.saturating_mul(self.block_size).min(self.max_position_embeddings)
     }
 }

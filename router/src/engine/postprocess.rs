@@ -24,9 +24,7 @@ pub(crate) fn apply_step_response(
     eos_token_ids: &[u32],
     now: Instant,
 ) -> StepOutcome {
-    let step_time_s = response
-        .timings
-        .map(|timings| timings.total_ns as f64 * 1e-9);
+    let step_time_s = response.timings.map(|timings| timings.total_ns as f64 * 1e-9);
     let mut outcome = StepOutcome {
         results: StepResults {
             step_id: response.step_id,
@@ -38,13 +36,9 @@ pub(crate) fn apply_step_response(
     };
     for output in response.outputs {
         let id = output.request_id;
-        let Some(active) = requests.get_mut(id) else {
-            continue;
-        };
+        let Some(active) = requests.get_mut(id) else { continue };
         active.prompt_logprobs.extend(output.prompt_logprobs);
-        let Some(sampled) = output.token else {
-            continue;
-        };
+        let Some(sampled) = output.token else { continue };
         outcome.results.sampled.push((id, sampled.id));
         let mut connected = true;
         if active.generated_tokens == 0 && active.request.prompt_logprobs {
@@ -56,10 +50,7 @@ pub(crate) fn apply_step_response(
         let is_eos = eos_token_ids.contains(&sampled.id);
         connected &= active.send(EngineEvent::Token(generated_token(sampled, is_eos)));
         if let Some(reason) = active.finish_reason(is_eos) {
-            active.send(EngineEvent::Finished {
-                reason,
-                timings: active.timings(now),
-            });
+            active.send(EngineEvent::Finished { reason, timings: active.timings(now) });
             outcome.finished.push((id, reason));
         } else if !connected {
             outcome.disconnected.push(id);
@@ -75,10 +66,7 @@ fn generated_token(sampled: pb::SampledToken, is_eos: bool) -> GeneratedToken {
         top_tokens: sampled
             .top_tokens
             .into_iter()
-            .map(|top| TokenLogprob {
-                id: top.id,
-                logprob: top.logprob,
-            })
+            .map(|top| TokenLogprob { id: top.id, logprob: top.logprob })
             .collect(),
         is_eos,
     }
@@ -95,11 +83,7 @@ mod tests {
     fn output(request_id: u64, token: Option<u32>, prompt_logprobs: Vec<f32>) -> pb::RequestOutput {
         pb::RequestOutput {
             request_id,
-            token: token.map(|id| pb::SampledToken {
-                id,
-                logprob: -0.5,
-                top_tokens: vec![],
-            }),
+            token: token.map(|id| pb::SampledToken { id, logprob: -0.5, top_tokens: vec![] }),
             prompt_logprobs,
         }
     }
@@ -109,41 +93,21 @@ mod tests {
         let mut requests = ActiveRequests::default();
         let (events_a, mut stream_a) = tokio::sync::mpsc::unbounded_channel();
         let (events_b, mut stream_b) = tokio::sync::mpsc::unbounded_channel();
-        requests.insert(
-            1,
-            ActiveRequest::new(greedy_request(vec![5, 6], 1), events_a),
-        );
-        requests.insert(
-            2,
-            ActiveRequest::new(greedy_request(vec![5, 6, 7], 8), events_b),
-        );
+        requests.insert(1, ActiveRequest::new(greedy_request(vec![5, 6], 1), events_a));
+        requests.insert(2, ActiveRequest::new(greedy_request(vec![5, 6, 7], 8), events_b));
         let response = pb::StepResponse {
             step_id: 9,
             outputs: vec![output(1, Some(40), vec![]), output(2, Some(0), vec![])],
             completed_transfers: vec![3],
-            timings: Some(pb::StepTimings {
-                total_ns: 2_000_000,
-                ..Default::default()
-            }),
+            timings: Some(pb::StepTimings { total_ns: 2_000_000, ..Default::default() }),
         };
         let outcome = apply_step_response(response, &mut requests, &[0], Instant::now());
         assert_eq!(outcome.results.sampled, vec![(1, 40), (2, 0)]);
         assert_eq!(outcome.results.completed_transfers, vec![3]);
         assert_eq!(outcome.results.step_time_s, Some(0.002));
-        assert_eq!(
-            outcome.finished,
-            vec![(1, FinishReason::Length), (2, FinishReason::EosToken)]
-        );
-        assert!(
-            matches!(stream_a.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 40 && !t.is_eos)
-        );
-        assert!(matches!(
-            stream_a.try_recv(),
-            Ok(EngineEvent::Finished {
-                reason: FinishReason::Length,
-                ..
-            })
-        ));
+        assert_eq!(outcome.finished, vec![(1, FinishReason::Length), (2, FinishReason::EosToken)]);
+        assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 40 && !t.is_eos));
+        assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Finished { reason: FinishReason::Length, .. })));
         assert!(matches!(stream_b.try_recv(), Ok(EngineEvent::Token(t)) if t.is_eos));
     }
 
@@ -154,46 +118,15 @@ mod tests {
         let request = greedy_request(vec![5, 6], 8);
         let arrival = request.arrival;
         requests.insert(5, ActiveRequest::new(request, events));
-        let slo = superinfer_scheduler::Slo {
-            ttft_s: 1.0,
-            tbt_s: 0.05,
-        };
-        let reply = || pb::StepResponse {
-            outputs: vec![output(5, Some(7), vec![])],
-            ..Default::default()
-        };
+        let slo = superinfer_scheduler::Slo { ttft_s: 1.0, tbt_s: 0.05 };
+        let reply = || pb::StepResponse { outputs: vec![output(5, Some(7), vec![])], ..Default::default() };
         // A prefill chunk without a token stamps nothing.
-        let chunk = pb::StepResponse {
-            outputs: vec![output(5, None, vec![])],
-            ..Default::default()
-        };
+        let chunk = pb::StepResponse { outputs: vec![output(5, None, vec![])], ..Default::default() };
         apply_step_response(chunk, &mut requests, &[0], arrival);
-        assert_eq!(
-            requests
-                .get(5)
-                .unwrap()
-                .token_times
-                .attainment(arrival, slo),
-            None
-        );
-        apply_step_response(
-            reply(),
-            &mut requests,
-            &[0],
-            arrival + Duration::from_millis(200),
-        );
-        apply_step_response(
-            reply(),
-            &mut requests,
-            &[0],
-            arrival + Duration::from_millis(400),
-        );
-        let verdict = requests
-            .get(5)
-            .unwrap()
-            .token_times
-            .attainment(arrival, slo)
-            .unwrap();
+        assert_eq!(requests.get(5).unwrap().token_times.attainment(arrival, slo), None);
+        apply_step_response(reply(), &mut requests, &[0], arrival + Duration::from_millis(200));
+        apply_step_response(reply(), &mut requests, &[0], arrival + Duration::from_millis(400));
+        let verdict = requests.get(5).unwrap().token_times.attainment(arrival, slo).unwrap();
         assert!(verdict.ttft_met && !verdict.tbt_met, "{verdict:?}");
     }
 
@@ -204,21 +137,13 @@ mod tests {
         let mut request = greedy_request(vec![5, 6, 7, 8], 4);
         request.prompt_logprobs = true;
         requests.insert(3, ActiveRequest::new(request, events));
-        let chunk = pb::StepResponse {
-            outputs: vec![output(3, None, vec![-1.0, -2.0])],
-            ..Default::default()
-        };
+        let chunk = pb::StepResponse { outputs: vec![output(3, None, vec![-1.0, -2.0])], ..Default::default() };
         let outcome = apply_step_response(chunk, &mut requests, &[0], Instant::now());
         assert!(outcome.results.sampled.is_empty());
         assert!(stream.try_recv().is_err());
-        let last = pb::StepResponse {
-            outputs: vec![output(3, Some(9), vec![-3.0])],
-            ..Default::default()
-        };
+        let last = pb::StepResponse { outputs: vec![output(3, Some(9), vec![-3.0])], ..Default::default() };
         apply_step_response(last, &mut requests, &[0], Instant::now());
-        assert!(
-            matches!(stream.try_recv(), Ok(EngineEvent::PromptLogprobs(l)) if l == vec![-1.0, -2.0, -3.0])
-        );
+        assert!(matches!(stream.try_recv(), Ok(EngineEvent::PromptLogprobs(l)) if l == vec![-1.0, -2.0, -3.0]));
         assert!(matches!(stream.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 9));
     }
 
@@ -228,10 +153,7 @@ mod tests {
         let (events, stream) = tokio::sync::mpsc::unbounded_channel();
         requests.insert(4, ActiveRequest::new(greedy_request(vec![1], 8), events));
         drop(stream);
-        let response = pb::StepResponse {
-            outputs: vec![output(4, Some(3), vec![])],
-            ..Default::default()
-        };
+        let response = pb::StepResponse { outputs: vec![output(4, Some(3), vec![])], ..Default::default() };
         let outcome = apply_step_response(response, &mut requests, &[0], Instant::now());
         assert_eq!(outcome.disconnected, vec![4]);
         assert!(outcome.finished.is_empty());

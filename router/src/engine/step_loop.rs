@@ -4,9 +4,7 @@
 //! channel when there is nothing to compute.
 use std::time::{Duration, Instant};
 
-use superinfer_scheduler::{
-    RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats, Slo,
-};
+use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats, Slo};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -83,17 +81,11 @@ struct Engine {
 enum Turn {
     Stepped,
     /// Nothing to compute: wait for a command (or poll transfers after `wait`).
-    Idle {
-        wait: Duration,
-    },
+    Idle { wait: Duration },
 }
 
 impl Engine {
-    async fn run(
-        mut self,
-        mut commands: mpsc::UnboundedReceiver<Command>,
-        shutdown: CancellationToken,
-    ) {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>, shutdown: CancellationToken) {
         loop {
             while let Ok(command) = commands.try_recv() {
                 self.handle(command).await;
@@ -128,11 +120,7 @@ impl Engine {
 
     async fn handle(&mut self, command: Command) {
         match command {
-            Command::Submit {
-                id,
-                request,
-                events,
-            } => self.submit(id, request, events),
+            Command::Submit { id, request, events } => self.submit(id, request, events),
             Command::Cancel { id } => {
                 if self.requests.get(id).is_some() {
                     tracing::debug!(id, "request cancelled");
@@ -148,12 +136,7 @@ impl Engine {
         }
     }
 
-    fn submit(
-        &mut self,
-        id: u64,
-        request: GenerationRequest,
-        events: mpsc::UnboundedSender<EngineEvent>,
-    ) {
+    fn submit(&mut self, id: u64, request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent>) {
         if let Some(message) = &self.failure {
             let _ = events.send(EngineEvent::Failed(EngineError::Shard(message.clone())));
             return;
@@ -162,19 +145,11 @@ impl Engine {
             id,
             prompt_token_ids: request.prompt_token_ids.clone(),
             max_new_tokens: request.max_new_tokens,
-            slo: request.slo.map(|slo| Slo {
-                ttft_s: slo.ttft_ms / 1e3,
-                tbt_s: slo.tbt_ms / 1e3,
-            }),
-            arrival: request
-                .arrival
-                .saturating_duration_since(self.clock_origin)
-                .as_secs_f64(),
+            slo: request.slo.map(|slo| Slo { ttft_s: slo.ttft_ms / 1e3, tbt_s: slo.tbt_ms / 1e3 }),
+            arrival: request.arrival.saturating_duration_since(self.clock_origin).as_secs_f64(),
         };
         match self.scheduler.add(spec, self.clock()) {
-            Ok(()) => self
-                .requests
-                .insert(id, ActiveRequest::new(request, events)),
+            Ok(()) => self.requests.insert(id, ActiveRequest::new(request, events)),
             Err(error) => {
                 tracing::debug!(id, %error, "request refused by the scheduler");
                 let _ = events.send(EngineEvent::Failed(refusal(error)));
@@ -211,24 +186,13 @@ impl Engine {
             // Only an acknowledgement can unblock the scheduler; ask for it after a pause.
             tokio::time::sleep(TRANSFER_POLL).await;
         }
-        let request = build_step_request(
-            &plan,
-            std::mem::take(&mut self.forget),
-            &mut self.requests,
-            Instant::now(),
-        );
+        let request = build_step_request(&plan, std::mem::take(&mut self.forget), &mut self.requests, Instant::now());
         let started = Instant::now();
         if let Some(previous) = self.previous_step_end.take() {
             metrics::record_turn(started.saturating_duration_since(previous));
         }
-        let span = tracing::info_span!(
-            "step",
-            step_id = plan.step_id,
-            requests = plan.scheduled.len(),
-            tokens = plan.num_batched_tokens(),
-            swap_out = plan.swap_out.len(),
-            swap_in = plan.swap_in.len()
-        );
+        let span = tracing::info_span!("step", step_id = plan.step_id, requests = plan.scheduled.len(),
+            tokens = plan.num_batched_tokens(), swap_out = plan.swap_out.len(), swap_in = plan.swap_in.len());
         let response = match self.client.step(request).instrument(span).await {
             Ok(response) => response,
             Err(error) => {
@@ -237,18 +201,8 @@ impl Engine {
             }
         };
         let correction = self.scheduler.cost_model().correction;
-        metrics::record_step(
-            &plan,
-            started.elapsed(),
-            response.timings.as_ref(),
-            correction,
-        );
-        let outcome = apply_step_response(
-            response,
-            &mut self.requests,
-            &self.eos_token_ids,
-            Instant::now(),
-        );
+        metrics::record_step(&plan, started.elapsed(), response.timings.as_ref(), correction);
+        let outcome = apply_step_response(response, &mut self.requests, &self.eos_token_ids, Instant::now());
         self.scheduler.complete(&outcome.results, self.clock());
         for (id, _reason) in outcome.finished {
             self.record_attainment(id);
@@ -278,8 +232,7 @@ impl Engine {
         tracing::error!(error = %message, requests = self.requests.len(), "shard failure; failing every request");
         ::metrics::counter!("superinfer_engine_failures_total").increment(1);
         self.fail_all(EngineError::Shard(message.clone()));
-        self.status
-            .send_replace(EngineStatus::Failed(message.clone()));
+        self.status.send_replace(EngineStatus::Failed(message.clone()));
         self.failure = Some(message);
     }
 
@@ -300,16 +253,11 @@ impl Engine {
     /// Counts a finished request as meeting or missing its objectives (its own, else the
     /// server's defaults).
     fn record_attainment(&self, id: u64) {
-        let Some(active) = self.requests.get(id) else {
-            return;
-        };
-        let slo = active
-            .request
-            .slo
-            .map_or(self.scheduler.config().default_slo, |slo| Slo {
-                ttft_s: slo.ttft_ms / 1e3,
-                tbt_s: slo.tbt_ms / 1e3,
-            });
+        let Some(active) = self.requests.get(id) else { return };
+        let slo = active.request.slo.map_or(self.scheduler.config().default_slo, |slo| Slo {
+            ttft_s: slo.ttft_ms / 1e3,
+            tbt_s: slo.tbt_ms / 1e3,
+        });
         if let Some(attainment) = active.token_times.attainment(active.request.arrival, slo) {
             metrics::record_attainment(attainment);
         }
@@ -323,11 +271,7 @@ impl Engine {
 
 fn refusal(error: SchedulerError) -> EngineError {
     match error {
-        SchedulerError::TooLarge {
-            needed_blocks,
-            device_blocks,
-            ..
-        } => EngineError::TooLarge {
+        SchedulerError::TooLarge { needed_blocks, device_blocks, .. } => EngineError::TooLarge {
             needed: u32::try_from(needed_blocks).unwrap_or(u32::MAX),
             available: device_blocks,
         },

@@ -27,10 +27,7 @@ pub(crate) fn build_step_request(
             Some(pb::NewRequest {
                 id,
                 prompt_token_ids: active.request.prompt_token_ids.clone(),
-                parameters: Some(sampling_parameters(
-                    &active.request.sampling,
-                    active.request.top_n_tokens,
-                )),
+                parameters: Some(sampling_parameters(&active.request.sampling, active.request.top_n_tokens)),
                 prompt_logprobs: active.request.prompt_logprobs,
             })
         })
@@ -86,24 +83,11 @@ mod tests {
     fn sends_prompts_once_with_the_plan() {
         let mut requests = ActiveRequests::default();
         let (events, _receiver) = tokio::sync::mpsc::unbounded_channel();
-        requests.insert(
-            7,
-            ActiveRequest::new(greedy_request(vec![1, 2, 3], 4), events),
-        );
+        requests.insert(7, ActiveRequest::new(greedy_request(vec![1, 2, 3], 4), events));
         let plan = StepPlan {
             step_id: 3,
-            swap_out: vec![Transfer {
-                id: 11,
-                request_id: 9,
-                src_blocks: vec![4],
-                dst_blocks: vec![0],
-            }],
-            scheduled: vec![ScheduledEntry {
-                id: 7,
-                num_computed_tokens: 0,
-                num_new_tokens: 3,
-                block_table: vec![2],
-            }],
+            swap_out: vec![Transfer { id: 11, request_id: 9, src_blocks: vec![4], dst_blocks: vec![0] }],
+            scheduled: vec![ScheduledEntry { id: 7, num_computed_tokens: 0, num_new_tokens: 3, block_table: vec![2] }],
             first_scheduled: vec![7],
             sampling: vec![7],
             ..StepPlan::default()
@@ -123,28 +107,14 @@ mod tests {
         assert_eq!(active.first_scheduled, Some(now));
 
         // The next chunk of the same request carries no prompt.
-        let next = StepPlan {
-            step_id: 4,
-            first_scheduled: vec![],
-            ..plan
-        };
-        assert!(build_step_request(&next, vec![], &mut requests, now)
-            .new_requests
-            .is_empty());
+        let next = StepPlan { step_id: 4, first_scheduled: vec![], ..plan };
+        assert!(build_step_request(&next, vec![], &mut requests, now).new_requests.is_empty());
     }
 
     #[test]
     fn skips_requests_cancelled_before_their_first_step() {
         let mut requests = ActiveRequests::default();
-        let plan = StepPlan {
-            step_id: 1,
-            first_scheduled: vec![42],
-            ..StepPlan::default()
-        };
-        assert!(
-            build_step_request(&plan, vec![], &mut requests, Instant::now())
-                .new_requests
-                .is_empty()
-        );
+        let plan = StepPlan { step_id: 1, first_scheduled: vec![42], ..StepPlan::default() };
+        assert!(build_step_request(&plan, vec![], &mut requests, Instant::now()).new_requests.is_empty());
     }
 }

@@ -67,12 +67,7 @@ pub(crate) struct BlockManager {
 }
 
 impl BlockManager {
-    pub(crate) fn new(
-        block_size: u32,
-        device_blocks: u32,
-        host_blocks: u32,
-        prefix_caching: bool,
-    ) -> Self {
+    pub(crate) fn new(block_size: u32, device_blocks: u32, host_blocks: u32, prefix_caching: bool) -> Self {
         BlockManager {
             block_size,
             prefix_caching,
@@ -127,13 +122,8 @@ impl BlockManager {
 
     /// Device blocks that become free once every in-flight swap-out is acknowledged.
     pub(crate) fn pending_release(&self) -> u32 {
-        let out = self
-            .transfers
-            .values()
-            .filter(|t| t.direction == Direction::Out);
-        out.flat_map(|t| &t.device_blocks)
-            .filter(|b| self.device.ref_count(**b) == 1)
-            .count() as u32
+        let out = self.transfers.values().filter(|t| t.direction == Direction::Out);
+        out.flat_map(|t| &t.device_blocks).filter(|b| self.device.ref_count(**b) == 1).count() as u32
     }
 
     pub(crate) fn has_transfer_for(&self, id: u64) -> bool {
@@ -149,12 +139,7 @@ impl BlockManager {
             return probe;
         }
         let mut hashes = Vec::new();
-        extend_chain(
-            &mut hashes,
-            tokens,
-            tokens.len() - 1,
-            self.block_size as usize,
-        );
+        extend_chain(&mut hashes, tokens, tokens.len() - 1, self.block_size as usize);
         for block in self.matching_blocks(tokens, &hashes) {
             probe.hit_blocks += 1;
             probe.hits_on_free += u32::from(self.device.is_free(block));
@@ -167,10 +152,7 @@ impl BlockManager {
         let mut blocks = Vec::new();
         for (i, hash) in hashes.iter().enumerate() {
             let parent = if i == 0 { ROOT_HASH } else { hashes[i - 1] };
-            match self
-                .device
-                .lookup(*hash, parent, &tokens[i * bs..(i + 1) * bs])
-            {
+            match self.device.lookup(*hash, parent, &tokens[i * bs..(i + 1) * bs]) {
                 Some(block) => blocks.push(block),
                 None => break,
             }
@@ -182,12 +164,7 @@ impl BlockManager {
     pub(crate) fn acquire_prefix(&mut self, id: u64, tokens: &[u32]) -> u32 {
         let mut table = Table::default();
         if self.prefix_caching && !tokens.is_empty() {
-            extend_chain(
-                &mut table.hashes,
-                tokens,
-                tokens.len() - 1,
-                self.block_size as usize,
-            );
+            extend_chain(&mut table.hashes, tokens, tokens.len() - 1, self.block_size as usize);
             let hits = self.matching_blocks(tokens, &table.hashes);
             for block in &hits {
                 self.device.incref(*block);
@@ -212,9 +189,7 @@ impl BlockManager {
         if needed > u64::from(self.device.num_free()) {
             return false;
         }
-        let Some(table) = self.tables.get_mut(&id) else {
-            return false;
-        };
+        let Some(table) = self.tables.get_mut(&id) else { return false };
         for _ in 0..needed {
             match self.device.allocate() {
                 Some(block) => table.slots.push(Slot::Device(block)),
@@ -227,16 +202,7 @@ impl BlockManager {
     /// The table as device block ids; `None` if any span is on host.
     pub(crate) fn device_table(&self, id: u64) -> Option<Vec<u32>> {
         let slots = self.slots(id);
-        slots
-            .iter()
-            .map(|s| {
-                if let Slot::Device(b) = s {
-                    Some(*b)
-                } else {
-                    None
-                }
-            })
-            .collect()
+        slots.iter().map(|s| if let Slot::Device(b) = s { Some(*b) } else { None }).collect()
     }
 
     /// Publishes the request's full blocks among its first `computed` positions (whose KV a
@@ -245,26 +211,15 @@ impl BlockManager {
         if !self.prefix_caching {
             return;
         }
-        let Some(table) = self.tables.get_mut(&id) else {
-            return;
-        };
+        let Some(table) = self.tables.get_mut(&id) else { return };
         let bs = self.block_size as usize;
         let limit = (computed as usize).min(table.slots.len() * bs);
         let before = table.hashes.len();
         extend_chain(&mut table.hashes, tokens, limit, bs);
         for i in before..table.hashes.len() {
             if let Slot::Device(block) = table.slots[i] {
-                let parent = if i == 0 {
-                    ROOT_HASH
-                } else {
-                    table.hashes[i - 1]
-                };
-                self.device.register(
-                    block,
-                    table.hashes[i],
-                    parent,
-                    &tokens[i * bs..(i + 1) * bs],
-                );
+                let parent = if i == 0 { ROOT_HASH } else { table.hashes[i - 1] };
+                self.device.register(block, table.hashes[i], parent, &tokens[i * bs..(i + 1) * bs]);
             }
         }
     }
@@ -273,9 +228,7 @@ impl BlockManager {
     /// caller must not release a request with a transfer in flight (its destinations are
     /// still being written).
     pub(crate) fn release(&mut self, id: u64) {
-        let Some(table) = self.tables.remove(&id) else {
-            return;
-        };
+        let Some(table) = self.tables.remove(&id) else { return };
         for slot in table.slots {
             match slot {
                 Slot::Device(block) => self.device.decref(block),
@@ -291,10 +244,7 @@ impl BlockManager {
     }
 
     pub(crate) fn host_slots(&self, id: u64) -> u32 {
-        self.slots(id)
-            .iter()
-            .filter(|s| matches!(s, Slot::Host(_)))
-            .count() as u32
+        self.slots(id).iter().filter(|s| matches!(s, Slot::Host(_))).count() as u32
     }
 
     pub(super) fn take_transfer_id(&mut self) -> u64 {

@@ -122,11 +122,7 @@ impl DevicePool {
             return;
         }
         self.registry.insert(hash, block);
-        self.cached[i] = Some(CachedKey {
-            hash,
-            parent,
-            tokens: tokens.to_vec(),
-        });
+        self.cached[i] = Some(CachedKey { hash, parent, tokens: tokens.to_vec() });
     }
 
     pub(crate) fn is_free(&self, block: u32) -> bool {
@@ -138,10 +134,7 @@ impl DevicePool {
         for (tick, block) in &self.free {
             let i = *block as usize;
             if self.ref_counts[i] != 0 {
-                return Err(format!(
-                    "device block {block} is free with refcount {}",
-                    self.ref_counts[i]
-                ));
+                return Err(format!("device block {block} is free with refcount {}", self.ref_counts[i]));
             }
             if self.free_tick[i] != *tick {
                 return Err(format!("device block {block} free tick mismatch"));
@@ -161,19 +154,12 @@ impl DevicePool {
         for (hash, block) in &self.registry {
             match &self.cached[*block as usize] {
                 Some(key) if key.hash == *hash => {}
-                _ => {
-                    return Err(format!(
-                        "prefix registry entry {hash:#x} -> {block} is stale"
-                    ))
-                }
+                _ => return Err(format!("prefix registry entry {hash:#x} -> {block} is stale")),
             }
         }
         let cached = self.cached.iter().filter(|c| c.is_some()).count();
         if cached != self.registry.len() {
-            return Err(format!(
-                "{cached} cached blocks but {} registry entries",
-                self.registry.len()
-            ));
+            return Err(format!("{cached} cached blocks but {} registry entries", self.registry.len()));
         }
         Ok(())
     }
@@ -215,11 +201,7 @@ mod tests {
         assert_eq!(pool.num_free(), 1);
         assert_eq!(pool.ref_count(a), 1);
         pool.set_in_flight(a, true);
-        assert_eq!(
-            pool.lookup(5, 0, &[7, 8]),
-            None,
-            "in-flight blocks are not handed out"
-        );
+        assert_eq!(pool.lookup(5, 0, &[7, 8]), None, "in-flight blocks are not handed out");
         pool.set_in_flight(a, false);
         pool.check().unwrap();
     }

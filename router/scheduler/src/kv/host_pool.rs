@@ -11,10 +11,7 @@ pub(crate) struct HostPool {
 
 impl HostPool {
     pub(crate) fn new(num_blocks: u32) -> Self {
-        HostPool {
-            num_blocks,
-            free: (0..num_blocks).collect(),
-        }
+        HostPool { num_blocks, free: (0..num_blocks).collect() }
     }
 
     pub(crate) fn num_blocks(&self) -> u32 {

@@ -19,12 +19,7 @@ pub(crate) fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
 
 /// Extends `hashes` (the chain of the first `hashes.len()` full blocks of `tokens`) to cover
 /// every full block of `tokens[..limit_tokens]`.
-pub(crate) fn extend_chain(
-    hashes: &mut Vec<u64>,
-    tokens: &[u32],
-    limit_tokens: usize,
-    block_size: usize,
-) {
+pub(crate) fn extend_chain(hashes: &mut Vec<u64>, tokens: &[u32], limit_tokens: usize, block_size: usize) {
     let full_blocks = limit_tokens.min(tokens.len()) / block_size;
     while hashes.len() < full_blocks {
         let index = hashes.len();

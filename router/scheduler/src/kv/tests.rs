@@ -3,13 +3,7 @@
 use super::block_manager::{BlockManager, Slot};
 
 fn device_ids(manager: &BlockManager, id: u64) -> Vec<Option<u32>> {
-    let slot = |s: &Slot| {
-        if let Slot::Device(b) = s {
-            Some(*b)
-        } else {
-            None
-        }
-    };
+    let slot = |s: &Slot| if let Slot::Device(b) = s { Some(*b) } else { None };
     manager.slots(id).iter().map(slot).collect()
 }
 
@@ -33,18 +27,10 @@ fn rotation_moves_private_blocks_only_and_keeps_shared_prefix() {
     assert_eq!(m.private_device_blocks(2), 1);
     let out = m.swap_out(2).expect("host has room");
     assert_eq!(out.src_blocks.len(), 1, "only the private block moves");
-    assert_eq!(
-        device_ids(&m, 2)[..2],
-        shared[..],
-        "shared blocks stay referenced on device"
-    );
+    assert_eq!(device_ids(&m, 2)[..2], shared[..], "shared blocks stay referenced on device");
     let free_before_ack = m.free_device();
     m.ack(out.id).expect("known transfer");
-    assert_eq!(
-        m.free_device(),
-        free_before_ack + 1,
-        "freed at acknowledgement, not before"
-    );
+    assert_eq!(m.free_device(), free_before_ack + 1, "freed at acknowledgement, not before");
     let back = m.swap_in(2).expect("device has room");
     assert_eq!(back.src_blocks, out.dst_blocks);
     m.ack(back.id).unwrap();
@@ -65,15 +51,8 @@ fn swap_out_sources_are_neither_allocatable_nor_prefix_hits() {
     let out = m.swap_out(1).unwrap();
     assert_eq!(out.src_blocks.len(), 3);
     assert_eq!(m.free_device(), 1);
-    assert_eq!(
-        m.probe_prefix(&tokens).hit_blocks,
-        0,
-        "content being copied is not handed out"
-    );
-    assert!(
-        !m.grow(2, 4),
-        "only one block is free; growth is all or nothing"
-    );
+    assert_eq!(m.probe_prefix(&tokens).hit_blocks, 0, "content being copied is not handed out");
+    assert!(!m.grow(2, 4), "only one block is free; growth is all or nothing");
     assert!(m.slots(2).is_empty());
     m.ack(out.id).unwrap();
     assert_eq!(m.free_device(), 4);

@@ -39,12 +39,7 @@ impl BlockManager {
             host_blocks: dst.clone(),
         };
         self.transfers.insert(transfer_id, in_flight);
-        Some(Transfer {
-            id: transfer_id,
-            request_id: id,
-            src_blocks: src,
-            dst_blocks: dst,
-        })
+        Some(Transfer { id: transfer_id, request_id: id, src_blocks: src, dst_blocks: dst })
     }
 
     /// Brings the request's host blocks back into fresh device blocks. `None` (and no change)
@@ -57,9 +52,7 @@ impl BlockManager {
         let table = self.tables.get_mut(&id)?;
         let (mut src, mut dst) = (Vec::new(), Vec::new());
         for slot in table.slots.iter_mut() {
-            let Slot::Host(host_block) = *slot else {
-                continue;
-            };
+            let Slot::Host(host_block) = *slot else { continue };
             let block = self.device.allocate()?;
             *slot = Slot::Device(block);
             src.push(host_block);
@@ -73,12 +66,7 @@ impl BlockManager {
             host_blocks: src.clone(),
         };
         self.transfers.insert(transfer_id, in_flight);
-        Some(Transfer {
-            id: transfer_id,
-            request_id: id,
-            src_blocks: src,
-            dst_blocks: dst,
-        })
+        Some(Transfer { id: transfer_id, request_id: id, src_blocks: src, dst_blocks: dst })
     }
 
     /// Applies the shard's acknowledgement; unknown or repeated ids are ignored.
@@ -97,10 +85,7 @@ impl BlockManager {
                 }
             }
         }
-        Some(TransferDone {
-            request: done.request,
-            direction: done.direction,
-        })
+        Some(TransferDone { request: done.request, direction: done.direction })
     }
 
     /// Whether `block` is being written or read by an unacknowledged transfer (a swap-out
@@ -108,10 +93,9 @@ impl BlockManager {
     #[cfg(test)]
     pub(crate) fn device_block_busy(&self, block: u32) -> bool {
         self.device.is_in_flight(block)
-            || self
-                .transfers
-                .values()
-                .any(|t| t.direction == Direction::In && t.device_blocks.contains(&block))
+            || self.transfers.values().any(|t| {
+                t.direction == Direction::In && t.device_blocks.contains(&block)
+            })
     }
 
     /// Every ownership invariant: reference counts equal table mentions plus swap-out holds,
@@ -125,9 +109,7 @@ impl BlockManager {
                 .get_mut(block as usize)
                 .ok_or_else(|| format!("host block {block} out of range"))?;
             if let Some(previous) = entry {
-                return Err(format!(
-                    "host block {block} owned by {previous} and {owner}"
-                ));
+                return Err(format!("host block {block} owned by {previous} and {owner}"));
             }
             *entry = Some(owner);
             Ok(())
@@ -135,11 +117,9 @@ impl BlockManager {
         for (id, table) in &self.tables {
             for slot in &table.slots {
                 match slot {
-                    Slot::Device(b) => {
-                        *device_refs
-                            .get_mut(*b as usize)
-                            .ok_or_else(|| format!("device block {b} out of range"))? += 1
-                    }
+                    Slot::Device(b) => *device_refs
+                        .get_mut(*b as usize)
+                        .ok_or_else(|| format!("device block {b} out of range"))? += 1,
                     Slot::Host(b) => claim_host(*b, format!("request {id}"))?,
                 }
             }
@@ -164,25 +144,16 @@ impl BlockManager {
         for (block, expected) in device_refs.iter().enumerate() {
             let actual = self.device.ref_count(block as u32);
             if actual != *expected {
-                return Err(format!(
-                    "device block {block}: refcount {actual}, owners {expected}"
-                ));
+                return Err(format!("device block {block}: refcount {actual}, owners {expected}"));
             }
         }
         for (block, owner) in host_owner.iter().enumerate() {
             if owner.is_some() == self.host.is_free(block as u32) {
-                return Err(format!(
-                    "host block {block}: owner {owner:?} vs free list disagree"
-                ));
+                return Err(format!("host block {block}: owner {owner:?} vs free list disagree"));
             }
         }
         if self.device.num_in_flight() as usize
-            != self
-                .transfers
-                .values()
-                .filter(|t| t.direction == Direction::Out)
-                .map(|t| t.device_blocks.len())
-                .sum::<usize>()
+            != self.transfers.values().filter(|t| t.direction == Direction::Out).map(|t| t.device_blocks.len()).sum::<usize>()
         {
             return Err("in-flight device marks disagree with swap-outs".into());
         }

@@ -56,9 +56,7 @@ impl Scheduler {
         let oldest = self
             .requests
             .values()
-            .filter(|r| {
-                r.has_work() && matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated)
-            })
+            .filter(|r| r.has_work() && matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated))
             .min_by_key(|r| r.seq)
             .map(|r| r.id);
         let Some(oldest) = oldest else { return };

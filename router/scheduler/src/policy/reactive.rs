@@ -34,22 +34,14 @@ impl Scheduler {
 
     fn schedule_or_preempt(&mut self, ctx: &mut StepCtx, id: u64, swap: bool) {
         loop {
-            let Outcome::NoBlocks(short) = self.schedule_running(ctx, id, 0) else {
-                return;
-            };
+            let Outcome::NoBlocks(short) = self.schedule_running(ctx, id, 0) else { return };
             if swap && ctx.release_credit >= short {
                 // Swap-outs already issued will free enough once acknowledged: wait.
                 ctx.release_credit -= short;
                 return;
             }
-            let Some(victim) = self.newest_evictable(ctx) else {
-                return;
-            };
-            let moved = if swap {
-                self.rotate_out(ctx, victim)
-            } else {
-                0
-            };
+            let Some(victim) = self.newest_evictable(ctx) else { return };
+            let moved = if swap { self.rotate_out(ctx, victim) } else { 0 };
             if moved > 0 {
                 ctx.release_credit += moved;
             } else {
@@ -63,10 +55,7 @@ impl Scheduler {
 
     fn newest_evictable(&self, ctx: &StepCtx) -> Option<u64> {
         let running = self.running_by_seq();
-        running
-            .into_iter()
-            .rev()
-            .find(|id| self.evictable(ctx, *id))
+        running.into_iter().rev().find(|id| self.evictable(ctx, *id))
     }
 
     /// Brings swapped requests back oldest first while they fit; true when none is left out
@@ -84,9 +73,6 @@ impl Scheduler {
                 return false;
             }
         }
-        !self
-            .requests
-            .values()
-            .any(|r| r.phase == Phase::SwappingOut)
+        !self.requests.values().any(|r| r.phase == Phase::SwappingOut)
     }
 }

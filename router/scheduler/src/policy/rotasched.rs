@@ -60,10 +60,7 @@ impl Scheduler {
             // ones, all stuck at a block boundary, never compute.
             order.sort_by_key(|u| self.requests[&u.id].phase != Phase::Running);
         }
-        let decodes = order
-            .iter()
-            .filter(|u| self.is_running_decode(u.id))
-            .count() as u32;
+        let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
         ctx.decode_reserve = decodes.min(ctx.tokens_left);
         let deadline = self.decode_deadline(&order);
         let mut admissions_blocked = false;
@@ -73,8 +70,7 @@ impl Scheduler {
                     if self.is_running_decode(urgency.id) {
                         ctx.decode_reserve = ctx.decode_reserve.saturating_sub(1);
                     } else {
-                        ctx.prefill_token_cap =
-                            self.prefill_token_cap(ctx, urgency, deadline.as_ref());
+                        ctx.prefill_token_cap = self.prefill_token_cap(ctx, urgency, deadline.as_ref());
                     }
                     self.serve_running(ctx, urgency, step_s);
                 }
@@ -82,8 +78,7 @@ impl Scheduler {
                     ctx.prefill_token_cap = self.prefill_token_cap(ctx, urgency, deadline.as_ref());
                     // A punctual request that does not fit keeps the blocks being freed for
                     // itself: less urgent admissions may not take them first.
-                    admissions_blocked =
-                        !self.serve_waiting(ctx, urgency, step_s) && !urgency.deferred_class();
+                    admissions_blocked = !self.serve_waiting(ctx, urgency, step_s) && !urgency.deferred_class();
                 }
                 Some(Phase::Rotated) => {
                     // A due request left on host keeps the blocks being freed for itself, as a
@@ -99,11 +94,7 @@ impl Scheduler {
         if !admissions_blocked {
             // Early returns only take what the urgent ones left.
             for urgency in &order {
-                if self
-                    .requests
-                    .get(&urgency.id)
-                    .is_some_and(|r| r.phase == Phase::Rotated)
-                {
+                if self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Rotated) {
                     self.serve_rotated(ctx, urgency, step_s, true);
                 }
             }
@@ -130,26 +121,14 @@ impl Scheduler {
     /// running decode and the chunks placed so far, ends by the decodes' earliest deadline.
     /// No cap when nothing decodes, or for a punctual request that would miss its first-token
     /// deadline by waiting out one more step of decodes alone.
-    fn prefill_token_cap(
-        &self,
-        ctx: &StepCtx,
-        urgency: &Urgency,
-        deadline: Option<&DecodeDeadline>,
-    ) -> u32 {
-        let Some(deadline) = deadline else {
-            return u32::MAX;
-        };
+    fn prefill_token_cap(&self, ctx: &StepCtx, urgency: &Urgency, deadline: Option<&DecodeDeadline>) -> u32 {
+        let Some(deadline) = deadline else { return u32::MAX };
         let decodes_alone = DecodeDeadline::shape(deadline.decodes.iter());
         if !urgency.late && urgency.slack < self.cost.predict_step(decodes_alone) {
             return u32::MAX;
         }
         // What is placed so far, plus the decodes still to be placed.
-        let unplaced = DecodeDeadline::shape(
-            deadline
-                .decodes
-                .iter()
-                .filter(|(id, _)| !ctx.scheduled.contains(id)),
-        );
+        let unplaced = DecodeDeadline::shape(deadline.decodes.iter().filter(|(id, _)| !ctx.scheduled.contains(id)));
         let committed = StepShape {
             prefill_tokens: ctx.shape.prefill_tokens,
             decode_requests: ctx.shape.decode_requests + unplaced.decode_requests,
@@ -167,9 +146,7 @@ impl Scheduler {
         if per_token <= 0.0 {
             return u32::MAX;
         }
-        ((left - fixed) / per_token)
-            .floor()
-            .min(f64::from(u32::MAX)) as u32
+        ((left - fixed) / per_token).floor().min(f64::from(u32::MAX)) as u32
     }
 
     /// Whether the running requests need more new blocks for their next tokens than are free.
@@ -180,8 +157,7 @@ impl Scheduler {
             .filter_map(|id| {
                 let r = &self.requests[&id];
                 let next = u64::from(r.num_computed) + u64::from(r.uncomputed().min(1));
-                r.has_work()
-                    .then(|| self.blocks.new_blocks_needed(id, next))
+                r.has_work().then(|| self.blocks.new_blocks_needed(id, next))
             })
             .sum();
         needed > u64::from(self.blocks.free_device())
@@ -194,15 +170,10 @@ impl Scheduler {
     /// (see `park_for_first_token`) wait behind it the same way. The late and parked classes
     /// still come last, so a hopeless request never takes the blocks a punctual one needs.
     fn service_order(&self, ctx: &StepCtx, step_s: f64) -> Vec<Urgency> {
-        let (late, punctual): (Vec<Urgency>, Vec<Urgency>) = self
-            .urgency_order(ctx.now, step_s)
-            .into_iter()
-            .partition(|u| u.deferred_class());
-        let mut spare: std::collections::BTreeSet<u64> = self
-            .rotation_victims(ctx, u64::MAX, step_s)
-            .iter()
-            .map(|v| v.id)
-            .collect();
+        let (late, punctual): (Vec<Urgency>, Vec<Urgency>) =
+            self.urgency_order(ctx.now, step_s).into_iter().partition(|u| u.deferred_class());
+        let mut spare: std::collections::BTreeSet<u64> =
+            self.rotation_victims(ctx, u64::MAX, step_s).iter().map(|v| v.id).collect();
         if punctual.iter().any(|u| self.needs_parking(u, step_s)) {
             spare.extend(self.parking_candidates(ctx, u64::MAX));
         }
@@ -214,10 +185,7 @@ impl Scheduler {
     /// A waiting prompt close enough to its first-token deadline that waiting for blocks to
     /// free up would miss it.
     fn needs_parking(&self, urgency: &Urgency, step_s: f64) -> bool {
-        let waiting = self
-            .requests
-            .get(&urgency.id)
-            .is_some_and(|r| r.phase == Phase::Waiting);
+        let waiting = self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Waiting);
         waiting && !urgency.deferred_class() && urgency.slack < 2.0 * step_s
     }
 
@@ -228,9 +196,7 @@ impl Scheduler {
 
     fn serve_running(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) {
         loop {
-            let Outcome::NoBlocks(short) = self.schedule_running(ctx, urgency.id, 0) else {
-                return;
-            };
+            let Outcome::NoBlocks(short) = self.schedule_running(ctx, urgency.id, 0) else { return };
             if !self.make_room(ctx, short, urgency, step_s) {
                 return;
             }
@@ -256,13 +222,7 @@ impl Scheduler {
 
     /// Issues the swap-in a step ahead of the deadline or, on the `early` pass, when blocks
     /// are plentiful. False when it was due but could not be issued.
-    fn serve_rotated(
-        &mut self,
-        ctx: &mut StepCtx,
-        urgency: &Urgency,
-        step_s: f64,
-        early: bool,
-    ) -> bool {
+    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool) -> bool {
         let id = urgency.id;
         let need = self.blocks.host_slots(id);
         let due = urgency.slack <= step_s;
@@ -288,13 +248,7 @@ impl Scheduler {
 
     /// Evicts the running requests with the most slack until `short` blocks are free or on
     /// their way. True when blocks were freed right away (worth retrying now).
-    fn make_room(
-        &mut self,
-        ctx: &mut StepCtx,
-        short: u64,
-        requester: &Urgency,
-        step_s: f64,
-    ) -> bool {
+    fn make_room(&mut self, ctx: &mut StepCtx, short: u64, requester: &Urgency, step_s: f64) -> bool {
         if requester.deferred_class() {
             return false;
         }
@@ -306,37 +260,43 @@ impl Scheduler {
             if short == 0 {
                 break;
             }
-            let freed = match victim.eviction {
-                Eviction::Recompute { .. } => {
-                    let freed = self.preempt_for_recompute(ctx, victim.id);
-                    freed_now |= freed > 0;
-                    freed
-                }
-                Eviction::Swap { .. } => {
-                    let private = u64::from(self.blocks.private_device_blocks(victim.id));
-                    let bytes = private * self.config.block_bytes;
-                    let budget = ctx.budget.as_ref().expect("rotasched sets a budget");
-                    if !budget.fits(Direction::Out, bytes) {
-                        continue;
-                    }
-                    let moved = self.rotate_out(ctx, victim.id);
-                    ctx.release_credit += moved.saturating_sub(short);
-                    moved
-                }
-            };
-            short = short.saturating_sub(freed);
+            if let Some((freed, now)) = self.evict(ctx, victim.id, victim.eviction, short) {
+                freed_now |= now;
+                short = short.saturating_sub(freed);
+            }
         }
-        let phase = self.requests.get(&requester.id).map(|r| r.phase);
         if short > 0 && self.needs_parking(requester, step_s) {
             let (freed, left) = self.park_for_first_token(ctx, short, requester.id, step_s);
             freed_now |= freed;
             short = left;
         }
-        let running = phase == Some(Phase::Running);
+        let running = self.requests.get(&requester.id).is_some_and(|r| r.phase == Phase::Running);
         if short > 0 && running {
             freed_now |= self.make_room_under_overload(ctx, short, requester.id, step_s);
         }
         freed_now
+    }
+
+    /// Evicts `id` the given way: a swap-out within this step's byte budget, or a recompute
+    /// preemption. Returns the blocks freed or on their way and whether they are free right
+    /// away; None when the swap-out does not fit the budget.
+    fn evict(&mut self, ctx: &mut StepCtx, id: u64, eviction: Eviction, short: u64) -> Option<(u64, bool)> {
+        match eviction {
+            Eviction::Recompute { .. } => {
+                let freed = self.preempt_for_recompute(ctx, id);
+                Some((freed, freed > 0))
+            }
+            Eviction::Swap { .. } => {
+                let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
+                let budget = ctx.budget.as_ref().expect("rotasched sets a budget");
+                if !budget.fits(Direction::Out, bytes) {
+                    return None;
+                }
+                let moved = self.rotate_out(ctx, id);
+                ctx.release_credit += moved.saturating_sub(short);
+                Some((moved, false))
+            }
+        }
     }
 
     /// Under overload every running request is late, so none has slack for a round trip and
@@ -348,32 +308,14 @@ impl Scheduler {
     /// turn. Only running requests may do this: a rotated one returning by evicting a newer
     /// one would push that one out in turn, a wave of copies every step. True when blocks were
     /// freed right away.
-    fn make_room_under_overload(
-        &mut self,
-        ctx: &mut StepCtx,
-        mut short: u64,
-        requester: u64,
-        step_s: f64,
-    ) -> bool {
-        let Some(requester_seq) = self.requests.get(&requester).map(|r| r.seq) else {
-            return false;
-        };
+    fn make_room_under_overload(&mut self, ctx: &mut StepCtx, mut short: u64, requester: u64, step_s: f64) -> bool {
+        let Some(requester_seq) = self.requests.get(&requester).map(|r| r.seq) else { return false };
         let mut freed_now = false;
-        let cooldown = self.config.rotation_cooldown_steps;
-        let newer = self
-            .running_by_seq()
-            .into_iter()
-            .rev()
-            .filter(|id| self.requests[id].seq > requester_seq);
+        let candidates = self.eviction_candidates(ctx, requester);
+        let newer = candidates.into_iter().rev().filter(|id| self.requests[id].seq > requester_seq);
         for id in newer.collect::<Vec<_>>() {
             if short == 0 {
                 break;
-            }
-            let recent = self.requests[&id]
-                .swapped_in_step
-                .is_some_and(|s| s + cooldown > self.step_id);
-            if recent || !self.evictable(ctx, id) || self.blocks.private_device_blocks(id) == 0 {
-                continue;
             }
             let freed = match self.cheaper_eviction(id, step_s) {
                 Eviction::Swap { .. } if self.swap_fits_now(ctx, id) => {
@@ -392,27 +334,32 @@ impl Scheduler {
         freed_now
     }
 
-    /// Running decodes that may be parked on host, best first: not in this step, not swapped
-    /// in within the cool-down, with tokens left, and with two late gaps or more to spare (one
-    /// for the parking, one for the unforeseen) — most to spare first, then newest.
+    /// Running requests that could leave the device now: not the requester, not in this step,
+    /// holding private blocks, and not swapped in within the cool-down (no thrashing).
+    fn eviction_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+        let cooldown = self.config.rotation_cooldown_steps;
+        let recent = |id: &u64| self.requests[id].swapped_in_step.is_some_and(|s| s + cooldown > self.step_id);
+        self.running_by_seq()
+            .into_iter()
+            .filter(|id| *id != requester && self.evictable(ctx, *id))
+            .filter(|id| self.blocks.private_device_blocks(*id) > 0 && !recent(id))
+            .collect()
+    }
+
+    /// Decodes that may be parked on host, best first: eviction candidates with tokens left and
+    /// with two late gaps or more to spare (one for the parking, one for the unforeseen) —
+    /// most to spare first, then newest.
     fn parking_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
         let share = self.config.tbt_late_share;
-        let cooldown = self.config.rotation_cooldown_steps;
         let mut candidates: Vec<(u32, u64, u64)> = self
-            .running_by_seq()
+            .eviction_candidates(ctx, requester)
             .into_iter()
-            .filter(|id| {
-                *id != requester && self.is_running_decode(*id) && self.evictable(ctx, *id)
-            })
-            .filter(|id| self.blocks.private_device_blocks(*id) > 0)
+            .filter(|id| self.is_running_decode(*id))
             .filter_map(|id| {
                 let r = &self.requests[&id];
-                let recent = r
-                    .swapped_in_step
-                    .is_some_and(|s| s + cooldown > self.step_id);
                 let spare = r.late_gaps_left(share);
                 let worth = r.tokens_left() >= self.config.min_rotation_tokens_left;
-                (!recent && spare > 1 && worth).then_some((spare, r.seq, id))
+                (spare > 1 && worth).then_some((spare, r.seq, id))
             })
             .collect();
         candidates.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
@@ -424,34 +371,17 @@ impl Scheduler {
     /// to spend (their next gap will be late; the objective holds for a percentile of gaps).
     /// They come back, parked, with the blocks punctual requests leave. Returns whether
     /// blocks were freed right away and how many are still short.
-    fn park_for_first_token(
-        &mut self,
-        ctx: &mut StepCtx,
-        mut short: u64,
-        requester: u64,
-        step_s: f64,
-    ) -> (bool, u64) {
+    fn park_for_first_token(&mut self, ctx: &mut StepCtx, mut short: u64, requester: u64, step_s: f64) -> (bool, u64) {
         let mut freed_now = false;
         for id in self.parking_candidates(ctx, requester) {
             if short == 0 {
                 break;
             }
-            let freed = match self.cheaper_eviction(id, step_s) {
-                Eviction::Swap { .. } => {
-                    if !self.swap_fits_now(ctx, id) {
-                        continue;
-                    }
-                    let moved = self.rotate_out(ctx, id);
-                    ctx.release_credit += moved.saturating_sub(short);
-                    moved
-                }
-                Eviction::Recompute { .. } => {
-                    let freed = self.preempt_for_recompute(ctx, id);
-                    freed_now |= freed > 0;
-                    freed
-                }
-            };
-            short = short.saturating_sub(freed);
+            let eviction = self.cheaper_eviction(id, step_s);
+            if let Some((freed, now)) = self.evict(ctx, id, eviction, short) {
+                freed_now |= now;
+                short = short.saturating_sub(freed);
+            }
         }
         (freed_now, short)
     }
@@ -461,39 +391,25 @@ impl Scheduler {
     fn swap_fits_now(&self, ctx: &StepCtx, id: u64) -> bool {
         let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
         let worth = self.requests[&id].tokens_left() >= self.config.min_rotation_tokens_left;
-        worth
-            && ctx
-                .budget
-                .as_ref()
-                .is_none_or(|b| b.fits(Direction::Out, bytes))
+        worth && ctx.budget.as_ref().is_none_or(|b| b.fits(Direction::Out, bytes))
     }
 
-    /// Running requests that may be evicted now, most slack first: not in this step, not
-    /// swapped in within the cool-down, with enough tokens left to be worth the round trip,
-    /// and with more slack than the round trip takes (so they return on time).
+    /// Eviction candidates that may be rotated out now, most slack first: with enough tokens
+    /// left to be worth the round trip, able to risk a late gap should the return fail, and
+    /// with more slack than the round trip takes (so they return on time).
     fn rotation_victims(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<Victim> {
-        let cooldown = self.config.rotation_cooldown_steps;
         let mut victims: Vec<Victim> = self
-            .running_by_seq()
+            .eviction_candidates(ctx, requester)
             .into_iter()
-            .filter(|id| *id != requester && self.evictable(ctx, *id))
-            .filter(|id| self.blocks.private_device_blocks(*id) > 0)
             .filter_map(|id| {
                 let r = &self.requests[&id];
-                let recent = r
-                    .swapped_in_step
-                    .is_some_and(|s| s + cooldown > self.step_id);
                 let eviction = self.cheaper_eviction(id, step_s);
                 let round_trip = eviction.round_trip_s();
                 let worth = r.tokens_left() >= self.config.min_rotation_tokens_left
                     && f64::from(r.tokens_left()) * step_s >= round_trip
                     && r.may_risk_a_late_gap(self.config.tbt_late_share);
                 let slack = self.urgency(id, ctx.now, step_s).slack;
-                (!recent && worth && slack > round_trip).then_some(Victim {
-                    id,
-                    slack,
-                    eviction,
-                })
+                (worth && slack > round_trip).then_some(Victim { id, slack, eviction })
             })
             .collect();
         victims.sort_by(|a, b| b.slack.total_cmp(&a.slack).then(b.id.cmp(&a.id)));
@@ -526,13 +442,8 @@ impl Scheduler {
             if !matches!(victim.eviction, Eviction::Swap { .. }) {
                 continue;
             }
-            let bytes =
-                u64::from(self.blocks.private_device_blocks(victim.id)) * self.config.block_bytes;
-            if !ctx
-                .budget
-                .as_ref()
-                .is_some_and(|b| b.fits(Direction::Out, bytes))
-            {
+            let bytes = u64::from(self.blocks.private_device_blocks(victim.id)) * self.config.block_bytes;
+            if !ctx.budget.as_ref().is_some_and(|b| b.fits(Direction::Out, bytes)) {
                 continue;
             }
             let moved = self.rotate_out(ctx, victim.id);

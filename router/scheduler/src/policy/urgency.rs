@@ -52,9 +52,7 @@ impl Scheduler {
         for request in self.requests.values().filter(|r| r.has_work()) {
             match request.phase {
                 Phase::Running if request.is_decode() => shape.decode_requests += 1,
-                Phase::Running | Phase::Waiting => {
-                    prefill_wanted += u64::from(request.uncomputed())
-                }
+                Phase::Running | Phase::Waiting => prefill_wanted += u64::from(request.uncomputed()),
                 _ => continue,
             }
             shape.context_tokens += u64::from(request.num_computed) + 1;
@@ -68,28 +66,18 @@ impl Scheduler {
         let r = &self.requests[&id];
         let service = match r.phase {
             Phase::Running if r.is_decode() => step_s,
-            Phase::Running | Phase::Waiting => self
-                .cost
-                .predict_prefill(u64::from(r.uncomputed()))
-                .max(step_s),
-            Phase::Rotated => {
-                self.transfer_s(self.blocks.host_slots(id), Direction::In) + 2.0 * step_s
+            Phase::Running | Phase::Waiting => {
+                self.cost.predict_prefill(u64::from(r.uncomputed())).max(step_s)
             }
+            Phase::Rotated => self.transfer_s(self.blocks.host_slots(id), Direction::In) + 2.0 * step_s,
             Phase::SwappingIn | Phase::SwappingOut => 2.0 * step_s,
         };
         let deadline = r.next_deadline();
         let slack = deadline - (now + service);
         let starving = now - deadline > self.config.late_starvation_s;
         let late = r.last_token_at.is_none() && slack < 0.0 && !starving;
-        let parked =
-            r.phase == Phase::Rotated && r.last_token_at.is_some() && slack < 0.0 && !starving;
-        Urgency {
-            id,
-            seq: r.seq,
-            slack,
-            late,
-            parked,
-        }
+        let parked = r.phase == Phase::Rotated && r.last_token_at.is_some() && slack < 0.0 && !starving;
+        Urgency { id, seq: r.seq, slack, late, parked }
     }
 
     /// Punctual requests by slack (least first), then the parked, then the late class, each in
@@ -125,20 +113,15 @@ impl Scheduler {
     /// cover.
     pub(crate) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
         let private = self.blocks.private_device_blocks(id);
-        let copy_s =
-            self.transfer_s(private, Direction::Out) + self.transfer_s(private, Direction::In);
+        let copy_s = self.transfer_s(private, Direction::Out) + self.transfer_s(private, Direction::In);
         let computed = u64::from(self.requests[&id].num_computed);
         let marginal_prefill_s = self.cost.predict_prefill(computed) - self.cost.predict_prefill(0);
         let swap_s = copy_s + 2.0 * step_s;
         let recompute_s = self.cost.predict_prefill(computed) + step_s;
         if private <= self.blocks.free_host() && copy_s <= marginal_prefill_s {
-            Eviction::Swap {
-                round_trip_s: swap_s,
-            }
+            Eviction::Swap { round_trip_s: swap_s }
         } else {
-            Eviction::Recompute {
-                round_trip_s: recompute_s,
-            }
+            Eviction::Recompute { round_trip_s: recompute_s }
         }
     }
 }
@@ -169,13 +152,7 @@ mod tests {
         };
         let mut s = Scheduler::new(config).unwrap();
         let prompt = (0..context).collect();
-        let spec = RequestSpec {
-            id: 1,
-            prompt_token_ids: prompt,
-            max_new_tokens: 8,
-            slo: None,
-            arrival: 0.0,
-        };
+        let spec = RequestSpec { id: 1, prompt_token_ids: prompt, max_new_tokens: 8, slo: None, arrival: 0.0 };
         s.add(spec, 0.0).unwrap();
         s.plan(0.0);
         s.cheaper_eviction(1, 0.02)

@@ -45,11 +45,7 @@ impl SimConfig {
     pub fn validate(&self) -> Result<(), SimError> {
         self.scheduler.validate()?;
         let invalid = |msg: String| Err(SimError::Invalid(msg));
-        if let Some(i) = self
-            .requests
-            .windows(2)
-            .position(|w| w[1].arrival < w[0].arrival)
-        {
+        if let Some(i) = self.requests.windows(2).position(|w| w[1].arrival < w[0].arrival) {
             return invalid(format!(
                 "requests must be sorted by arrival (request {} comes before {})",
                 i,

@@ -31,8 +31,7 @@ pub fn simulate(config: &SimConfig) -> Result<SimReport, SimError> {
 
 /// splitmix64: a well-mixed token id per (request, position), so prompts differ.
 fn synthetic_token(request: u64, position: u64) -> u32 {
-    let mut z =
-        request.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ position.wrapping_add(0xBF58_476D_1CE4_E5B9);
+    let mut z = request.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ position.wrapping_add(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     ((z ^ (z >> 31)) % VOCAB) as u32
@@ -69,8 +68,7 @@ impl<'a> Simulation<'a> {
 
     fn admit_arrivals(&mut self, scheduler: &mut Scheduler) {
         let requests = &self.config.requests;
-        while self.next_arrival < requests.len() && requests[self.next_arrival].arrival <= self.now
-        {
+        while self.next_arrival < requests.len() && requests[self.next_arrival].arrival <= self.now {
             let index = self.next_arrival;
             let request = &requests[index];
             let id = index as u64;
@@ -88,20 +86,14 @@ impl<'a> Simulation<'a> {
                     self.live
                         .insert(id, Timeline::new(request.arrival, request.max_new_tokens));
                 }
-                Err(error) => {
-                    self.outcomes[index] = Some(rejected(id, request.arrival, error.to_string()))
-                }
+                Err(error) => self.outcomes[index] = Some(rejected(id, request.arrival, error.to_string())),
             }
             self.next_arrival += 1;
         }
     }
 
     fn next_event(&self) -> Option<f64> {
-        let arrival = self
-            .config
-            .requests
-            .get(self.next_arrival)
-            .map(|r| r.arrival);
+        let arrival = self.config.requests.get(self.next_arrival).map(|r| r.arrival);
         match (arrival, self.link.next_completion()) {
             (Some(a), Some(t)) => Some(a.min(t)),
             (a, t) => a.or(t),
@@ -175,16 +167,12 @@ impl<'a> Simulation<'a> {
         self.now = end;
         self.steps += 1;
         for &id in &plan.sampling {
-            let done = self
-                .live
-                .get_mut(&id)
-                .is_some_and(|timeline| timeline.token(end));
+            let done = self.live.get_mut(&id).is_some_and(|timeline| timeline.token(end));
             self.last_token = end;
             if done {
                 scheduler.finish(id);
                 if let Some(timeline) = self.live.remove(&id) {
-                    let outcome =
-                        timeline.close(id, true, self.config.tbt_percentile, &mut self.all_gaps);
+                    let outcome = timeline.close(id, true, self.config.tbt_percentile, &mut self.all_gaps);
                     self.outcomes[id as usize] = Some(outcome);
                 }
             }
@@ -194,8 +182,7 @@ impl<'a> Simulation<'a> {
     fn into_report(mut self, scheduler: &Scheduler) -> SimReport {
         let percentile = self.config.tbt_percentile;
         for (id, timeline) in std::mem::take(&mut self.live) {
-            self.outcomes[id as usize] =
-                Some(timeline.close(id, false, percentile, &mut self.all_gaps));
+            self.outcomes[id as usize] = Some(timeline.close(id, false, percentile, &mut self.all_gaps));
         }
         let requests = &self.config.requests;
         let outcomes: Vec<RequestOutcome> = self
@@ -212,8 +199,7 @@ impl<'a> Simulation<'a> {
                 })
             })
             .collect();
-        let (gap_stats, gap_quantiles) =
-            summarize_gaps(&mut self.all_gaps, self.config.gap_samples);
+        let (gap_stats, gap_quantiles) = summarize_gaps(&mut self.all_gaps, self.config.gap_samples);
         let first = requests.first().map_or(0.0, |r| r.arrival);
         SimReport {
             outcomes,

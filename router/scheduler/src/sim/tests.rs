@@ -30,19 +30,11 @@ fn config(policy: PolicyKind, device_blocks: u32, requests: Vec<SimRequest>) -> 
             max_batch_tokens: 512,
             max_batch_requests: 64,
             cost_model: linear(),
-            default_slo: Slo {
-                ttft_s: 1.0,
-                tbt_s: 0.1,
-            },
+            default_slo: Slo { ttft_s: 1.0, tbt_s: 0.1 },
             ..SchedulerConfig::default()
         },
         step_time: StepTimeModel::Linear(linear()),
-        link: LinkModel {
-            out_bytes_per_s: 1e9,
-            in_bytes_per_s: 1e9,
-            overhead_s: 1e-4,
-            duplex: true,
-        },
+        link: LinkModel { out_bytes_per_s: 1e9, in_bytes_per_s: 1e9, overhead_s: 1e-4, duplex: true },
         requests,
         tbt_percentile: 90.0,
         max_sim_time_s: 1e5,
@@ -56,17 +48,10 @@ fn workload(count: usize, mean_gap: f64) -> Vec<SimRequest> {
 }
 
 /// As `workload`, with `max_new_tokens` drawn from `min_new .. min_new + spread_new`.
-fn workload_with_outputs(
-    count: usize,
-    mean_gap: f64,
-    min_new: u32,
-    spread_new: u32,
-) -> Vec<SimRequest> {
+fn workload_with_outputs(count: usize, mean_gap: f64, min_new: u32, spread_new: u32) -> Vec<SimRequest> {
     let mut state: u64 = 42;
     let mut next = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (state >> 33) as f64 / (1u64 << 31) as f64
     };
     let mut time = 0.0;
@@ -89,27 +74,14 @@ fn lone_request_matches_the_closed_form() {
     let prefill = 0.010 + 100.0 * 0.001;
     let decode = 0.010 + 0.002;
     for policy in PolicyKind::ALL {
-        let request = SimRequest {
-            arrival: 2.0,
-            prompt_tokens: 100,
-            max_new_tokens: 5,
-            slo: None,
-        };
+        let request = SimRequest { arrival: 2.0, prompt_tokens: 100, max_new_tokens: 5, slo: None };
         let report = simulate(&config(policy, 256, vec![request])).expect("valid config");
         let outcome = &report.outcomes[0];
         assert!(outcome.finished, "{policy}: {:?}", outcome.error);
         assert_eq!(outcome.output_tokens, 5);
-        assert!(
-            (outcome.ttft_s.unwrap() - prefill).abs() < 1e-9,
-            "{policy}: ttft {:?}",
-            outcome.ttft_s
-        );
+        assert!((outcome.ttft_s.unwrap() - prefill).abs() < 1e-9, "{policy}: ttft {:?}", outcome.ttft_s);
         let e2e = prefill + 4.0 * decode;
-        assert!(
-            (outcome.e2e_s.unwrap() - e2e).abs() < 1e-9,
-            "{policy}: e2e {:?}",
-            outcome.e2e_s
-        );
+        assert!((outcome.e2e_s.unwrap() - e2e).abs() < 1e-9, "{policy}: e2e {:?}", outcome.e2e_s);
         assert!((outcome.tbt_s.unwrap() - decode).abs() < 1e-9);
         assert_eq!(report.gap_stats.count, 4);
         assert!((report.makespan_s - e2e).abs() < 1e-9);
@@ -136,17 +108,8 @@ fn every_policy_finishes_everything_under_memory_pressure() {
 fn finishes_everything_under_memory_pressure(policies: &[PolicyKind]) {
     for &policy in policies {
         let report = simulate(&config(policy, 48, workload(40, 0.02))).expect("valid config");
-        let unfinished: Vec<_> = report
-            .outcomes
-            .iter()
-            .filter(|o| !o.finished)
-            .map(|o| o.id)
-            .collect();
-        assert!(
-            unfinished.is_empty(),
-            "{policy}: unfinished {unfinished:?}, stalled {}",
-            report.stalled
-        );
+        let unfinished: Vec<_> = report.outcomes.iter().filter(|o| !o.finished).map(|o| o.id).collect();
+        assert!(unfinished.is_empty(), "{policy}: unfinished {unfinished:?}, stalled {}", report.stalled);
         let tokens: u32 = report.outcomes.iter().map(|o| o.output_tokens).sum();
         let wanted: u32 = workload(40, 0.02).iter().map(|r| r.max_new_tokens).sum();
         assert_eq!(tokens, wanted, "{policy}");
@@ -155,12 +118,7 @@ fn finishes_everything_under_memory_pressure(policies: &[PolicyKind]) {
 
 #[test]
 fn a_request_larger_than_the_pool_is_reported_not_simulated() {
-    let request = SimRequest {
-        arrival: 0.0,
-        prompt_tokens: 10_000,
-        max_new_tokens: 4,
-        slo: None,
-    };
+    let request = SimRequest { arrival: 0.0, prompt_tokens: 10_000, max_new_tokens: 4, slo: None };
     let report = simulate(&config(PolicyKind::Fcfs, 8, vec![request])).expect("valid config");
     assert!(!report.outcomes[0].finished && report.outcomes[0].error.is_some());
 }
@@ -179,42 +137,20 @@ fn unsorted_arrivals_are_rejected() {
 /// recompute's.
 #[test]
 fn rotasched_under_sustained_overload_keeps_steps_and_ttft() {
-    let requests =
-        || workload_with_outputs(OVERLOAD_N, OVERLOAD_GAP, OVERLOAD_MIN, OVERLOAD_SPREAD);
-    let run =
-        |policy| simulate(&config(policy, OVERLOAD_BLOCKS, requests())).expect("valid config");
+    let requests = || workload_with_outputs(OVERLOAD_N, OVERLOAD_GAP, OVERLOAD_MIN, OVERLOAD_SPREAD);
+    let run = |policy| simulate(&config(policy, OVERLOAD_BLOCKS, requests())).expect("valid config");
     let ttft_ok = |report: &crate::sim::SimReport| {
-        report
-            .outcomes
-            .iter()
-            .filter(|o| o.ttft_s.is_some_and(|t| t <= 1.0))
-            .count()
+        report.outcomes.iter().filter(|o| o.ttft_s.is_some_and(|t| t <= 1.0)).count()
     };
-    let (rotasched, swap, recompute) = (
-        run(PolicyKind::RotaSched),
-        run(PolicyKind::Swap),
-        run(PolicyKind::Recompute),
-    );
-    assert!(
-        rotasched.outcomes.iter().all(|o| o.finished),
-        "stalled {}",
-        rotasched.stalled
-    );
+    let (rotasched, swap, recompute) =
+        (run(PolicyKind::RotaSched), run(PolicyKind::Swap), run(PolicyKind::Recompute));
+    assert!(rotasched.outcomes.iter().all(|o| o.finished), "stalled {}", rotasched.stalled);
     println!(
         "steps: rotasched {} swap {} recompute {}; ttft ok: {} {} {}",
-        rotasched.steps,
-        swap.steps,
-        recompute.steps,
-        ttft_ok(&rotasched),
-        ttft_ok(&swap),
-        ttft_ok(&recompute)
+        rotasched.steps, swap.steps, recompute.steps,
+        ttft_ok(&rotasched), ttft_ok(&swap), ttft_ok(&recompute)
     );
-    assert!(
-        rotasched.steps <= swap.steps * 3 / 2,
-        "rotasched {} steps, swap {}",
-        rotasched.steps,
-        swap.steps
-    );
+    assert!(rotasched.steps <= swap.steps * 3 / 2, "rotasched {} steps, swap {}", rotasched.steps, swap.steps);
     assert!(ttft_ok(&rotasched) >= ttft_ok(&recompute));
 }
 

@@ -44,10 +44,9 @@ impl StepTimeModel {
             StepTimeModel::Roofline(r) => {
                 let tokens = (shape.prefill_tokens + shape.decode_requests) as f64;
                 let context = shape.context_tokens as f64;
-                let compute = (r.flops_per_token * tokens + r.flops_per_context_token * context)
-                    / r.flops_per_s;
-                let memory = (r.weight_bytes + r.kv_bytes_per_context_token * context)
-                    / r.memory_bytes_per_s;
+                let compute =
+                    (r.flops_per_token * tokens + r.flops_per_context_token * context) / r.flops_per_s;
+                let memory = (r.weight_bytes + r.kv_bytes_per_context_token * context) / r.memory_bytes_per_s;
                 r.overhead_s + compute.max(memory)
             }
         }

@@ -22,10 +22,7 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
         max_batch_tokens: 64,
         max_batch_requests: 16,
         policy,
-        default_slo: Slo {
-            ttft_s: 1.0,
-            tbt_s: 0.1,
-        },
+        default_slo: Slo { ttft_s: 1.0, tbt_s: 0.1 },
         cost_model: CostModel {
             step_base_s: 0.01,
             per_prefill_token_s: 0.0001,
@@ -49,9 +46,7 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
 pub(crate) fn spec(id: u64, prompt_len: u32, max_new_tokens: u32, arrival: f64) -> RequestSpec {
     RequestSpec {
         id,
-        prompt_token_ids: (0..prompt_len)
-            .map(|i| (id as u32 * 1000 + i) % 50_000)
-            .collect(),
+        prompt_token_ids: (0..prompt_len).map(|i| (id as u32 * 1000 + i) % 50_000).collect(),
         max_new_tokens,
         slo: None,
         arrival,
@@ -96,9 +91,7 @@ impl Driver {
     }
 
     pub(crate) fn add(&mut self, spec: RequestSpec) {
-        self.scheduler
-            .add(spec, self.now)
-            .expect("request accepted");
+        self.scheduler.add(spec, self.now).expect("request accepted");
     }
 
     /// One plan/execute/complete round; returns the plan.
@@ -106,14 +99,12 @@ impl Driver {
         let plan = self.scheduler.plan(self.now);
         self.check_plan(&plan);
         for t in &plan.swap_out {
-            self.unacked
-                .insert(t.id, (plan.step_id + self.ack_delay, false, t.request_id));
+            self.unacked.insert(t.id, (plan.step_id + self.ack_delay, false, t.request_id));
             self.busy_blocks.insert(t.id, t.src_blocks.clone());
             self.busy_host.insert(t.id, t.dst_blocks.clone());
         }
         for t in &plan.swap_in {
-            self.unacked
-                .insert(t.id, (plan.step_id + self.ack_delay, true, t.request_id));
+            self.unacked.insert(t.id, (plan.step_id + self.ack_delay, true, t.request_id));
             self.busy_blocks.insert(t.id, t.dst_blocks.clone());
             self.busy_host.insert(t.id, t.src_blocks.clone());
             self.swapped_in_at.insert(t.request_id, plan.step_id);
@@ -175,16 +166,8 @@ impl Driver {
         let config = self.scheduler.config();
         let bs = config.block_size as usize;
         let mut busy: BTreeSet<u32> = self.busy_blocks.values().flatten().copied().collect();
-        busy.extend(
-            plan.swap_out
-                .iter()
-                .flat_map(|t| t.src_blocks.iter().copied()),
-        );
-        busy.extend(
-            plan.swap_in
-                .iter()
-                .flat_map(|t| t.dst_blocks.iter().copied()),
-        );
+        busy.extend(plan.swap_out.iter().flat_map(|t| t.src_blocks.iter().copied()));
+        busy.extend(plan.swap_in.iter().flat_map(|t| t.dst_blocks.iter().copied()));
         let returning: BTreeSet<u64> = self
             .unacked
             .values()
@@ -194,77 +177,42 @@ impl Driver {
             .collect();
         let mut tokens = 0u64;
         for entry in &plan.scheduled {
-            assert!(
-                !returning.contains(&entry.id),
-                "request {} scheduled before its swap-in ack",
-                entry.id
-            );
+            assert!(!returning.contains(&entry.id), "request {} scheduled before its swap-in ack", entry.id);
             let end = (entry.num_computed_tokens + entry.num_new_tokens) as usize;
             assert!(entry.num_new_tokens > 0);
-            assert!(
-                entry.block_table.len() * bs >= end,
-                "table of {} does not cover {end}",
-                entry.id
-            );
+            assert!(entry.block_table.len() * bs >= end, "table of {} does not cover {end}", entry.id);
             for block in &entry.block_table {
-                assert!(
-                    !busy.contains(block),
-                    "block {block} of {} is in flight",
-                    entry.id
-                );
+                assert!(!busy.contains(block), "block {block} of {} is in flight", entry.id);
                 let held = self.scheduler.blocks.device_block_busy(*block);
                 assert!(!held, "block {block} of {} is held by a transfer", entry.id);
             }
             let known = self.scheduler.tokens(entry.id).map_or(0, |t| t.len());
-            assert!(
-                end <= known,
-                "request {} computes beyond its tokens",
-                entry.id
-            );
+            assert!(end <= known, "request {} computes beyond its tokens", entry.id);
             tokens += u64::from(entry.num_new_tokens);
         }
         assert!(tokens <= u64::from(config.max_batch_tokens));
         assert!(plan.scheduled.len() <= config.max_batch_requests as usize);
         let ids: BTreeSet<u64> = plan.scheduled.iter().map(|e| e.id).collect();
-        assert_eq!(
-            ids.len(),
-            plan.scheduled.len(),
-            "a request scheduled twice in one step"
-        );
+        assert_eq!(ids.len(), plan.scheduled.len(), "a request scheduled twice in one step");
         let pending_out: Vec<u32> = self.busy_blocks.values().flatten().copied().collect();
         for t in &plan.swap_in {
             for block in &t.dst_blocks {
-                assert!(
-                    !pending_out.contains(block),
-                    "swap-in into in-flight block {block}"
-                );
+                assert!(!pending_out.contains(block), "swap-in into in-flight block {block}");
             }
         }
         let pending_host: BTreeSet<u32> = self.busy_host.values().flatten().copied().collect();
         for t in plan.swap_out.iter() {
             for block in &t.dst_blocks {
-                assert!(
-                    !pending_host.contains(block),
-                    "swap-out into in-flight host block {block}"
-                );
+                assert!(!pending_host.contains(block), "swap-out into in-flight host block {block}");
             }
         }
         match config.policy {
             crate::config::PolicyKind::Fcfs => {
-                assert!(
-                    plan.preempted_for_recompute.is_empty(),
-                    "fcfs never preempts"
-                );
-                assert!(
-                    plan.swap_out.is_empty() && plan.swap_in.is_empty(),
-                    "fcfs never swaps"
-                );
+                assert!(plan.preempted_for_recompute.is_empty(), "fcfs never preempts");
+                assert!(plan.swap_out.is_empty() && plan.swap_in.is_empty(), "fcfs never swaps");
             }
             crate::config::PolicyKind::Recompute => {
-                assert!(
-                    plan.swap_out.is_empty() && plan.swap_in.is_empty(),
-                    "recompute never swaps"
-                );
+                assert!(plan.swap_out.is_empty() && plan.swap_in.is_empty(), "recompute never swaps");
             }
             _ => {}
         }
@@ -279,25 +227,16 @@ impl Driver {
             return;
         }
         let bytes = |ts: &[crate::plan::Transfer]| -> u64 {
-            ts.iter()
-                .map(|t| t.src_blocks.len() as u64 * config.block_bytes)
-                .sum()
+            ts.iter().map(|t| t.src_blocks.len() as u64 * config.block_bytes).sum()
         };
         let (out_limit, in_limit) = (plan.swap_out_budget_bytes, plan.swap_in_budget_bytes);
         assert!(bytes(&plan.swap_out) <= out_limit.expect("rotasched reports its budget"));
         let into = bytes(&plan.swap_in);
-        assert!(
-            into <= in_limit.expect("budget") || plan.swap_in.len() == 1,
-            "swap-in budget"
-        );
+        assert!(into <= in_limit.expect("budget") || plan.swap_in.len() == 1, "swap-in budget");
         for t in &plan.swap_out {
             if let Some(at) = self.swapped_in_at.get(&t.request_id) {
                 let since = plan.step_id - at;
-                assert!(
-                    since >= config.rotation_cooldown_steps,
-                    "{} rotated {since} steps after returning",
-                    t.request_id
-                );
+                assert!(since >= config.rotation_cooldown_steps, "{} rotated {since} steps after returning", t.request_id);
             }
             let request = &self.scheduler.requests[&t.request_id];
             assert!(request.tokens_left() >= config.min_rotation_tokens_left);
@@ -312,22 +251,13 @@ impl Driver {
             }
             self.step();
         }
-        panic!(
-            "requests left after {max_steps} steps: {:?}",
-            self.scheduler.stats()
-        );
+        panic!("requests left after {max_steps} steps: {:?}", self.scheduler.stats());
     }
 
     pub(crate) fn assert_all_free(&self) {
         let stats = self.scheduler.stats();
-        assert_eq!(
-            stats.device_blocks_free, stats.device_blocks_total,
-            "device blocks leaked"
-        );
-        assert_eq!(
-            stats.host_blocks_free, stats.host_blocks_total,
-            "host blocks leaked"
-        );
+        assert_eq!(stats.device_blocks_free, stats.device_blocks_total, "device blocks leaked");
+        assert_eq!(stats.host_blocks_free, stats.host_blocks_total, "host blocks leaked");
         self.scheduler.check_invariants().expect("invariants");
     }
 }

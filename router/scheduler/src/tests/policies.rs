@@ -17,19 +17,12 @@ fn fcfs_never_preempts_and_blocks_head_of_line() {
     d.add(spec(3, 4, 2, 0.0));
     let first = d.step();
     assert_eq!(first.first_scheduled, vec![1]);
-    assert_eq!(
-        first.scheduled[0].block_table.len(),
-        8,
-        "worst case reserved up front"
-    );
+    assert_eq!(first.scheduled[0].block_table.len(), 8, "worst case reserved up front");
     while d.scheduler.has_work() {
         let plan = d.step();
         assert!(plan.preempted_for_recompute.is_empty() && plan.swap_out.is_empty());
         if !d.finished.contains(&1) {
-            assert!(
-                plan.first_scheduled.is_empty(),
-                "nothing passes the blocked head"
-            );
+            assert!(plan.first_scheduled.is_empty(), "nothing passes the blocked head");
         }
         assert!(d.plans.len() < 200);
     }
@@ -53,17 +46,9 @@ fn recompute_preempts_the_newest_running_request() {
     assert_eq!(preempted.first(), Some(&3), "the newest goes first");
     assert!(d.scheduler.stats().recomputes >= 1);
     // The victim restarts from position 0 (or a prefix hit), covering its generated tokens.
-    let restart = d
-        .plans
-        .iter()
-        .flat_map(|p| &p.scheduled)
-        .filter(|e| e.id == 3)
-        .find(|e| {
-            e.num_new_tokens > 1
-                && d.plans
-                    .iter()
-                    .any(|p| p.preempted_for_recompute.contains(&3))
-        });
+    let restart = d.plans.iter().flat_map(|p| &p.scheduled).filter(|e| e.id == 3).find(|e| {
+        e.num_new_tokens > 1 && d.plans.iter().any(|p| p.preempted_for_recompute.contains(&3))
+    });
     assert!(restart.is_some());
     assert_eq!(d.finished.len(), 3);
     d.assert_all_free();
@@ -89,19 +74,11 @@ fn swap_swaps_the_newest_out_and_brings_it_back_first() {
             d.add(spec(4, 4, 4, d.now));
         }
         if plan.first_scheduled.contains(&4) {
-            assert_eq!(
-                outs.len(),
-                ins.len(),
-                "swapped requests come back before admissions"
-            );
+            assert_eq!(outs.len(), ins.len(), "swapped requests come back before admissions");
         }
     }
     assert_eq!(outs.first(), Some(&3));
-    assert_eq!(
-        ins.first(),
-        first_in_candidates.iter().min(),
-        "the oldest swapped comes back first"
-    );
+    assert_eq!(ins.first(), first_in_candidates.iter().min(), "the oldest swapped comes back first");
     assert!(ins.contains(&3));
     assert_eq!(d.scheduler.stats().recomputes, 0);
     assert_eq!(d.finished.len(), 4);
@@ -120,17 +97,13 @@ fn chunked_prefill_respects_token_and_request_budgets() {
             d.add(spec(id, 3, 3, 0.0));
         }
         let first = d.step();
-        assert_eq!(
-            first.scheduled[0].num_new_tokens, 10,
-            "{policy}: a 10-token chunk"
-        );
+        assert_eq!(first.scheduled[0].num_new_tokens, 10, "{policy}: a 10-token chunk");
         d.run_to_completion(100);
         for plan in &d.plans {
-            let decodes_then_prefills = plan.scheduled.windows(2).all(|w| {
-                !(w[0].num_new_tokens > 1
-                    && w[1].num_new_tokens == 1
-                    && w[1].num_computed_tokens > 0)
-            });
+            let decodes_then_prefills = plan
+                .scheduled
+                .windows(2)
+                .all(|w| !(w[0].num_new_tokens > 1 && w[1].num_new_tokens == 1 && w[1].num_computed_tokens > 0));
             assert!(decodes_then_prefills, "{policy}: decodes come first");
         }
         assert_eq!(d.finished.len(), 5);
@@ -148,28 +121,17 @@ fn prefix_cache_hits_full_blocks_but_leaves_a_token_to_compute() {
         shared.id = 2;
         d.add(shared.clone());
         let plan = d.step();
-        let entry = plan
-            .scheduled
-            .iter()
-            .find(|e| e.id == 2)
-            .expect("second scheduled");
+        let entry = plan.scheduled.iter().find(|e| e.id == 2).expect("second scheduled");
         // 12 tokens = 3 full blocks, but the last token must be computed: 2 blocks hit.
         assert_eq!(entry.num_computed_tokens, 8, "{policy}");
         assert_eq!(entry.num_new_tokens, 4);
         let first = d.plans[0].scheduled[0].block_table.clone();
-        assert_eq!(
-            entry.block_table[..2],
-            first[..2],
-            "{policy}: shares the cached blocks"
-        );
+        assert_eq!(entry.block_table[..2], first[..2], "{policy}: shares the cached blocks");
         assert_ne!(entry.block_table[2], first[2]);
         assert_eq!(d.scheduler.stats().prefix_cache_hit_tokens, 8);
         d.run_to_completion(50);
         d.assert_all_free();
-        assert!(
-            d.scheduler.stats().device_blocks_cached > 0,
-            "cached blocks stay reusable"
-        );
+        assert!(d.scheduler.stats().device_blocks_cached > 0, "cached blocks stay reusable");
     }
 }
 
@@ -177,21 +139,10 @@ fn prefix_cache_hits_full_blocks_but_leaves_a_token_to_compute() {
 fn rejects_requests_that_can_never_fit_and_bad_input() {
     let mut s = Scheduler::new(config(PolicyKind::RotaSched, 4)).unwrap();
     let err = s.add(spec(1, 14, 4, 0.0), 0.0).unwrap_err();
-    assert!(matches!(
-        err,
-        SchedulerError::TooLarge {
-            needed_blocks: 5,
-            device_blocks: 4,
-            ..
-        }
-    ));
+    assert!(matches!(err, SchedulerError::TooLarge { needed_blocks: 5, device_blocks: 4, .. }));
     assert!(err.to_string().contains("needs 5 KV blocks"));
-    s.add(spec(2, 13, 4, 0.0), 0.0)
-        .expect("16 positions fit exactly");
-    assert_eq!(
-        s.add(spec(2, 1, 1, 0.0), 0.0),
-        Err(SchedulerError::DuplicateId(2))
-    );
+    s.add(spec(2, 13, 4, 0.0), 0.0).expect("16 positions fit exactly");
+    assert_eq!(s.add(spec(2, 1, 1, 0.0), 0.0), Err(SchedulerError::DuplicateId(2)));
     assert!(s.add(spec(3, 0, 1, 0.0), 0.0).is_err());
     assert!(s.add(spec(4, 1, 0, 0.0), 0.0).is_err());
     assert!("bogus".parse::<PolicyKind>().is_err());
@@ -217,10 +168,7 @@ fn cancel_during_swap_out_is_deferred_until_the_ack() {
     };
     d.scheduler.cancel(out.request_id);
     let before = d.scheduler.stats();
-    assert_eq!(
-        before.device_blocks_in_flight as usize,
-        out.src_blocks.len()
-    );
+    assert_eq!(before.device_blocks_in_flight as usize, out.src_blocks.len());
     assert_eq!(before.cancelled, 1);
     // The copy still runs: its blocks are neither free nor handed to anyone.
     d.step();
@@ -235,13 +183,7 @@ fn missing_sample_recomputes_the_last_position() {
     s.add(spec(1, 5, 3, 0.0), 0.0).unwrap();
     let plan = s.plan(0.0);
     assert_eq!(plan.sampling, vec![1]);
-    s.complete(
-        &StepResults {
-            step_id: plan.step_id,
-            ..StepResults::default()
-        },
-        0.01,
-    );
+    s.complete(&StepResults { step_id: plan.step_id, ..StepResults::default() }, 0.01);
     let again = s.plan(0.01);
     assert_eq!(again.scheduled[0].num_computed_tokens, 4);
     assert_eq!(again.scheduled[0].num_new_tokens, 1);

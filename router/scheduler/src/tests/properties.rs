@@ -10,12 +10,7 @@ use crate::config::{PolicyKind, Slo};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Add {
-        prompt_len: u32,
-        max_new: u32,
-        shared_prefix: bool,
-        tight_slo: bool,
-    },
+    Add { prompt_len: u32, max_new: u32, shared_prefix: bool, tight_slo: bool },
     Step,
     Finish(usize),
     Cancel(usize),
@@ -37,14 +32,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(
-    policy: PolicyKind,
-    device_blocks: u32,
-    host_blocks: u32,
-    ack_delay: u64,
-    caching: bool,
-    ops: &[Op],
-) {
+fn run(policy: PolicyKind, device_blocks: u32, host_blocks: u32, ack_delay: u64, caching: bool, ops: &[Op]) {
     let mut cfg = config(policy, device_blocks);
     cfg.prefix_caching = caching;
     cfg.num_host_blocks = host_blocks;
@@ -55,12 +43,7 @@ fn run(
     let mut next_id = 0u64;
     for op in ops {
         match op {
-            Op::Add {
-                prompt_len,
-                max_new,
-                shared_prefix,
-                tight_slo,
-            } => {
+            Op::Add { prompt_len, max_new, shared_prefix, tight_slo } => {
                 let mut s = spec(next_id, *prompt_len, *max_new, d.now);
                 if *shared_prefix {
                     for (i, t) in s.prompt_token_ids.iter_mut().enumerate().take(8) {
@@ -68,10 +51,7 @@ fn run(
                     }
                 }
                 if *tight_slo {
-                    s.slo = Some(Slo {
-                        ttft_s: 0.02,
-                        tbt_s: 0.015,
-                    });
+                    s.slo = Some(Slo { ttft_s: 0.02, tbt_s: 0.015 });
                 }
                 next_id += 1;
                 // Requests that can never fit are rejected; that is part of the contract.

@@ -38,38 +38,15 @@ fn rotates_out_the_request_with_most_slack_and_brings_it_back() {
     d.step();
     // 8 blocks held, 6 free; request 3 needs 7 for its prompt.
     d.add(with_slo(spec(3, 26, 4, d.now), 1.0, 0.1));
-    assert_eq!(
-        first_rotation(&mut d),
-        vec![2],
-        "request 2 has the most slack"
-    );
-    assert_eq!(
-        d.plans.last().unwrap().swap_out.len(),
-        1,
-        "swap beats recompute here"
-    );
-    let admitted = (0..5)
-        .map(|_| d.step())
-        .position(|p| p.first_scheduled.contains(&3));
-    assert!(
-        admitted.is_some(),
-        "the arrival is admitted once the swap-out is acknowledged"
-    );
+    assert_eq!(first_rotation(&mut d), vec![2], "request 2 has the most slack");
+    assert_eq!(d.plans.last().unwrap().swap_out.len(), 1, "swap beats recompute here");
+    let admitted = (0..5).map(|_| d.step()).position(|p| p.first_scheduled.contains(&3));
+    assert!(admitted.is_some(), "the arrival is admitted once the swap-out is acknowledged");
     d.run_to_completion(400);
-    let returned = d
-        .plans
-        .iter()
-        .any(|p| p.swap_in.iter().any(|t| t.request_id == 2));
+    let returned = d.plans.iter().any(|p| p.swap_in.iter().any(|t| t.request_id == 2));
     assert!(returned, "the rotated request comes back");
     // ... before its 0.5 s TBT deadline: no gap between its tokens exceeds it (10 ms steps).
-    let sampled_at: Vec<usize> = d
-        .plans
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.sampling.contains(&2))
-        .map(|(i, _)| i)
-        .collect();
-    let widest = sampled_at.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    let widest = sampled_at(&d, 2).windows(2).map(|w| w[1] - w[0]).max().unwrap();
     assert!(widest as f64 * d.step_s <= 0.5, "widest gap {widest} steps");
     assert_eq!(d.finished.len(), 3);
     d.assert_all_free();
@@ -90,35 +67,17 @@ fn victims_over_the_byte_budget_are_skipped_not_stopped_at() {
     for _ in 0..8 {
         d.step();
     }
-    assert!(
-        d.plans.iter().all(|p| p.swap_out.is_empty()),
-        "decode steps have no budget"
-    );
+    assert!(d.plans.iter().all(|p| p.swap_out.is_empty()), "decode steps have no budget");
     d.add(with_slo(spec(3, 8, 2, d.now), 5.0, 0.1));
     let victims = first_rotation(&mut d);
     assert_eq!(victims, vec![2]);
     assert_eq!(d.plans.last().unwrap().swap_out.len(), 1);
     d.run_to_completion(600);
-    assert!(d
-        .plans
-        .iter()
-        .all(|p| p.swap_out.iter().all(|t| t.request_id != 1)));
+    assert!(d.plans.iter().all(|p| p.swap_out.iter().all(|t| t.request_id != 1)));
     for plan in &d.plans {
-        let out: u64 = plan
-            .swap_out
-            .iter()
-            .map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES)
-            .sum();
-        assert!(
-            out <= plan.swap_out_budget_bytes.unwrap(),
-            "step {} moved {out} bytes out",
-            plan.step_id
-        );
-        let into: u64 = plan
-            .swap_in
-            .iter()
-            .map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES)
-            .sum();
+        let out: u64 = plan.swap_out.iter().map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES).sum();
+        assert!(out <= plan.swap_out_budget_bytes.unwrap(), "step {} moved {out} bytes out", plan.step_id);
+        let into: u64 = plan.swap_in.iter().map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES).sum();
         assert!(into <= plan.swap_in_budget_bytes.unwrap() || plan.swap_in.len() == 1);
     }
     assert_eq!(d.finished.len(), 3);
@@ -150,11 +109,7 @@ fn late_requests_are_served_in_arrival_order_after_punctual_ones() {
     d.add(with_slo(spec(2, 30, 2, 0.0), 0.000_1, 0.1));
     d.add(with_slo(spec(3, 30, 2, 0.0), 1.0, 0.1));
     let plan = d.step();
-    let order: Vec<(u64, u32)> = plan
-        .scheduled
-        .iter()
-        .map(|e| (e.id, e.num_new_tokens))
-        .collect();
+    let order: Vec<(u64, u32)> = plan.scheduled.iter().map(|e| (e.id, e.num_new_tokens)).collect();
     // Budget 64: the punctual one, the oldest late one, then what is left for the next.
     assert_eq!(order, vec![(3, 30), (1, 30), (2, 4)]);
 }
@@ -167,11 +122,7 @@ fn nothing_starves_under_sustained_overload() {
     for i in 0..150u64 {
         if i % 2 == 0 {
             let ttft = if i % 6 == 0 { 0.000_1 } else { 0.3 };
-            d.add(with_slo(
-                spec(i, 6 + (i % 5) as u32 * 3, 3 + (i % 4) as u32, d.now),
-                ttft,
-                0.1,
-            ));
+            d.add(with_slo(spec(i, 6 + (i % 5) as u32 * 3, 3 + (i % 4) as u32, d.now), ttft, 0.1));
         }
         d.step();
     }
@@ -193,10 +144,7 @@ fn keeps_a_reserve_for_steady_arrivals() {
     }
     let stats = d.scheduler.stats();
     assert!(stats.reserve_blocks > 0, "{stats:?}");
-    assert!(
-        stats.rotations_out > 0,
-        "long requests with slack were rotated out proactively"
-    );
+    assert!(stats.rotations_out > 0, "long requests with slack were rotated out proactively");
 }
 
 /// Long generations with relaxed objectives hold the memory when a burst of short,
@@ -221,24 +169,15 @@ fn rotation_meets_a_burst_ttft_that_baselines_miss() {
         let start = d.plans.len();
         d.run_to_completion(2000);
         let met = (10..20u64).filter(|id| {
-            let first = d.plans[start..]
-                .iter()
-                .position(|p| p.sampling.contains(id))
-                .unwrap();
+            let first = d.plans[start..].iter().position(|p| p.sampling.contains(id)).unwrap();
             (first + 1) as f64 * d.step_s <= 0.1 + 1e-9
         });
         met.count()
     };
-    let (rotasched, recompute, fcfs) = (
-        ttft_met(PolicyKind::RotaSched),
-        ttft_met(PolicyKind::Recompute),
-        ttft_met(PolicyKind::Fcfs),
-    );
+    let (rotasched, recompute, fcfs) =
+        (ttft_met(PolicyKind::RotaSched), ttft_met(PolicyKind::Recompute), ttft_met(PolicyKind::Fcfs));
     assert!(rotasched >= 8, "rotasched met {rotasched}/10");
-    assert!(
-        rotasched > recompute && rotasched > fcfs,
-        "{rotasched} vs {recompute}, {fcfs}"
-    );
+    assert!(rotasched > recompute && rotasched > fcfs, "{rotasched} vs {recompute}, {fcfs}");
 }
 
 #[test]
@@ -250,19 +189,9 @@ fn a_hopeless_arrival_does_not_take_the_block_a_relaxed_decode_needs() {
     d.step();
     d.add(with_slo(spec(3, 3, 2, 0.0), 0.000_1, 0.1)); // hopeless from the start
     let plan = d.step();
-    let relaxed = plan
-        .scheduled
-        .iter()
-        .find(|e| e.id == 1)
-        .expect("the decode runs");
-    assert_eq!(
-        (relaxed.num_computed_tokens, relaxed.block_table.len()),
-        (8, 3)
-    );
-    assert!(
-        !plan.first_scheduled.contains(&3),
-        "the late request waits for free blocks"
-    );
+    let relaxed = plan.scheduled.iter().find(|e| e.id == 1).expect("the decode runs");
+    assert_eq!((relaxed.num_computed_tokens, relaxed.block_table.len()), (8, 3));
+    assert!(!plan.first_scheduled.contains(&3), "the late request waits for free blocks");
     d.run_to_completion(200);
     assert!(d.finished.contains(&3));
     d.assert_all_free();
@@ -285,11 +214,7 @@ fn prompt_beside_decodes(ttft_s: f64) -> (Driver, Vec<crate::plan::StepPlan>) {
 }
 
 fn chunk_of(plan: &crate::plan::StepPlan, id: u64) -> u32 {
-    plan.scheduled
-        .iter()
-        .filter(|e| e.id == id)
-        .map(|e| e.num_new_tokens)
-        .sum()
+    plan.scheduled.iter().filter(|e| e.id == id).map(|e| e.num_new_tokens).sum()
 }
 
 #[test]
@@ -297,26 +222,12 @@ fn prefill_chunks_are_cut_so_the_step_ends_before_the_next_token_is_due() {
     let (mut d, plans) = prompt_beside_decodes(5.0);
     // Uncut, the prompt would take 60 of the 62 free tokens: a 70 ms step against 50 ms.
     for plan in &plans {
-        assert!(
-            plan.predicted_step_s <= 0.05 + 1e-9,
-            "a {:.3} s step makes decodes late",
-            plan.predicted_step_s
-        );
-        assert!(
-            plan.sampling.contains(&1) && plan.sampling.contains(&2),
-            "decodes keep going"
-        );
+        assert!(plan.predicted_step_s <= 0.05 + 1e-9, "a {:.3} s step makes decodes late", plan.predicted_step_s);
+        assert!(plan.sampling.contains(&1) && plan.sampling.contains(&2), "decodes keep going");
     }
     let chunks: Vec<u32> = plans.iter().map(|p| chunk_of(p, 3)).collect();
-    assert!(
-        chunks[0] > 0 && chunks[0] < 60,
-        "the prompt starts at once, in part: {chunks:?}"
-    );
-    assert_eq!(
-        chunks[0] + chunks[1],
-        60,
-        "and is done in the next step: {chunks:?}"
-    );
+    assert!(chunks[0] > 0 && chunks[0] < 60, "the prompt starts at once, in part: {chunks:?}");
+    assert_eq!(chunks[0] + chunks[1], 60, "and is done in the next step: {chunks:?}");
     d.run_to_completion(200);
     assert_eq!(d.finished.len(), 3);
     d.assert_all_free();
@@ -370,12 +281,7 @@ fn late_gaps_are_counted_from_the_deadlines() {
 
 /// Steps (plan indices) at which `id` sampled a token.
 fn sampled_at(d: &Driver, id: u64) -> Vec<usize> {
-    d.plans
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.sampling.contains(&id))
-        .map(|(i, _)| i)
-        .collect()
+    d.plans.iter().enumerate().filter(|(_, p)| p.sampling.contains(&id)).map(|(i, _)| i).collect()
 }
 
 /// Two decodes with objectives too tight for a round trip hold the memory when a prompt
@@ -393,10 +299,7 @@ fn a_prompt_about_to_miss_its_first_token_parks_a_decode_with_late_gaps_to_spare
     for _ in 0..9 {
         d.step();
     }
-    assert!(
-        d.plans.iter().all(|p| p.swap_out.is_empty()),
-        "no slack for a round trip: nothing rotates"
-    );
+    assert!(d.plans.iter().all(|p| p.swap_out.is_empty()), "no slack for a round trip: nothing rotates");
     // 8 blocks held, 4 free; the prompt needs 7 and is due in 30 ms (3 steps).
     let arrival = d.now;
     let start = d.plans.len();
@@ -404,33 +307,17 @@ fn a_prompt_about_to_miss_its_first_token_parks_a_decode_with_late_gaps_to_spare
     d.add(with_slo(spec(3, 24, 4, arrival), 0.075, 0.015));
     let plan = d.step();
     let parked: Vec<u64> = plan.swap_out.iter().map(|t| t.request_id).collect();
-    assert_eq!(
-        parked,
-        vec![2],
-        "the newest of the equally spare decodes is parked"
-    );
+    assert_eq!(parked, vec![2], "the newest of the equally spare decodes is parked");
     for _ in 0..3 {
         d.step();
     }
     let first = *sampled_at(&d, 3).first().expect("the prompt ran");
-    assert!(
-        first - start < 3,
-        "first token after {} steps",
-        first - start + 1
-    );
+    assert!(first - start < 3, "first token after {} steps", first - start + 1);
     d.run_to_completion(400);
-    assert!(
-        d.plans
-            .iter()
-            .any(|p| p.swap_in.iter().any(|t| t.request_id == 2)),
-        "the parked decode returns"
-    );
+    assert!(d.plans.iter().any(|p| p.swap_in.iter().any(|t| t.request_id == 2)), "the parked decode returns");
     for id in [1, 2] {
         let at = sampled_at(&d, id);
-        let late = at
-            .windows(2)
-            .filter(|w| (w[1] - w[0]) as f64 * d.step_s > 0.015 + 1e-9)
-            .count();
+        let late = at.windows(2).filter(|w| (w[1] - w[0]) as f64 * d.step_s > 0.015 + 1e-9).count();
         assert!(late <= 3, "request {id}: {late} late gaps");
     }
     assert_eq!(d.finished.len(), 3);
