@@ -10,7 +10,7 @@ from superinfer.bench.cli import add_workload_arguments, slo_request, workload_c
 from superinfer.bench.sharegpt import load_conversations
 from superinfer.bench.tokenizer import local_tokenizer
 from superinfer.bench.trace import load_trace
-from superinfer.bench.workload import plan
+from superinfer.bench.workload import RequestSpec, WorkloadConfig, plan
 from superinfer.simulate.profiles import resolve
 from superinfer.simulate.runner import SimOptions, simulate, unloaded_latency
 
@@ -39,15 +39,20 @@ def _profile(args: argparse.Namespace):
     return replace(profile, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def run(args: argparse.Namespace) -> int:
-    profile = _profile(args)
+def planned_workloads(args: argparse.Namespace) -> tuple[WorkloadConfig, dict[float, list[RequestSpec]]]:
+    """The workload options' config and, per rate, its arrivals and lengths (no prompt text)."""
     config = workload_config(args)
     trace = load_trace(args.trace) if args.trace else None
     conversations = tokenizer = None
     if config.lengths == "sharegpt":
         conversations, tokenizer = load_conversations(args.sharegpt), local_tokenizer(args.tokenizer)
+    return config, {rate: plan(replace(config, rate=rate), trace, conversations, tokenizer) for rate in args.rates}
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = _profile(args)
+    config, workloads = planned_workloads(args)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    workloads = {rate: plan(replace(config, rate=rate), trace, conversations, tokenizer) for rate in args.rates}
     wanted = slo_request(args)
     unloaded = None
     if wanted.needs_calibration:

@@ -13,12 +13,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from superinfer.bench.cli import add_workload_arguments, workload_config
+from superinfer.bench.cli import add_workload_arguments
 from superinfer.bench.metrics import Slo
-from superinfer.bench.sharegpt import load_conversations
-from superinfer.bench.tokenizer import local_tokenizer
-from superinfer.bench.trace import load_trace
-from superinfer.bench.workload import RequestSpec, plan
+from superinfer.bench.workload import RequestSpec
+from superinfer.simulate.cli import planned_workloads
 from superinfer.simulate.profiles import Profile, resolve
 from superinfer.simulate.runner import SimOptions, simulate
 
@@ -57,14 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", default="default", help="for ShareGPT lengths")
     add_workload_arguments(parser)
     args = parser.parse_args(argv)
-    config = workload_config(args)
-    trace = load_trace(args.trace) if args.trace else None
-    conversations = tokenizer = None
-    if config.lengths == "sharegpt":
-        conversations, tokenizer = load_conversations(args.sharegpt), local_tokenizer(args.tokenizer)
+    _config, workloads = planned_workloads(args)
     profile = resolve(args.profile)
-    for rate in args.rates:
-        specs = plan(replace(config, rate=rate), trace, conversations, tokenizer)
+    for rate, specs in workloads.items():
         print(json.dumps({"rate": rate, **demand(profile, specs, args.device_kv_blocks)}))
     return 0
 
