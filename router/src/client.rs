@@ -18,6 +18,8 @@ const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 const CONNECT_RETRY: Duration = Duration::from_millis(200);
 /// A liveness probe that takes longer than this counts as a failure.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// A Reset waits behind a Step the shard may still be running; longer than this is a failure.
+const RESET_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum ClientError {
@@ -32,6 +34,17 @@ pub enum ClientError {
     Timeout(Duration),
     #[error("shard error ({code}): {message}")]
     Shard { code: String, message: String },
+    /// The shard has lost its warm-up state (FAILED_PRECONDITION): it cannot serve again.
+    #[error("the shard is not in a state to serve: {0}")]
+    Precondition(String),
+}
+
+impl ClientError {
+    /// Whether waiting and asking again can help. A shard that lost its warm-up (or that we
+    /// never reached) cannot come back by itself.
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, ClientError::Precondition(_) | ClientError::Connect { .. })
+    }
 }
 
 impl From<Status> for ClientError {
@@ -41,6 +54,7 @@ impl From<Status> for ClientError {
             Code::Unavailable | Code::Cancelled => ClientError::Unavailable(message),
             Code::InvalidArgument => ClientError::InvalidPlan(message),
             Code::DeadlineExceeded => ClientError::Timeout(Duration::ZERO),
+            Code::FailedPrecondition => ClientError::Precondition(message),
             code => ClientError::Shard { code: format!("{code:?}"), message },
         }
     }
@@ -116,8 +130,21 @@ impl ShardClient {
         Ok(self.inner.warmup(request).await?.into_inner())
     }
 
-    pub async fn step(&mut self, request: pb::StepRequest) -> Result<pb::StepResponse, ClientError> {
-        Ok(self.inner.step(request).await?.into_inner())
+    /// Runs one step; a reply later than `deadline` is a `Timeout` (the call is abandoned; the
+    /// shard may still finish it, which is why recovery sends `Reset` before serving again).
+    pub async fn step(&mut self, request: pb::StepRequest, deadline: Duration) -> Result<pb::StepResponse, ClientError> {
+        match tokio::time::timeout(deadline, self.inner.step(request)).await {
+            Ok(reply) => Ok(reply?.into_inner()),
+            Err(_) => Err(ClientError::Timeout(deadline)),
+        }
+    }
+
+    /// Drops every request on the shard once its current work is done (see `Reset`).
+    pub async fn reset(&mut self) -> Result<pb::ResetResponse, ClientError> {
+        match tokio::time::timeout(RESET_TIMEOUT, self.inner.reset(pb::ResetRequest {})).await {
+            Ok(reply) => Ok(reply?.into_inner()),
+            Err(_) => Err(ClientError::Timeout(RESET_TIMEOUT)),
+        }
     }
 }
 

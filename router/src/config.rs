@@ -32,6 +32,19 @@ pub struct RouterConfig {
     /// Seconds to wait for the shard to answer at start-up.
     #[arg(long, env = "SHARD_CONNECT_TIMEOUT_S", default_value_t = 60)]
     pub shard_connect_timeout_s: u64,
+    /// Deadline of every model step, in seconds; by default 20 times the step time the warm-up
+    /// cost model predicts, at least 30 s. A step past it fails the requests in flight and
+    /// starts recovery.
+    #[arg(long, env = "STEP_TIMEOUT_S")]
+    pub step_timeout_s: Option<f64>,
+    /// Seconds a failed shard may take to answer again (requests are refused meanwhile) before
+    /// the router gives up and exits non-zero, so that the server is restarted.
+    #[arg(long, env = "SHARD_RECOVERY_TIMEOUT_S", default_value_t = 60.0)]
+    pub shard_recovery_timeout_s: f64,
+    /// On SIGTERM: seconds requests in flight get to finish (new ones are refused with 503)
+    /// before the router stops.
+    #[arg(long, env = "GRACEFUL_TERMINATION_TIMEOUT_S", default_value_t = 30.0)]
+    pub graceful_termination_timeout_s: f64,
 
     /// Scheduling policy.
     #[arg(long, env = "SCHEDULER", value_enum, default_value_t = SchedulerKind::Rotasched)]
@@ -83,8 +96,20 @@ pub struct RouterConfig {
     /// Largest request body, in bytes.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,
-    /// When set, requests must carry `Authorization: Bearer <key>`.
-    #[arg(long, env = "API_KEY", hide_env_values = true)]
+    /// Open HTTP connections at most; past it new connections are closed at once (counted in
+    /// `superinfer_http_connections_refused`).
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 8192)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request head, after connecting and between requests on
+    /// a kept-alive HTTP/1 connection.
+    #[arg(long, env = "HTTP_HEADER_TIMEOUT_S", default_value_t = 10)]
+    pub http_header_timeout_s: u64,
+    /// Seconds a connection may stay open without a request after its last one ended.
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT_S", default_value_t = 60)]
+    pub http_idle_timeout_s: u64,
+    /// When set, requests must carry `Authorization: Bearer <key>`. Read from the `API_KEY`
+    /// environment variable only: a flag's value is visible to every local user (`ps`).
+    #[arg(skip)]
     pub api_key: Option<String>,
     /// Origins allowed by CORS (repeatable); none allows none.
     #[arg(long, env = "CORS_ALLOW_ORIGIN", value_delimiter = ',')]
@@ -105,13 +130,31 @@ pub struct RouterConfig {
 }
 
 impl RouterConfig {
-    /// Parses `argv` (program name first), reading unset flags from the environment.
+    /// Parses `argv` (program name first), reading unset flags from the environment, and the
+    /// API key from `API_KEY`.
     pub fn parse_argv<I, T>(argv: I) -> Result<Self, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        Self::try_parse_from(argv)
+        Self::parse_with_api_key(argv, std::env::var_os("API_KEY"))
+    }
+
+    fn parse_with_api_key<I, T>(argv: I, api_key: Option<std::ffi::OsString>) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut config = Self::try_parse_from(argv)?;
+        config.api_key = match api_key {
+            // A key that cannot be read must not leave the routes open.
+            Some(key) => Some(key.into_string().map_err(|_| {
+                clap::Error::raw(clap::error::ErrorKind::InvalidUtf8, "API_KEY is not valid UTF-8\n")
+            })?),
+            None => None,
+        }
+        .filter(|key| !key.is_empty());
+        Ok(config)
     }
 }
 
@@ -126,6 +169,31 @@ mod tests {
         assert_eq!(config.scheduler, SchedulerKind::Swap);
         assert_eq!(config.max_batch_tokens, 2048);
         assert!(config.api_key.is_none());
+    }
+
+    #[test]
+    fn the_api_key_comes_from_the_environment_only() {
+        let config = RouterConfig::parse_with_api_key(["router"], Some("s3cret".into())).unwrap();
+        assert_eq!(config.api_key.as_deref(), Some("s3cret"));
+        let empty = RouterConfig::parse_with_api_key(["router"], Some("".into())).unwrap();
+        assert!(empty.api_key.is_none());
+        let flag = RouterConfig::parse_with_api_key(["router", "--api-key", "s3cret"], None);
+        assert!(flag.is_err(), "a key on the command line is visible to every local user");
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStringExt;
+            let unreadable = std::ffi::OsString::from_vec(vec![0xff, 0xfe]);
+            assert!(RouterConfig::parse_with_api_key(["router"], Some(unreadable)).is_err());
+        }
+    }
+
+    #[test]
+    fn connection_limits_have_defaults() {
+        let config = RouterConfig::parse_with_api_key(["router"], None).unwrap();
+        assert_eq!(
+            (config.max_connections, config.http_header_timeout_s, config.http_idle_timeout_s),
+            (8192, 10, 60)
+        );
     }
 
     #[test]

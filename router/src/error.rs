@@ -23,6 +23,9 @@ pub enum HttpError {
     Incomplete,
     #[error("unhealthy: {0}")]
     Unhealthy(String),
+    /// The server cannot take the request now (shard recovering, or shutting down); retry.
+    #[error("Service unavailable: {0}")]
+    Unavailable(String),
     #[error("Unauthorized")]
     Unauthorized,
     #[error("Payload too large: the request body is over {0} bytes")]
@@ -38,7 +41,10 @@ pub enum HttpError {
 
 impl From<EngineError> for HttpError {
     fn from(error: EngineError) -> Self {
-        HttpError::Generation(error.to_string())
+        match error {
+            EngineError::Unavailable(_) | EngineError::Draining => HttpError::Unavailable(error.to_string()),
+            other => HttpError::Generation(other.to_string()),
+        }
     }
 }
 
@@ -59,7 +65,7 @@ impl HttpError {
             HttpError::Generation(_) => StatusCode::FAILED_DEPENDENCY,
             HttpError::Overloaded => StatusCode::TOO_MANY_REQUESTS,
             HttpError::Incomplete | HttpError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            HttpError::Unhealthy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            HttpError::Unhealthy(_) | HttpError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             HttpError::Unauthorized => StatusCode::UNAUTHORIZED,
             HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         }
@@ -76,6 +82,7 @@ impl HttpError {
             HttpError::Overloaded => "overloaded",
             HttpError::Incomplete => "incomplete_generation",
             HttpError::Unhealthy(_) => "healthcheck",
+            HttpError::Unavailable(_) => "unavailable",
             HttpError::Unauthorized => "unauthorized",
             HttpError::PayloadTooLarge(_) => "payload_too_large",
             HttpError::Metrics(_) => "metrics",
@@ -128,6 +135,7 @@ mod tests {
             (HttpError::Overloaded, 429, "overloaded"),
             (HttpError::Incomplete, 500, "incomplete_generation"),
             (HttpError::Unhealthy("down".into()), 503, "healthcheck"),
+            (HttpError::Unavailable("draining".into()), 503, "unavailable"),
             (HttpError::Unauthorized, 401, "unauthorized"),
             (HttpError::PayloadTooLarge(10), 413, "payload_too_large"),
             (
@@ -167,5 +175,8 @@ mod tests {
         );
         let stream = error.openai_stream_body();
         assert_eq!(stream["error"]["http_status_code"], 424);
+        for refused in [EngineError::Draining, EngineError::Unavailable("step timed out".into())] {
+            assert_eq!(HttpError::from(refused).status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The pyo3 boundary: a thin shim that parses arguments and calls the Rust entry points.
 //! `serve(argv)` runs the router on its own tokio runtime with the GIL released, until SIGINT
-//! or SIGTERM.
+//! or SIGTERM (then drains), or until the engine gives up on its shard (then raises, and the
+//! process exits non-zero).
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
@@ -49,7 +50,9 @@ fn run_until_signal(config: RouterConfig) -> Result<(), String> {
     })
 }
 
-async fn cancel_on_signal(shutdown: CancellationToken) {
+/// The first SIGINT or SIGTERM stops the router gracefully (`server::run` drains); a second
+/// one during the drain exits at once.
+async fn cancel_on_signal(stop: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut interrupt, mut terminate) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
         (Ok(interrupt), Ok(terminate)) => (interrupt, terminate),
@@ -59,11 +62,17 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
         }
     };
     tokio::select! {
-        _ = interrupt.recv() => tracing::info!("SIGINT received, shutting down"),
-        _ = terminate.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = shutdown.cancelled() => {}
+        _ = interrupt.recv() => tracing::info!("SIGINT received, draining"),
+        _ = terminate.recv() => tracing::info!("SIGTERM received, draining"),
+        _ = stop.cancelled() => return,
     }
-    shutdown.cancel();
+    stop.cancel();
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::warn!("second signal during the drain: exiting now");
+    std::process::exit(130);
 }
 
 #[pymodule]

@@ -1,6 +1,10 @@
 //! Start-up wiring: connect to the shard → Info → Warmup → start the engine → build the HTTP
-//! app → serve until `shutdown` is cancelled. The caller owns the shutdown token, so tests and
-//! the Python shim decide when the server stops.
+//! app → serve until `stop` is cancelled, then drain. The caller owns the stop token, so tests
+//! and the Python shim decide when the server stops.
+//!
+//! Stopping is graceful: new requests are refused with 503, those in flight get
+//! `--graceful-termination-timeout-s` to finish, then the engine and the HTTP server stop.
+//! An engine that gives up on its shard ends `run` with an error (the process exits non-zero).
 use std::time::Duration;
 
 use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerError, Slo};
@@ -11,9 +15,12 @@ use tokio_util::task::TaskTracker;
 use crate::client::{ClientError, ShardClient};
 use crate::config::{RouterConfig, SchedulerKind};
 use crate::engine::api::Slo as RequestSlo;
-use crate::engine::{spawn_engine, EngineConfig, EngineHandle, ModelInfo};
+use crate::engine::{spawn_engine, EngineConfig, EngineHandle, EngineTimeouts, ModelInfo};
 use crate::http::{self, HttpConfig};
 use crate::pb;
+
+/// How long the HTTP server may take to close its connections once told to stop.
+const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -31,28 +38,67 @@ pub enum ServerError {
     HttpConfig(#[from] http::ConfigError),
     #[error("the HTTP server failed: {0}")]
     Http(std::io::Error),
+    #[error("the engine stopped: {0}")]
+    EngineStopped(String),
 }
 
-/// Runs the router until `shutdown` is cancelled (or the HTTP server fails).
-pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> Result<(), ServerError> {
+/// Runs the router until `stop` is cancelled (then drains), the HTTP server fails, or the
+/// engine gives up on its shard.
+pub async fn run(config: RouterConfig, stop: CancellationToken) -> Result<(), ServerError> {
     let tracker = TaskTracker::new();
-    let result = serve(&config, &tracker, &shutdown).await;
+    let engine_stop = CancellationToken::new();
+    let result = tokio::select! {
+        result = serve(&config, &tracker, &engine_stop, &stop) => result,
+        // Stopped while the shard was still loading: nothing to drain.
+        _ = stop.cancelled() => Ok(()),
+    };
     // Whatever ended the server, the engine stops with it and fails what is in flight.
-    shutdown.cancel();
+    engine_stop.cancel();
     tracker.close();
     tracker.wait().await;
     result
 }
 
-async fn serve(config: &RouterConfig, tracker: &TaskTracker, shutdown: &CancellationToken) -> Result<(), ServerError> {
-    let (engine, model) = start_engine(config, tracker, shutdown).await?;
-    let app = http::router(http_config(config, &model), engine, &model)?;
+async fn serve(
+    config: &RouterConfig,
+    tracker: &TaskTracker,
+    engine_stop: &CancellationToken,
+    stop: &CancellationToken,
+) -> Result<(), ServerError> {
+    let (engine, model) = start_engine(config, tracker, engine_stop).await?;
+    let app = http::router(http_config(config, &model), engine.clone(), &model)?;
     let address = format!("{}:{}", config.hostname, config.port);
     let listener = TcpListener::bind(&address)
         .await
         .map_err(|source| ServerError::Bind { address: address.clone(), source })?;
     tracing::info!(%address, model = %model.model_id, "router listening");
-    http::serve(listener, app, shutdown.clone()).await.map_err(ServerError::Http)
+    let http_stop = CancellationToken::new();
+    let http = http::serve(listener, app, http_stop.clone());
+    tokio::pin!(http);
+    let outcome = tokio::select! {
+        result = &mut http => return result.map_err(ServerError::Http),
+        reason = engine.stopped() => Err(ServerError::EngineStopped(reason)),
+        _ = stop.cancelled() => Ok(()),
+    };
+    if outcome.is_ok() {
+        // Validated by `timeouts` at start-up.
+        let grace = Duration::try_from_secs_f64(config.graceful_termination_timeout_s).unwrap_or_default();
+        drain(&engine, grace).await;
+    }
+    http_stop.cancel();
+    if tokio::time::timeout(HTTP_CLOSE_TIMEOUT, &mut http).await.is_err() {
+        tracing::warn!("connections still open after {HTTP_CLOSE_TIMEOUT:?}; closing them");
+    }
+    outcome
+}
+
+/// Refuses new requests and waits up to `grace` for those in flight.
+async fn drain(engine: &EngineHandle, grace: Duration) {
+    tracing::info!(grace_s = grace.as_secs_f64(), "stopping: finishing the requests in flight");
+    match tokio::time::timeout(grace, engine.drain()).await {
+        Ok(()) => tracing::info!("every request finished"),
+        Err(_) => tracing::warn!("requests still in flight after {grace:?} fail now"),
+    }
 }
 
 /// The HTTP layer's limits: the flags where given, else what the model and the KV pool allow.
@@ -74,6 +120,9 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
         model_id: String::new(),
         cors_allow_origin: config.cors_allow_origin.clone(),
         compute_type: model.device_type.clone(),
+        max_connections: config.max_connections,
+        http_header_timeout: Duration::from_secs(config.http_header_timeout_s),
+        http_idle_timeout: Duration::from_secs(config.http_idle_timeout_s),
     }
 }
 
@@ -96,7 +145,7 @@ pub async fn start_engine(
     let mut model = ModelInfo::from_shard(&info, &warmup);
     model.num_device_blocks = scheduler.num_device_blocks;
     model.num_host_blocks = scheduler.num_host_blocks;
-    let engine_config = EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone() };
+    let engine_config = EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone(), timeouts: timeouts(config)? };
     let engine = spawn_engine(engine_config, client, tracker, shutdown.child_token())?;
     Ok((engine, model))
 }
@@ -131,6 +180,24 @@ pub fn scheduler_config(
         cost_model,
         tbt_late_share: 1.0 - config.tbt_slo_percentile / 100.0,
         ..SchedulerConfig::default()
+    })
+}
+
+/// The engine's deadlines from the flags.
+pub fn timeouts(config: &RouterConfig) -> Result<EngineTimeouts, ServerError> {
+    let seconds = |name: &str, value: f64| {
+        Duration::try_from_secs_f64(value)
+            .ok()
+            .filter(|duration| !duration.is_zero())
+            .ok_or_else(|| ServerError::Config(format!("--{name} must be a positive number of seconds, got {value}")))
+    };
+    let grace = config.graceful_termination_timeout_s;
+    if Duration::try_from_secs_f64(grace).is_err() {
+        return Err(ServerError::Config(format!("--graceful-termination-timeout-s must be >= 0 seconds, got {grace}")));
+    }
+    Ok(EngineTimeouts {
+        step: config.step_timeout_s.map(|value| seconds("step-timeout-s", value)).transpose()?,
+        recovery: seconds("shard-recovery-timeout-s", config.shard_recovery_timeout_s)?,
     })
 }
 
@@ -176,6 +243,19 @@ mod tests {
         let uncapped = scheduler_config(&config(&["--device-kv-blocks", "400", "--scheduler", "fcfs"]), &info, &warmup).unwrap();
         assert_eq!(uncapped.num_device_blocks, 100);
         assert_eq!(uncapped.policy, PolicyKind::Fcfs);
+    }
+
+    #[test]
+    fn timeouts_come_from_the_flags_and_must_be_positive() {
+        let defaults = timeouts(&config(&[])).unwrap();
+        assert_eq!(defaults, EngineTimeouts::default());
+        let set = timeouts(&config(&["--step-timeout-s", "2.5", "--shard-recovery-timeout-s", "9"])).unwrap();
+        assert_eq!(set.step, Some(Duration::from_millis(2500)));
+        assert_eq!(set.recovery, Duration::from_secs(9));
+        for bad in [["--step-timeout-s=0"], ["--step-timeout-s=-1"], ["--shard-recovery-timeout-s=inf"],
+            ["--graceful-termination-timeout-s=-5"]] {
+            assert!(matches!(timeouts(&config(&bad)), Err(ServerError::Config(_))), "{bad:?}");
+        }
     }
 
     #[test]

@@ -62,16 +62,35 @@ fn start_shard(name: &str) -> Option<Shard> {
 }
 
 async fn engine(shard: &Shard, policy: &str, tracker: &TaskTracker, shutdown: &CancellationToken) -> EngineHandle {
+    engine_with(shard, &["--scheduler", policy], tracker, shutdown).await
+}
+
+async fn engine_with(shard: &Shard, flags: &[&str], tracker: &TaskTracker, shutdown: &CancellationToken) -> EngineHandle {
     let socket = shard.socket.to_str().expect("utf-8 path");
     // A first start on a fresh machine converts the model (tens of seconds on a loaded machine).
-    let argv = ["router", "--uds-path", socket, "--max-batch-tokens", "64", "--scheduler", policy,
-        "--shard-connect-timeout-s", "300"];
-    let config = RouterConfig::parse_argv(argv).unwrap();
+    let argv = ["router", "--uds-path", socket, "--max-batch-tokens", "64", "--shard-connect-timeout-s", "300"];
+    let config = RouterConfig::parse_argv(argv.iter().chain(flags)).unwrap();
     match start_engine(&config, tracker, shutdown).await {
         Ok((engine, _)) => engine,
         Err(err) => {
             let log = std::fs::read_to_string(&shard.log).unwrap_or_default();
             panic!("engine did not start: {err}\n--- shard log ---\n{log}");
+        }
+    }
+}
+
+/// Sends `signal` (e.g. "STOP", "CONT") to the shard process.
+fn signal(shard: &Shard, signal: &str) {
+    let status = Command::new("kill").arg(format!("-{signal}")).arg(shard.process.id().to_string()).status();
+    assert!(status.is_ok_and(|status| status.success()), "kill -{signal} failed");
+}
+
+/// The stream's first event that is not a token.
+async fn last_event(stream: &mut RequestStream) -> Option<EngineEvent> {
+    loop {
+        match stream.recv().await {
+            Some(EngineEvent::Token(_)) => continue,
+            other => return other,
         }
     }
 }
@@ -148,25 +167,59 @@ async fn generates_batches_and_cancels_on_the_real_shard() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_shard_fails_running_requests_and_health() {
+async fn a_dead_shard_fails_running_requests_then_the_engine_gives_up() {
     let Some(mut shard) = start_shard("failure") else { return };
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let engine = engine(&shard, "rotasched", &tracker, &shutdown).await;
+    let flags = ["--scheduler", "rotasched", "--shard-recovery-timeout-s", "3"];
+    let engine = engine_with(&shard, &flags, &tracker, &shutdown).await;
     let mut stream = engine.submit(request(prompt(1, 30), 500)).unwrap();
     assert!(matches!(stream.recv().await, Some(EngineEvent::Token(_))));
     shard.process.kill().expect("kill the shard");
-    let deadline = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            match stream.recv().await {
-                Some(EngineEvent::Token(_)) => continue,
-                other => return other,
-            }
+    let last = tokio::time::timeout(Duration::from_secs(60), last_event(&mut stream)).await;
+    let last = last.expect("the failure reaches the stream");
+    assert!(matches!(last, Some(EngineEvent::Failed(EngineError::Shard(_)))), "{last:?}");
+    // Recovering: refused, but not for good yet.
+    assert!(matches!(engine.health().await, Err(EngineError::Unavailable(_))));
+    assert!(matches!(engine.submit(request(vec![1, 2], 1)), Err(EngineError::Unavailable(_))));
+    // The shard does not come back: the engine gives up (the router then exits non-zero).
+    let reason = tokio::time::timeout(Duration::from_secs(60), engine.stopped()).await.expect("the engine gives up");
+    assert!(reason.contains("did not recover"), "{reason}");
+    assert!(matches!(engine.health().await, Err(EngineError::Shard(_))));
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_shard_fails_the_step_in_time_and_the_engine_recovers() {
+    let Some(shard) = start_shard("stall") else { return };
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let flags = ["--scheduler", "rotasched", "--step-timeout-s", "2", "--shard-recovery-timeout-s", "120"];
+    let engine = engine_with(&shard, &flags, &tracker, &shutdown).await;
+    let expected = collect(engine.submit(request(prompt(3, 40), 8)).unwrap()).await.0;
+
+    let mut stream = engine.submit(request(prompt(1, 30), 500)).unwrap();
+    assert!(matches!(stream.recv().await, Some(EngineEvent::Token(_))));
+    signal(&shard, "STOP");
+    let stopped_at = Instant::now();
+    let last = tokio::time::timeout(Duration::from_secs(30), last_event(&mut stream)).await.expect("no hang");
+    assert!(matches!(last, Some(EngineEvent::Failed(EngineError::Shard(_)))), "{last:?}");
+    // The deadline (2 s) plus a step already under way: well under the 30 s above.
+    assert!(stopped_at.elapsed() < Duration::from_secs(15), "{:?}", stopped_at.elapsed());
+    assert!(matches!(engine.health().await, Err(EngineError::Unavailable(_))));
+    assert!(matches!(engine.submit(request(vec![1, 2], 1)), Err(EngineError::Unavailable(_))));
+
+    signal(&shard, "CONT");
+    let recovered = tokio::time::timeout(Duration::from_secs(60), async {
+        while engine.health().await.is_err() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    let last = deadline.await.expect("the failure reaches the stream");
-    assert!(matches!(last, Some(EngineEvent::Failed(EngineError::Shard(_)))), "{last:?}");
-    assert!(matches!(engine.health().await, Err(EngineError::Shard(_))));
-    assert!(matches!(engine.submit(request(vec![1, 2], 1)), Err(EngineError::Shard(_))));
+    recovered.await.expect("the engine serves again once the shard answers");
+    // The same prompt gives the same tokens: nothing of the failed step survived.
+    let (tokens, last) = collect(engine.submit(request(prompt(3, 40), 8)).unwrap()).await;
+    assert!(matches!(last, EngineEvent::Finished { .. }), "{last:?}");
+    assert_eq!(tokens, expected);
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;

@@ -37,10 +37,16 @@ ROUTER_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--max-top-n-tokens", int, "largest top_n_tokens (default 5)"),
     ("--max-client-batch-size", int, "prompts per request (default 4)"),
     ("--payload-limit", int, "largest request body in bytes (default 2000000)"),
-    ("--api-key", str, "require 'Authorization: Bearer <key>'"),
+    ("--max-connections", int, "open HTTP connections at most; more are closed at once (default 8192)"),
+    ("--http-header-timeout-s", int, "seconds a client has to send a request head (default 10)"),
+    ("--http-idle-timeout-s", int, "seconds a connection may stay open without a request (default 60)"),
     ("--cors-allow-origin", str, "comma-separated origins allowed by CORS"),
     ("--otlp-endpoint", str, "OpenTelemetry collector (OTLP/gRPC) for traces"),
     ("--otlp-service-name", str, "service name of the router's traces (default superinfer.router)"),
+    ("--step-timeout-s", float, "deadline of a model step in seconds (default: 20x the predicted step time, "
+     "at least 30 s); a late step fails the requests in flight and starts recovery"),
+    ("--shard-recovery-timeout-s", float, "seconds a failed shard may take to answer again before the "
+     "server exits non-zero (default 60)"),
 )
 
 
@@ -59,6 +65,10 @@ class LaunchConfig:
     graceful_termination_timeout_s: float
     # Router flags as given, already rendered as argv.
     router_args: tuple[str, ...]
+    # Passed to the router in its environment only: a command line is visible to every local
+    # user (ps). `api_key_in_argv`: it was given as --api-key (the launcher warns).
+    api_key: str | None = None
+    api_key_in_argv: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,9 +90,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--log-level", str, "log level of the router and shard (default info)", "info")
     flag("--shard-startup-timeout-s", float, "seconds to wait for the shard to load (default 600)", "600")
     flag("--router-startup-timeout-s", float, "seconds to wait for the router's /health (default 120)", "120")
-    flag("--graceful-termination-timeout-s", float, "seconds a child gets to exit before SIGKILL (default 30)", "30")
+    flag("--graceful-termination-timeout-s", float, "on SIGTERM, seconds requests in flight get to finish "
+         "(new ones get 503) before the server stops (default 30)", "30")
     for name, kind, help_text in ROUTER_FLAGS:
         flag(name, kind, help_text)
+    # Accepted for TGI's command lines; API_KEY in the environment keeps it out of `ps`.
+    parser.add_argument("--api-key", dest="api_key_argv", default=None,
+                        help="require 'Authorization: Bearer <key>'; prefer the environment variable, "
+                        "a flag is visible to every local user [env: API_KEY]")
+    parser.set_defaults(api_key_env=os.environ.get("API_KEY") or None)
 
 
 def from_args(args: argparse.Namespace) -> LaunchConfig:
@@ -110,4 +126,6 @@ def from_args(args: argparse.Namespace) -> LaunchConfig:
         router_startup_timeout_s=args.router_startup_timeout_s,
         graceful_termination_timeout_s=args.graceful_termination_timeout_s,
         router_args=tuple(router_args),
+        api_key=args.api_key_argv if args.api_key_argv is not None else args.api_key_env,
+        api_key_in_argv=args.api_key_argv is not None,
     )

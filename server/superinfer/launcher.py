@@ -2,6 +2,7 @@
 temporary directory, then the router in its own process — prints the URL once /health
 answers, forwards SIGINT/SIGTERM, and tears everything down when either child dies."""
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -16,6 +17,9 @@ from superinfer.supervisor import Supervisor, install_signal_handlers, restore_s
 
 # How often readiness is probed while a child starts (a child's exit ends the wait at once).
 PROBE_INTERVAL_S = 0.25
+# A child gets the graceful termination timeout plus this before SIGKILL: the router's drain
+# takes up to the timeout itself, then closes its connections.
+ROUTER_STOP_MARGIN_S = 10.0
 SHARD_LOG_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
                     "warning": "WARNING", "error": "ERROR"}
 
@@ -34,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"superinfer launch: {error}", file=sys.stderr)
         return 2
+    if config.api_key_in_argv:
+        print("superinfer launch: warning: --api-key on the command line is visible to every local user "
+              "(ps); set API_KEY in the environment instead", file=sys.stderr)
     supervisor = Supervisor()
     previous_handlers = install_signal_handlers(supervisor)
     socket_dir = Path(tempfile.mkdtemp(prefix="superinfer-"))
@@ -43,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"superinfer launch: {error}", file=sys.stderr)
         return 1
     finally:
-        supervisor.shutdown(config.graceful_termination_timeout_s)
+        supervisor.shutdown(config.graceful_termination_timeout_s + ROUTER_STOP_MARGIN_S)
         shutil.rmtree(socket_dir, ignore_errors=True)
         restore_signal_handlers(previous_handlers)
 
@@ -53,7 +60,7 @@ def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> in
     # Children inherit the environment; the router reads its unset flags from it.
     supervisor.start("shard", shard_argv(config, socket_path))
     _wait_ready(supervisor, "shard", config.shard_startup_timeout_s, lambda: shard_healthy(socket_path))
-    supervisor.start("router", router_argv(config, socket_path))
+    supervisor.start("router", router_argv(config, socket_path), env=router_env(config))
     probe_host = "127.0.0.1" if config.hostname in ("0.0.0.0", "::", "") else config.hostname
     url = f"http://{probe_host}:{config.port}"
     _wait_ready(supervisor, "router", config.router_startup_timeout_s, lambda: http_healthy(url))
@@ -105,6 +112,9 @@ def router_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
         "--port", str(config.port),
         "--hostname", config.hostname,
         "--log-level", config.log_level,
+        # The router drains for this long on SIGTERM; the launcher waits a little longer
+        # (ROUTER_STOP_MARGIN_S) before it kills it.
+        "--graceful-termination-timeout-s", str(config.graceful_termination_timeout_s),
     ]
     if config.device_kv_blocks is not None:
         argv += ["--device-kv-blocks", str(config.device_kv_blocks)]
@@ -113,6 +123,14 @@ def router_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
     if config.json_output:
         argv.append("--json-output")
     return argv + list(config.router_args)
+
+
+def router_env(config: LaunchConfig) -> dict[str, str] | None:
+    """The router's environment: the launcher's (None: inherited as it is), with the API key
+    when one was given; never on the router's command line, which every local user can read."""
+    if config.api_key is None:
+        return None
+    return {**os.environ, "API_KEY": config.api_key}
 
 
 def shard_healthy(socket_path: Path) -> bool:

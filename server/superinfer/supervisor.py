@@ -27,10 +27,12 @@ class Child:
         return f"{self.name} exited with status {code}"
 
     def terminate(self, timeout_s: float) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
+        """SIGTERM, then SIGKILL if it has not exited within `timeout_s`. SIGCONT follows the
+        SIGTERM so that a stopped (hung) child handles it instead of keeping it pending."""
         if self.exited:
             return
         self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(signal.SIGCONT)
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -46,8 +48,10 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
     stop_reason: str | None = None
 
-    def start(self, name: str, argv: list[str]) -> Child:
-        process = subprocess.Popen(argv, start_new_session=True)
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        """Starts a child; `env` replaces the inherited environment (secrets go there, not in
+        `argv`, which every local user can read)."""
+        process = subprocess.Popen(argv, start_new_session=True, env=env)
         child = Child(name, process)
         self.children.append(child)
         threading.Thread(target=self._watch, args=(child,), name=f"watch-{name}", daemon=True).start()

@@ -79,6 +79,10 @@ impl ActiveRequests {
         self.by_id.remove(&id)
     }
 
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_id.keys().copied()
+    }
+
     pub fn len(&self) -> usize {
         self.by_id.len()
     }

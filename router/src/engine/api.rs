@@ -115,9 +115,20 @@ pub enum EngineEvent {
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum EngineError {
-    /// The shard failed or disconnected; the message is the shard's.
+    /// The shard failed or disconnected while it held the request; the message is the shard's.
     #[error("shard error: {0}")]
     Shard(String),
+    /// The shard failed and the engine is waiting for it to answer again; the request was not
+    /// started. Retrying later (or elsewhere) can succeed.
+    #[error("the shard is recovering from a failure ({0}); try again shortly")]
+    Unavailable(String),
+    /// The server is shutting down: requests in flight finish, new ones are refused.
+    #[error("the server is shutting down")]
+    Draining,
+    /// This request failed on its own on the shard (e.g. its next token could not be sampled);
+    /// the other requests were unaffected.
+    #[error("the request failed on the shard: {0}")]
+    Request(String),
     /// The request can never fit into the KV cache (more blocks than the pool has).
     #[error("request needs {needed} KV blocks but the pool has {available}")]
     TooLarge { needed: u32, available: u32 },

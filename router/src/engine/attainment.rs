@@ -4,7 +4,7 @@
 //! `ttft` of arrival; TBT is met when the 90th percentile (linear interpolation, as numpy) of
 //! the gaps between consecutive tokens is within `tbt` — a request with one token has no gap
 //! and meets it.
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use superinfer_scheduler::Slo;
 
@@ -42,7 +42,9 @@ impl TokenTimes {
         let ttft = first.saturating_duration_since(arrival);
         let tbt = percentile(&self.gaps, TBT_PERCENTILE).unwrap_or(0.0);
         Some(Attainment {
-            ttft_met: ttft <= Duration::from_secs_f64(slo.ttft_s.max(0.0)),
+            // Compared as seconds: an objective of any size (validation bounds it, the
+            // simulator may not) must not panic a Duration conversion.
+            ttft_met: ttft.as_secs_f64() <= slo.ttft_s,
             tbt_met: tbt <= slo.tbt_s,
         })
     }
@@ -64,6 +66,8 @@ pub(crate) fn percentile(values: &[f64], p: f64) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const SLO: Slo = Slo { ttft_s: 0.5, tbt_s: 0.1 };
@@ -98,6 +102,16 @@ mod tests {
         assert!(on_time.ttft_met && !late.ttft_met);
         // One token: no gap, TBT met.
         assert!(on_time.tbt_met && late.tbt_met);
+    }
+
+    #[test]
+    fn an_objective_too_large_for_a_duration_is_simply_met() {
+        let arrival = Instant::now();
+        let huge = Slo { ttft_s: 1e27, tbt_s: 1e27 };
+        let verdict = times(arrival, &[100, 200]).attainment(arrival, huge).unwrap();
+        assert!(verdict.ttft_met && verdict.tbt_met);
+        let nan = Slo { ttft_s: f64::NAN, tbt_s: 0.1 };
+        assert!(!times(arrival, &[100]).attainment(arrival, nan).unwrap().ttft_met);
     }
 
     #[test]

@@ -16,14 +16,34 @@ pub(crate) enum Command {
     Cancel { id: u64 },
     /// Answered once the engine knows whether the shard is alive.
     Health { reply: oneshot::Sender<Result<(), EngineError>> },
+    /// Stop admitting; answered once no request is left in the engine.
+    Drain { reply: oneshot::Sender<()> },
 }
 
-/// The engine's externally visible state, published by the engine task.
+/// The engine's externally visible state, published by the engine task. The failure model
+/// (docs/architecture.md): `Recovering` is transient and ends in `Running` once the shard
+/// answers and has been reset; `Failed` is final and makes the process exit non-zero.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum EngineStatus {
     Running,
-    /// The shard failed; every later request fails with this message.
+    /// The shard failed (the message says how); new requests are refused until it answers.
+    Recovering(String),
+    /// Shutting down: requests in flight finish, new ones are refused.
+    Draining,
+    /// The engine cannot serve again; the process is exiting.
     Failed(String),
+}
+
+impl EngineStatus {
+    /// Why a new request cannot be taken now, if it cannot.
+    pub(crate) fn refusal(&self) -> Option<EngineError> {
+        match self {
+            EngineStatus::Running => None,
+            EngineStatus::Recovering(message) => Some(EngineError::Unavailable(message.clone())),
+            EngineStatus::Draining => Some(EngineError::Draining),
+            EngineStatus::Failed(message) => Some(EngineError::Shard(message.clone())),
+        }
+    }
 }
 
 /// Cloneable access to the engine. Cheap to clone; every clone talks to the same task.
@@ -44,8 +64,8 @@ impl EngineHandle {
 
     /// Queues a request. The returned stream yields its events; dropping it cancels the request.
     pub fn submit(&self, request: GenerationRequest) -> Result<RequestStream, EngineError> {
-        if let EngineStatus::Failed(message) = &*self.status.borrow() {
-            return Err(EngineError::Shard(message.clone()));
+        if let Some(refusal) = self.status.borrow().refusal() {
+            return Err(refusal);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = mpsc::unbounded_channel();
@@ -57,12 +77,33 @@ impl EngineHandle {
 
     /// Ok when the engine runs and its shard answers; the shard's error otherwise.
     pub async fn health(&self) -> Result<(), EngineError> {
-        if let EngineStatus::Failed(message) = &*self.status.borrow() {
-            return Err(EngineError::Shard(message.clone()));
+        if let Some(refusal) = self.status.borrow().refusal() {
+            return Err(refusal);
         }
         let (reply, answer) = oneshot::channel();
         self.commands.send(Command::Health { reply }).map_err(|_| EngineError::Stopped)?;
         answer.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Stops admitting requests (they get `Draining`) and returns once every request in
+    /// flight has ended, or at once if the engine has stopped.
+    pub async fn drain(&self) {
+        let (reply, answer) = oneshot::channel();
+        if self.commands.send(Command::Drain { reply }).is_ok() {
+            let _ = answer.await;
+        }
+    }
+
+    /// Resolves when the engine can no longer serve: it gave up on the shard, or its task
+    /// ended (a panic, or shutdown). The message says why; the process should exit.
+    pub async fn stopped(&self) -> String {
+        let mut status = self.status.clone();
+        let failed = status.wait_for(|status| matches!(status, EngineStatus::Failed(_))).await;
+        match failed.as_deref() {
+            Ok(EngineStatus::Failed(message)) => message.clone(),
+            Ok(other) => format!("{other:?}"),
+            Err(_) => "the engine task ended".to_string(),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! - `model_info`: what the shard told us about the model and its KV pools.
 //! - `step_loop`: the engine task (schedule → run → postprocess).
 //! - `step_request` / `postprocess`: plan → `StepRequest`, `StepResponse` → events.
+//! - `recovery`: the failure model — step deadlines, recovery from a failed shard, giving up.
 //! - `active`: per-request bookkeeping (stream, limits, progress).
 //! - `metrics`: the engine's /metrics series.
 mod active;
@@ -13,6 +14,7 @@ mod handle;
 mod metrics;
 mod model_info;
 mod postprocess;
+mod recovery;
 mod step_loop;
 mod step_request;
 #[cfg(test)]
@@ -20,4 +22,5 @@ mod testing;
 
 pub use handle::{EngineHandle, RequestStream};
 pub use model_info::ModelInfo;
+pub use recovery::EngineTimeouts;
 pub use step_loop::{spawn_engine, EngineConfig};

@@ -5,7 +5,7 @@ use std::time::Instant;
 use superinfer_scheduler::StepResults;
 
 use super::active::ActiveRequests;
-use super::api::{EngineEvent, FinishReason, GeneratedToken, TokenLogprob};
+use super::api::{EngineError, EngineEvent, FinishReason, GeneratedToken, TokenLogprob};
 use crate::pb;
 
 /// What the engine must do after a step besides informing the scheduler.
@@ -16,6 +16,8 @@ pub(crate) struct StepOutcome {
     pub finished: Vec<(u64, FinishReason)>,
     /// Requests whose client went away while their events were being sent.
     pub disconnected: Vec<u64>,
+    /// Requests the shard failed on their own this step (their `Failed` event is sent).
+    pub failed: Vec<u64>,
 }
 
 pub(crate) fn apply_step_response(
@@ -37,6 +39,12 @@ pub(crate) fn apply_step_response(
     for output in response.outputs {
         let id = output.request_id;
         let Some(active) = requests.get_mut(id) else { continue };
+        if !output.error.is_empty() {
+            tracing::warn!(id, error = %output.error, "the shard failed the request");
+            active.send(EngineEvent::Failed(EngineError::Request(output.error)));
+            outcome.failed.push(id);
+            continue;
+        }
         active.prompt_logprobs.extend(output.prompt_logprobs);
         let Some(sampled) = output.token else { continue };
         outcome.results.sampled.push((id, sampled.id));
@@ -85,6 +93,7 @@ mod tests {
             request_id,
             token: token.map(|id| pb::SampledToken { id, logprob: -0.5, top_tokens: vec![] }),
             prompt_logprobs,
+            error: String::new(),
         }
     }
 
@@ -145,6 +154,23 @@ mod tests {
         apply_step_response(last, &mut requests, &[0], Instant::now());
         assert!(matches!(stream.try_recv(), Ok(EngineEvent::PromptLogprobs(l)) if l == vec![-1.0, -2.0, -3.0]));
         assert!(matches!(stream.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 9));
+    }
+
+    #[test]
+    fn a_request_the_shard_failed_fails_alone() {
+        let mut requests = ActiveRequests::default();
+        let (events_a, mut stream_a) = tokio::sync::mpsc::unbounded_channel();
+        let (events_b, mut stream_b) = tokio::sync::mpsc::unbounded_channel();
+        requests.insert(1, ActiveRequest::new(greedy_request(vec![5], 8), events_a));
+        requests.insert(2, ActiveRequest::new(greedy_request(vec![6], 8), events_b));
+        let mut bad = output(1, None, vec![]);
+        bad.error = "sampling failed".into();
+        let response = pb::StepResponse { outputs: vec![bad, output(2, Some(7), vec![])], ..Default::default() };
+        let outcome = apply_step_response(response, &mut requests, &[0], Instant::now());
+        assert_eq!(outcome.failed, vec![1]);
+        assert_eq!(outcome.results.sampled, vec![(2, 7)]);
+        assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Failed(EngineError::Request(m))) if m == "sampling failed"));
+        assert!(matches!(stream_b.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 7));
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! The engine task: the one owner of the scheduler, the shard client and every request's
 //! stream. Each turn it applies the commands that arrived (so cancelled requests free their
 //! blocks before the next plan), then schedule → run → postprocess. It sleeps on its command
-//! channel when there is nothing to compute.
+//! channel when there is nothing to compute. A failed or late step puts it into recovery
+//! (`recovery.rs`); a shard that does not come back ends it for good.
 use std::time::{Duration, Instant};
 
 use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats, Slo};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -15,8 +16,9 @@ use super::api::{EngineError, EngineEvent, GenerationRequest};
 use super::handle::{Command, EngineHandle, EngineStatus};
 use super::metrics;
 use super::postprocess::apply_step_response;
+use super::recovery::{EngineTimeouts, Recovery, RecoveryTurn};
 use super::step_request::build_step_request;
-use crate::client::{ClientError, ShardClient};
+use crate::client::ShardClient;
 
 /// While transfers are in flight and nothing can be computed, the engine polls the shard for
 /// their completion this often (completions only come back with Step replies).
@@ -30,10 +32,12 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Tokens that end a generation (unless the request ignores EOS).
     pub eos_token_ids: Vec<u32>,
+    pub timeouts: EngineTimeouts,
 }
 
 /// Starts the engine task on `tracker`; it stops when `shutdown` is cancelled, failing the
-/// requests still in flight with `EngineError::Stopped`.
+/// requests still in flight with `EngineError::Stopped`, or when it gives up on the shard
+/// (`EngineHandle::stopped` then resolves with the reason).
 pub fn spawn_engine(
     config: EngineConfig,
     client: ShardClient,
@@ -50,9 +54,12 @@ pub fn spawn_engine(
         requests: ActiveRequests::default(),
         forget: Vec::new(),
         eos_token_ids: config.eos_token_ids,
+        timeouts: config.timeouts,
         clock_origin: Instant::now(),
         status: status_tx,
-        failure: None,
+        recovery: None,
+        draining: false,
+        drain_waiters: Vec::new(),
         last_stats: SchedulerStats::default(),
         previous_step_end: None,
     };
@@ -60,19 +67,24 @@ pub fn spawn_engine(
     Ok(EngineHandle::new(commands_tx, status))
 }
 
-struct Engine {
-    scheduler: Scheduler,
-    client: ShardClient,
-    requests: ActiveRequests,
+pub(super) struct Engine {
+    pub(super) scheduler: Scheduler,
+    pub(super) client: ShardClient,
+    pub(super) requests: ActiveRequests,
     /// Requests the shard knows and must drop with the next step.
-    forget: Vec<u64>,
+    pub(super) forget: Vec<u64>,
     eos_token_ids: Vec<u32>,
+    pub(super) timeouts: EngineTimeouts,
     /// Zero of the scheduler's clock (it takes seconds as f64).
     clock_origin: Instant,
-    status: watch::Sender<EngineStatus>,
-    /// Set once the shard failed; the engine then only answers commands.
-    failure: Option<String>,
-    last_stats: SchedulerStats,
+    pub(super) status: watch::Sender<EngineStatus>,
+    /// Set while the shard is failed and being probed; the engine then plans nothing.
+    pub(super) recovery: Option<Recovery>,
+    /// Set by a drain: no new requests, whatever the shard's state.
+    pub(super) draining: bool,
+    /// Drains waiting for the last request to end.
+    drain_waiters: Vec<oneshot::Sender<()>>,
+    pub(super) last_stats: SchedulerStats,
     /// When the previous step's reply was applied, while steps follow back to back.
     previous_step_end: Option<Instant>,
 }
@@ -82,6 +94,8 @@ enum Turn {
     Stepped,
     /// Nothing to compute: wait for a command (or poll transfers after `wait`).
     Idle { wait: Duration },
+    /// The engine cannot serve again.
+    Stop,
 }
 
 impl Engine {
@@ -91,23 +105,20 @@ impl Engine {
                 self.handle(command).await;
             }
             self.publish_stats();
-            let wait = if self.failure.is_some() || !self.scheduler.has_work() {
-                None
-            } else {
-                match self.turn().await {
-                    Turn::Stepped => continue,
-                    Turn::Idle { wait } => Some(wait),
-                }
+            self.answer_drains();
+            let wait = match self.next_turn().await {
+                Turn::Stepped => continue,
+                Turn::Idle { wait } => wait,
+                Turn::Stop => break,
             };
             // Time spent waiting for work is not the engine's overhead.
             self.previous_step_end = None;
-            let sleep = tokio::time::sleep(wait.unwrap_or(Duration::MAX / 4));
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.handle(command).await,
                     None => break,
                 },
-                _ = sleep => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.cancelled() => break,
             }
             if shutdown.is_cancelled() {
@@ -116,6 +127,24 @@ impl Engine {
         }
         tracing::info!(requests = self.requests.len(), "engine stopping");
         self.fail_all(EngineError::Stopped);
+        self.answer_drains();
+    }
+
+    async fn next_turn(&mut self) -> Turn {
+        if matches!(*self.status.borrow(), EngineStatus::Failed(_)) {
+            return Turn::Stop;
+        }
+        if self.recovery.is_some() {
+            return match self.recover().await {
+                RecoveryTurn::Recovered => Turn::Stepped,
+                RecoveryTurn::Wait(wait) => Turn::Idle { wait },
+                RecoveryTurn::GiveUp => Turn::Stop,
+            };
+        }
+        if !self.scheduler.has_work() {
+            return Turn::Idle { wait: Duration::MAX / 4 };
+        }
+        self.turn().await
     }
 
     async fn handle(&mut self, command: Command) {
@@ -133,22 +162,30 @@ impl Engine {
                 // The asker may have given up waiting; nothing to do then.
                 let _ = reply.send(answer);
             }
+            Command::Drain { reply } => {
+                if !self.draining {
+                    tracing::info!(requests = self.requests.len(), "draining: new requests are refused");
+                }
+                self.draining = true;
+                self.status.send_if_modified(|status| {
+                    let running = *status == EngineStatus::Running;
+                    if running {
+                        *status = EngineStatus::Draining;
+                    }
+                    running
+                });
+                self.drain_waiters.push(reply);
+            }
         }
     }
 
     fn submit(&mut self, id: u64, request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent>) {
-        if let Some(message) = &self.failure {
-            let _ = events.send(EngineEvent::Failed(EngineError::Shard(message.clone())));
+        // A request can race a status change: the handle checked before the engine changed it.
+        if let Some(refusal) = self.refusal() {
+            let _ = events.send(EngineEvent::Failed(refusal));
             return;
         }
-        let spec = RequestSpec {
-            id,
-            prompt_token_ids: request.prompt_token_ids.clone(),
-            max_new_tokens: request.max_new_tokens,
-            slo: request.slo.map(|slo| Slo { ttft_s: slo.ttft_ms / 1e3, tbt_s: slo.tbt_ms / 1e3 }),
-            arrival: request.arrival.saturating_duration_since(self.clock_origin).as_secs_f64(),
-        };
-        match self.scheduler.add(spec, self.clock()) {
+        match self.scheduler.add(self.spec(id, &request), self.clock()) {
             Ok(()) => self.requests.insert(id, ActiveRequest::new(request, events)),
             Err(error) => {
                 tracing::debug!(id, %error, "request refused by the scheduler");
@@ -157,10 +194,25 @@ impl Engine {
         }
     }
 
+    fn refusal(&self) -> Option<EngineError> {
+        self.status.borrow().refusal()
+    }
+
+    /// The scheduler's view of a request.
+    pub(super) fn spec(&self, id: u64, request: &GenerationRequest) -> RequestSpec {
+        RequestSpec {
+            id,
+            prompt_token_ids: request.prompt_token_ids.clone(),
+            max_new_tokens: request.max_new_tokens,
+            slo: request.slo.map(|slo| Slo { ttft_s: slo.ttft_ms / 1e3, tbt_s: slo.tbt_ms / 1e3 }),
+            arrival: request.arrival.saturating_duration_since(self.clock_origin).as_secs_f64(),
+        }
+    }
+
     /// While requests run, a successful last step proves the shard alive; when idle, ask it.
     async fn health(&mut self) -> Result<(), EngineError> {
-        if let Some(message) = &self.failure {
-            return Err(EngineError::Shard(message.clone()));
+        if let Some(refusal) = self.refusal().filter(|refusal| *refusal != EngineError::Draining) {
+            return Err(refusal);
         }
         if self.scheduler.has_work() {
             return Ok(());
@@ -168,8 +220,9 @@ impl Engine {
         match self.client.health().await {
             Ok(()) => Ok(()),
             Err(error) => {
-                self.fail(error);
-                Err(EngineError::Shard(self.failure.clone().unwrap_or_default()))
+                let message = error.to_string();
+                self.on_shard_failure(error);
+                Err(EngineError::Unavailable(message))
             }
         }
     }
@@ -191,12 +244,13 @@ impl Engine {
         if let Some(previous) = self.previous_step_end.take() {
             metrics::record_turn(started.saturating_duration_since(previous));
         }
+        let deadline = self.timeouts.step_deadline(plan.predicted_step_s);
         let span = tracing::info_span!("step", step_id = plan.step_id, requests = plan.scheduled.len(),
             tokens = plan.num_batched_tokens(), swap_out = plan.swap_out.len(), swap_in = plan.swap_in.len());
-        let response = match self.client.step(request).instrument(span).await {
+        let response = match self.client.step(request, deadline).instrument(span).await {
             Ok(response) => response,
             Err(error) => {
-                self.fail(error);
+                self.on_shard_failure(error);
                 return Turn::Stepped;
             }
         };
@@ -209,7 +263,7 @@ impl Engine {
             self.scheduler.finish(id);
             self.release(id);
         }
-        for id in outcome.disconnected {
+        for id in outcome.disconnected.into_iter().chain(outcome.failed) {
             self.scheduler.cancel(id);
             self.release(id);
         }
@@ -218,7 +272,7 @@ impl Engine {
     }
 
     /// Forgets a finished or cancelled request; the shard drops its state with the next step.
-    fn release(&mut self, id: u64) {
+    pub(super) fn release(&mut self, id: u64) {
         if let Some(active) = self.requests.remove(id) {
             if active.sent_to_shard {
                 self.forget.push(id);
@@ -226,24 +280,23 @@ impl Engine {
         }
     }
 
-    /// The shard failed: every request fails, /health reports it, new requests are refused.
-    fn fail(&mut self, error: ClientError) {
-        let message = error.to_string();
-        tracing::error!(error = %message, requests = self.requests.len(), "shard failure; failing every request");
-        ::metrics::counter!("superinfer_engine_failures_total").increment(1);
-        self.fail_all(EngineError::Shard(message.clone()));
-        self.status.send_replace(EngineStatus::Failed(message.clone()));
-        self.failure = Some(message);
-    }
-
-    fn fail_all(&mut self, error: EngineError) {
+    pub(super) fn fail_all(&mut self, error: EngineError) {
         for (id, active) in self.requests.drain() {
             self.scheduler.cancel(id);
             active.send(EngineEvent::Failed(error.clone()));
         }
     }
 
-    fn publish_stats(&mut self) {
+    /// Answers the drains once no request is left.
+    fn answer_drains(&mut self) {
+        if self.requests.len() == 0 {
+            for waiter in self.drain_waiters.drain(..) {
+                let _ = waiter.send(());
+            }
+        }
+    }
+
+    pub(super) fn publish_stats(&mut self) {
         let stats = self.scheduler.stats();
         metrics::record_scheduler(&stats, &self.last_stats, self.requests.len());
         metrics::record_lags(&self.scheduler.take_lag_samples());
@@ -264,12 +317,12 @@ impl Engine {
     }
 
     /// Seconds since the engine started: the scheduler's clock.
-    fn clock(&self) -> f64 {
+    pub(super) fn clock(&self) -> f64 {
         self.clock_origin.elapsed().as_secs_f64()
     }
 }
 
-fn refusal(error: SchedulerError) -> EngineError {
+pub(super) fn refusal(error: SchedulerError) -> EngineError {
     match error {
         SchedulerError::TooLarge { needed_blocks, device_blocks, .. } => EngineError::TooLarge {
             needed: u32::try_from(needed_blocks).unwrap_or(u32::MAX),

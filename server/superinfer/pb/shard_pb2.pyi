@@ -185,14 +185,16 @@ class SampledToken(_message.Message):
     def __init__(self, id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_tokens: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "token", "prompt_logprobs")
+    __slots__ = ("request_id", "token", "prompt_logprobs", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     token: SampledToken
     prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, request_id: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    error: str
+    def __init__(self, request_id: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StepTimings(_message.Message):
     __slots__ = ("forward_ns", "sampling_ns", "transfer_ns", "total_ns")
@@ -217,3 +219,13 @@ class StepResponse(_message.Message):
     completed_transfers: _containers.RepeatedScalarFieldContainer[int]
     timings: StepTimings
     def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ..., completed_transfers: _Optional[_Iterable[int]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ...) -> None: ...
+
+class ResetRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResetResponse(_message.Message):
+    __slots__ = ("dropped_requests",)
+    DROPPED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    dropped_requests: int
+    def __init__(self, dropped_requests: _Optional[int] = ...) -> None: ...

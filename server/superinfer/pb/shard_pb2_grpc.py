@@ -54,6 +54,11 @@ class ShardStub:
                 request_serializer=shard__pb2.StepRequest.SerializeToString,
                 response_deserializer=shard__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.Reset = channel.unary_unary(
+                '/superinfer.shard.v1.Shard/Reset',
+                request_serializer=shard__pb2.ResetRequest.SerializeToString,
+                response_deserializer=shard__pb2.ResetResponse.FromString,
+                _registered_method=True)
 
 
 class ShardServicer:
@@ -91,6 +96,15 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reset(self, request, context):
+        """Drops every request and waits for the transfers still in flight; the KV pools and the
+        warm-up stay. The router calls it after a failed or timed-out Step, before it serves
+        again, so that no state from the failed step survives. Waits behind a running Step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +127,11 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.Step,
                     request_deserializer=shard__pb2.StepRequest.FromString,
                     response_serializer=shard__pb2.StepResponse.SerializeToString,
+            ),
+            'Reset': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reset,
+                    request_deserializer=shard__pb2.ResetRequest.FromString,
+                    response_serializer=shard__pb2.ResetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +242,33 @@ class Shard:
             '/superinfer.shard.v1.Shard/Step',
             shard__pb2.StepRequest.SerializeToString,
             shard__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/superinfer.shard.v1.Shard/Reset',
+            shard__pb2.ResetRequest.SerializeToString,
+            shard__pb2.ResetResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-"""Executes the shard's RPCs on its tensors: Info, Health, Warmup and Step. Owns the request
+"""Executes the shard's RPCs on its tensors: Info, Health, Warmup, Step and Reset. Owns the request
 table (token ids, sampling state), the model runner and the transfer tracker. Not
 thread-safe: the gRPC layer serialises calls onto it.
 
@@ -19,7 +19,7 @@ from .kv_cache import blocks_for_memory
 from .model_runner import ModelRunner
 from .plan import PlanLimits, ScheduledWork, validate_plan
 from .requests import RequestState
-from .sampling import prompt_logprobs, sample
+from .sampling import SamplingFailure, prompt_logprobs, sample
 from .transfers import TransferTracker
 from .warmup import measure_step_cost, measure_transfer_cost
 
@@ -173,6 +173,9 @@ class ShardExecutor:
             sampled_states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
             tokens = sample(logits[[row for _, row in sample_rows]], sampled_states)
             for (index, _), state, token in zip(sample_rows, sampled_states, tokens):
+                if isinstance(token, SamplingFailure):
+                    outputs[index].error = token.message
+                    continue
                 state.token_ids.append(token.token_id)
                 outputs[index].token.CopyFrom(shard_pb2.SampledToken(
                     id=token.token_id, logprob=token.logprob,
@@ -181,6 +184,17 @@ class ShardExecutor:
         for index, (first, targets) in prompt_rows.items():
             outputs[index].prompt_logprobs.extend(prompt_logprobs(logits[first : first + len(targets)], targets))
         return outputs, sampling_start - forward_start, time.perf_counter_ns() - sampling_start
+
+    def reset(self) -> shard_pb2.ResetResponse:
+        """Drops every request and waits for in-flight transfers (the router's recovery after
+        a failed step); pools and warm-up stay."""
+        if self.tracker is None:
+            raise NotWarmedUpError("Reset before Warmup: there is nothing to reset")
+        dropped = len(self.requests)
+        self.requests.clear()
+        self.tracker.drain()
+        log.warning("reset: dropped %d requests", dropped)
+        return shard_pb2.ResetResponse(dropped_requests=dropped)
 
     def close(self) -> None:
         if self.tracker is not None:

@@ -4,12 +4,25 @@ Order (as TGI): repetition penalty (over prompt + generated, CTRL-style as Huggi
 frequency penalty (over generated tokens), then — when sampling — temperature, top-k, top-p,
 typical-p. Each request samples from its own torch.Generator, so its tokens depend only on its
 seed and history, never on which requests share the batch. The reported logprobs come from
-the *unmodified* logits (as TGI). Greedy requests without penalties take one batched argmax."""
+the *unmodified* logits (as TGI). Greedy requests without penalties take one batched argmax.
+
+Numerical safety: validation accepts any finite temperature > 0, but dividing logits by a tiny
+one overflows float32. Below `GREEDY_BELOW_TEMPERATURE` a request decodes greedily (as vLLM
+does), and a row whose warped logits are not a distribution (NaN, +inf, nothing left) falls
+back to greedy, so `multinomial` never sees a bad tensor. Anything else that fails for one row
+fails that request alone (`SamplingFailure`), never the step."""
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from .requests import RequestState
+
+log = logging.getLogger(__name__)
+
+# Temperatures below this sample greedily: logits / 1e-5 stays finite for any float32 logit
+# a model produces (|logit| < 1e33), and the distribution is one-hot in all but name.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -18,6 +31,13 @@ class SampledToken:
     logprob: float
     # (token id, logprob), most likely first.
     top_tokens: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class SamplingFailure:
+    """The next token of one request could not be computed; the request fails alone."""
+
+    message: str
 
 
 def apply_repetition_penalty(logits: torch.Tensor, token_ids: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -80,27 +100,49 @@ def _penalized(logits: torch.Tensor, request: RequestState) -> torch.Tensor:
     return logits
 
 
+def _is_distribution(logits: torch.Tensor) -> bool:
+    """logits: [V]; softmax gives a proper distribution: no NaN, no +inf, something finite."""
+    return not bool(torch.isnan(logits).any() or torch.isposinf(logits).any()) and bool(torch.isfinite(logits).any())
+
+
 def _draw(logits: torch.Tensor, request: RequestState) -> int:
+    """logits: [V] after penalties -> the sampled token id (greedy when it cannot sample)."""
     params = request.params
-    logits = logits / params.temperature
-    logits = top_k_filter(logits, params.top_k)
-    logits = top_p_filter(logits, params.top_p)
-    logits = typical_p_filter(logits, params.typical_p)
-    probs = logits.softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=request.generator_for(logits.device)))
+    if params.temperature < GREEDY_BELOW_TEMPERATURE:
+        return int(logits.argmax())
+    warped = logits / params.temperature
+    if not _is_distribution(warped):
+        return int(logits.argmax())
+    warped = top_k_filter(warped, params.top_k)
+    warped = top_p_filter(warped, params.top_p)
+    warped = typical_p_filter(warped, params.typical_p)
+    if not _is_distribution(warped):
+        return int(logits.argmax())
+    probs = warped.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=request.generator_for(warped.device)))
+
+
+def _choose(logits: torch.Tensor, request: RequestState) -> int:
+    """logits: [V] unmodified -> the request's next token under its own parameters."""
+    penalized = _penalized(logits, request)
+    return _draw(penalized, request) if request.params.do_sample else int(penalized.argmax())
 
 
 @torch.inference_mode()
-def sample(logits: torch.Tensor, requests: list[RequestState]) -> list[SampledToken]:
-    """logits: [R, V] float32, row r for requests[r] -> one token per request."""
+def sample(logits: torch.Tensor, requests: list[RequestState]) -> list[SampledToken | SamplingFailure]:
+    """logits: [R, V] float32, row r for requests[r] -> one token (or failure) per request."""
     logprobs = logits.log_softmax(-1)  # [R, V], of the unmodified logits
     chosen = logits.argmax(-1)  # [R] greedy fast path for the whole batch
+    failures: dict[int, SamplingFailure] = {}
     for row, request in enumerate(requests):
         params = request.params
         if not params.do_sample and not params.has_penalty:
             continue
-        row_logits = _penalized(logits[row], request)
-        chosen[row] = _draw(row_logits, request) if params.do_sample else int(row_logits.argmax())
+        try:
+            chosen[row] = _choose(logits[row], request)
+        except (RuntimeError, ValueError, IndexError) as error:
+            log.warning("request %d: sampling failed: %s", request.request_id, error)
+            failures[row] = SamplingFailure(f"sampling failed: {type(error).__name__}: {error}")
     chosen_logprobs = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
     chosen_ids = chosen.tolist()
     top_n = max((r.params.top_n_tokens for r in requests), default=0)
@@ -110,7 +152,8 @@ def sample(logits: torch.Tensor, requests: list[RequestState]) -> list[SampledTo
         top = torch.topk(logprobs, min(top_n, logprobs.shape[-1]), dim=-1)
         top_values, top_ids = top.values.tolist(), top.indices.tolist()
     return [
-        SampledToken(
+        failures.get(row)
+        or SampledToken(
             chosen_ids[row],
             chosen_logprobs[row],
             list(zip(top_ids[row][: request.params.top_n_tokens], top_values[row][: request.params.top_n_tokens])),

@@ -47,3 +47,6 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
 
     def Step(self, request, context):
         return self._run("Step", lambda: self.executor.step(request), context)
+
+    def Reset(self, request, context):
+        return self._run("Reset", self.executor.reset, context)

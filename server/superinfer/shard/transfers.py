@@ -74,10 +74,14 @@ class TransferTracker:
             device_read=frozenset(b for p in pending if p.swap_out for b in p.device_blocks),
         )
 
-    def close(self) -> None:
+    def drain(self) -> None:
+        """Waits for every transfer in flight and forgets them (none will be reported)."""
         for pending in self._pending.values():
             pending.handle.wait()
         self._pending.clear()
+
+    def close(self) -> None:
+        self.drain()
         self.engine.close()
 
 

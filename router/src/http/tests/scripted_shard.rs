@@ -169,6 +169,16 @@ impl Shard for ScriptedShard {
         }))
     }
 
+    async fn reset(
+        &self,
+        _: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        let mut sequences = self.sequences.lock().unwrap();
+        let dropped_requests = sequences.len() as u32;
+        sequences.clear();
+        Ok(Response::new(pb::ResetResponse { dropped_requests }))
+    }
+
     async fn step(
         &self,
         request: Request<pb::StepRequest>,
