@@ -72,6 +72,21 @@ pub fn request_failed(error_type: &'static str) {
     metrics::counter!("superinfer_request_failure", "err" => error_type).increment(1);
 }
 
+/// An HTTP connection was accepted (gauge of open connections).
+pub fn connection_opened() {
+    metrics::gauge!("superinfer_http_connections").increment(1.0);
+}
+
+/// An accepted HTTP connection was closed.
+pub fn connection_closed() {
+    metrics::gauge!("superinfer_http_connections").decrement(1.0);
+}
+
+/// A connection was closed at once because `--max-connections` were open.
+pub fn connection_refused() {
+    metrics::counter!("superinfer_http_connections_refused").increment(1);
+}
+
 /// Figures of one successful generation, for the success metrics.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestFigures {

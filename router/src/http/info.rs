@@ -1,4 +1,4 @@
-//! The read-only routes: `/health`, `/info`, `/metrics`, `/v1/models`.
+//! The read-only routes: `/health` (and `/ping`), `/info`, `/metrics`, `/v1/models`.
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -23,6 +23,14 @@ pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Result<(), Htt
         .health()
         .await
         .map_err(|error| HttpError::Unhealthy(error.to_string()))
+}
+
+/// Same as `/health` (the name SageMaker probes).
+#[utoipa::path(get, path = "/ping", tag = "Text Generation Inference",
+    responses((status = 200, description = "Everything is working fine"),
+        (status = 503, description = "The shard is down", body = ErrorBody)))]
+pub(crate) async fn ping(state: State<Arc<AppState>>) -> Result<(), HttpError> {
+    health(state).await
 }
 
 /// Served model and server limits.

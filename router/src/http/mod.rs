@@ -5,11 +5,15 @@
 //!   metrics, models), `openapi` (spec and docs page).
 //! - plumbing: `types` / `openai_types` (bodies), `extract` (JSON body, API key), `sse`,
 //!   `headers`, `stop`.
+//! - serving: `listener` (accept loop, connection cap, graceful shutdown), `connection` (one
+//!   connection's protocols and timeouts).
+mod connection;
 mod extract;
 mod generate;
 mod generation;
 mod headers;
 mod info;
+mod listener;
 mod openai;
 mod openai_stream;
 pub mod openai_types;
@@ -23,18 +27,30 @@ mod tests;
 pub mod types;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method};
 use axum::routing::{get, post};
 use axum::{middleware, Router};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+pub use connection::ConnectionTimeouts;
+pub use listener::{serve, ConnectionLimits};
 pub use state::{ConfigError, HttpConfig};
 
 use crate::engine::{EngineHandle, ModelInfo};
+
+/// How long `serve` waits for open connections once told to stop. Requests in flight are
+/// drained (or failed) by the engine before that, so what is left is mostly idle kept-alive
+/// connections, which close at once; this bounds a client that does not read its answer.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The routes and the limits their connections are served with (`serve`).
+pub struct App {
+    pub routes: Router,
+    pub connections: ConnectionLimits,
+}
 
 /// Builds the app: every route, the API-key check on the generation routes, the payload limit
 /// and CORS.
@@ -42,8 +58,16 @@ pub fn router(
     config: HttpConfig,
     engine: EngineHandle,
     info: &ModelInfo,
-) -> Result<Router, ConfigError> {
+) -> Result<App, ConfigError> {
     let payload_limit = config.payload_limit;
+    let connections = ConnectionLimits {
+        max_connections: config.max_connections,
+        timeouts: ConnectionTimeouts {
+            header_timeout: config.http_header_timeout,
+            idle_timeout: config.http_idle_timeout,
+        },
+        drain_timeout: DRAIN_TIMEOUT,
+    };
     let cors = cors_layer(&config.cors_allow_origin)?;
     let state = Arc::new(state::AppState::new(config, engine, info)?);
     let generation_routes = Router::new()
@@ -59,7 +83,7 @@ pub fn router(
         ));
     let open_routes = Router::new()
         .route("/health", get(info::health))
-        .route("/ping", get(info::health))
+        .route("/ping", get(info::ping))
         .route("/info", get(info::info))
         .route("/metrics", get(info::metrics))
         .route("/v1/models", get(info::models))
@@ -72,7 +96,10 @@ pub fn router(
     if let Some(cors) = cors {
         app = app.layer(cors);
     }
-    Ok(app)
+    Ok(App {
+        routes: app,
+        connections,
+    })
 }
 
 fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, ConfigError> {
@@ -99,15 +126,4 @@ fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, ConfigError> {
             ])
             .allow_origin(allow_origin),
     ))
-}
-
-/// Serves `app` on `listener` until `shutdown` is cancelled, then lets open requests finish.
-pub async fn serve(
-    listener: TcpListener,
-    app: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
-        .await
 }

@@ -23,9 +23,12 @@ use crate::error::ErrorBody;
         openai::chat_completions,
         openai::completions,
         info::health,
+        info::ping,
         info::info,
         info::metrics,
         info::models,
+        openapi_json,
+        docs,
     ),
     components(schemas(
         ErrorBody,
@@ -66,10 +69,16 @@ use crate::error::ErrorBody;
 )]
 pub(crate) struct ApiDoc;
 
+/// This specification.
+#[utoipa::path(get, path = "/api-doc/openapi.json", tag = "Documentation",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
 pub(crate) async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
 
+/// A page that lists the routes of this specification.
+#[utoipa::path(get, path = "/docs", tag = "Documentation",
+    responses((status = 200, description = "HTML", content_type = "text/html")))]
 pub(crate) async fn docs() -> Html<&'static str> {
     Html(DOCS_PAGE)
 }
@@ -114,6 +123,9 @@ mod tests {
             "/v1/chat/completions",
             "/v1/completions",
             "/health",
+            "/ping",
+            "/api-doc/openapi.json",
+            "/docs",
             "/info",
             "/metrics",
             "/v1/models",

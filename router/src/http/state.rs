@@ -1,5 +1,6 @@
 //! The HTTP layer's configuration and the state its handlers share (read-only, behind an Arc).
 use std::sync::Arc;
+use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
@@ -35,6 +36,12 @@ pub struct HttpConfig {
     pub cors_allow_origin: Vec<String>,
     /// Value of the `x-compute-type` header.
     pub compute_type: String,
+    /// Open connections at most; more are closed at once.
+    pub max_connections: usize,
+    /// Time a client has to send a request head (see `connection`).
+    pub http_header_timeout: Duration,
+    /// Time a connection may stay open without a request after its last one.
+    pub http_idle_timeout: Duration,
 }
 
 impl Default for HttpConfig {
@@ -54,6 +61,9 @@ impl Default for HttpConfig {
             model_id: String::new(),
             cors_allow_origin: Vec::new(),
             compute_type: "gpu+optimized".to_string(),
+            max_connections: 8192,
+            http_header_timeout: Duration::from_secs(10),
+            http_idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -67,6 +77,8 @@ pub enum ConfigError {
     TotalAboveModel(usize, u32),
     #[error("{0} must be at least 1")]
     Zero(&'static str),
+    #[error("{0} must be longer than zero")]
+    ZeroTimeout(&'static str),
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("metrics: {0}")]
@@ -140,9 +152,18 @@ fn check_config(config: &HttpConfig, info: &ModelInfo) -> Result<(), ConfigError
         ("max_best_of", config.max_best_of),
         ("max_input_tokens", config.max_input_tokens),
         ("max_client_batch_size", config.max_client_batch_size),
+        ("max_connections", config.max_connections),
     ] {
         if value == 0 {
             return Err(ConfigError::Zero(name));
+        }
+    }
+    for (name, value) in [
+        ("http_header_timeout", config.http_header_timeout),
+        ("http_idle_timeout", config.http_idle_timeout),
+    ] {
+        if value.is_zero() {
+            return Err(ConfigError::ZeroTimeout(name));
         }
     }
     if config.max_input_tokens >= config.max_total_tokens {

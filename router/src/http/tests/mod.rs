@@ -2,6 +2,7 @@
 //! scheduler) and a scripted shard on a unix socket that answers every request with the
 //! tokens of a fixed text. Stop sequences, cancellation, SSE shapes and concurrency limits are
 //! thereby checked deterministically; the integration tests run the same against the model.
+mod listener;
 mod openai;
 mod scripted_shard;
 
@@ -53,7 +54,7 @@ async fn app_with_template(
     )
     .await
     .unwrap();
-    (router(config, engine, &model).unwrap(), log)
+    (router(config, engine, &model).unwrap().routes, log)
 }
 
 /// Waits until `condition` holds on the shard's log (the engine works asynchronously).
