@@ -4,6 +4,10 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use tokenizers::models::ModelWrapper;
+use tokenizers::SplitDelimiterBehavior;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TokenizerError {
     #[error("the model's tokenizer.json cannot be loaded: {0}")]
@@ -27,6 +31,7 @@ pub struct Encoded {
 pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     special_ids: Arc<HashSet<u32>>,
+    max_bytes_per_token: Option<usize>,
 }
 
 impl Tokenizer {
@@ -40,10 +45,19 @@ impl Tokenizer {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
+        let max_bytes_per_token = max_bytes_per_token(&inner);
         Ok(Self {
             inner: Arc::new(inner),
             special_ids: Arc::new(special_ids),
+            max_bytes_per_token,
         })
+    }
+
+    /// The most bytes of input text one token can stand for, when this tokenizer guarantees a
+    /// bound (see `max_bytes_per_token`); computed once at start-up. A prompt longer than
+    /// `max_input_tokens` times this cannot fit, which validation tells without tokenizing.
+    pub fn max_bytes_per_token(&self) -> Option<usize> {
+        self.max_bytes_per_token
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Encoded, TokenizerError> {
@@ -83,6 +97,42 @@ impl Tokenizer {
 
     pub fn is_special(&self, id: u32) -> bool {
         self.special_ids.contains(&id)
+    }
+}
+
+/// The longest vocabulary entry in bytes, when no token can stand for more input bytes than its
+/// entry has: a BPE model that never emits an unknown token for a span it cannot split (no unk
+/// token, or byte fallback), no normalizer (NFKC maps a 4-byte character to 1 byte, accent
+/// stripping removes characters), and pre-tokenizers that drop no text (BERT's and the
+/// whitespace splitters drop spaces). Byte-level alphabets and SentencePiece's "▁" only make
+/// an entry longer than the text it covers. `None` otherwise: then only tokenizing can tell.
+fn max_bytes_per_token(tokenizer: &tokenizers::Tokenizer) -> Option<usize> {
+    let ModelWrapper::BPE(bpe) = tokenizer.get_model() else {
+        return None;
+    };
+    if (bpe.unk_token.is_some() && !bpe.byte_fallback) || tokenizer.get_normalizer().is_some() {
+        return None;
+    }
+    if !tokenizer.get_pre_tokenizer().is_none_or(keeps_all_text) {
+        return None;
+    }
+    tokenizer
+        .get_vocab(true)
+        .keys()
+        .map(String::len)
+        .max()
+        .filter(|&longest| longest > 0)
+}
+
+fn keeps_all_text(pre_tokenizer: &PreTokenizerWrapper) -> bool {
+    match pre_tokenizer {
+        PreTokenizerWrapper::ByteLevel(_)
+        | PreTokenizerWrapper::Metaspace(_)
+        | PreTokenizerWrapper::Digits(_)
+        | PreTokenizerWrapper::UnicodeScripts(_) => true,
+        PreTokenizerWrapper::Split(split) => split.behavior != SplitDelimiterBehavior::Removed,
+        PreTokenizerWrapper::Sequence(sequence) => sequence.as_ref().iter().all(keeps_all_text),
+        _ => false,
     }
 }
 
@@ -126,6 +176,32 @@ pub(crate) mod tests {
         assert!(!tokenizer.is_special(88));
         assert_eq!(tokenizer.token_text(2), "<|im_end|>");
         assert_eq!(tokenizer.decode(&[88, 2], true).unwrap(), "h");
+    }
+
+    #[test]
+    fn byte_level_bpe_bounds_the_bytes_per_token() {
+        let tokenizer = smollm2();
+        let longest = tokenizer.max_bytes_per_token().expect("byte-level BPE has a bound");
+        // Each token of any text covers at most `longest` bytes of it.
+        let text = "héllo 日本語 🤗 ".repeat(20) + &"=".repeat(300) + &" ".repeat(300);
+        let encoded = tokenizer.encode(&text, false).unwrap();
+        for (start, stop) in encoded.offsets {
+            assert!(stop - start <= longest, "a token covers {} bytes", stop - start);
+        }
+    }
+
+    #[test]
+    fn a_normalizer_or_an_unknown_token_gives_no_bound() {
+        let word_level = r#"{"version": "1.0", "model": {"type": "WordLevel",
+            "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"},
+            "pre_tokenizer": {"type": "Whitespace"}}"#;
+        assert_eq!(Tokenizer::from_json(word_level).unwrap().max_bytes_per_token(), None);
+        let normalized = r#"{"version": "1.0", "normalizer": {"type": "NFKC"},
+            "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}}"#;
+        assert_eq!(Tokenizer::from_json(normalized).unwrap().max_bytes_per_token(), None);
+        let plain = r#"{"version": "1.0",
+            "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}}"#;
+        assert_eq!(Tokenizer::from_json(plain).unwrap().max_bytes_per_token(), Some(2));
     }
 
     #[test]

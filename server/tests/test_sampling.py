@@ -125,3 +125,44 @@ def test_prompt_logprobs_score_the_next_tokens():
     values = prompt_logprobs(logits, [3, 7, 1])
     expected = [float(logits[i].log_softmax(-1)[t]) for i, t in enumerate([3, 7, 1])]
     assert values == expected
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily():
+    # 1e-44 is a float32 subnormal: logits / it overflow to inf and softmax gives NaN.
+    logits = torch.tensor([[1.0, 3.0, 2.0, -5.0]])
+    for temperature in (1e-44, 1e-30, 1e-6):
+        token = sample(logits, [_request(do_sample=True, temperature=temperature, seed=3)])[0]
+        assert token.token_id == 1 and math.isfinite(token.logprob), temperature
+
+
+def test_logits_that_overflow_under_temperature_fall_back_to_greedy():
+    # Finite logits a model may produce, divided by a temperature that passes the greedy bound.
+    logits = torch.tensor([[3.0e38, 1.0, -3.0e38, 2.0e38]])
+    token = sample(logits, [_request(do_sample=True, temperature=1e-3, seed=1, top_p=0.5, top_k=2)])[0]
+    assert token.token_id == 0
+
+
+def test_non_finite_logits_never_reach_multinomial():
+    nan_row = torch.tensor([[float("nan"), 1.0, 2.0]])
+    all_masked = torch.tensor([[float("-inf")] * 3])
+    for logits in (nan_row, all_masked):
+        token = sample(logits, [_request(do_sample=True, temperature=0.7, seed=5, repetition_penalty=1e-38)])[0]
+        assert 0 <= token.token_id < 3
+
+
+def test_a_row_that_fails_fails_its_own_request_only(monkeypatch):
+    from superinfer.shard import sampling
+
+    original = sampling._choose
+
+    def choose(logits, request):
+        if request.request_id == 2:
+            raise RuntimeError("device-side assert")
+        return original(logits, request)
+
+    monkeypatch.setattr(sampling, "_choose", choose)
+    logits = torch.tensor([[0.0, 5.0], [5.0, 0.0], [1.0, 2.0]])
+    requests = [_request(rid, do_sample=True, temperature=0.5, seed=rid) for rid in (1, 2, 3)]
+    first, failed, third = sample(logits, requests)
+    assert isinstance(failed, sampling.SamplingFailure) and "device-side assert" in failed.message
+    assert first.token_id in (0, 1) and third.token_id in (0, 1)

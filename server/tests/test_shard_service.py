@@ -98,6 +98,45 @@ def test_bad_plans_are_rejected_and_the_shard_keeps_serving(stub):
     assert "unknown" in err.value.details()
 
 
+def test_a_request_that_cannot_sample_fails_alone(stub, monkeypatch):
+    from superinfer.shard import sampling
+
+    original = sampling._choose
+
+    def choose(logits, request):
+        if request.request_id == 2:
+            raise RuntimeError("cannot sample")
+        return original(logits, request)
+
+    monkeypatch.setattr(sampling, "_choose", choose)
+    stub.Warmup(pb.WarmupRequest(max_batch_tokens=64, max_batch_requests=4))
+    sampled = pb.SamplingParameters(do_sample=True, temperature=0.8, seed=1)
+    reply = stub.Step(pb.StepRequest(
+        new_requests=[pb.NewRequest(id=1, prompt_token_ids=[5, 6]), pb.NewRequest(id=2, prompt_token_ids=[7], parameters=sampled)],
+        scheduled=[_schedule(1, 0, 2, [0]), _schedule(2, 0, 1, [1])]))
+    assert reply.outputs[0].HasField("token") and not reply.outputs[0].error
+    assert not reply.outputs[1].HasField("token") and "cannot sample" in reply.outputs[1].error
+    # The other request goes on.
+    reply = stub.Step(pb.StepRequest(forget=[2], scheduled=[_schedule(1, 2, 1, [0])]))
+    assert reply.outputs[0].HasField("token")
+
+
+def test_reset_drops_every_request_and_keeps_the_pools(stub):
+    stub.Warmup(pb.WarmupRequest(max_batch_tokens=64, max_batch_requests=4))
+    first = stub.Step(pb.StepRequest(new_requests=[pb.NewRequest(id=1, prompt_token_ids=[5, 6, 7])],
+                                     scheduled=[_schedule(1, 0, 3, [0])],
+                                     swap_out=[pb.Transfer(id=9, src_blocks=[3], dst_blocks=[0])]))
+    assert stub.Reset(pb.ResetRequest()).dropped_requests == 1
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Step(pb.StepRequest(scheduled=[_schedule(1, 3, 1, [0])]))
+    assert "unknown" in err.value.details()
+    # The same id starts over and computes the same token; the dropped transfer is never reported.
+    again = stub.Step(pb.StepRequest(new_requests=[pb.NewRequest(id=1, prompt_token_ids=[5, 6, 7])],
+                                     scheduled=[_schedule(1, 0, 3, [0])]))
+    assert again.outputs[0].token.id == first.outputs[0].token.id
+    assert 9 not in again.completed_transfers
+
+
 def test_step_before_warmup_fails_precondition(tiny_llama_dir, tmp_path):
     server = ShardServer(make_executor(tiny_llama_dir, warm=False), tmp_path / "cold.sock")
     server.start()

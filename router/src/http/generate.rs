@@ -85,12 +85,16 @@ pub(crate) async fn compat_generate(
 
 /// Tokenize the inputs.
 #[utoipa::path(post, path = "/tokenize", tag = "Text Generation Inference",
-    request_body = GenerateRequest, responses((status = 200, body = [SimpleToken])))]
+    request_body = GenerateRequest,
+    responses((status = 200, body = [SimpleToken]), (status = 422, body = ErrorBody),
+        (status = 429, body = ErrorBody)))]
 #[tracing::instrument(skip_all)]
 pub(crate) async fn tokenize(
     State(state): State<Arc<AppState>>,
     JsonBody(request): JsonBody<GenerateRequest>,
 ) -> Result<Json<Vec<SimpleToken>>, HttpError> {
+    // Tokenizing costs CPU time like generating: it counts against the same limit.
+    let _permit = acquire_permit(&state.permits)?;
     let encoded = state
         .tokenizer
         .encode_off_executor(request.inputs.clone(), true)

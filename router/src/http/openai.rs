@@ -14,7 +14,8 @@ use super::generate::run_candidates;
 use super::generation::GenerationOutput;
 use super::headers::{finished_headers, stream_headers};
 use super::openai_stream::{
-    fingerprint, openai_stream, ChoiceUpdate, PreparedPrompt, ResponseIdentity, StreamPlan,
+    fingerprint, openai_stream, ChoiceUpdate, PreparedPrompt, PromptText, ResponseIdentity,
+    StreamPlan,
 };
 use super::openai_types::*;
 use super::request::{acquire_permit, validate_request, ValidRequest};
@@ -54,8 +55,9 @@ pub(crate) async fn chat_completions(
     }
     metrics::request_received();
     let result = async {
-        let (inputs, parameters) = prepared?;
+        let (prompt, parameters) = prepared?;
         let _permit = acquire_permit(&state.permits)?;
+        let inputs = prompt.render(&state)?;
         let valid = validate_request(&state, inputs, &parameters, false, arrival).await?;
         let (output, _) = run_candidates(&state, &valid).await?;
         let headers =
@@ -103,10 +105,11 @@ pub(crate) async fn completions(
     metrics::request_received();
     let result = async {
         let prompts = prepared?;
-        let runs = prompts.into_iter().map(|(inputs, parameters)| {
+        let runs = prompts.into_iter().map(|(prompt, parameters)| {
             let state = &state;
             async move {
                 let _permit = acquire_permit(&state.permits)?;
+                let inputs = prompt.render(state)?;
                 let valid = validate_request(state, inputs, &parameters, true, arrival).await?;
                 let (output, _) = run_candidates(state, &valid).await?;
                 Ok::<_, HttpError>((valid, output))
@@ -131,11 +134,14 @@ fn respond<T: IntoResponse>(result: Result<T, HttpError>) -> Response {
     }
 }
 
-/// The rendered conversation and its generation parameters.
+/// The conversation (rendered later, under the permit) and its generation parameters.
 fn prepare_chat(
     state: &AppState,
     request: &ChatRequest,
-) -> Result<(String, GenerateParameters), HttpError> {
+) -> Result<(PromptText, GenerateParameters), HttpError> {
+    if request.messages.is_empty() {
+        return Err(ValidationError::EmptyConversation.into());
+    }
     if request.tools.is_some() {
         return Err(ValidationError::Unsupported("tools").into());
     }
@@ -157,15 +163,19 @@ fn prepare_chat(
             })
         })
         .collect::<Result<Vec<_>, ValidationError>>()?;
-    let inputs = state.chat_template()?.render(&messages, true)?;
+    // A model without a usable template is refused before the request waits for a permit.
+    state.chat_template()?;
     let top_n_tokens = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
-    Ok((inputs, request.sampling.to_parameters(top_n_tokens)?))
+    Ok((
+        PromptText::Chat(messages),
+        request.sampling.to_parameters(top_n_tokens)?,
+    ))
 }
 
 fn prepare_completion(
     state: &AppState,
     request: &CompletionRequest,
-) -> Result<Vec<(String, GenerateParameters)>, HttpError> {
+) -> Result<Vec<(PromptText, GenerateParameters)>, HttpError> {
     if request.suffix.is_some() {
         return Err(ValidationError::Unsupported("suffix").into());
     }
@@ -173,6 +183,9 @@ fn prepare_completion(
         Prompt::One(prompt) => vec![prompt.clone()],
         Prompt::Many(prompts) => prompts.clone(),
     };
+    if prompts.is_empty() {
+        return Err(ValidationError::EmptyPromptList.into());
+    }
     let limit = state.config.max_client_batch_size;
     if prompts.len() > limit {
         return Err(ValidationError::ClientBatchSize(limit, prompts.len()).into());
@@ -180,7 +193,7 @@ fn prepare_completion(
     let parameters = request.sampling.to_parameters(None)?;
     Ok(prompts
         .into_iter()
-        .map(|prompt| (prompt, parameters.clone()))
+        .map(|prompt| (PromptText::Text(prompt), parameters.clone()))
         .collect())
 }
 

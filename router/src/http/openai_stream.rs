@@ -16,6 +16,7 @@ use super::request::{acquire_permit, validate_request};
 use super::sse::{sse_response, EventSender};
 use super::state::AppState;
 use super::types::{GenerateParameters, Token};
+use crate::chat_template::TemplateMessage;
 use crate::error::HttpError;
 use crate::metrics;
 use crate::validation::validate_stream;
@@ -61,8 +62,24 @@ pub(crate) struct ChoiceUpdate<'a> {
 pub(crate) type ChunkBuilder =
     dyn Fn(&ResponseIdentity, ChoiceUpdate<'_>) -> serde_json::Value + Send + Sync;
 
-/// A prepared prompt (rendered text and parameters), or why it could not be prepared.
-pub(crate) type PreparedPrompt = Result<(String, GenerateParameters), HttpError>;
+/// A prepared prompt (its text and parameters), or why it could not be prepared.
+pub(crate) type PreparedPrompt = Result<(PromptText, GenerateParameters), HttpError>;
+
+/// A prompt's text, or the conversation it is rendered from: rendering waits until the
+/// request holds its concurrency permit, as everything that costs CPU time does.
+pub(crate) enum PromptText {
+    Text(String),
+    Chat(Vec<TemplateMessage>),
+}
+
+impl PromptText {
+    pub fn render(self, state: &AppState) -> Result<String, HttpError> {
+        match self {
+            PromptText::Text(text) => Ok(text),
+            PromptText::Chat(messages) => Ok(state.chat_template()?.render(&messages, true)?),
+        }
+    }
+}
 
 pub(crate) struct StreamPlan {
     pub prompts: Vec<PreparedPrompt>,
@@ -164,8 +181,9 @@ async fn stream_choice(
     sender: &EventSender,
     chunk: &ChunkBuilder,
 ) -> Result<Option<Usage>, HttpError> {
-    let (inputs, parameters) = prompt?;
+    let (prompt, parameters) = prompt?;
     let _permit = acquire_permit(&state.permits)?;
+    let inputs = prompt.render(state)?;
     let valid = validate_request(
         state,
         inputs,

@@ -1,6 +1,7 @@
-//! From a parsed body to a `ValidRequest`: parameter rules, tokenization off the executor,
-//! truncation and length rules. Also the concurrency permit that a request holds until its
-//! response ends.
+//! From a parsed body to a `ValidRequest`: parameter rules, a bound on the prompt's bytes,
+//! tokenization off the executor, truncation and length rules. Also the concurrency permit
+//! that a request holds until its response ends: everything that costs CPU time (template
+//! rendering, tokenizing, generating) runs under it.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -69,6 +70,10 @@ pub(crate) async fn validate_request(
     }
     if inputs.is_empty() {
         return Err(validation::ValidationError::EmptyInput.into());
+    }
+    if parameters.truncate.is_none() {
+        let bytes_per_token = state.tokenizer.max_bytes_per_token();
+        validation::validate_prompt_bytes(inputs.len(), bytes_per_token, &state.limits)?;
     }
     let encoded = state
         .tokenizer

@@ -14,6 +14,9 @@ pub enum ValidationError {
     TopNTokens(u32, u32),
     #[error("`decoder_input_details` == true is not supported when streaming tokens")]
     PrefillDetailsStream,
+    /// JSON numbers beyond f32's range parse as infinities; no rule below holds for them.
+    #[error("`{0}` must be a finite number")]
+    NotFinite(&'static str),
     #[error("`temperature` must be strictly positive")]
     Temperature,
     #[error("`repetition_penalty` must be strictly positive")]
@@ -34,16 +37,28 @@ pub enum ValidationError {
     MaxTotalTokens(usize, usize, u32),
     #[error("`inputs` must have less than {0} tokens. Given: {1}")]
     InputLength(usize, usize),
+    /// Found from the prompt's byte length before tokenizing: even if every token were the
+    /// vocabulary's longest, the prompt would have more tokens than allowed.
+    #[error("`inputs` must have less than {0} tokens. Given: {1} bytes, more than {0} tokens of at most {2} bytes each can hold")]
+    InputBytes(usize, usize, usize),
     #[error("`inputs` cannot be empty")]
     EmptyInput,
+    #[error("`prompt` must hold at least one prompt")]
+    EmptyPromptList,
+    #[error("`messages` must hold at least one message")]
+    EmptyConversation,
     #[error("`stop` supports up to {0} stop sequences. Given: {1}")]
     StopSequence(usize, usize),
+    #[error("each stop sequence must be at most {0} bytes long. Given: {1}")]
+    StopSequenceLength(usize, usize),
     #[error("grammar is not supported")]
     Grammar,
     #[error("watermark is not supported")]
     Watermark,
     #[error("`slo.{0}` must be a strictly positive number of milliseconds")]
     Slo(&'static str),
+    #[error("`slo.{0}` must be at most {1} milliseconds. Given: {2}")]
+    SloAboveLimit(&'static str, f64, f64),
     #[error("`n` must be 1. Given: {0}")]
     ChoiceCount(u32),
     #[error("`prompt` supports up to {0} prompts. Given: {1}")]

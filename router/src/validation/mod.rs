@@ -10,6 +10,16 @@ pub use error::ValidationError;
 use crate::engine::api::{SamplingParams, Slo};
 use crate::http::types::{GenerateParameters, SloParameters};
 
+/// Longest stop sequence, in bytes. The stop matcher rescans the last `longest` bytes of the
+/// output on every token, so a long sequence costs every token of the request; 1 KiB is far
+/// above any real stop string.
+pub const MAX_STOP_SEQUENCE_BYTES: usize = 1024;
+
+/// Longest latency objective, in milliseconds (one hour). The engine turns objectives into
+/// `Duration`s and deadlines; an hour is beyond any objective worth scheduling for and keeps
+/// every deadline representable.
+pub const MAX_SLO_MS: f64 = 3_600_000.0;
+
 /// Server limits the rules check against (from the CLI, via `HttpConfig`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ValidationLimits {
@@ -56,12 +66,7 @@ pub fn validate_parameters(
     if parameters.max_new_tokens == Some(0) {
         return Err(ValidationError::NegativeMaxNewTokens);
     }
-    if parameters.stop.len() > limits.max_stop_sequences {
-        return Err(ValidationError::StopSequence(
-            limits.max_stop_sequences,
-            parameters.stop.len(),
-        ));
-    }
+    validate_stop(&parameters.stop, limits)?;
     sampling.seed = match parameters.seed {
         Some(_) if best_of > 1 => return Err(ValidationError::BestOfSeed),
         Some(seed) => seed,
@@ -98,6 +103,18 @@ pub fn validate_parameters(
 
 /// The sampling values, in TGI's order of checks (the seed is decided by the caller).
 fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, ValidationError> {
+    for (name, value) in [
+        ("temperature", parameters.temperature),
+        ("repetition_penalty", parameters.repetition_penalty),
+        ("frequency_penalty", parameters.frequency_penalty),
+        ("top_p", parameters.top_p),
+        ("typical_p", parameters.typical_p),
+    ] {
+        // NaN cannot come from JSON, but the range rules below would let +inf through.
+        if value.is_some_and(|value| !value.is_finite()) {
+            return Err(ValidationError::NotFinite(name));
+        }
+    }
     let temperature = parameters.temperature.unwrap_or(1.0);
     if !(temperature > 0.0) {
         return Err(ValidationError::Temperature);
@@ -160,10 +177,30 @@ fn open_unit_interval(value: Option<f32>, error: ValidationError) -> Result<f32,
     }
 }
 
+/// The count rule first (TGI's), then each sequence's length. Empty sequences are allowed:
+/// the stop matcher ignores them.
+fn validate_stop(stop: &[String], limits: &ValidationLimits) -> Result<(), ValidationError> {
+    if stop.len() > limits.max_stop_sequences {
+        return Err(ValidationError::StopSequence(
+            limits.max_stop_sequences,
+            stop.len(),
+        ));
+    }
+    match stop.iter().map(String::len).max() {
+        Some(longest) if longest > MAX_STOP_SEQUENCE_BYTES => Err(
+            ValidationError::StopSequenceLength(MAX_STOP_SEQUENCE_BYTES, longest),
+        ),
+        _ => Ok(()),
+    }
+}
+
 fn validate_slo(slo: &SloParameters) -> Result<Slo, ValidationError> {
     for (name, value) in [("ttft_ms", slo.ttft_ms), ("tbt_ms", slo.tbt_ms)] {
         if !(value.is_finite() && value > 0.0) {
             return Err(ValidationError::Slo(name));
+        }
+        if value > MAX_SLO_MS {
+            return Err(ValidationError::SloAboveLimit(name, MAX_SLO_MS, value));
         }
     }
     Ok(Slo {
@@ -179,6 +216,29 @@ pub fn validate_stream(parameters: &ValidParameters) -> Result<(), ValidationErr
     }
     if parameters.decoder_input_details {
         return Err(ValidationError::PrefillDetailsStream);
+    }
+    Ok(())
+}
+
+/// Refuses, without tokenizing, a prompt too long to fit even if every token were the
+/// vocabulary's longest: `max_bytes_per_token` is the most input bytes one token can stand for
+/// (`None` when the tokenizer guarantees no such bound). Only for requests without `truncate`,
+/// whose prompts may be longer than the limit.
+pub fn validate_prompt_bytes(
+    prompt_bytes: usize,
+    max_bytes_per_token: Option<usize>,
+    limits: &ValidationLimits,
+) -> Result<(), ValidationError> {
+    let Some(bytes_per_token) = max_bytes_per_token else {
+        return Ok(());
+    };
+    let most_bytes = limits.max_input_tokens.saturating_mul(bytes_per_token);
+    if prompt_bytes > most_bytes {
+        return Err(ValidationError::InputBytes(
+            limits.max_input_tokens,
+            prompt_bytes,
+            bytes_per_token,
+        ));
     }
     Ok(())
 }

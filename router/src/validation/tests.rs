@@ -293,3 +293,105 @@ fn truncation_keeps_at_most_the_limit() {
     assert_eq!(truncated_length(5, Some(10)), 5);
     assert_eq!(truncated_length(5, None), 5);
 }
+
+#[test]
+fn non_finite_sampling_values_are_refused_by_name() {
+    let cases: Vec<(GenerateParameters, &str)> = vec![
+        (
+            GenerateParameters {
+                temperature: Some(f32::INFINITY),
+                ..Default::default()
+            },
+            "temperature",
+        ),
+        (
+            GenerateParameters {
+                repetition_penalty: Some(f32::INFINITY),
+                ..Default::default()
+            },
+            "repetition_penalty",
+        ),
+        (
+            GenerateParameters {
+                frequency_penalty: Some(f32::NEG_INFINITY),
+                ..Default::default()
+            },
+            "frequency_penalty",
+        ),
+        (
+            GenerateParameters {
+                top_p: Some(f32::NAN),
+                ..Default::default()
+            },
+            "top_p",
+        ),
+        (
+            GenerateParameters {
+                typical_p: Some(f32::INFINITY),
+                ..Default::default()
+            },
+            "typical_p",
+        ),
+    ];
+    for (parameters, name) in cases {
+        assert_eq!(message(parameters), format!("`{name}` must be a finite number"));
+    }
+    // What serde makes of 1e308 for an f32 field: the rule sees an infinity.
+    let parsed: GenerateParameters =
+        serde_json::from_value(serde_json::json!({"temperature": 1e308})).unwrap();
+    assert_eq!(message(parsed), "`temperature` must be a finite number");
+    // Tiny positive values stay valid (the shard treats such temperatures as greedy).
+    let tiny = check(GenerateParameters {
+        temperature: Some(1e-45),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(tiny.sampling.temperature > 0.0);
+}
+
+#[test]
+fn each_stop_sequence_is_limited_in_bytes_and_empty_ones_pass() {
+    let stop = |sequence: String| GenerateParameters {
+        stop: vec!["ok".into(), sequence],
+        ..Default::default()
+    };
+    let longest = "é".repeat(MAX_STOP_SEQUENCE_BYTES / 2);
+    assert_eq!(check(stop(longest)).unwrap().stop.len(), 2);
+    assert_eq!(
+        message(stop("x".repeat(MAX_STOP_SEQUENCE_BYTES + 1))),
+        "each stop sequence must be at most 1024 bytes long. Given: 1025"
+    );
+    // The stop matcher skips empty sequences, so they cannot end or break a generation.
+    assert_eq!(check(stop(String::new())).unwrap().stop[1], "");
+}
+
+#[test]
+fn slo_is_bounded_above_by_an_hour() {
+    let slo = |ttft_ms, tbt_ms| GenerateParameters {
+        slo: Some(SloParameters { ttft_ms, tbt_ms }),
+        ..Default::default()
+    };
+    assert_eq!(
+        message(slo(1e30, 100.0)),
+        "`slo.ttft_ms` must be at most 3600000 milliseconds. Given: 1000000000000000000000000000000"
+    );
+    assert_eq!(
+        message(slo(100.0, f64::INFINITY)),
+        "`slo.tbt_ms` must be a strictly positive number of milliseconds"
+    );
+    assert!(check(slo(MAX_SLO_MS, MAX_SLO_MS)).is_ok());
+}
+
+#[test]
+fn prompt_bytes_are_bounded_before_tokenizing() {
+    // 1024 tokens of at most 16 bytes hold at most 16384 bytes.
+    assert_eq!(validate_prompt_bytes(16_384, Some(16), &LIMITS), Ok(()));
+    assert_eq!(
+        validate_prompt_bytes(16_385, Some(16), &LIMITS)
+            .unwrap_err()
+            .to_string(),
+        "`inputs` must have less than 1024 tokens. Given: 16385 bytes, more than 1024 tokens of at most 16 bytes each can hold"
+    );
+    // Without a guaranteed bound per token, only the tokenizer can tell.
+    assert_eq!(validate_prompt_bytes(usize::MAX, None, &LIMITS), Ok(()));
+}

@@ -261,6 +261,87 @@ async fn validation_errors_have_tgi_status_and_body() {
 }
 
 #[tokio::test]
+async fn values_the_engine_cannot_represent_are_422() {
+    let (app, log) = app(HttpConfig {
+        max_input_tokens: 8,
+        max_total_tokens: 16,
+        ..HttpConfig::default()
+    })
+    .await;
+    let longest = crate::tokenizer::tests::smollm2()
+        .max_bytes_per_token()
+        .unwrap();
+    let too_long = "x".repeat(8 * longest + 1);
+    let generate_cases = [
+        (
+            json!({"slo": {"ttft_ms": 1e30, "tbt_ms": 100}}),
+            "`slo.ttft_ms` must be at most 3600000 milliseconds. Given: 1000000000000000000000000000000".to_string(),
+        ),
+        (
+            json!({"temperature": 1e308}),
+            "`temperature` must be a finite number".to_string(),
+        ),
+        (
+            json!({"repetition_penalty": 1e308}),
+            "`repetition_penalty` must be a finite number".to_string(),
+        ),
+        (
+            json!({"stop": ["x".repeat(1025)]}),
+            "each stop sequence must be at most 1024 bytes long. Given: 1025".to_string(),
+        ),
+    ];
+    let expect_422 = |text: &str, message: &str| {
+        assert_eq!(
+            serde_json::from_str::<Value>(text).unwrap(),
+            json!({"error": format!("Input validation error: {message}"), "error_type": "validation"})
+        );
+    };
+    for (parameters, message) in generate_cases {
+        let body = json!({"inputs": "x", "parameters": parameters});
+        let (status, _, text) = send(&app, post("/generate", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        expect_422(&text, &message);
+    }
+    // Refused from its byte length alone; with `truncate` it is tokenized and cut instead.
+    let body = json!({"inputs": too_long, "parameters": {"max_new_tokens": 1}});
+    let (status, _, text) = send(&app, post("/generate", &body)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    expect_422(
+        &text,
+        &format!(
+            "`inputs` must have less than 8 tokens. Given: {} bytes, more than 8 tokens of at most {longest} bytes each can hold",
+            too_long.len()
+        ),
+    );
+    let body = json!({"inputs": too_long, "parameters": {"max_new_tokens": 1, "truncate": 4}});
+    assert_eq!(send(&app, post("/generate", &body)).await.0, StatusCode::OK);
+    let (status, _, text) = send(
+        &app,
+        post("/v1/completions", &json!({"prompt": [], "max_tokens": 5})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    expect_422(&text, "`prompt` must hold at least one prompt");
+    let stream = json!({"prompt": [], "max_tokens": 5, "stream": true});
+    let (_, _, text) = send(&app, post("/v1/completions", &stream)).await;
+    assert_eq!(
+        sse_data(&text),
+        vec![
+            json!({"error": {"message": "Input validation error: `prompt` must hold at least one prompt", "http_status_code": 422}})
+        ]
+    );
+    let (status, _, text) = send(
+        &app,
+        post("/v1/chat/completions", &json!({"messages": []})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    expect_422(&text, "`messages` must hold at least one message");
+    // Only the truncated request reached the engine.
+    assert_eq!(log.lock().unwrap().new_requests.len(), 1);
+}
+
+#[tokio::test]
 async fn api_key_guards_generation_routes_only() {
     let (app, _) = app(HttpConfig {
         api_key: Some("s3cret".into()),
@@ -319,6 +400,12 @@ async fn requests_over_the_concurrency_limit_get_429_at_once() {
         serde_json::from_str::<Value>(&text).unwrap(),
         json!({"error": "Model is overloaded", "error_type": "overloaded"})
     );
+    // Tokenizing and template rendering cost CPU time too: they wait for no one either.
+    let (status, _, _) = send(&app, post("/tokenize", &json!({"inputs": "x"}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let chat = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1});
+    let (status, _, _) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     drop(held);
     // The closed stream releases its permit (noticed asynchronously) and cancels its request,
     // which the shard forgets with the next step.
