@@ -6,6 +6,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
+use subtle::ConstantTimeEq;
 
 use super::state::AppState;
 use crate::error::HttpError;
@@ -37,7 +38,7 @@ fn map_rejection(rejection: JsonRejection, payload_limit: usize) -> HttpError {
     HttpError::BadRequestBody(rejection.body_text())
 }
 
-/// `Authorization: Bearer <api_key>` on the generation routes (case-insensitive, as TGI).
+/// `Authorization: Bearer <api_key>` on the generation routes.
 pub(crate) async fn require_api_key(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -46,15 +47,43 @@ pub(crate) async fn require_api_key(
     let Some(api_key) = &state.config.api_key else {
         return next.run(request).await;
     };
-    let expected = format!("bearer {}", api_key.to_lowercase());
     let given = request
         .headers()
         .get(AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_lowercase);
-    if given.as_deref() == Some(expected.as_str()) {
+        .map(|value| value.as_bytes());
+    if given.is_some_and(|given| bearer_matches(given, api_key.as_bytes())) {
         next.run(request).await
     } else {
         HttpError::Unauthorized.into_response()
+    }
+}
+
+/// Whether an `Authorization` value is `Bearer <key>`: the scheme in any case (RFC 7235), the
+/// key exactly and compared in constant time, so that the time taken does not reveal how much
+/// of a guess was right.
+fn bearer_matches(header: &[u8], key: &[u8]) -> bool {
+    const SCHEME: &[u8] = b"bearer ";
+    if header.len() < SCHEME.len() || !header[..SCHEME.len()].eq_ignore_ascii_case(SCHEME) {
+        return false;
+    }
+    // Unequal lengths answer at once: the key's length is all that timing can reveal.
+    header[SCHEME.len()..].ct_eq(key).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_matches;
+
+    #[test]
+    fn scheme_is_case_insensitive_and_the_key_exact() {
+        assert!(bearer_matches(b"Bearer s3cret", b"s3cret"));
+        assert!(bearer_matches(b"bEaReR s3cret", b"s3cret"));
+        assert!(!bearer_matches(b"Bearer S3CRET", b"s3cret"));
+        assert!(!bearer_matches(b"Bearer s3cre", b"s3cret"));
+        assert!(!bearer_matches(b"Bearer s3cret ", b"s3cret"));
+        assert!(!bearer_matches(b"Basic s3cret", b"s3cret"));
+        assert!(!bearer_matches(b"Bearers3cret", b"s3cret"));
+        assert!(!bearer_matches(b"s3cret", b"s3cret"));
+        assert!(!bearer_matches(b"", b"s3cret"));
     }
 }

@@ -355,11 +355,26 @@ async fn api_key_guards_generation_routes_only() {
         serde_json::from_str::<Value>(&text).unwrap()["error_type"],
         "unauthorized"
     );
-    let mut request = post("/generate", &body);
-    request
-        .headers_mut()
-        .insert("authorization", "Bearer S3CRET".parse().unwrap());
-    assert_eq!(send(&app, request).await.0, StatusCode::OK);
+    let with_authorization = |value: &str| {
+        let mut request = post("/generate", &body);
+        request
+            .headers_mut()
+            .insert("authorization", value.parse().unwrap());
+        request
+    };
+    // The scheme is case-insensitive (RFC 7235), the key is not.
+    assert_eq!(
+        send(&app, with_authorization("bEARER s3cret")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, with_authorization("Bearer S3CRET")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&app, with_authorization("Bearer s3cret2")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
     let health = Request::get("/health").body(Body::empty()).unwrap();
     assert_eq!(send(&app, health).await.0, StatusCode::OK);
 }
