@@ -1,5 +1,6 @@
 """The launcher's configuration and child supervision, with real child processes."""
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +39,42 @@ def test_router_gets_only_the_flags_given(monkeypatch):
     assert shard[1:4] == ["-m", "superinfer.cli", "serve"]
     assert "--model" not in shard  # the shard serves the embedded default
     assert shard[shard.index("--host-kv-blocks") + 1] == "32"
+
+
+def test_the_api_key_reaches_the_router_in_its_environment_only(monkeypatch, capsys):
+    monkeypatch.delenv("API_KEY", raising=False)
+    config = parse(["--api-key", "k3y-from-argv", "--max-connections", "64"])
+    argv = launcher.router_argv(config, Path("/tmp/s.sock"))
+    assert not any("k3y" in arg for arg in argv)
+    assert "--api-key" not in argv
+    assert argv[argv.index("--max-connections") + 1] == "64"
+    assert launcher.router_env(config)["API_KEY"] == "k3y-from-argv"
+    assert config.api_key_in_argv
+    monkeypatch.setenv("API_KEY", "k3y-from-env")
+    from_env = parse([])
+    assert from_env.api_key == "k3y-from-env" and not from_env.api_key_in_argv
+    assert not any("k3y" in arg for arg in launcher.router_argv(from_env, Path("/tmp/s.sock")))
+    assert parse(["--api-key", "flag-wins"]).api_key == "flag-wins"
+    monkeypatch.delenv("API_KEY")
+    assert launcher.router_env(parse([])) is None
+
+
+def test_a_started_router_shows_no_key_to_ps(monkeypatch):
+    # What another local user sees: the child's command line (ps -eo args) lacks the key, its
+    # environment (readable by the same user only) has it.
+    monkeypatch.delenv("API_KEY", raising=False)
+    config = parse(["--api-key", "k3y-in-ps"])
+    argv = [sys.executable, "-c", "import time; time.sleep(30)", *launcher.router_argv(config, Path("/tmp/s.sock"))]
+    supervisor = Supervisor()
+    child = supervisor.start("router", argv, env=launcher.router_env(config))
+    try:
+        listed = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+        assert str(child.process.pid) in listed
+        assert "k3y-in-ps" not in listed
+        environ = Path(f"/proc/{child.process.pid}/environ").read_bytes()
+        assert b"API_KEY=k3y-in-ps" in environ.split(b"\0")
+    finally:
+        supervisor.shutdown(timeout_s=5)
 
 
 def test_bad_values_are_refused_with_a_message(monkeypatch):
