@@ -68,9 +68,10 @@ def _wait_healthy(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def launch(log_dir: Path, args: list[str]):
-    """Runs `superinfer launch` with `args` (on a free port) until the block exits; yields the
-    healthy server. Tests that need their own server configuration use this directly."""
+def launch(log_dir: Path, args: list[str], env: dict[str, str] | None = None):
+    """Runs `superinfer launch` with `args` (on a free port) and `env` added to this process's
+    environment until the block exits; yields the healthy server. Tests that need their own
+    server configuration use this directly."""
     port = free_port()
     log_path = log_dir / "server.log"
     with open(log_path, "wb") as log:
@@ -79,6 +80,7 @@ def launch(log_dir: Path, args: list[str]):
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
     instance = Server(f"http://127.0.0.1:{port}", process, log_path)
     try:

@@ -1,7 +1,8 @@
 """Every validation rule, limit and guard answers TGI's status code and message through the
-real server (its own instance, launched with an API key and small limits), and TGI's and
-OpenAI's clients raise the matching errors."""
+real server (its own instance, launched with an API key in its environment and small limits),
+and TGI's and OpenAI's clients raise the matching errors."""
 import json
+import subprocess
 
 import openai
 import pytest
@@ -14,7 +15,7 @@ from conftest import SERVER_ARGS, launch
 API_KEY = "validation-secret"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LIMITS = [
-    "--api-key", API_KEY, "--max-concurrent-requests", "1", "--max-input-tokens", "32",
+    "--max-concurrent-requests", "1", "--max-input-tokens", "32",
     "--max-total-tokens", "64", "--max-stop-sequences", "2", "--max-best-of", "2",
     "--max-top-n-tokens", "3", "--payload-limit", "4000", "--max-client-batch-size", "2",
 ]
@@ -22,7 +23,8 @@ LIMITS = [
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
-    with launch(tmp_path_factory.mktemp("guarded"), [*SERVER_ARGS, *LIMITS]) as server:
+    env = {"API_KEY": API_KEY}
+    with launch(tmp_path_factory.mktemp("guarded"), [*SERVER_ARGS, *LIMITS], env=env) as server:
         yield server
 
 
@@ -52,6 +54,11 @@ RULES = [
     ({"grammar": {"type": "regex", "value": "[ab]+"}}, "grammar is not supported"),
     ({"watermark": True}, "watermark is not supported"),
     ({"slo": {"ttft_ms": 0, "tbt_ms": 50}}, "`slo.ttft_ms` must be a strictly positive number of milliseconds"),
+    ({"slo": {"ttft_ms": 1e30, "tbt_ms": 100}},
+     "`slo.ttft_ms` must be at most 3600000 milliseconds. Given: 1000000000000000000000000000000"),
+    ({"temperature": 1e308}, "`temperature` must be a finite number"),
+    ({"top_p": -1e308}, "`top_p` must be a finite number"),
+    ({"stop": ["x" * 1025]}, "each stop sequence must be at most 1024 bytes long. Given: 1025"),
 ]
 
 
@@ -124,9 +131,28 @@ def test_api_key_is_required_on_generation_routes(guarded):
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     assert post(guarded, "/v1/chat/completions", chat, headers={}).status_code == 401
     assert post(guarded, "/generate", body).status_code == 200
-    assert post(guarded, "/generate", body, headers={"Authorization": f"bearer {API_KEY.upper()}"}).status_code == 200
+    # The scheme in any case (RFC 7235), the key exactly.
+    assert post(guarded, "/generate", body, headers={"Authorization": f"bEARER {API_KEY}"}).status_code == 200
+    assert post(guarded, "/generate", body, headers={"Authorization": f"Bearer {API_KEY.upper()}"}).status_code == 401
     assert guarded.get("/health")[0] == 200
     assert guarded.get("/info")[0] == 200
+
+
+def test_the_api_key_is_on_no_command_line(guarded):
+    # What every local user can read: no process shows the key in its arguments.
+    listed = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, check=True).stdout
+    assert "superinfer.router_main" in listed
+    assert API_KEY not in listed
+
+
+def test_empty_prompt_list_and_conversation_are_422(guarded):
+    response = post(guarded, "/v1/completions", {"prompt": [], "max_tokens": 5})
+    assert response.status_code == 422
+    assert response.json() == validation_error("`prompt` must hold at least one prompt")
+    response = post(guarded, "/v1/chat/completions", {"messages": []})
+    assert response.status_code == 422
+    assert response.json() == validation_error("`messages` must hold at least one message")
+
 
 
 def test_payload_over_the_limit_is_413(guarded):
