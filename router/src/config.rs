@@ -101,7 +101,7 @@ pub struct RouterConfig {
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 8192)]
     pub max_connections: usize,
     /// Seconds a client has to send a request head, after connecting and between requests on
-    /// a kept-alive HTTP/1 connection.
+    /// a kept-alive HTTP/1 connection; also the longest pause within a request body.
     #[arg(long, env = "HTTP_HEADER_TIMEOUT_S", default_value_t = 10)]
     pub http_header_timeout_s: u64,
     /// Seconds a connection may stay open without a request after its last one ended.

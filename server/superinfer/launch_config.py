@@ -38,7 +38,8 @@ ROUTER_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--max-client-batch-size", int, "prompts per request (default 4)"),
     ("--payload-limit", int, "largest request body in bytes (default 2000000)"),
     ("--max-connections", int, "open HTTP connections at most; more are closed at once (default 8192)"),
-    ("--http-header-timeout-s", int, "seconds a client has to send a request head (default 10)"),
+    ("--http-header-timeout-s", int, "seconds a client has to send a request head, and the longest pause "
+     "within a request body (default 10)"),
     ("--http-idle-timeout-s", int, "seconds a connection may stay open without a request (default 60)"),
     ("--cors-allow-origin", str, "comma-separated origins allowed by CORS"),
     ("--otlp-endpoint", str, "OpenTelemetry collector (OTLP/gRPC) for traces"),

@@ -5,6 +5,8 @@
 //!   preface from HTTP/1), so a silent client or a trickled preface is bounded here;
 //! - is slow to send a request head (HTTP/1: hyper's `header_read_timeout`, which also starts
 //!   when a kept-alive connection waits for its next request, so it bounds that idle wait too);
+//! - stalls a request body for `header_timeout` between two pieces of it (the request fails
+//!   with 422 and its connection closes);
 //! - has no request in flight for `idle_timeout` after its last one ended (HTTP/2 in
 //!   practice, whose clients keep connections open; HTTP/2 keep-alive pings find dead peers).
 //!
@@ -24,11 +26,13 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tower_http::timeout::TimeoutBody;
 
 /// How long each wait on a client may last (from the CLI, via `HttpConfig`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionTimeouts {
-    /// Time to send a request head: after connecting, and (HTTP/1) after the previous response.
+    /// Time to send a request head: after connecting, and (HTTP/1) after the previous response;
+    /// also the longest pause within a request body.
     pub header_timeout: Duration,
     /// Time a connection may stay open with no request in flight after its last request.
     pub idle_timeout: Duration,
@@ -174,8 +178,10 @@ impl hyper::service::Service<hyper::Request<Incoming>> for TrackedApp {
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         let guard = self.activity.begin();
         let app = self.app.clone();
+        let body_timeout = self.activity.timeouts.header_timeout;
+        let request = request.map(|body| Body::new(TimeoutBody::new(body_timeout, body)));
         Box::pin(async move {
-            let response = app.oneshot(request.map(Body::new)).await?;
+            let response = app.oneshot(request).await?;
             Ok(response.map(|body| {
                 Body::new(TrackedBody {
                     body,

@@ -1,10 +1,10 @@
 //! The accept loop over real sockets (port 0) with a trivial app: idle and half-sent
-//! connections are closed on time without blocking others, the connection cap closes extra
-//! connections at once, and shutdown lets a request in flight finish.
+//! connections and stalled bodies are cut off on time without blocking others, the connection
+//! cap closes extra connections at once, and shutdown lets a request in flight finish.
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -20,7 +20,10 @@ struct Server {
 }
 
 async fn start(max_connections: usize, header_timeout: Duration, idle_timeout: Duration) -> Server {
-    let routes = Router::new().route("/", get(|| async { "ok" })).route(
+    let routes = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/echo", post(|body: String| async move { body }))
+        .route(
         "/slow",
         get(|| async {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -101,6 +104,26 @@ async fn idle_and_half_sent_connections_close_on_time_and_block_no_one() {
     assert!(opened.elapsed() >= header_timeout);
     server.shutdown.cancel();
     server.serving.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_stalled_request_body_fails_the_request_on_time() {
+    let server = start(10, Duration::from_millis(300), Duration::from_secs(30)).await;
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let sent = Instant::now();
+    stream
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\nonly ten b")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut response))
+        .await
+        .expect("the server gave up on the body in time")
+        .unwrap();
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 4"), "{response}");
+    assert!(sent.elapsed() >= Duration::from_millis(300));
+    server.shutdown.cancel();
 }
 
 #[tokio::test]
