@@ -47,11 +47,7 @@ pub enum ServerError {
 pub async fn run(config: RouterConfig, stop: CancellationToken) -> Result<(), ServerError> {
     let tracker = TaskTracker::new();
     let engine_stop = CancellationToken::new();
-    let result = tokio::select! {
-        result = serve(&config, &tracker, &engine_stop, &stop) => result,
-        // Stopped while the shard was still loading: nothing to drain.
-        _ = stop.cancelled() => Ok(()),
-    };
+    let result = serve(&config, &tracker, &engine_stop, &stop).await;
     // Whatever ended the server, the engine stops with it and fails what is in flight.
     engine_stop.cancel();
     tracker.close();
@@ -65,7 +61,11 @@ async fn serve(
     engine_stop: &CancellationToken,
     stop: &CancellationToken,
 ) -> Result<(), ServerError> {
-    let (engine, model) = start_engine(config, tracker, engine_stop).await?;
+    let (engine, model) = tokio::select! {
+        started = start_engine(config, tracker, engine_stop) => started?,
+        // Stopped while the shard was still loading: nothing to drain.
+        _ = stop.cancelled() => return Ok(()),
+    };
     let app = http::router(http_config(config, &model), engine.clone(), &model)?;
     let address = format!("{}:{}", config.hostname, config.port);
     let listener = TcpListener::bind(&address)
@@ -83,7 +83,11 @@ async fn serve(
     if outcome.is_ok() {
         // Validated by `timeouts` at start-up.
         let grace = Duration::try_from_secs_f64(config.graceful_termination_timeout_s).unwrap_or_default();
-        drain(&engine, grace).await;
+        // The server keeps accepting while it drains: new requests get their 503.
+        tokio::select! {
+            () = drain(&engine, grace) => {}
+            result = &mut http => return result.map_err(ServerError::Http),
+        }
     }
     http_stop.cancel();
     if tokio::time::timeout(HTTP_CLOSE_TIMEOUT, &mut http).await.is_err() {

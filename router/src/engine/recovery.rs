@@ -112,11 +112,15 @@ impl Engine {
         if now < recovery.next_probe {
             return RecoveryTurn::Wait(recovery.next_probe - now);
         }
+        // A probe never outlives the recovery window (a stopped shard makes each one wait out
+        // its own timeout).
+        let remaining = self.timeouts.recovery.saturating_sub(now.saturating_duration_since(recovery.since));
         let attempt = async {
             self.client.health().await?;
             self.client.reset().await
         };
-        match attempt.await {
+        let attempt = tokio::time::timeout(remaining, attempt).await.unwrap_or(Err(ClientError::Timeout(remaining)));
+        match attempt {
             Ok(reset) => {
                 self.resume(reset.dropped_requests, recovery.since.elapsed());
                 RecoveryTurn::Recovered

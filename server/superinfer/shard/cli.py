@@ -69,14 +69,29 @@ def build_executor(config):
     return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size), config)
 
 
+def _stop_on_signals(shutdown: threading.Event) -> None:
+    """Sets `shutdown` on SIGTERM or SIGINT. The signals are blocked in this thread, so in every
+    thread started later (torch's, gRPC's), and taken by one thread waiting for them: a Python
+    handler runs only once the main thread wakes, and a process stopped (SIGSTOP) and then
+    continued gets its pending SIGTERM on whichever thread the kernel picks."""
+    signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+
+    def wait() -> None:
+        signal.sigwait(signals)
+        shutdown.set()
+
+    threading.Thread(target=wait, name="shard-signals", daemon=True).start()
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("superinfer.shard")
     started = time.perf_counter()
-    # Handlers first: a signal during the (long) model load must still stop the shard cleanly.
+    # First, before any thread starts: a signal during the (long) model load must still stop
+    # the shard cleanly.
     shutdown = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: shutdown.set())
+    _stop_on_signals(shutdown)
     import torch
 
     # One intra-op pool over the physical cores; inter-op parallelism only oversubscribes.
