@@ -145,3 +145,40 @@ impl Drop for RequestStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle() -> (EngineHandle, mpsc::UnboundedReceiver<Command>, watch::Sender<EngineStatus>) {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let (status_tx, status) = watch::channel(EngineStatus::Running);
+        (EngineHandle::new(commands, status), receiver, status_tx)
+    }
+
+    #[tokio::test]
+    async fn a_panicking_engine_task_is_seen_as_stopped() {
+        let (engine, commands, status) = handle();
+        let task = tokio::spawn(async move {
+            let _owned = (commands, status);
+            panic!("a bug in the engine");
+        });
+        assert!(task.await.is_err());
+        let reason = tokio::time::timeout(std::time::Duration::from_secs(5), engine.stopped()).await;
+        assert_eq!(reason.expect("stopped resolves"), "the engine task ended");
+        assert!(matches!(engine.submit(crate::engine::testing::greedy_request(vec![1], 1)), Err(EngineError::Stopped)));
+    }
+
+    #[tokio::test]
+    async fn each_status_refuses_new_requests_its_own_way() {
+        let (engine, _commands, status) = handle();
+        assert!(engine.submit(crate::engine::testing::greedy_request(vec![1], 1)).is_ok());
+        status.send_replace(EngineStatus::Recovering("step timed out".into()));
+        assert!(matches!(engine.health().await, Err(EngineError::Unavailable(_))));
+        status.send_replace(EngineStatus::Draining);
+        assert!(matches!(engine.submit(crate::engine::testing::greedy_request(vec![1], 1)), Err(EngineError::Draining)));
+        status.send_replace(EngineStatus::Failed("gave up".into()));
+        assert!(matches!(engine.health().await, Err(EngineError::Shard(_))));
+        assert_eq!(engine.stopped().await, "gave up");
+    }
+}
