@@ -80,5 +80,7 @@ fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(crate::simulate::simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::simulate::percentile, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::simulate::meets, m)?)?;
     Ok(())
 }

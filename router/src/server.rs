@@ -17,6 +17,7 @@ use crate::config::{RouterConfig, SchedulerKind};
 use crate::engine::api::Slo as RequestSlo;
 use crate::engine::{spawn_engine, EngineConfig, EngineHandle, EngineTimeouts, ModelInfo};
 use crate::http::{self, HttpConfig};
+use crate::metrics::{install_recorder_with_limits, MetricLimits, MetricsError};
 use crate::pb;
 
 /// How long the HTTP server may take to close its connections once told to stop.
@@ -36,6 +37,8 @@ pub enum ServerError {
     Config(String),
     #[error(transparent)]
     HttpConfig(#[from] http::ConfigError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
     #[error("the HTTP server failed: {0}")]
     Http(std::io::Error),
     #[error("the engine stopped: {0}")]
@@ -107,7 +110,7 @@ async fn drain(engine: &EngineHandle, grace: Duration) {
 
 /// The HTTP layer's limits: the flags where given, else what the model and the KV pool allow.
 pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
-    let max_total_tokens = config.max_total_tokens.unwrap_or_else(|| model.max_sequence_tokens()) as usize;
+    let max_total_tokens = max_total_tokens(config, model) as usize;
     let max_input_tokens =
         config.max_input_tokens.map_or_else(|| max_total_tokens.saturating_sub(1), |tokens| tokens as usize);
     HttpConfig {
@@ -130,7 +133,26 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
     }
 }
 
-/// Connects to the shard, learns the model, warms it up and starts the engine task.
+/// Longest prompt + generation: the flag where given, else what the model and KV pool allow.
+fn max_total_tokens(config: &RouterConfig, model: &ModelInfo) -> u32 {
+    config.max_total_tokens.unwrap_or_else(|| model.max_sequence_tokens())
+}
+
+/// What the histogram buckets are derived from.
+pub fn metric_limits(config: &RouterConfig, model: &ModelInfo, timeouts: &EngineTimeouts) -> MetricLimits {
+    MetricLimits {
+        ttft_objective_s: config.ttft_slo_ms / 1e3,
+        tbt_objective_s: config.tbt_slo_ms / 1e3,
+        // No prediction is longer than infinity: the longest deadline any step can get.
+        step_deadline_s: timeouts.step_deadline(f64::INFINITY).as_secs_f64(),
+        max_total_tokens: max_total_tokens(config, model),
+        max_batch_tokens: config.max_batch_tokens,
+        max_batch_requests: config.max_batch_requests,
+    }
+}
+
+/// Connects to the shard, learns the model, warms it up, installs the metrics recorder (its
+/// buckets need the limits the shard decides) and starts the engine task.
 pub async fn start_engine(
     config: &RouterConfig,
     tracker: &TaskTracker,
@@ -149,7 +171,12 @@ pub async fn start_engine(
     let mut model = ModelInfo::from_shard(&info, &warmup);
     model.num_device_blocks = scheduler.num_device_blocks;
     model.num_host_blocks = scheduler.num_host_blocks;
-    let engine_config = EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone(), timeouts: timeouts(config)? };
+    let engine_timeouts = timeouts(config)?;
+    // Before the engine starts, so that its series are described and none is recorded into the
+    // no-op recorder `metrics` has until one is installed.
+    install_recorder_with_limits(&metric_limits(config, &model, &engine_timeouts))?;
+    let engine_config =
+        EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone(), timeouts: engine_timeouts };
     let engine = spawn_engine(engine_config, client, tracker, shutdown.child_token())?;
     Ok((engine, model))
 }
@@ -182,7 +209,7 @@ pub fn scheduler_config(
         policy: policy(config.scheduler),
         default_slo: Slo { ttft_s: config.ttft_slo_ms / 1e3, tbt_s: config.tbt_slo_ms / 1e3 },
         cost_model,
-        tbt_late_share: 1.0 - config.tbt_slo_percentile / 100.0,
+        tbt_percentile: config.tbt_slo_percentile,
         ..SchedulerConfig::default()
     })
 }
@@ -260,6 +287,22 @@ mod tests {
             ["--graceful-termination-timeout-s=-5"]] {
             assert!(matches!(timeouts(&config(&bad)), Err(ServerError::Config(_))), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn metric_limits_come_from_the_flags_the_model_and_the_step_deadline() {
+        let info = pb::InfoResponse { block_size: 16, max_position_embeddings: 8192, ..Default::default() };
+        let warmup = pb::WarmupResponse { num_device_blocks: 1000, ..Default::default() };
+        let model = ModelInfo::from_shard(&info, &warmup);
+        let flags = config(&["--ttft-slo-ms", "500", "--tbt-slo-ms", "50", "--max-batch-requests", "32"]);
+        let limits = metric_limits(&flags, &model, &timeouts(&flags).unwrap());
+        assert_eq!((limits.ttft_objective_s, limits.tbt_objective_s), (0.5, 0.05));
+        // The model and pool allow 8,192 tokens; the default deadline is at most 600 s.
+        assert_eq!((limits.max_total_tokens, limits.max_batch_requests), (8192, 32));
+        assert_eq!(limits.step_deadline_s, 600.0);
+        let fixed = config(&["--step-timeout-s", "45", "--max-total-tokens", "4096"]);
+        let limits = metric_limits(&fixed, &model, &timeouts(&fixed).unwrap());
+        assert_eq!((limits.step_deadline_s, limits.max_total_tokens), (45.0, 4096));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `superinfer._router.simulate(config_json) -> str`: the pyo3 entry point of the simulator
-//! (`superinfer_scheduler::sim`). Parses the JSON config (requests column-wise, scheduler
+//! (`superinfer_scheduler::sim`), and `percentile` / `meets`: the scheduler crate's attainment
+//! definitions for the benchmark, so a measured and a simulated report judge alike. Parses the JSON config (requests column-wise, scheduler
 //! fields optional over `SchedulerConfig::default()`), runs the simulation with the GIL
 //! released, and answers JSON (per-request outcomes column-wise).
 
@@ -192,12 +193,13 @@ fn parse(config_json: &str) -> Result<SimConfig, String> {
         overhead_s: c.link.overhead_s,
         duplex: c.link.duplex,
     };
+    // The percentile a request's TBT is judged at is the one RotaSched plans for.
+    let scheduler = SchedulerConfig { tbt_percentile: c.tbt_percentile, ..scheduler_config(c.scheduler)? };
     Ok(SimConfig {
-        scheduler: scheduler_config(c.scheduler)?,
+        scheduler,
         step_time,
         link,
         requests: requests(c.requests)?,
-        tbt_percentile: c.tbt_percentile,
         max_sim_time_s: c.max_sim_time_s,
         gap_samples: c.gap_samples,
     })
@@ -247,4 +249,50 @@ pub fn simulate(py: Python<'_>, config_json: &str) -> PyResult<String> {
         .detach(|| sim::simulate(&config))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(report_json(&report, started.elapsed().as_secs_f64()).to_string())
+}
+
+/// The `p`-th percentile of `values` (linear interpolation, as numpy); `None` when empty.
+#[pyfunction]
+pub fn percentile(values: Vec<f64>, p: f64) -> Option<f64> {
+    superinfer_scheduler::attainment::percentile(&values, p)
+}
+
+/// `(ttft_met, tbt_met)` of a request with first token after `ttft_s` and TBT `tbt_s` (its
+/// gaps' percentile) against objectives in seconds.
+#[pyfunction]
+pub fn meets(ttft_s: f64, tbt_s: f64, ttft_slo_s: f64, tbt_slo_s: f64) -> (bool, bool) {
+    let verdict = superinfer_scheduler::attainment::meets(ttft_s, tbt_s, Slo { ttft_s: ttft_slo_s, tbt_s: tbt_slo_s });
+    (verdict.ttft_met, verdict.tbt_met)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(tbt_percentile: Option<f64>) -> String {
+        let cost = json!({"step_base_s": 0.01, "per_prefill_token_s": 1e-5, "per_decode_request_s": 1e-4,
+            "per_context_token_s": 1e-7, "swap_out_bytes_per_s": 1e9, "swap_in_bytes_per_s": 1e9,
+            "transfer_overhead_s": 1e-5, "duplex": true});
+        let mut config = json!({
+            "scheduler": {"policy": "rotasched", "cost_model": cost},
+            "step_time": {"kind": "linear", "step_base_s": 0.01, "per_prefill_token_s": 1e-5,
+                "per_decode_request_s": 1e-4, "per_context_token_s": 1e-7, "swap_out_bytes_per_s": 1e9,
+                "swap_in_bytes_per_s": 1e9, "transfer_overhead_s": 1e-5, "duplex": true},
+            "link": {"out_bytes_per_s": 1e9, "in_bytes_per_s": 1e9, "overhead_s": 1e-5, "duplex": true},
+            "requests": {"arrival": [0.0], "prompt_tokens": [8], "max_new_tokens": [4]},
+        });
+        if let Some(p) = tbt_percentile {
+            config["tbt_percentile"] = json!(p);
+        }
+        config.to_string()
+    }
+
+    #[test]
+    fn the_simulated_policy_plans_for_the_percentile_it_is_judged_at() {
+        let p95 = parse(&config(Some(95.0))).unwrap();
+        assert_eq!(p95.scheduler.tbt_percentile, 95.0);
+        assert!((p95.scheduler.tbt_late_share() - 0.05).abs() < 1e-12);
+        assert_eq!(parse(&config(None)).unwrap().scheduler.tbt_percentile, 90.0);
+        assert!(parse(&config(Some(0.0))).is_ok_and(|c| c.validate().is_err()));
+    }
 }

@@ -105,11 +105,11 @@ pub struct SchedulerConfig {
     /// RotaSched: a late request (hopeless first-token deadline) that has been late for longer
     /// than this is served with the punctual ones again, so nothing starves under overload.
     pub late_starvation_s: f64,
-    /// RotaSched: share of a request's gaps between tokens that may exceed its TBT objective
-    /// (0.1: the objective holds for the 90th percentile of its gaps, as attainment is
-    /// measured). A running request with such a late gap left to spend does not bound the
-    /// step time; one without does.
-    pub tbt_late_share: f64,
+    /// Percentile of each request's gaps between tokens that its TBT objective holds for, in
+    /// (0, 100]: attainment is judged at it (`attainment::judge`), and RotaSched plans for it —
+    /// the rest of the gaps (`tbt_late_share`) may be late, so a running request with such a
+    /// late gap left to spend does not bound the step time; one without does.
+    pub tbt_percentile: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -129,12 +129,17 @@ impl Default for SchedulerConfig {
             min_rotation_tokens_left: 4,
             ema_alpha: 0.2,
             late_starvation_s: 10.0,
-            tbt_late_share: 0.1,
+            tbt_percentile: 90.0,
         }
     }
 }
 
 impl SchedulerConfig {
+    /// Share of a request's gaps that may exceed its TBT objective (0.1 at the 90th percentile).
+    pub fn tbt_late_share(&self) -> f64 {
+        1.0 - self.tbt_percentile / 100.0
+    }
+
     /// Rejects configurations that cannot drive a scheduler.
     pub fn validate(&self) -> Result<(), SchedulerError> {
         let fail = |msg: &str| Err(SchedulerError::InvalidConfig(msg.to_string()));
@@ -147,8 +152,8 @@ impl SchedulerConfig {
         if self.max_batch_tokens == 0 || self.max_batch_requests == 0 {
             return fail("max_batch_tokens and max_batch_requests must be > 0");
         }
-        if !(0.0..1.0).contains(&self.tbt_late_share) {
-            return fail("tbt_late_share must lie in [0, 1)");
+        if !(self.tbt_percentile > 0.0 && self.tbt_percentile <= 100.0) {
+            return fail("tbt_percentile must lie in (0, 100]");
         }
         if !(self.ema_alpha > 0.0 && self.ema_alpha <= 1.0) {
             return fail("ema_alpha must lie in (0, 1]");

@@ -4,6 +4,8 @@
 //!
 //! Map of the crate:
 //! - `config`: [`SchedulerConfig`], [`PolicyKind`], [`Slo`] — typed configuration.
+//! - `attainment`: how a finished request is judged against its objectives, and the one
+//!   percentile definition (engine, simulator and benchmark use it).
 //! - `cost_model`: [`CostModel`] — step and transfer time prediction, refined online.
 //! - `request`: [`RequestSpec`] — what the engine submits.
 //! - `plan`: [`StepPlan`], [`ScheduledEntry`], [`Transfer`], [`StepResults`] — the step
@@ -25,6 +27,7 @@
 //! (the simulator relies on it).
 
 mod arrivals;
+pub mod attainment;
 mod byte_budget;
 mod config;
 mod cost_model;

@@ -1,11 +1,16 @@
-//! The engine's metrics (the `metrics` facade; the HTTP layer installs the Prometheus
-//! recorder and serves /metrics). Names are the stable public contract of dashboards.
+//! The engine's metrics (the `metrics` facade; start-up installs the Prometheus recorder, the
+//! HTTP layer serves /metrics). Names are the stable public contract of dashboards
+//! (docs/metrics.md); the `tgi_*` series are TGI's names for what TGI measures, so TGI's
+//! dashboard reads this server too.
 use std::time::Duration;
 
 use superinfer_scheduler::{SchedulerStats, StepPlan};
 
-use super::attainment::Attainment;
-use crate::metrics::LAG_HISTOGRAM;
+use superinfer_scheduler::attainment::Attainment;
+use crate::metrics::{
+    BATCH_SIZE_HISTOGRAM, BATCH_TOKENS_HISTOGRAM, ITL_HISTOGRAM, LAG_HISTOGRAM, TGI_BATCH_NEXT_SIZE_HISTOGRAM,
+    TTFT_HISTOGRAM,
+};
 use crate::pb;
 
 pub(crate) fn describe() {
@@ -19,8 +24,21 @@ pub(crate) fn describe() {
     describe_gauge!("superinfer_running_requests", "Requests with their KV cache on the device");
     describe_gauge!("superinfer_rotated_requests", "Requests with their KV cache in host memory");
     describe_gauge!("superinfer_engine_requests", "Requests the engine holds (any phase)");
-    describe_histogram!("superinfer_batch_size", "Requests computed per step");
-    describe_histogram!("superinfer_batch_tokens", "Tokens computed per step");
+    describe_histogram!(BATCH_SIZE_HISTOGRAM, Unit::Count, "Requests computed per step");
+    describe_histogram!(BATCH_TOKENS_HISTOGRAM, Unit::Count, "Tokens computed per step");
+    describe_histogram!(TTFT_HISTOGRAM, Unit::Seconds,
+        "Time from a request's arrival to its first token, when the step that produced it returned");
+    describe_histogram!(ITL_HISTOGRAM, Unit::Seconds,
+        "Time between consecutive tokens of one request, when the steps that produced them returned");
+    describe_gauge!("tgi_queue_size", Unit::Count, "Requests waiting for device KV blocks");
+    describe_gauge!("tgi_batch_current_size", Unit::Count, "Requests with their KV cache on the device");
+    describe_gauge!("tgi_batch_current_max_tokens", Unit::Count,
+        "KV positions the latest step's requests hold (prompt and generated tokens)");
+    describe_histogram!(TGI_BATCH_NEXT_SIZE_HISTOGRAM, Unit::Count, "Requests a step starts (admitted for the first time)");
+    describe_histogram!("tgi_batch_inference_duration", Unit::Seconds,
+        "Step round trip, by method (prefill: the step computes a prompt; decode: only decodes)");
+    describe_histogram!("tgi_batch_forward_duration", Unit::Seconds, "Model forward pass per step, by method");
+    describe_counter!("tgi_batch_inference_success", Unit::Count, "Steps the shard completed, by method");
     describe_histogram!("superinfer_step_duration", Unit::Seconds, "Step RPC round trip");
     describe_counter!("superinfer_step_model_microseconds_total", Unit::Microseconds,
         "Step time the warm-up cost model predicts (before online correction), summed over steps");
@@ -42,16 +60,16 @@ pub(crate) fn describe() {
     describe_counter!("superinfer_slo_ttft_met_total", "Finished requests whose first token met the TTFT objective");
     describe_counter!("superinfer_slo_ttft_missed_total", "Finished requests whose first token missed the TTFT objective");
     describe_counter!("superinfer_slo_tbt_met_total",
-        "Finished requests whose p90 time between tokens met the TBT objective");
+        "Finished requests whose gaps between tokens met the TBT objective at the configured percentile (--tbt-slo-percentile)");
     describe_counter!("superinfer_slo_tbt_missed_total",
-        "Finished requests whose p90 time between tokens missed the TBT objective");
+        "Finished requests whose gaps between tokens missed the TBT objective at the configured percentile (--tbt-slo-percentile)");
 }
 
 /// `correction`: the scheduler's online factor already in `plan.predicted_step_s`.
 pub(crate) fn record_step(plan: &StepPlan, round_trip: Duration, timings: Option<&pb::StepTimings>, correction: f64) {
     metrics::counter!("superinfer_steps_total").increment(1);
-    metrics::histogram!("superinfer_batch_size").record(plan.scheduled.len() as f64);
-    metrics::histogram!("superinfer_batch_tokens").record(plan.num_batched_tokens() as f64);
+    metrics::histogram!(BATCH_SIZE_HISTOGRAM).record(plan.scheduled.len() as f64);
+    metrics::histogram!(BATCH_TOKENS_HISTOGRAM).record(plan.num_batched_tokens() as f64);
     metrics::histogram!("superinfer_step_duration").record(round_trip.as_secs_f64());
     if let Some(timings) = timings {
         if !plan.scheduled.is_empty() && correction > 0.0 {
@@ -63,6 +81,49 @@ pub(crate) fn record_step(plan: &StepPlan, round_trip: Duration, timings: Option
         let overhead = round_trip.as_secs_f64() - timings.total_ns as f64 * 1e-9;
         metrics::histogram!("superinfer_step_overhead_duration").record(overhead.max(0.0));
     }
+    record_tgi_step(plan, round_trip, timings);
+}
+
+/// TGI's batch series. TGI runs prefill and decode as separate calls; here one step may mix
+/// both, so a step that computes a prompt counts as `prefill` (it decides the first token's
+/// latency) and one that only decodes as `decode`. Steps that only move KV are not batches.
+fn record_tgi_step(plan: &StepPlan, round_trip: Duration, timings: Option<&pb::StepTimings>) {
+    if plan.scheduled.is_empty() {
+        return;
+    }
+    let method = step_method(plan);
+    let held_tokens: u64 = plan.scheduled.iter().map(|entry| u64::from(entry.end_position())).sum();
+    metrics::gauge!("tgi_batch_current_max_tokens").set(held_tokens as f64);
+    if !plan.first_scheduled.is_empty() {
+        metrics::histogram!(TGI_BATCH_NEXT_SIZE_HISTOGRAM).record(plan.first_scheduled.len() as f64);
+    }
+    metrics::counter!("tgi_batch_inference_success", "method" => method).increment(1);
+    metrics::histogram!("tgi_batch_inference_duration", "method" => method).record(round_trip.as_secs_f64());
+    if let Some(timings) = timings {
+        metrics::histogram!("tgi_batch_forward_duration", "method" => method).record(timings.forward_ns as f64 * 1e-9);
+    }
+}
+
+/// `prefill` when the step starts a request or computes more than one position of one (a
+/// prompt chunk), else `decode`.
+fn step_method(plan: &StepPlan) -> &'static str {
+    let computes_prompt =
+        !plan.first_scheduled.is_empty() || plan.scheduled.iter().any(|entry| entry.num_new_tokens > 1);
+    if computes_prompt {
+        "prefill"
+    } else {
+        "decode"
+    }
+}
+
+/// A request's first token was produced `since_arrival` after the HTTP layer received it.
+pub(crate) fn record_first_token(since_arrival: Duration) {
+    metrics::histogram!(TTFT_HISTOGRAM).record(since_arrival.as_secs_f64());
+}
+
+/// A request's token was produced `gap_s` seconds after its previous one.
+pub(crate) fn record_token_gap(gap_s: f64) {
+    metrics::histogram!(ITL_HISTOGRAM).record(gap_s);
 }
 
 pub(crate) fn record_turn(between_steps: Duration) {
@@ -77,6 +138,12 @@ pub(crate) fn record_scheduler(stats: &SchedulerStats, previous: &SchedulerStats
     metrics::gauge!("superinfer_kv_host_blocks_free").set(f64::from(stats.host_blocks_free));
     metrics::gauge!("superinfer_kv_host_blocks_used").set(f64::from(stats.host_blocks_used));
     metrics::gauge!("superinfer_queue_size").set(f64::from(stats.waiting));
+    metrics::gauge!("tgi_queue_size").set(f64::from(stats.waiting));
+    metrics::gauge!("tgi_batch_current_size").set(f64::from(stats.running));
+    if stats.running == 0 {
+        // No request on the device: the current batch holds nothing (set per step otherwise).
+        metrics::gauge!("tgi_batch_current_max_tokens").set(0.0);
+    }
     metrics::gauge!("superinfer_running_requests").set(f64::from(stats.running));
     metrics::gauge!("superinfer_rotated_requests").set(f64::from(stats.rotated));
     metrics::gauge!("superinfer_engine_requests").set(requests as f64);
@@ -106,20 +173,110 @@ pub(crate) fn record_attainment(attainment: Attainment) {
 
 #[cfg(test)]
 mod tests {
-    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use superinfer_scheduler::ScheduledEntry;
 
     use super::*;
-    use crate::metrics::LAG_BUCKETS;
+    use crate::metrics::{prometheus_builder, request_succeeded, MetricLimits, RequestFigures};
 
-    /// Renders what `record` recorded, into a recorder of its own (tests run in parallel).
-    fn rendered(record: impl FnOnce()) -> String {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Full(LAG_HISTOGRAM.into()), &LAG_BUCKETS)
-            .expect("valid buckets")
-            .build_recorder();
+    /// Renders what `record` recorded, into a recorder of its own (tests run in parallel) with
+    /// the server's buckets for `limits`.
+    fn rendered_with(limits: &MetricLimits, record: impl FnOnce()) -> String {
+        let recorder = prometheus_builder(limits).expect("valid buckets").build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, record);
         handle.render()
+    }
+
+    fn rendered(record: impl FnOnce()) -> String {
+        rendered_with(&MetricLimits::default(), record)
+    }
+
+    fn entry(id: u64, num_computed_tokens: u32, num_new_tokens: u32) -> ScheduledEntry {
+        ScheduledEntry { id, num_computed_tokens, num_new_tokens, block_table: vec![0] }
+    }
+
+    fn timings() -> pb::StepTimings {
+        pb::StepTimings { forward_ns: 3_000_000, total_ns: 4_000_000, ..Default::default() }
+    }
+
+    #[test]
+    fn every_histogram_is_exported_with_buckets() {
+        let plan = StepPlan { scheduled: vec![entry(1, 0, 7)], first_scheduled: vec![1], ..Default::default() };
+        let text = rendered(|| {
+            record_step(&plan, Duration::from_millis(5), Some(&timings()), 1.0);
+            record_turn(Duration::from_micros(300));
+            record_lags(&[0.01]);
+            record_first_token(Duration::from_millis(120));
+            record_token_gap(0.03);
+            request_succeeded(&RequestFigures {
+                total: Duration::from_millis(200),
+                validation: Duration::from_millis(1),
+                queue: Duration::from_millis(2),
+                inference: Duration::from_millis(190),
+                input_length: 7,
+                generated_tokens: 3,
+                max_new_tokens: 3,
+            });
+        });
+        // A histogram without buckets would be exported as a summary, with quantile lines.
+        assert!(!text.contains("quantile="), "{text}");
+        let histograms = text.lines().filter(|line| line.starts_with("# TYPE") && line.ends_with(" histogram")).count();
+        // Ours: batch size and tokens, step, forward, overhead, turn, lag, TTFT, gap; TGI's batch
+        // size, inference and forward; the 8 request histograms under both prefixes.
+        assert_eq!(histograms, 9 + 3 + 16, "{text}");
+    }
+
+    #[test]
+    fn first_tokens_and_gaps_fill_buckets_around_their_objectives() {
+        let limits = MetricLimits { ttft_objective_s: 1.0, tbt_objective_s: 0.1, ..MetricLimits::default() };
+        let text = rendered_with(&limits, || {
+            record_first_token(Duration::from_millis(950));
+            record_first_token(Duration::from_millis(1050));
+            for gap_s in [0.085, 0.095, 0.105, 0.4] {
+                record_token_gap(gap_s);
+            }
+        });
+        let ttft = |le: &str| value(&text, &format!("{TTFT_HISTOGRAM}_bucket{{le=\"{le}\"}}"));
+        assert_eq!(ttft("0.9"), Some(0.0));
+        assert_eq!(ttft("1"), Some(1.0));
+        assert_eq!(ttft("1.1"), Some(2.0));
+        let gap = |le: &str| value(&text, &format!("{ITL_HISTOGRAM}_bucket{{le=\"{le}\"}}"));
+        assert_eq!(gap("0.09"), Some(1.0));
+        assert_eq!(gap("0.1"), Some(2.0));
+        assert_eq!(gap("0.11"), Some(3.0));
+        assert_eq!(gap("0.5"), Some(4.0));
+        assert_eq!(value(&text, &format!("{ITL_HISTOGRAM}_count")), Some(4.0));
+    }
+
+    #[test]
+    fn tgi_batch_series_tell_prefill_from_decode() {
+        // A prompt chunk beside a decode: prefill. Then two decodes.
+        let prefill = StepPlan { scheduled: vec![entry(1, 10, 1), entry(2, 0, 20)], first_scheduled: vec![2],
+            ..Default::default() };
+        let decode = StepPlan { scheduled: vec![entry(1, 11, 1), entry(2, 20, 1)], ..Default::default() };
+        let transfer_only = StepPlan::default();
+        let running = SchedulerStats { running: 2, waiting: 3, ..Default::default() };
+        let text = rendered(|| {
+            record_step(&prefill, Duration::from_millis(8), Some(&timings()), 1.0);
+            record_step(&decode, Duration::from_millis(4), Some(&timings()), 1.0);
+            record_step(&transfer_only, Duration::from_millis(1), None, 1.0);
+            record_scheduler(&running, &SchedulerStats::default(), 5);
+        });
+        assert_eq!(value(&text, "tgi_batch_inference_success{method=\"prefill\"}"), Some(1.0));
+        assert_eq!(value(&text, "tgi_batch_inference_success{method=\"decode\"}"), Some(1.0));
+        assert_eq!(value(&text, "tgi_batch_inference_duration_count{method=\"decode\"}"), Some(1.0));
+        assert_eq!(value(&text, "tgi_batch_forward_duration_count{method=\"prefill\"}"), Some(1.0));
+        assert_eq!(value(&text, "tgi_batch_next_size_count"), Some(1.0));
+        // The last batch holds 12 + 21 positions.
+        assert_eq!(value(&text, "tgi_batch_current_max_tokens"), Some(33.0));
+        assert_eq!(value(&text, "tgi_batch_current_size"), Some(2.0));
+        assert_eq!(value(&text, "tgi_queue_size"), Some(3.0));
+        let idle = rendered(|| {
+            record_step(&decode, Duration::from_millis(4), None, 1.0);
+            record_scheduler(&SchedulerStats::default(), &running, 0);
+        });
+        assert_eq!(value(&idle, "tgi_batch_current_max_tokens"), Some(0.0));
+        assert_eq!(value(&idle, "tgi_batch_current_size"), Some(0.0));
     }
 
     fn value(text: &str, series: &str) -> Option<f64> {

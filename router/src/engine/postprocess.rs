@@ -1,4 +1,5 @@
-//! Applies a `StepResponse`: sampled tokens become events on the requests' streams, EOS and
+//! Applies a `StepResponse`: sampled tokens become events on the requests' streams (and
+//! samples of the time-to-first-token and inter-token latency histograms), EOS and
 //! `max_new_tokens` end requests, and the scheduler gets the results it needs.
 use std::time::Instant;
 
@@ -6,6 +7,7 @@ use superinfer_scheduler::StepResults;
 
 use super::active::ActiveRequests;
 use super::api::{EngineError, EngineEvent, FinishReason, GeneratedToken, TokenLogprob};
+use super::metrics;
 use crate::pb;
 
 /// What the engine must do after a step besides informing the scheduler.
@@ -54,7 +56,10 @@ pub(crate) fn apply_step_response(
             connected &= active.send(EngineEvent::PromptLogprobs(logprobs));
         }
         active.generated_tokens += 1;
-        active.token_times.record(now);
+        match active.token_times.record(now) {
+            Some(gap_s) => metrics::record_token_gap(gap_s),
+            None => metrics::record_first_token(now.saturating_duration_since(active.request.arrival)),
+        }
         let is_eos = eos_token_ids.contains(&sampled.id);
         connected &= active.send(EngineEvent::Token(generated_token(sampled, is_eos)));
         if let Some(reason) = active.finish_reason(is_eos) {
@@ -132,10 +137,10 @@ mod tests {
         // A prefill chunk without a token stamps nothing.
         let chunk = pb::StepResponse { outputs: vec![output(5, None, vec![])], ..Default::default() };
         apply_step_response(chunk, &mut requests, &[0], arrival);
-        assert_eq!(requests.get(5).unwrap().token_times.attainment(arrival, slo), None);
+        assert_eq!(requests.get(5).unwrap().token_times.attainment(arrival, slo, 90.0), None);
         apply_step_response(reply(), &mut requests, &[0], arrival + Duration::from_millis(200));
         apply_step_response(reply(), &mut requests, &[0], arrival + Duration::from_millis(400));
-        let verdict = requests.get(5).unwrap().token_times.attainment(arrival, slo).unwrap();
+        let verdict = requests.get(5).unwrap().token_times.attainment(arrival, slo, 90.0).unwrap();
         assert!(verdict.ttft_met && !verdict.tbt_met, "{verdict:?}");
     }
 

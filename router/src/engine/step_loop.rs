@@ -311,7 +311,8 @@ impl Engine {
             ttft_s: slo.ttft_ms / 1e3,
             tbt_s: slo.tbt_ms / 1e3,
         });
-        if let Some(attainment) = active.token_times.attainment(active.request.arrival, slo) {
+        let percentile = self.scheduler.config().tbt_percentile;
+        if let Some(attainment) = active.token_times.attainment(active.request.arrival, slo, percentile) {
             metrics::record_attainment(attainment);
         }
     }

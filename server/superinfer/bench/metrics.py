@@ -2,10 +2,15 @@
 came within `ttft_ms`, and its TBT objective when the chosen percentile of its gaps between
 tokens is within `tbt_ms` (a request with one token has no gap and meets it). A failed request
 meets neither. Goodput counts the requests that met both, per second of the run.
-Shared by `bench` (outcomes from streamed timestamps) and `simulate` (outcomes from Rust)."""
+Shared by `bench` (outcomes from streamed timestamps) and `simulate` (outcomes from Rust).
+
+The percentile and the verdict are the scheduler crate's (`superinfer_scheduler::attainment`,
+through the extension), the definitions the server's /metrics and the simulator use."""
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from superinfer import _router
 
 
 @dataclass(frozen=True)
@@ -18,8 +23,8 @@ class Slo:
     def __post_init__(self):
         if self.ttft_ms <= 0 or self.tbt_ms <= 0:
             raise ValueError(f"objectives must be positive, got ttft {self.ttft_ms} ms, tbt {self.tbt_ms} ms")
-        if not 0 <= self.tbt_percentile <= 100:
-            raise ValueError(f"tbt_percentile must be within 0..100, got {self.tbt_percentile}")
+        if not 0 < self.tbt_percentile <= 100:
+            raise ValueError(f"tbt_percentile must lie in (0, 100], got {self.tbt_percentile}")
 
 
 @dataclass(frozen=True)
@@ -34,11 +39,16 @@ class Outcome:
     # The Slo's percentile of this request's gaps; 0 when it produced fewer than two tokens.
     tbt_s: float | None
 
+    def _verdict(self, slo: Slo) -> tuple[bool, bool]:
+        if not self.ok or self.ttft_s is None or self.tbt_s is None:
+            return False, False
+        return _router.meets(self.ttft_s, self.tbt_s, slo.ttft_ms / 1e3, slo.tbt_ms / 1e3)
+
     def meets_ttft(self, slo: Slo) -> bool:
-        return self.ok and self.ttft_s is not None and self.ttft_s * 1e3 <= slo.ttft_ms
+        return self._verdict(slo)[0]
 
     def meets_tbt(self, slo: Slo) -> bool:
-        return self.ok and self.tbt_s is not None and self.tbt_s * 1e3 <= slo.tbt_ms
+        return self._verdict(slo)[1]
 
 
 def stats(values) -> dict:
@@ -46,8 +56,9 @@ def stats(values) -> dict:
     array = np.asarray(values, dtype=float)
     if array.size == 0:
         return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(array, [50, 90, 99])
-    return {"count": int(array.size), "mean": float(array.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    listed = array.tolist()
+    p50, p90, p99 = (_router.percentile(listed, p) for p in (50, 90, 99))
+    return {"count": int(array.size), "mean": float(array.mean()), "p50": p50, "p90": p90, "p99": p99}
 
 
 def outcome_from_times(
@@ -58,7 +69,7 @@ def outcome_from_times(
     if not ok or not token_times:
         return Outcome(index, False, len(token_times), None, None, None)
     gaps = np.diff(np.asarray(token_times, dtype=float))
-    tbt = float(np.percentile(gaps, tbt_percentile)) if gaps.size else 0.0
+    tbt = _router.percentile(gaps.tolist(), tbt_percentile) if gaps.size else 0.0
     end = max(done_at, token_times[-1])
     return Outcome(index, True, len(token_times), token_times[0] - sent_at, end - sent_at, tbt)
 

@@ -110,7 +110,7 @@ impl Scheduler {
         for urgency in order.iter().filter(|u| self.is_running_decode(u.id)) {
             let r = &self.requests[&urgency.id];
             decodes.push((urgency.id, u64::from(r.num_computed) + 1));
-            if r.late_gaps_left(self.config.tbt_late_share) == 0 {
+            if r.late_gaps_left(self.config.tbt_late_share()) == 0 {
                 at = Some(at.map_or(r.next_deadline(), |t| t.min(r.next_deadline())));
             }
         }
@@ -350,7 +350,7 @@ impl Scheduler {
     /// with two late gaps or more to spare (one for the parking, one for the unforeseen) —
     /// most to spare first, then newest.
     fn parking_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
-        let share = self.config.tbt_late_share;
+        let share = self.config.tbt_late_share();
         let mut candidates: Vec<(u32, u64, u64)> = self
             .eviction_candidates(ctx, requester)
             .into_iter()
@@ -407,7 +407,7 @@ impl Scheduler {
                 let round_trip = eviction.round_trip_s();
                 let worth = r.tokens_left() >= self.config.min_rotation_tokens_left
                     && f64::from(r.tokens_left()) * step_s >= round_trip
-                    && r.may_risk_a_late_gap(self.config.tbt_late_share);
+                    && r.may_risk_a_late_gap(self.config.tbt_late_share());
                 let slack = self.urgency(id, ctx.now, step_s).slack;
                 (worth && slack > round_trip).then_some(Victim { id, slack, eviction })
             })

@@ -25,8 +25,6 @@ pub struct SimConfig {
     pub link: LinkModel,
     /// Sorted by arrival (checked).
     pub requests: Vec<SimRequest>,
-    /// Which percentile of a request's gaps is reported as its TBT.
-    pub tbt_percentile: f64,
     /// Safety bound on simulated time: requests unfinished by then are reported unfinished.
     pub max_sim_time_s: f64,
     /// How many evenly spaced gap quantiles to return for CDFs.
@@ -62,12 +60,6 @@ impl SimConfig {
         let link = self.link;
         if !(link.out_bytes_per_s > 0.0 && link.in_bytes_per_s > 0.0 && link.overhead_s >= 0.0) {
             return invalid("link bandwidths must be > 0 and its overhead >= 0".into());
-        }
-        if !(0.0..=100.0).contains(&self.tbt_percentile) {
-            return invalid(format!(
-                "tbt_percentile {} is outside 0..100",
-                self.tbt_percentile
-            ));
         }
         if !(self.max_sim_time_s > 0.0) {
             return invalid("max_sim_time_s must be > 0".into());

@@ -2,6 +2,7 @@
 //! interpolate linearly between order statistics, as numpy's default does, so simulated and
 //! measured reports use one definition.
 
+pub use crate::attainment::percentile_sorted;
 use crate::stats::SchedulerStats;
 
 /// One request's latencies, in simulated seconds. `None` when it produced no token.
@@ -47,16 +48,6 @@ pub struct SimReport {
     pub scheduler: SchedulerStats,
 }
 
-/// Linear-interpolation percentile of sorted values (`q` in 0..=100).
-pub fn percentile_sorted(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let position = q.clamp(0.0, 100.0) / 100.0 * (sorted.len() - 1) as f64;
-    let low = position.floor() as usize;
-    let high = position.ceil() as usize;
-    Some(sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64))
-}
 
 /// Per-request token timelines while they run; a finished request folds into an outcome.
 pub struct Timeline {
@@ -144,15 +135,6 @@ pub fn summarize_gaps(gaps: &mut [f32], samples: usize) -> (GapStats, Vec<f64>) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_match_numpy() {
-        let values: Vec<f64> = (1..=10).map(f64::from).collect();
-        assert_eq!(percentile_sorted(&values, 50.0), Some(5.5));
-        assert!((percentile_sorted(&values, 90.0).unwrap() - 9.1).abs() < 1e-12);
-        assert!((percentile_sorted(&values, 99.0).unwrap() - 9.91).abs() < 1e-12);
-        assert_eq!(percentile_sorted(&[], 50.0), None);
-    }
 
     #[test]
     fn timeline_measures_ttft_gaps_and_end() {

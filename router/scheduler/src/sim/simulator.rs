@@ -172,7 +172,7 @@ impl<'a> Simulation<'a> {
             if done {
                 scheduler.finish(id);
                 if let Some(timeline) = self.live.remove(&id) {
-                    let outcome = timeline.close(id, true, self.config.tbt_percentile, &mut self.all_gaps);
+                    let outcome = timeline.close(id, true, self.config.scheduler.tbt_percentile, &mut self.all_gaps);
                     self.outcomes[id as usize] = Some(outcome);
                 }
             }
@@ -180,7 +180,7 @@ impl<'a> Simulation<'a> {
     }
 
     fn into_report(mut self, scheduler: &Scheduler) -> SimReport {
-        let percentile = self.config.tbt_percentile;
+        let percentile = self.config.scheduler.tbt_percentile;
         for (id, timeline) in std::mem::take(&mut self.live) {
             self.outcomes[id as usize] = Some(timeline.close(id, false, percentile, &mut self.all_gaps));
         }

@@ -36,7 +36,6 @@ fn config(policy: PolicyKind, device_blocks: u32, requests: Vec<SimRequest>) -> 
         step_time: StepTimeModel::Linear(linear()),
         link: LinkModel { out_bytes_per_s: 1e9, in_bytes_per_s: 1e9, overhead_s: 1e-4, duplex: true },
         requests,
-        tbt_percentile: 90.0,
         max_sim_time_s: 1e5,
         gap_samples: 100,
     }

@@ -39,7 +39,7 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
         min_rotation_tokens_left: 2,
         ema_alpha: 0.2,
         late_starvation_s: 10.0,
-        tbt_late_share: 0.0,
+        tbt_percentile: 100.0,
     }
 }
 

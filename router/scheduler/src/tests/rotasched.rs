@@ -246,7 +246,7 @@ fn a_decode_with_a_late_gap_to_spend_does_not_bound_the_step() {
     // 40 tokens at a 10% late share: each decode may spend 3 late gaps.
     let mut cfg = config(PolicyKind::RotaSched, 64);
     cfg.cost_model.per_prefill_token_s = 0.001;
-    cfg.tbt_late_share = 0.1;
+    cfg.tbt_percentile = 90.0;
     let mut d = Driver::new(cfg);
     d.add(with_slo(spec(1, 4, 40, 0.0), 1.0, 0.05));
     d.add(with_slo(spec(2, 4, 40, 0.0), 1.0, 0.05));
@@ -291,7 +291,7 @@ fn sampled_at(d: &Driver, id: u64) -> Vec<usize> {
 #[test]
 fn a_prompt_about_to_miss_its_first_token_parks_a_decode_with_late_gaps_to_spare() {
     let mut cfg = swap_friendly(12);
-    cfg.tbt_late_share = 0.1;
+    cfg.tbt_percentile = 90.0;
     let mut d = Driver::new(cfg);
     // 40 tokens: 39 gaps, 3 of which may be late.
     d.add(with_slo(spec(1, 8, 40, 0.0), 1.0, 0.015));
