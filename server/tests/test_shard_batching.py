@@ -51,7 +51,7 @@ class MiniScheduler:
                 known = len(spec["prompt"]) + len(tokens[rid])
                 count = min(self.chunk, known - computed[rid])
                 scheduled.append(pb.ScheduledRequest(id=rid, num_computed_tokens=computed[rid], num_new_tokens=count,
-                                                     block_table=spec["blocks"]))
+                                                     block_table=spec["blocks"], sample=computed[rid] + count == known))
                 computed[rid] += count
             reply = self.executor.step(pb.StepRequest(step_id=self.step_id, new_requests=new, scheduled=scheduled, forget=forget))
             for output in reply.outputs:

@@ -25,8 +25,9 @@ def stub(tiny_llama_dir, tmp_path):
     server.stop(grace_s=1)
 
 
-def _schedule(rid, computed, count, blocks):
-    return pb.ScheduledRequest(id=rid, num_computed_tokens=computed, num_new_tokens=count, block_table=blocks)
+def _schedule(rid, computed, count, blocks, sample=True):
+    return pb.ScheduledRequest(id=rid, num_computed_tokens=computed, num_new_tokens=count, block_table=blocks,
+                               sample=sample)
 
 
 def test_info_describes_model_and_tokenizer(stub):
@@ -50,7 +51,7 @@ def test_requests_join_and_leave_across_steps(stub):
     assert first.outputs[0].HasField("token") and first.timings.total_ns >= first.timings.forward_ns > 0
     # Request 2 joins with a chunk that does not reach its end: no token yet.
     second = stub.Step(pb.StepRequest(step_id=2, new_requests=[pb.NewRequest(id=2, prompt_token_ids=list(range(10, 30)))],
-                                      scheduled=[_schedule(1, 3, 1, [0]), _schedule(2, 0, 16, [1, 2])]))
+                                      scheduled=[_schedule(1, 3, 1, [0]), _schedule(2, 0, 16, [1, 2], sample=False)]))
     assert [o.request_id for o in second.outputs] == [1, 2]
     assert second.outputs[0].HasField("token") and not second.outputs[1].HasField("token")
     third = stub.Step(pb.StepRequest(step_id=3, forget=[1], scheduled=[_schedule(2, 16, 4, [1, 2])]))
@@ -74,6 +75,7 @@ BAD_PLANS = {
     "only 21 tokens are known": pb.StepRequest(scheduled=[_schedule(2, 20, 2, [1, 2])]),
     "duplicate id": pb.StepRequest(new_requests=[pb.NewRequest(id=1, prompt_token_ids=[4])]),
     "scheduled twice": pb.StepRequest(scheduled=[_schedule(1, 3, 1, [0]), _schedule(1, 3, 1, [0])]),
+    "disagrees with the chunk": pb.StepRequest(scheduled=[_schedule(1, 3, 1, [0], sample=False)]),
     "outside the vocabulary": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[TINY_VOCAB])]),
     "temperature": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[4],
                                                               parameters=pb.SamplingParameters(do_sample=True))]),

@@ -27,7 +27,7 @@ class Driver:
     def decode(self, rid: int, tokens: list[int], prompt_len: int, blocks: list[int], count: int) -> None:
         for _ in range(count):
             computed = prompt_len + len(tokens) - 1
-            reply = self.step(scheduled=[pb.ScheduledRequest(id=rid, num_computed_tokens=computed, num_new_tokens=1, block_table=blocks)])
+            reply = self.step(scheduled=[pb.ScheduledRequest(id=rid, num_computed_tokens=computed, num_new_tokens=1, block_table=blocks, sample=True)])
             tokens.append(reply.outputs[0].token.id)
 
     def wait_for(self, transfer_id: int) -> None:
@@ -41,7 +41,8 @@ class Driver:
 def _start(driver: Driver, rid: int, blocks: list[int], prompt=PROMPT) -> list[int]:
     reply = driver.step(
         new_requests=[pb.NewRequest(id=rid, prompt_token_ids=prompt)],
-        scheduled=[pb.ScheduledRequest(id=rid, num_computed_tokens=0, num_new_tokens=len(prompt), block_table=blocks)],
+        scheduled=[pb.ScheduledRequest(id=rid, num_computed_tokens=0, num_new_tokens=len(prompt), block_table=blocks,
+                                     sample=True)],
     )
     return [reply.outputs[0].token.id]
 
@@ -81,12 +82,12 @@ def test_compute_on_a_block_being_swapped_in_is_rejected(tiny_llama_dir):
     with pytest.raises(PlanError, match="swap-in"):
         driver.step(
             swap_in=[pb.Transfer(id=3, src_blocks=[0], dst_blocks=[5])],
-            scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=40, num_new_tokens=1, block_table=[5, 1, 2])],
+            scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=40, num_new_tokens=1, block_table=[5, 1, 2], sample=True)],
         )
     with pytest.raises(PlanError, match="swapped out"):
         driver.step(
             swap_out=[pb.Transfer(id=4, src_blocks=[2], dst_blocks=[1])],
-            scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=40, num_new_tokens=1, block_table=[0, 1, 2])],
+            scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=40, num_new_tokens=1, block_table=[0, 1, 2], sample=True)],
         )
 
 

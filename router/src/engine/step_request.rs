@@ -38,7 +38,7 @@ pub(crate) fn build_step_request(
         new_requests,
         swap_out: plan.swap_out.iter().map(transfer).collect(),
         swap_in: plan.swap_in.iter().map(transfer).collect(),
-        scheduled: plan.scheduled.iter().map(scheduled).collect(),
+        scheduled: plan.scheduled.iter().map(|entry| scheduled(entry, plan.sampling.binary_search(&entry.id).is_ok())).collect(),
     }
 }
 
@@ -64,12 +64,14 @@ fn transfer(transfer: &Transfer) -> pb::Transfer {
     }
 }
 
-fn scheduled(entry: &ScheduledEntry) -> pb::ScheduledRequest {
+/// `sample`: the scheduler's decision (`StepPlan::sampling`, sorted), which the shard checks.
+fn scheduled(entry: &ScheduledEntry, sample: bool) -> pb::ScheduledRequest {
     pb::ScheduledRequest {
         id: entry.id,
         num_computed_tokens: entry.num_computed_tokens,
         num_new_tokens: entry.num_new_tokens,
         block_table: entry.block_table.clone(),
+        sample,
     }
 }
 
@@ -87,7 +89,10 @@ mod tests {
         let plan = StepPlan {
             step_id: 3,
             swap_out: vec![Transfer { id: 11, request_id: 9, src_blocks: vec![4], dst_blocks: vec![0] }],
-            scheduled: vec![ScheduledEntry { id: 7, num_computed_tokens: 0, num_new_tokens: 3, block_table: vec![2] }],
+            scheduled: vec![
+                ScheduledEntry { id: 7, num_computed_tokens: 0, num_new_tokens: 3, block_table: vec![2] },
+                ScheduledEntry { id: 8, num_computed_tokens: 0, num_new_tokens: 16, block_table: vec![3] },
+            ],
             first_scheduled: vec![7],
             sampling: vec![7],
             ..StepPlan::default()
@@ -102,6 +107,8 @@ mod tests {
         assert_eq!(step.swap_out[0].dst_blocks, vec![0]);
         assert_eq!(step.scheduled[0].block_table, vec![2]);
         assert_eq!(step.scheduled[0].num_new_tokens, 3);
+        // The scheduler's sampling decision travels with each entry.
+        assert!(step.scheduled[0].sample && !step.scheduled[1].sample);
         let active = requests.get(7).unwrap();
         assert!(active.sent_to_shard);
         assert_eq!(active.first_scheduled, Some(now));

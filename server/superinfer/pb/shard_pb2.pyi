@@ -129,16 +129,18 @@ class NewRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ...) -> None: ...
 
 class ScheduledRequest(_message.Message):
-    __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table")
+    __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table", "sample")
     ID_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TABLE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
     id: int
     num_computed_tokens: int
     num_new_tokens: int
     block_table: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ...) -> None: ...
+    sample: bool
+    def __init__(self, id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("id", "src_blocks", "dst_blocks")

@@ -97,7 +97,8 @@ class _ShardDriver:
             for start in range(0, len(prompt), chunk_tokens):
                 count = min(chunk_tokens, len(prompt) - start)
                 self.step(new_requests=new, scheduled=[pb.ScheduledRequest(
-                    id=rid, num_computed_tokens=start, num_new_tokens=count, block_table=blocks)])
+                    id=rid, num_computed_tokens=start, num_new_tokens=count, block_table=blocks,
+                    sample=start + count == len(prompt))])
                 new = []
             live.append((rid, blocks, len(prompt) + 1))
         return live
@@ -107,7 +108,7 @@ class _ShardDriver:
         for step in range(steps):
             started = time.perf_counter()
             scheduled = [pb.ScheduledRequest(id=rid, num_computed_tokens=known + step - 1, num_new_tokens=1,
-                                             block_table=blocks) for rid, blocks, known in live]
+                                             block_table=blocks, sample=True) for rid, blocks, known in live]
             replies.append(self.step(scheduled=scheduled))
             seconds.append(time.perf_counter() - started)
         total = sum(r.timings.total_ns for r in replies)

@@ -4,7 +4,7 @@ thread-safe: the gRPC layer serialises calls onto it.
 
 Step order, as the protocol fixes it: validate the whole plan (no change on failure) → forget
 → register new requests → enqueue transfers → one forward over every scheduled chunk →
-sample where a request reached the end of its known tokens → report completed transfers."""
+sample where the plan says so (a chunk that reaches the end of the request's known tokens) → report completed transfers."""
 import logging
 import time
 
@@ -148,7 +148,7 @@ class ShardExecutor:
             written_blocks.update(work.block_table[work.start // self.runner.block_size :])
         self.tracker.order_before_compute(read_blocks, written_blocks)
         hidden, batch = self.runner.forward(chunks)
-        # Rows needing logits: the last of each sampling request, plus prompt positions
+        # Rows needing logits: the last of each request the plan samples, plus prompt positions
         # whose next prompt token's logprob was asked for.
         rows: list[int] = []
         sample_rows: list[tuple[int, int]] = []  # (index in scheduled, row in `rows`)
@@ -161,7 +161,7 @@ class ShardExecutor:
                 targets = state.token_ids[work.start + 1 : min(end + 1, state.prompt_len)]
                 prompt_rows[index] = (len(rows), targets)
                 rows.extend(range(first, first + len(targets)))
-            if end == len(state.token_ids):
+            if work.sample:
                 sample_rows.append((index, len(rows)))
                 rows.append(first + work.num_new - 1)
         logits = self.runner.logits(hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]) if rows else None

@@ -122,6 +122,8 @@ class ScheduledWork:
     start: int
     num_new: int
     block_table: list[int]
+    # Sample the next token after this chunk (the router's decision, checked here).
+    sample: bool
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,10 @@ def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_o
             raise PlanError(f"request {rid}: computing up to position {end} but only {known_lengths[rid]} tokens are known")
         if end > limits.max_position_embeddings:
             raise PlanError(f"request {rid}: {end} tokens exceed the model's context of {limits.max_position_embeddings}")
+        reaches_end = end == known_lengths[rid]
+        if item.sample != reaches_end:
+            raise PlanError(f"request {rid}: sample={item.sample} disagrees with the chunk, which ends at position {end} "
+                            f"of {known_lengths[rid]} known tokens")
         table = list(item.block_table)
         needed = -(-end // limits.block_size)
         if len(table) < needed:
@@ -172,7 +178,7 @@ def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_o
             if block in device_out:
                 raise PlanError(f"request {rid}: device block {block} is being swapped out while written")
             writer[block] = rid
-        work.append(ScheduledWork(rid, start, count, table))
+        work.append(ScheduledWork(rid, start, count, table, item.sample))
     return work
 
 
