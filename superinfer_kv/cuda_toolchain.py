@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 from torch.utils import cpp_extension
 
-from .extension import CSRC, CUDA_ARCH_FLAGS, CUDA_SOURCES
+from .sources import CSRC, CUDA_ARCH_FLAGS, CUDA_SOURCES
 
 EXTENSION_NAME = "superinfer_kv_cuda"
 

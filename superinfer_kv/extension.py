@@ -12,14 +12,8 @@ from types import ModuleType
 
 from torch.utils import cpp_extension
 
-CSRC = Path(__file__).resolve().parent / "csrc"
-
-CPU_SOURCES = ("cpu_extension.cpp", "copy_pool.cpp")
-CUDA_SOURCES = ("cuda_extension.cpp", "cuda_transfer.cpp", "gather_scatter.cu", "dma_copy.cu")
-# Hopper is the target; the PTX of the newest listed arch lets later GPUs JIT it.
-CUDA_ARCH_FLAGS = ("-gencode=arch=compute_90,code=sm_90",)
-CXX_FLAGS = ("-O3",)
-
+from .cuda_toolchain import build_cuda_extension
+from .sources import CPU_SOURCES, CSRC, CUDA_ARCH_FLAGS, CUDA_SOURCES, CXX_FLAGS
 
 def load_cpu_extension() -> ModuleType:
     """Builds (once) and imports the CPU gather/scatter extension."""
@@ -39,8 +33,6 @@ def load_cuda_extension() -> ModuleType:
     compiler are driven directly, caching under ~/.cache/superinfer_kv/cuda.
     """
     if not cpp_extension.is_ninja_available():
-        from .cuda_toolchain import build_cuda_extension
-
         return build_cuda_extension(Path.home() / ".cache" / "superinfer_kv" / "cuda")
     return cpp_extension.load(
         name="superinfer_kv_cuda",
