@@ -59,6 +59,7 @@ class LaunchConfig:
     device_kv_blocks: int | None
     host_kv_blocks: int | None
     dtype: str | None
+    warmup_report: str | None
     json_output: bool
     log_level: str
     shard_startup_timeout_s: float
@@ -85,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--device-kv-blocks", int, "device KV pool size in blocks (default: what memory allows)")
     flag("--host-kv-blocks", int, "host KV pool size in blocks (default: what memory allows)")
     flag("--dtype", str, "compute dtype (default: bfloat16 on GPU, float32 on CPU)")
+    flag("--warmup-report", str, "write what the shard measured at warm-up (cost model, KV pools) to this "
+         "JSON file: the simulator's measured: profile")
     parser.add_argument("--json-output", action="store_true",
                         default=_bool(os.environ.get("JSON_OUTPUT", "false")),
                         help="log as JSON lines [env: JSON_OUTPUT]")
@@ -121,6 +124,7 @@ def from_args(args: argparse.Namespace) -> LaunchConfig:
         device_kv_blocks=args.device_kv_blocks,
         host_kv_blocks=args.host_kv_blocks,
         dtype=args.dtype,
+        warmup_report=args.warmup_report,
         json_output=args.json_output,
         log_level=args.log_level,
         shard_startup_timeout_s=args.shard_startup_timeout_s,

@@ -94,6 +94,7 @@ def shard_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
         "--device-kv-blocks": config.device_kv_blocks,
         "--host-kv-blocks": config.host_kv_blocks,
         "--dtype": config.dtype,
+        "--warmup-report": config.warmup_report,
     }
     for name, value in optional.items():
         if value is not None:

@@ -61,13 +61,15 @@ class LaunchedServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
         self.log_path = options.log_dir / f"server-{policy}.log"
+        # What the shard measured at warm-up (the simulator's `measured:` profile).
+        self.warmup_report = options.log_dir / f"warmup-{policy}.json"
 
     def __enter__(self) -> "LaunchedServer":
         self.options.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         # Own process group: terminating it reaches the shards the launcher started too.
         self.process = subprocess.Popen(
-            launch_command(self.policy, self.port, self.options),
+            [*launch_command(self.policy, self.port, self.options), "--warmup-report", str(self.warmup_report)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()

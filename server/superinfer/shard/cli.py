@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", type=pathlib.Path, default=None,
                         help="converted models (default: $SUPERINFER_CACHE or ~/.cache/superinfer)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument("--warmup-report", type=pathlib.Path, default=None,
+                        help="write what warm-up measured (cost model, KV pools and geometry) to this JSON file, "
+                        "the simulator's `measured:` profile")
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -53,7 +56,7 @@ def shard_config(args: argparse.Namespace):
         model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
         block_size=args.block_size, device_kv_blocks=args.device_kv_blocks, host_kv_blocks=args.host_kv_blocks,
         kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens, revision=args.revision,
-        hub_cache=args.hf_cache_dir,
+        hub_cache=args.hf_cache_dir, warmup_report=args.warmup_report,
     )
 
 

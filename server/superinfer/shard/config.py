@@ -24,6 +24,9 @@ class ShardConfig:
     # The Hugging Face hub cache searched for model ids (None: huggingface_hub's default).
     hub_cache: pathlib.Path | None = None
     warmup_repeats: int = 2
+    # Where Warmup writes what it measured (cost model, pools, geometry) as JSON: the
+    # `measured:` profile of the simulator. None: nowhere.
+    warmup_report: pathlib.Path | None = None
 
 
 DEFAULT_CPU_KV_BLOCKS = 512

@@ -5,10 +5,12 @@ thread-safe: the gRPC layer serialises calls onto it.
 Step order, as the protocol fixes it: validate the whole plan (no change on failure) → forget
 → register new requests → enqueue transfers → one forward over every scheduled chunk →
 sample where the plan says so (a chunk that reaches the end of the request's known tokens) → report completed transfers."""
+import json
 import logging
 import time
 
 import torch
+from google.protobuf import json_format
 from superinfer_kv import TransferEngine
 
 from ..pb import shard_pb2
@@ -111,7 +113,26 @@ class ShardExecutor:
                 transfer_overhead_s=transfer.transfer_overhead_s, duplex=transfer.duplex,
             ),
         )
+        if self.config.warmup_report is not None:
+            self._write_warmup_report(self._warmup_reply, max_tokens, max_requests)
         return self._warmup_reply
+
+    def _write_warmup_report(self, reply: shard_pb2.WarmupResponse, max_tokens: int, max_requests: int) -> None:
+        """What warm-up measured, as the simulator's `measured:` profile reads it."""
+        cost_model = json_format.MessageToDict(reply.cost_model, preserving_proto_field_name=True,
+                                               always_print_fields_with_no_presence=True)
+        report = {
+            "name": f"warm-up of {self.runner.loaded.model_id} on {self.runner.device}",
+            "cost_model": cost_model,
+            "block_size": self.runner.block_size,
+            "block_bytes": self.runner.geometry.block_bytes,
+            "num_device_blocks": reply.num_device_blocks,
+            "num_host_blocks": reply.num_host_blocks,
+            "max_batch_tokens": max_tokens,
+            "max_batch_requests": max_requests,
+        }
+        self.config.warmup_report.parent.mkdir(parents=True, exist_ok=True)
+        self.config.warmup_report.write_text(json.dumps(report, indent=1) + "\n")
 
     def step(self, request: shard_pb2.StepRequest) -> shard_pb2.StepResponse:
         started = time.perf_counter_ns()

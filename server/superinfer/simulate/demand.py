@@ -5,7 +5,7 @@ plus `max_new_tokens`, in whole blocks, from arrival until its last token — is
 mean, 90th percentile and peak of that sum over the pool's size say how many times the pool
 the workload needs.
 
-`python -m superinfer.simulate.demand --profile server-log:LOG --device-kv-blocks 32 <bench
+`python -m superinfer.simulate.demand --profile measured:WARMUP_JSON --device-kv-blocks 32 <bench
 workload options>`"""
 import argparse
 import json

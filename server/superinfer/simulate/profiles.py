@@ -7,7 +7,6 @@ sustained bandwidth) plus a launch overhead, where the bytes are the weights (on
 and the KV of every attended position; the scheduler's linear cost model is a least-squares
 fit of that roofline over typical step shapes, as a warm-up fit would be."""
 import json
-import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -145,8 +144,9 @@ def derived(hardware_key: str, model_key: str, block_size: int = 16, max_batch_t
 
 
 def measured(path: str | Path) -> Profile:
-    """A profile measured on a real machine: a JSON file with the Warmup cost model (the
-    `CostModel` fields) and the KV geometry, `{"cost_model": {...}, "block_size",
+    """A profile measured on a real machine: the JSON a shard writes at warm-up
+    (`superinfer launch --warmup-report PATH`), with the Warmup cost model (the `CostModel`
+    fields) and the KV geometry, `{"cost_model": {...}, "block_size",
     "block_bytes", "num_device_blocks", "num_host_blocks", "max_batch_tokens",
     "max_batch_requests"}`; the measured model is both the truth and the belief."""
     document = json.loads(Path(path).read_text())
@@ -196,26 +196,6 @@ def from_bench(path: str | Path, num_device_blocks: int = 256, num_host_blocks: 
                    block_bytes, num_device_blocks, num_host_blocks, 2048, 64)
 
 
-_WARMUP_LINE = re.compile(r"warm-up: (\d+) device / (\d+) host KV blocks.*?StepCost\((.*?)\) TransferCost\((.*?)\)")
-
-
-def from_server_log(path: str | Path, block_size: int = 16, block_bytes: int = CPU_DEFAULT_BLOCK_BYTES,
-                    max_batch_tokens: int = 2048, max_batch_requests: int = 256) -> Profile:
-    """The cost model a launched server measured at Warmup, read from the shard's log line
-    (`warm-up: N device / M host KV blocks … StepCost(…) TransferCost(…)`); pool sizes are the
-    shard's, before any router cap. The geometry defaults to the embedded model on the CPU."""
-    found = _WARMUP_LINE.findall(Path(path).read_text(errors="replace"))
-    if not found:
-        raise ValueError(f"{path}: no warm-up line with a cost model")
-    device, host, step, transfer = found[-1]
-    fields = dict(part.split("=", 1) for part in f"{step}, {transfer}".split(", "))
-    cost = {k: (v == "True") if k == "duplex" else float(v) for k, v in fields.items()}
-    link = {"out_bytes_per_s": cost["swap_out_bytes_per_s"], "in_bytes_per_s": cost["swap_in_bytes_per_s"],
-            "overhead_s": cost["transfer_overhead_s"], "duplex": cost["duplex"]}
-    return Profile(f"measured at warm-up ({Path(path).name})", {"kind": "linear", **cost}, link, cost, block_size,
-                   block_bytes, int(device), int(host), max_batch_tokens, max_batch_requests)
-
-
 _LINEAR_TERMS = ("step_base_s", "per_prefill_token_s", "per_decode_request_s", "per_context_token_s")
 
 
@@ -233,13 +213,11 @@ def under_load(profile: Profile, factor: float) -> Profile:
 
 
 def resolve(spec: str) -> Profile:
-    """`HARDWARE:MODEL` (e.g. gh200:llama-3-8b), `measured:PATH` (cost model JSON),
-    `server-log:PATH` (a launched server's log) or `bench:PATH` (a bench report)."""
+    """`HARDWARE:MODEL` (e.g. gh200:llama-3-8b), `measured:PATH` (the JSON a shard writes with
+    `--warmup-report`) or `bench:PATH` (a bench report)."""
     kind, _, rest = spec.partition(":")
     if kind == "measured":
         return measured(rest)
-    if kind == "server-log":
-        return from_server_log(rest)
     if kind == "bench":
         return from_bench(rest)
     if not rest:

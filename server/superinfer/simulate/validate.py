@@ -19,7 +19,7 @@ from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.report import read_json
 from superinfer.bench.workload import WorkloadConfig, plan
 from superinfer.cli import main as superinfer_main
-from superinfer.simulate.profiles import from_bench, from_server_log, under_load
+from superinfer.simulate.profiles import from_bench, measured as measured_profile, under_load
 from superinfer.simulate.runner import SimOptions, simulate
 
 FIGURES = (("attainment", "ttft"), ("attainment", "tbt"), ("attainment", "both"), ("ttft_s", "p50"), ("ttft_s", "p99"))
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     for (policy, rate), run in sorted(measured.items()):
         specs = plan(replace(config, rate=rate))
         # The linear model the shard fitted at warm-up, as the scheduler uses it.
-        warm_up = from_server_log(measured_dir / f"server-{policy}.log", max_batch_tokens=args.max_batch_tokens)
+        warm_up = measured_profile(measured_dir / f"warmup-{policy}.json")
         profiles = {"warm-up": warm_up, "unloaded": unloaded}
         if factor := run.summary.get("step_load_factor"):
             # The warm-up model scaled by how much slower the server's steps ran in this run.

@@ -1,0 +1,28 @@
+"""What the shard measures at warm-up reaches the simulator as data: the JSON written with
+`--warmup-report` is the `measured:` profile, field for field the Warmup reply."""
+import dataclasses
+
+from conftest import make_executor
+
+from superinfer.pb import shard_pb2
+from superinfer.simulate.profiles import resolve
+
+
+def test_the_warmup_report_is_the_measured_profile(tiny_llama_dir, tmp_path):
+    executor = make_executor(tiny_llama_dir, device_blocks=24, host_blocks=8, warm=False)
+    report = tmp_path / "reports" / "warmup.json"
+    executor.config = dataclasses.replace(executor.config, warmup_report=report)
+    reply = executor.warmup(shard_pb2.WarmupRequest(max_batch_tokens=96, max_batch_requests=6))
+    profile = resolve(f"measured:{report}")
+    cost = reply.cost_model
+    assert profile.cost_model == {
+        "step_base_s": cost.step_base_s, "per_prefill_token_s": cost.per_prefill_token_s,
+        "per_decode_request_s": cost.per_decode_request_s, "per_context_token_s": cost.per_context_token_s,
+        "swap_out_bytes_per_s": cost.swap_out_bytes_per_s, "swap_in_bytes_per_s": cost.swap_in_bytes_per_s,
+        "transfer_overhead_s": cost.transfer_overhead_s, "duplex": cost.duplex,
+    }
+    assert (profile.num_device_blocks, profile.num_host_blocks) == (24, 8)
+    assert (profile.max_batch_tokens, profile.max_batch_requests) == (96, 6)
+    assert profile.block_size == executor.runner.block_size
+    assert profile.block_bytes == executor.runner.geometry.block_bytes
+    assert profile.step_time == {"kind": "linear", **profile.cost_model}
