@@ -53,6 +53,7 @@ test-integration: build clients
 SOAK_CASES ?= 2000
 soak: build clients
 	SCHEMATHESIS_CASES=$(SOAK_CASES) $(CLIENTS)/bin/python -m pytest -q -s integration-tests/test_schemathesis.py
+	SUPERINFER_SOAK=1 $(CLIENTS)/bin/python -m pytest -q -s integration-tests/test_load_faults.py integration-tests/test_failure_model.py
 
 clean:
 	rm -rf target $(VENV) $(CLIENTS)
@@ -60,6 +61,12 @@ clean:
 # Regenerates the committed Python gRPC stubs (server/superinfer/pb/) from proto/shard.proto.
 proto: $(VENV)/.deps
 	cd server && ../$(PY) -m superinfer.pb.generate
+
+# Wheels a GPU host without network lacks (pytest and its dependencies, for Python 3.12), in
+# .whl/ where scripts/gpu_check.sh installs them from; carry .whl to the GPU host.
+.PHONY: gpu-wheels
+gpu-wheels: $(VENV)/.deps
+	$(PY) -m pip download --quiet --only-binary=:all: --python-version 3.12 --dest .whl pytest==9.2.0
 
 # Compiles (and, with a CUDA build of torch, links) DuplexKV's CUDA sources with the pinned
 # nvcc; needs no GPU. pytest runs the same check (superinfer_kv/tests/test_cuda_compile.py).
