@@ -1,9 +1,17 @@
-//! Prometheus metrics: the process-wide recorder (installed once; the engine's gauges go to the
-//! same one) and the per-request metrics, named as TGI's with the `superinfer_` prefix.
+//! Prometheus metrics: the process-wide recorder (installed once, at start-up, with buckets
+//! derived from the server's limits; the engine's series go to the same one) and the
+//! per-request metrics. Request series are exported twice, as `superinfer_*` and under TGI's
+//! `tgi_*` names, so that TGI's Grafana dashboard reads this server unchanged. Every series is
+//! listed in docs/metrics.md.
+//! - `buckets`: the buckets of every histogram, from `MetricLimits`.
+mod buckets;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+pub use buckets::MetricLimits;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MetricsError {
@@ -13,8 +21,21 @@ pub enum MetricsError {
     AlreadyInstalled,
 }
 
+/// Prefixes of the request series: ours, and TGI's for its dashboard.
+pub const PREFIXES: [&str; 2] = ["superinfer", "tgi"];
+
+/// Time from a request's arrival to its first token, as the engine saw it produced (seconds).
+pub const TTFT_HISTOGRAM: &str = "superinfer_time_to_first_token_seconds";
+/// Time between consecutive tokens of one request (seconds).
+pub const ITL_HISTOGRAM: &str = "superinfer_inter_token_latency_seconds";
 /// Name of the engine's histogram of token lags (production time minus deadline, seconds).
 pub const LAG_HISTOGRAM: &str = "superinfer_token_lag_seconds";
+/// Requests per step.
+pub const BATCH_SIZE_HISTOGRAM: &str = "superinfer_batch_size";
+/// Tokens per step.
+pub const BATCH_TOKENS_HISTOGRAM: &str = "superinfer_batch_tokens";
+/// TGI's size of each new batch: here the requests a step admits for the first time.
+pub const TGI_BATCH_NEXT_SIZE_HISTOGRAM: &str = "tgi_batch_next_size";
 /// Lag buckets in seconds: negative is early, positive late, finer near the deadline.
 pub const LAG_BUCKETS: [f64; 19] =
     [-5.0, -2.0, -1.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0];
@@ -23,36 +44,72 @@ pub const LAG_BUCKETS: [f64; 19] =
 /// too; kept here so that every HTTP app built in this process renders the same recorder.
 static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// Installs the Prometheus recorder on first use and returns the handle that renders it.
-pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
+/// A Prometheus builder with every histogram's buckets (tests build local recorders from it).
+pub fn prometheus_builder(limits: &MetricLimits) -> Result<PrometheusBuilder, MetricsError> {
+    buckets::histogram_buckets(limits).into_iter().try_fold(PrometheusBuilder::new(), |builder, (matcher, buckets)| {
+        builder.set_buckets_for_metric(matcher, &buckets).map_err(|error| MetricsError::Build(error.to_string()))
+    })
+}
+
+/// Installs the process's recorder with buckets for `limits` and returns the handle that
+/// renders it. Start-up calls this before the engine starts; the first installation holds for
+/// the process, later calls return its handle.
+pub fn install_recorder_with_limits(limits: &MetricLimits) -> Result<PrometheusHandle, MetricsError> {
     if let Some(handle) = RECORDER.get() {
         return Ok(handle.clone());
     }
-    // TGI's buckets: 35 geometric steps from 150 µs (×1.5) for durations, 1..1024 for sizes.
-    let duration_buckets: Vec<f64> = (0..35).map(|n| 0.00015 * 1.5f64.powi(n)).collect();
-    let token_buckets: Vec<f64> = (0..=10).map(|n| f64::from(1u32 << n)).collect();
-    let recorder = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("duration".into()), &duration_buckets)
-        .and_then(|builder| {
-            builder.set_buckets_for_metric(Matcher::Suffix("tokens".into()), &token_buckets)
-        })
-        .and_then(|builder| {
-            builder.set_buckets_for_metric(Matcher::Suffix("length".into()), &token_buckets)
-        })
-        .and_then(|builder| builder.set_buckets_for_metric(Matcher::Full(LAG_HISTOGRAM.into()), &LAG_BUCKETS))
-        .map_err(|error| MetricsError::Build(error.to_string()))?
-        .build_recorder();
+    let recorder = prometheus_builder(limits)?.build_recorder();
     let handle = recorder.handle();
     // Two apps racing here: the loser's recorder is dropped and both use the winner's handle.
     match RECORDER.set(handle.clone()) {
         Ok(()) => {
             metrics::set_global_recorder(recorder).map_err(|_| MetricsError::AlreadyInstalled)?;
+            describe();
             Ok(handle)
         }
         Err(_) => RECORDER
             .get()
             .cloned()
             .ok_or(MetricsError::AlreadyInstalled),
+    }
+}
+
+/// The process's recorder: the one start-up installed, else one with default limits (apps
+/// built without `server::run`, i.e. tests).
+pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
+    install_recorder_with_limits(&MetricLimits::default())
+}
+
+/// Describes the request series and starts their counters at 0 (a counter that appears only
+/// when it first moves has no rate until then; TGI's dashboard counts replicas by
+/// `tgi_request_count`).
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!("superinfer_http_connections", Unit::Count, "Open HTTP connections");
+    describe_counter!("superinfer_http_connections_refused", Unit::Count,
+        "Connections closed at once because --max-connections were open");
+    for prefix in PREFIXES {
+        for counter in ["request_count", "request_success"] {
+            metrics::counter!(format!("{prefix}_{counter}")).increment(0);
+        }
+        describe_counter!(format!("{prefix}_request_count"), "Requests received on a generation route");
+        describe_counter!(format!("{prefix}_request_success"), "Requests that finished generating");
+        describe_counter!(format!("{prefix}_request_failure"), "Requests that failed, by error type (err)");
+        describe_histogram!(format!("{prefix}_request_duration"), Unit::Seconds,
+            "Time from arrival to the end of the request");
+        describe_histogram!(format!("{prefix}_request_validation_duration"), Unit::Seconds,
+            "Time spent validating and tokenizing the request");
+        describe_histogram!(format!("{prefix}_request_queue_duration"), Unit::Seconds,
+            "Time from validation to the request's first step");
+        describe_histogram!(format!("{prefix}_request_inference_duration"), Unit::Seconds,
+            "Time from the request's first step to its last token");
+        describe_histogram!(format!("{prefix}_request_mean_time_per_token_duration"), Unit::Seconds,
+            "Inference time divided by generated tokens, per request");
+        describe_histogram!(format!("{prefix}_request_input_length"), Unit::Count, "Prompt tokens per request");
+        describe_histogram!(format!("{prefix}_request_generated_tokens"), Unit::Count,
+            "Generated tokens per request");
+        describe_histogram!(format!("{prefix}_request_max_new_tokens"), Unit::Count,
+            "Token limit (max_new_tokens) per request");
     }
 }
 
@@ -64,12 +121,16 @@ pub fn render(handle: &PrometheusHandle) -> String {
 
 /// A request entered a generation route.
 pub fn request_received() {
-    metrics::counter!("superinfer_request_count").increment(1);
+    for prefix in PREFIXES {
+        metrics::counter!(format!("{prefix}_request_count")).increment(1);
+    }
 }
 
 /// A request failed; `error_type` is `HttpError::error_type` (TGI's `err` label).
 pub fn request_failed(error_type: &'static str) {
-    metrics::counter!("superinfer_request_failure", "err" => error_type).increment(1);
+    for prefix in PREFIXES {
+        metrics::counter!(format!("{prefix}_request_failure"), "err" => error_type).increment(1);
+    }
 }
 
 /// An HTTP connection was accepted (gauge of open connections).
@@ -106,20 +167,27 @@ impl RequestFigures {
 }
 
 pub fn request_succeeded(figures: &RequestFigures) {
-    metrics::counter!("superinfer_request_success").increment(1);
-    metrics::histogram!("superinfer_request_duration").record(figures.total.as_secs_f64());
-    metrics::histogram!("superinfer_request_validation_duration")
-        .record(figures.validation.as_secs_f64());
-    metrics::histogram!("superinfer_request_queue_duration").record(figures.queue.as_secs_f64());
-    metrics::histogram!("superinfer_request_inference_duration")
-        .record(figures.inference.as_secs_f64());
-    metrics::histogram!("superinfer_request_mean_time_per_token_duration")
-        .record(figures.time_per_token().as_secs_f64());
-    metrics::histogram!("superinfer_request_generated_tokens")
-        .record(f64::from(figures.generated_tokens));
-    metrics::histogram!("superinfer_request_input_length").record(f64::from(figures.input_length));
-    metrics::histogram!("superinfer_request_max_new_tokens")
-        .record(f64::from(figures.max_new_tokens));
+    for prefix in PREFIXES {
+        metrics::counter!(format!("{prefix}_request_success")).increment(1);
+        let seconds = [
+            ("request_duration", figures.total),
+            ("request_validation_duration", figures.validation),
+            ("request_queue_duration", figures.queue),
+            ("request_inference_duration", figures.inference),
+            ("request_mean_time_per_token_duration", figures.time_per_token()),
+        ];
+        for (name, duration) in seconds {
+            metrics::histogram!(format!("{prefix}_{name}")).record(duration.as_secs_f64());
+        }
+        let counts = [
+            ("request_generated_tokens", figures.generated_tokens),
+            ("request_input_length", figures.input_length),
+            ("request_max_new_tokens", figures.max_new_tokens),
+        ];
+        for (name, count) in counts {
+            metrics::histogram!(format!("{prefix}_{name}")).record(f64::from(count));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -143,18 +211,25 @@ mod tests {
             max_new_tokens: 10,
         });
         let text = render(&handle);
-        for name in [
-            "superinfer_request_count",
-            "superinfer_request_failure{err=\"validation\"}",
-            "superinfer_request_success",
-            "superinfer_request_duration_bucket",
-            "superinfer_request_queue_duration_bucket",
-            "superinfer_request_inference_duration_bucket",
-            "superinfer_request_mean_time_per_token_duration_bucket",
-            "superinfer_request_generated_tokens_bucket",
-            "superinfer_request_input_length_bucket",
-        ] {
-            assert!(text.contains(name), "{name} missing from:\n{text}");
+        for prefix in PREFIXES {
+            for name in [
+                "request_count",
+                "request_failure{err=\"validation\"}",
+                "request_success",
+                "request_duration_bucket",
+                "request_validation_duration_bucket",
+                "request_queue_duration_bucket",
+                "request_inference_duration_bucket",
+                "request_mean_time_per_token_duration_bucket",
+                "request_generated_tokens_bucket",
+                "request_input_length_bucket",
+                "request_max_new_tokens_bucket",
+            ] {
+                let series = format!("{prefix}_{name}");
+                assert!(text.contains(&series), "{series} missing from:\n{text}");
+            }
+            // Installing describes the series.
+            assert!(text.contains(&format!("# HELP {prefix}_request_duration ")), "{text}");
         }
     }
 
