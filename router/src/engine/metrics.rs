@@ -13,8 +13,16 @@ use crate::metrics::{
 };
 use crate::pb;
 
+/// Describes the engine's series, and starts its counters at 0: a counter that appears only
+/// when it first moves has no rate until then, and a ratio of two (met / (met + missed)) has
+/// no value while either is missing.
 pub(crate) fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    for counter in ["superinfer_slo_ttft_met_total", "superinfer_slo_ttft_missed_total", "superinfer_slo_tbt_met_total",
+        "superinfer_slo_tbt_missed_total", "superinfer_engine_failures_total", "superinfer_steps_total"]
+    {
+        metrics::counter!(counter).increment(0);
+    }
     describe_gauge!("superinfer_kv_device_blocks_free", "Free device KV blocks");
     describe_gauge!("superinfer_kv_device_blocks_used", "Device KV blocks held by requests");
     describe_gauge!("superinfer_kv_device_blocks_cached", "Free device KV blocks holding a reusable prefix");
