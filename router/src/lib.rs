@@ -9,7 +9,8 @@
 //! - `http`: the HTTP API (TGI's routes, OpenAI's, health/info/metrics, OpenAPI); built on
 //!   `validation`, `tokenizer` + `detokenizer`, `chat_template`, `error` (HTTP error mapping)
 //!   and `metrics` (the Prometheus recorder and the request metrics).
-//! - `python`: the pyo3 shim that the `superinfer` package calls.
+//! - `python`: the pyo3 shim that the `superinfer` package calls; `contracts` the scheduler
+//!   crate's formulas the Python side calls (percentile, attainment, step-cost fit, step time).
 
 pub mod pb {
     tonic::include_proto!("superinfer.shard.v1");
@@ -27,5 +28,6 @@ pub mod server;
 pub mod telemetry;
 pub mod tokenizer;
 pub mod validation;
+mod contracts;
 mod python;
 mod simulate;

@@ -80,7 +80,9 @@ fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(crate::simulate::simulate, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::simulate::percentile, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::simulate::meets, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::contracts::percentile, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::contracts::meets, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::contracts::fit_step_cost, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::contracts::step_time, m)?)?;
     Ok(())
 }

@@ -1,6 +1,5 @@
 //! `superinfer._router.simulate(config_json) -> str`: the pyo3 entry point of the simulator
-//! (`superinfer_scheduler::sim`), and `percentile` / `meets`: the scheduler crate's attainment
-//! definitions for the benchmark, so a measured and a simulated report judge alike. Parses the JSON config (requests column-wise, scheduler
+//! (`superinfer_scheduler::sim`). Parses the JSON config (requests column-wise, scheduler
 //! fields optional over `SchedulerConfig::default()`), runs the simulation with the GIL
 //! released, and answers JSON (per-request outcomes column-wise).
 
@@ -165,9 +164,14 @@ fn requests(r: RequestsJson) -> Result<Vec<SimRequest>, String> {
         .collect())
 }
 
-fn parse(config_json: &str) -> Result<SimConfig, String> {
-    let c: ConfigJson = serde_json::from_str(config_json).map_err(|e| format!("simulation config: {e}"))?;
-    let step_time = match c.step_time {
+/// A simulated machine's step time as the JSON describes it (`{"kind": "linear" | "roofline", …}`).
+pub(crate) fn parse_step_time(step_time_json: &str) -> Result<StepTimeModel, String> {
+    let parsed: StepTimeJson = serde_json::from_str(step_time_json).map_err(|e| format!("step time model: {e}"))?;
+    Ok(step_time_model(parsed))
+}
+
+fn step_time_model(step_time: StepTimeJson) -> StepTimeModel {
+    match step_time {
         StepTimeJson::Linear(cost) => StepTimeModel::Linear(cost.into()),
         StepTimeJson::Roofline {
             overhead_s,
@@ -186,7 +190,12 @@ fn parse(config_json: &str) -> Result<SimConfig, String> {
             kv_bytes_per_context_token,
             memory_bytes_per_s,
         }),
-    };
+    }
+}
+
+fn parse(config_json: &str) -> Result<SimConfig, String> {
+    let c: ConfigJson = serde_json::from_str(config_json).map_err(|e| format!("simulation config: {e}"))?;
+    let step_time = step_time_model(c.step_time);
     let link = LinkModel {
         out_bytes_per_s: c.link.out_bytes_per_s,
         in_bytes_per_s: c.link.in_bytes_per_s,
@@ -249,20 +258,6 @@ pub fn simulate(py: Python<'_>, config_json: &str) -> PyResult<String> {
         .detach(|| sim::simulate(&config))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(report_json(&report, started.elapsed().as_secs_f64()).to_string())
-}
-
-/// The `p`-th percentile of `values` (linear interpolation, as numpy); `None` when empty.
-#[pyfunction]
-pub fn percentile(values: Vec<f64>, p: f64) -> Option<f64> {
-    superinfer_scheduler::attainment::percentile(&values, p)
-}
-
-/// `(ttft_met, tbt_met)` of a request with first token after `ttft_s` and TBT `tbt_s` (its
-/// gaps' percentile) against objectives in seconds.
-#[pyfunction]
-pub fn meets(ttft_s: f64, tbt_s: f64, ttft_slo_s: f64, tbt_slo_s: f64) -> (bool, bool) {
-    let verdict = superinfer_scheduler::attainment::meets(ttft_s, tbt_s, Slo { ttft_s: ttft_slo_s, tbt_s: tbt_slo_s });
-    (verdict.ttft_met, verdict.tbt_met)
 }
 
 #[cfg(test)]

@@ -85,11 +85,15 @@ impl CostModel {
 
     /// Predicted wall time of one step of this shape, in seconds.
     pub fn predict_step(&self, shape: StepShape) -> f64 {
-        let raw = self.step_base_s
+        self.predict_step_uncorrected(shape) * self.correction
+    }
+
+    /// The linear formula alone, as the warm-up fitted it (no online correction).
+    pub fn predict_step_uncorrected(&self, shape: StepShape) -> f64 {
+        self.step_base_s
             + self.per_prefill_token_s * shape.prefill_tokens as f64
             + self.per_decode_request_s * shape.decode_requests as f64
-            + self.per_context_token_s * shape.context_tokens as f64;
-        raw * self.correction
+            + self.per_context_token_s * shape.context_tokens as f64
     }
 
     /// Predicted time to prefill `tokens` tokens alone (the price of recomputing them).
@@ -123,7 +127,7 @@ impl CostModel {
     /// Folds a measured step time into the correction factor (EMA with weight `alpha`).
     /// Measurements that are not finite and positive are ignored.
     pub fn observe_step(&mut self, shape: StepShape, measured_s: f64, alpha: f64) {
-        let predicted_raw = self.predict_step(shape) / self.correction;
+        let predicted_raw = self.predict_step_uncorrected(shape);
         if !(measured_s.is_finite() && measured_s > 0.0 && predicted_raw > 0.0) {
             return;
         }

@@ -6,7 +6,8 @@
 //! - `config`: [`SchedulerConfig`], [`PolicyKind`], [`Slo`] — typed configuration.
 //! - `attainment`: how a finished request is judged against its objectives, and the one
 //!   percentile definition (engine, simulator and benchmark use it).
-//! - `cost_model`: [`CostModel`] — step and transfer time prediction, refined online.
+//! - `cost_model`: [`CostModel`] — step and transfer time prediction, refined online;
+//!   `cost_fit`: the one fit of its step terms to timed steps (warm-up and simulator).
 //! - `request`: [`RequestSpec`] — what the engine submits.
 //! - `plan`: [`StepPlan`], [`ScheduledEntry`], [`Transfer`], [`StepResults`] — the step
 //!   contract, mirroring `proto/shard.proto`.
@@ -31,6 +32,7 @@ pub mod attainment;
 mod byte_budget;
 mod config;
 mod cost_model;
+pub mod cost_fit;
 mod error;
 mod kv;
 mod inspect;

@@ -2,13 +2,17 @@
 synthetic chunks) and the transfer engine's bandwidth per direction and duplex behaviour.
 
 step ≈ c0 + c1·prefill_tokens + c2·decode_requests + c3·context_tokens, where
-context_tokens = Σ over scheduled requests of (num_computed_tokens + num_new_tokens)."""
+context_tokens = Σ over scheduled requests of (num_computed_tokens + num_new_tokens). The fit
+is the scheduler crate's (`superinfer_scheduler::cost_fit`, non-negative, on relative error),
+the same the simulator's derived profiles use."""
 import logging
 import time
 from dataclasses import dataclass
 
 import torch
 from superinfer_kv import TransferEngine
+
+from superinfer import _router
 
 from .batch import Chunk
 from .model_runner import ModelRunner
@@ -62,30 +66,6 @@ def _shapes(max_tokens: int, max_requests: int, num_blocks: int, block_size: int
     return list(dict.fromkeys(shapes))
 
 
-def fit_step_cost(rows: list[list[float]], times: list[float]) -> tuple[float, float, float, float]:
-    """Non-negative least squares on relative error: each step weighs by 1/time, so a fit
-    that is 10% off on a 50 ms step counts as much as 10% off on a 2 s one (plain least squares
-    lets the largest shapes decide, and small steps — most of a serving run — come out several
-    times too slow). The non-negative solution is found exactly over the 16 sets of active
-    terms (four terms: cheap)."""
-    a = torch.tensor(rows, dtype=torch.float64)
-    b = torch.tensor(times, dtype=torch.float64)
-    weights = 1.0 / b.clamp_min(1e-9)
-    aw, bw = a * weights[:, None], b * weights
-    best, best_error = torch.zeros(a.shape[1], dtype=torch.float64), float("inf")
-    for mask in range(1, 1 << a.shape[1]):
-        columns = [j for j in range(a.shape[1]) if mask >> j & 1]
-        solution = torch.linalg.lstsq(aw[:, columns], bw[:, None]).solution[:, 0]
-        if (solution < 0).any():
-            continue
-        full = torch.zeros(a.shape[1], dtype=torch.float64)
-        full[columns] = solution
-        error = float(((aw @ full - bw) ** 2).sum())
-        if error < best_error:
-            best, best_error = full, error
-    return tuple(float(v) for v in best)
-
-
 def _chunks(prefill: int, decodes: int, context: int, block_size: int) -> list[Chunk]:
     chunks, next_block = [], 0
     if prefill:
@@ -114,17 +94,17 @@ def _time_forward(runner: ModelRunner, chunks: list[Chunk], repeats: int) -> flo
 def measure_step_cost(runner: ModelRunner, max_tokens: int, max_requests: int, repeats: int = 2) -> StepCost:
     """Times forward passes of a dozen shapes and fits the linear cost model (non-negative
     terms, relative error)."""
-    rows, times = [], []
+    timed_shapes, times = [], []
     shapes = _shapes(max_tokens, max(1, max_requests), runner.cache.num_device_blocks, runner.block_size)
     _time_forward(runner, _chunks(*shapes[0], runner.block_size), 1)  # first call pays one-off costs
     for prefill, decodes, context in shapes:
         chunks = _chunks(prefill, decodes, context, runner.block_size)
         context_tokens = sum(c.start + len(c.token_ids) for c in chunks)
         seconds = _time_forward(runner, chunks, repeats)
-        rows.append([1.0, float(prefill), float(decodes), float(context_tokens)])
+        timed_shapes.append((prefill, decodes, context_tokens))
         times.append(seconds)
         log.debug("warm-up forward prefill=%d decodes=%d context=%d: %.4fs", prefill, decodes, context, seconds)
-    return StepCost(*fit_step_cost(rows, times))
+    return StepCost(*_router.fit_step_cost(timed_shapes, times))
 
 
 def _time_transfer(engine: TransferEngine, swap_out, swap_in, repeats: int) -> float:

@@ -4,13 +4,15 @@ scheduler believes (as Warmup would measure it).
 
 Derived profiles use a roofline: a step costs max(FLOPs / sustained FLOP/s, bytes read /
 sustained bandwidth) plus a launch overhead, where the bytes are the weights (once per step)
-and the KV of every attended position; the scheduler's linear cost model is a least-squares
-fit of that roofline over typical step shapes, as a warm-up fit would be."""
+and the KV of every attended position; the scheduler's linear cost model is fitted to that
+roofline over warm-up-like step shapes with the warm-up's own fit. The roofline, the linear
+formula and the fit are the scheduler crate's (`superinfer._router.step_time`,
+`fit_step_cost`): this module only holds the machines' specifications."""
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import numpy as np
+from superinfer import _router
 
 GB = 1e9
 
@@ -84,19 +86,13 @@ class Profile:
         return asdict(self)
 
 
-def _fit_linear(step_time, link: dict) -> dict:
-    """Least-squares fit of step ≈ c0 + c1·prefill + c2·decodes + c3·context over step
-    shapes like those of a warm-up (pure prefills and pure decode batches), clipped at 0."""
-    rows, times = [], []
-    for prefill in (128, 512, 1024, 2048, 4096, 8192):
-        rows.append([1, prefill, 0, prefill])
-        times.append(step_time(prefill, 0, prefill))
-    for batch in (1, 8, 32, 64, 128, 256):
-        for context in (256, 1024, 2048):
-            rows.append([1, 0, batch, batch * context])
-            times.append(step_time(0, batch, batch * context))
-    coefficients, *_ = np.linalg.lstsq(np.array(rows, float), np.array(times), rcond=None)
-    c0, c1, c2, c3 = (max(float(c), 0.0) for c in coefficients)
+def _fit_linear(roofline: dict, link: dict) -> dict:
+    """The scheduler's belief about a roofline machine: the warm-up's fit over step shapes like
+    those of a warm-up (pure prefills and pure decode batches)."""
+    shapes = [(prefill, 0, prefill) for prefill in (128, 512, 1024, 2048, 4096, 8192)]
+    shapes += [(0, batch, batch * context) for batch in (1, 8, 32, 64, 128, 256) for context in (256, 1024, 2048)]
+    times = _router.step_time(json.dumps(roofline), shapes)
+    c0, c1, c2, c3 = _router.fit_step_cost(shapes, times)
     return {
         "step_base_s": c0, "per_prefill_token_s": c1, "per_decode_request_s": c2, "per_context_token_s": c3,
         "swap_out_bytes_per_s": link["out_bytes_per_s"], "swap_in_bytes_per_s": link["in_bytes_per_s"],
@@ -125,11 +121,6 @@ def derived(hardware_key: str, model_key: str, block_size: int = 16, max_batch_t
         "memory_bytes_per_s": hw.hbm_bytes_per_s * hw.memory_efficiency,
     }
 
-    def step_time(prefill: int, decodes: int, context: int) -> float:
-        compute = (roofline["flops_per_token"] * (prefill + decodes) + roofline["flops_per_context_token"] * context) / roofline["flops_per_s"]
-        memory = (roofline["weight_bytes"] + roofline["kv_bytes_per_context_token"] * context) / roofline["memory_bytes_per_s"]
-        return roofline["overhead_s"] + max(compute, memory)
-
     link = {"out_bytes_per_s": hw.link_out_bytes_per_s, "in_bytes_per_s": hw.link_in_bytes_per_s,
             "overhead_s": hw.transfer_overhead_s, "duplex": hw.duplex}
     block_bytes = model.kv_bytes_per_token * block_size
@@ -137,7 +128,7 @@ def derived(hardware_key: str, model_key: str, block_size: int = 16, max_batch_t
     if kv_bytes <= block_bytes:
         raise ValueError(f"{model.name} does not fit in {hw.name}'s memory")
     return Profile(
-        f"{hw.name} / {model.name} (derived)", roofline, link, _fit_linear(step_time, link), block_size,
+        f"{hw.name} / {model.name} (derived)", roofline, link, _fit_linear(roofline, link), block_size,
         block_bytes, int(kv_bytes // block_bytes), int(hw.host_bytes / 2 // block_bytes),
         max_batch_tokens, max_batch_requests,
     )

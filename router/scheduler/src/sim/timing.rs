@@ -35,12 +35,7 @@ pub enum StepTimeModel {
 impl StepTimeModel {
     pub fn step_time(&self, shape: StepShape) -> f64 {
         match self {
-            StepTimeModel::Linear(model) => {
-                model.step_base_s
-                    + model.per_prefill_token_s * shape.prefill_tokens as f64
-                    + model.per_decode_request_s * shape.decode_requests as f64
-                    + model.per_context_token_s * shape.context_tokens as f64
-            }
+            StepTimeModel::Linear(model) => model.predict_step_uncorrected(shape),
             StepTimeModel::Roofline(r) => {
                 let tokens = (shape.prefill_tokens + shape.decode_requests) as f64;
                 let context = shape.context_tokens as f64;

@@ -1,0 +1,50 @@
+//! The scheduler crate's definitions that the Python side calls instead of keeping copies:
+//! the percentile and the attainment verdict (the benchmark), the step-cost fit (the shard's
+//! warm-up and the simulator's derived profiles) and the simulated machine's step time (the
+//! simulator's profiles). Thin pyo3 shims over `superinfer_scheduler`.
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use superinfer_scheduler::attainment;
+use superinfer_scheduler::cost_fit::fit_step_cost as fit;
+use superinfer_scheduler::{Slo, StepShape};
+
+use crate::simulate::parse_step_time;
+
+/// The `p`-th percentile of `values` (linear interpolation, as numpy); `None` when empty.
+#[pyfunction]
+pub fn percentile(values: Vec<f64>, p: f64) -> Option<f64> {
+    attainment::percentile(&values, p)
+}
+
+/// `(ttft_met, tbt_met)` of a request with first token after `ttft_s` and TBT `tbt_s` (its
+/// gaps' percentile) against objectives in seconds.
+#[pyfunction]
+pub fn meets(ttft_s: f64, tbt_s: f64, ttft_slo_s: f64, tbt_slo_s: f64) -> (bool, bool) {
+    let verdict = attainment::meets(ttft_s, tbt_s, Slo { ttft_s: ttft_slo_s, tbt_s: tbt_slo_s });
+    (verdict.ttft_met, verdict.tbt_met)
+}
+
+fn shape((prefill_tokens, decode_requests, context_tokens): (u64, u64, u64)) -> StepShape {
+    StepShape { prefill_tokens, decode_requests, context_tokens }
+}
+
+/// Fits `(step_base_s, per_prefill_token_s, per_decode_request_s, per_context_token_s)` to
+/// steps of `shapes` — `(prefill tokens, decode requests, context tokens)` — that took
+/// `seconds` (`superinfer_scheduler::cost_fit`).
+#[pyfunction]
+pub fn fit_step_cost(shapes: Vec<(u64, u64, u64)>, seconds: Vec<f64>) -> PyResult<(f64, f64, f64, f64)> {
+    if shapes.len() != seconds.len() {
+        return Err(PyValueError::new_err(format!("{} shapes but {} times", shapes.len(), seconds.len())));
+    }
+    let samples: Vec<_> = shapes.into_iter().map(shape).zip(seconds).collect();
+    let [base, prefill, decode, context] = fit(&samples);
+    Ok((base, prefill, decode, context))
+}
+
+/// Seconds a simulated machine (`{"kind": "linear" | "roofline", …}`, as `simulate` takes
+/// it) needs for each step of `shapes`.
+#[pyfunction]
+pub fn step_time(step_time_json: &str, shapes: Vec<(u64, u64, u64)>) -> PyResult<Vec<f64>> {
+    let model = parse_step_time(step_time_json).map_err(PyValueError::new_err)?;
+    Ok(shapes.into_iter().map(|s| model.step_time(shape(s))).collect())
+}
