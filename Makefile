@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 ARGS ?=
 
-.PHONY: run test test-rust test-python test-integration soak build venv clients bench clean proto
+.PHONY: run test test-rust test-python test-integration soak build venv clients prometheus bench clean proto
 
 $(VENV)/.deps: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +45,17 @@ test-rust: $(VENV)/.deps
 test-python: build
 	$(PY) -m pytest -q
 
-test-integration: build clients
+test-integration: build clients prometheus
 	$(CLIENTS)/bin/python -m pytest -q integration-tests
+
+# test_prometheus.py scrapes the router with a real Prometheus server: Debian's package, installed
+# when none is on PATH (as root, which CI is; a fresh machine has no package lists yet).
+prometheus:
+	@command -v prometheus >/dev/null || { \
+		command -v apt-get >/dev/null || { echo "make prometheus: install Prometheus (no apt-get here)"; exit 1; }; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q --no-install-recommends prometheus \
+			|| { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }; }
 
 # Fuzzes every route from the server's OpenAPI spec with SOAK_CASES cases (`make test` runs
 # 200): no 5xx but 503, no hang, a healthy server at the end. Tens of minutes on a CPU.
