@@ -129,7 +129,42 @@ pub struct RouterConfig {
     pub log_level: String,
 }
 
+/// One router flag as `clap` declares it: what the launcher offers and forwards, so that the
+/// router's flags are declared once (here).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FlagSpec {
+    /// `--max-batch-tokens`.
+    pub name: String,
+    pub help: String,
+    /// The environment variable the router reads it from.
+    pub env: Option<String>,
+    pub default: Option<String>,
+    /// False for switches (`--json-output`).
+    pub takes_value: bool,
+}
+
 impl RouterConfig {
+    /// Every router flag with its help, environment variable and default.
+    pub fn flag_specs() -> Vec<FlagSpec> {
+        use clap::CommandFactory;
+        Self::command()
+            .get_arguments()
+            .filter(|arg| !arg.is_hide_set())
+            .filter_map(|arg| {
+                let name = format!("--{}", arg.get_long()?);
+                let default = arg.get_default_values().first().map(|value| value.to_string_lossy().into_owned());
+                Some(FlagSpec {
+                    name,
+                    help: arg.get_help().map(ToString::to_string).unwrap_or_default(),
+                    env: arg.get_env().map(|env| env.to_string_lossy().into_owned()),
+                    default,
+                    takes_value: arg.get_action().takes_values(),
+                })
+            })
+            .filter(|spec| spec.name != "--help" && spec.name != "--version")
+            .collect()
+    }
+
     /// Parses `argv` (program name first), reading unset flags from the environment, and the
     /// API key from `API_KEY`.
     pub fn parse_argv<I, T>(argv: I) -> Result<Self, clap::Error>
@@ -194,6 +229,21 @@ mod tests {
             (config.max_connections, config.http_header_timeout_s, config.http_idle_timeout_s),
             (8192, 10, 60)
         );
+    }
+
+    #[test]
+    fn flag_specs_describe_every_flag_once() {
+        let specs = RouterConfig::flag_specs();
+        let tokens = specs.iter().find(|spec| spec.name == "--max-batch-tokens").unwrap();
+        assert_eq!(tokens.env.as_deref(), Some("MAX_BATCH_TOKENS"));
+        assert_eq!(tokens.default.as_deref(), Some("2048"));
+        assert!(tokens.takes_value && tokens.help.contains("tokens"));
+        let json = specs.iter().find(|spec| spec.name == "--json-output").unwrap();
+        assert!(!json.takes_value);
+        assert!(specs.iter().all(|spec| spec.name != "--api-key" && spec.name != "--help"));
+        let mut names: Vec<_> = specs.iter().map(|spec| &spec.name).collect();
+        names.dedup();
+        assert_eq!(names.len(), specs.len());
     }
 
     #[test]

@@ -75,10 +75,26 @@ async fn cancel_on_signal(stop: CancellationToken) {
     std::process::exit(130);
 }
 
+/// The router's flags (name, help, env, default, takes_value) as JSON, for the launcher.
+#[pyfunction]
+fn router_flags() -> PyResult<String> {
+    serde_json::to_string(&RouterConfig::flag_specs()).map_err(|error| PyRuntimeError::new_err(error.to_string()))
+}
+
+/// Parses router arguments (and the environment) as the router will; `None` when they are
+/// valid, else clap's message. Lets the launcher fail before it loads a model.
+#[pyfunction]
+fn check_router_args(argv: Vec<String>) -> Option<String> {
+    let argv = std::iter::once("superinfer-router".to_string()).chain(argv);
+    RouterConfig::parse_argv(argv).err().map(|error| error.render().to_string())
+}
+
 #[pymodule]
 fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(router_flags, m)?)?;
+    m.add_function(wrap_pyfunction!(check_router_args, m)?)?;
     m.add_function(wrap_pyfunction!(crate::simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(crate::contracts::percentile, m)?)?;
     m.add_function(wrap_pyfunction!(crate::contracts::meets, m)?)?;

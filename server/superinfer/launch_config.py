@@ -1,9 +1,12 @@
 """The launcher's typed configuration: every flag also reads an environment variable of the
 same name in upper case (TGI's convention), parsed once into a frozen `LaunchConfig`.
 
-Router flags are declared here too (the `superinfer` CLI parses strictly) and forwarded to the
-router only when given; the router reads the same environment variables itself."""
+The router's own flags are not declared here: the launcher asks the router for them
+(`router_flags`), offers them with the router's help, forwards those given on the command
+line, and has the router's parser check them before anything starts. The router reads their
+environment variables itself (it inherits the launcher's environment)."""
 import argparse
+import json
 import os
 from dataclasses import dataclass
 
@@ -21,34 +24,18 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
 
 
-# (flag, type, help) of router flags the launcher forwards verbatim when set.
-ROUTER_FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("--scheduler", str, "scheduling policy: fcfs, recompute, swap or rotasched (default rotasched)"),
-    ("--ttft-slo-ms", float, "default time-to-first-token objective, ms (default 2000)"),
-    ("--tbt-slo-ms", float, "default time-between-tokens objective, ms (default 200)"),
-    ("--tbt-slo-percentile", float, "percentile of each request's gaps the TBT objective is for (default 90)"),
-    ("--max-batch-tokens", int, "most tokens (prefill chunks + decodes) per step (default 2048)"),
-    ("--max-batch-requests", int, "most requests per step (default 256)"),
-    ("--max-concurrent-requests", int, "requests in flight before 429 (default 512)"),
-    ("--max-input-tokens", int, "longest prompt in tokens (default: what the model and pool allow)"),
-    ("--max-total-tokens", int, "longest prompt + generation (default: what the model and pool allow)"),
-    ("--max-stop-sequences", int, "stop sequences per request (default 4)"),
-    ("--max-best-of", int, "largest best_of (default 2)"),
-    ("--max-top-n-tokens", int, "largest top_n_tokens (default 5)"),
-    ("--max-client-batch-size", int, "prompts per request (default 4)"),
-    ("--payload-limit", int, "largest request body in bytes (default 2000000)"),
-    ("--max-connections", int, "open HTTP connections at most; more are closed at once (default 8192)"),
-    ("--http-header-timeout-s", int, "seconds a client has to send a request head, and the longest pause "
-     "within a request body (default 10)"),
-    ("--http-idle-timeout-s", int, "seconds a connection may stay open without a request (default 60)"),
-    ("--cors-allow-origin", str, "comma-separated origins allowed by CORS"),
-    ("--otlp-endpoint", str, "OpenTelemetry collector (OTLP/gRPC) for traces"),
-    ("--otlp-service-name", str, "service name of the router's traces (default superinfer.router)"),
-    ("--step-timeout-s", float, "deadline of a model step in seconds (default: 20x the predicted step time, "
-     "at least 30 s); a late step fails the requests in flight and starts recovery"),
-    ("--shard-recovery-timeout-s", float, "seconds a failed shard may take to answer again before the "
-     "server exits non-zero (default 60)"),
-)
+# Router flags the launcher declares itself, because it uses them too (the shard's pools, the
+# address it probes, logging, the stop timeout) or sets them (the socket).
+LAUNCHER_OWNED = frozenset({"--port", "--hostname", "--uds-path", "--device-kv-blocks", "--host-kv-blocks",
+                            "--log-level", "--json-output", "--graceful-termination-timeout-s"})
+
+
+def router_flags() -> list[dict]:
+    """The router's own flags (the router declares them once, with clap): name, help, env,
+    default, takes_value."""
+    from superinfer import _router
+
+    return [spec for spec in json.loads(_router.router_flags()) if spec["name"] not in LAUNCHER_OWNED]
 
 
 @dataclass(frozen=True)
@@ -84,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--port", int, "HTTP port (default 3000)", "3000")
     flag("--hostname", str, "address the HTTP API binds to (default 0.0.0.0)", "0.0.0.0")
     flag("--device-kv-blocks", int, "device KV pool size in blocks (default: what memory allows)")
-    flag("--host-kv-blocks", int, "host KV pool size in blocks (default: what memory allows)")
+    flag("--host-kv-blocks", int, "host KV pool size in blocks (default 256)")
     flag("--dtype", str, "compute dtype (default: bfloat16 on GPU, float32 on CPU)")
     flag("--warmup-report", str, "write what the shard measured at warm-up (cost model, KV pools) to this "
          "JSON file: the simulator's measured: profile")
@@ -96,8 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--router-startup-timeout-s", float, "seconds to wait for the router's /health (default 120)", "120")
     flag("--graceful-termination-timeout-s", float, "on SIGTERM, seconds requests in flight get to finish "
          "(new ones get 503) before the server stops (default 30)", "30")
-    for name, kind, help_text in ROUTER_FLAGS:
-        flag(name, kind, help_text)
+    router = parser.add_argument_group("router", "the router's own flags, forwarded to it")
+    for spec in router_flags():
+        default = f" (default {spec['default']})" if spec["default"] is not None else ""
+        env = f" [env: {spec['env']}]" if spec["env"] else ""
+        help_text = f"{spec['help']}{default}{env}".replace("%", "%%")
+        if spec["takes_value"]:
+            router.add_argument(spec["name"], default=None, metavar="VALUE", help=help_text)
+        else:
+            router.add_argument(spec["name"], action="store_true", default=None, help=help_text)
     # Accepted for TGI's command lines; API_KEY in the environment keeps it out of `ps`.
     parser.add_argument("--api-key", dest="api_key_argv", default=None,
                         help="require 'Authorization: Bearer <key>'; prefer the environment variable, "
@@ -107,10 +101,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> LaunchConfig:
     router_args: list[str] = []
-    for name, _kind, _help in ROUTER_FLAGS:
-        value = getattr(args, name.lstrip("-").replace("-", "_"))
-        if value is not None:
-            router_args += [name, str(value)]
+    for spec in router_flags():
+        value = getattr(args, spec["name"].lstrip("-").replace("-", "_"))
+        if value is None:
+            continue
+        router_args += [spec["name"], str(value)] if spec["takes_value"] else [spec["name"]]
+    from superinfer import _router
+
+    if (error := _router.check_router_args(router_args)) is not None:
+        raise ValueError(f"router flags: {error.strip()}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     for name in ("device_kv_blocks", "host_kv_blocks"):

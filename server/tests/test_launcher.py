@@ -23,7 +23,28 @@ def test_flags_fall_back_to_environment_variables(monkeypatch):
     config = parse(["--port", "9000"])
     assert config.port == 9000  # the flag wins over the environment
     assert config.device_kv_blocks == 48
-    assert config.router_args == ("--scheduler", "swap")
+    # The router reads its own variables (it inherits the environment): nothing to forward.
+    assert config.router_args == ()
+
+
+def test_router_flags_are_the_routers_own(monkeypatch):
+    monkeypatch.delenv("SCHEDULER", raising=False)
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    help_text = parser.format_help()
+    # Declared once, in the router (clap), with its help, default and variable.
+    for fragment in ("--tbt-slo-percentile", "--step-timeout-s", "[env: MAX_BATCH_TOKENS]", "(default 2048)"):
+        assert fragment in help_text, fragment
+    config = parse(["--scheduler", "fcfs", "--max-batch-tokens", "512"])
+    assert config.router_args == ("--scheduler", "fcfs", "--max-batch-tokens", "512")
+    # The router's parser checks values before anything starts, environment included.
+    with pytest.raises(ValueError, match="lifo"):
+        parse(["--scheduler", "lifo"])
+    with pytest.raises(ValueError, match="not-a-number"):
+        parse(["--max-batch-tokens", "not-a-number"])
+    monkeypatch.setenv("SCHEDULER", "lifo")
+    with pytest.raises(ValueError, match="lifo"):
+        parse([])
 
 
 def test_router_gets_only_the_flags_given(monkeypatch):
