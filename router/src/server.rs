@@ -14,7 +14,6 @@ use tokio_util::task::TaskTracker;
 
 use crate::client::{ClientError, ShardClient};
 use crate::config::{RouterConfig, SchedulerKind};
-use crate::engine::api::Slo as RequestSlo;
 use crate::engine::{spawn_engine, EngineConfig, EngineHandle, EngineTimeouts, ModelInfo};
 use crate::http::{self, HttpConfig};
 use crate::metrics::{install_recorder_with_limits, MetricLimits, MetricsError};
@@ -123,7 +122,6 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
         max_client_batch_size: config.max_client_batch_size,
         payload_limit: config.payload_limit,
         api_key: config.api_key.clone(),
-        default_slo: Some(RequestSlo { ttft_ms: config.ttft_slo_ms, tbt_ms: config.tbt_slo_ms }),
         model_id: String::new(),
         cors_allow_origin: config.cors_allow_origin.clone(),
         compute_type: model.device_type.clone(),

@@ -9,6 +9,8 @@
 
 use std::time::Instant;
 
+pub use superinfer_scheduler::Slo;
+
 /// Sampling parameters as the shard applies them (`proto/shard.proto`, `SamplingParameters`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -43,13 +45,6 @@ impl SamplingParams {
     }
 }
 
-/// Per-request latency objectives, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Slo {
-    pub ttft_ms: f64,
-    pub tbt_ms: f64,
-}
-
 /// A validated, tokenized request.
 #[derive(Debug, Clone)]
 pub struct GenerationRequest {
@@ -63,7 +58,8 @@ pub struct GenerationRequest {
     pub prompt_logprobs: bool,
     /// Alternatives to report with each generated token.
     pub top_n_tokens: u32,
-    /// Objectives; `None` takes the server defaults.
+    /// Objectives (seconds; validation converts the API's milliseconds); `None` takes the
+    /// server's defaults (the scheduler's `default_slo`).
     pub slo: Option<Slo>,
     /// When the HTTP layer received the request (queue time and TTFT are measured from here).
     pub arrival: Instant,

@@ -5,7 +5,7 @@
 //! (`recovery.rs`); a shard that does not come back ends it for good.
 use std::time::{Duration, Instant};
 
-use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats, Slo};
+use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -204,7 +204,7 @@ impl Engine {
             id,
             prompt_token_ids: request.prompt_token_ids.clone(),
             max_new_tokens: request.max_new_tokens,
-            slo: request.slo.map(|slo| Slo { ttft_s: slo.ttft_ms / 1e3, tbt_s: slo.tbt_ms / 1e3 }),
+            slo: request.slo,
             arrival: request.arrival.saturating_duration_since(self.clock_origin).as_secs_f64(),
         }
     }
@@ -307,10 +307,7 @@ impl Engine {
     /// server's defaults).
     fn record_attainment(&self, id: u64) {
         let Some(active) = self.requests.get(id) else { return };
-        let slo = active.request.slo.map_or(self.scheduler.config().default_slo, |slo| Slo {
-            ttft_s: slo.ttft_ms / 1e3,
-            tbt_s: slo.tbt_ms / 1e3,
-        });
+        let slo = active.request.slo.unwrap_or(self.scheduler.config().default_slo);
         let percentile = self.scheduler.config().tbt_percentile;
         if let Some(attainment) = active.token_times.attainment(active.request.arrival, slo, percentile) {
             metrics::record_attainment(attainment);

@@ -63,11 +63,8 @@ pub(crate) async fn validate_request(
     add_special_tokens: bool,
     arrival: Instant,
 ) -> Result<ValidRequest, HttpError> {
-    let mut parameters =
+    let parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
-    if parameters.slo.is_none() {
-        parameters.slo = state.config.default_slo;
-    }
     if inputs.is_empty() {
         return Err(validation::ValidationError::EmptyInput.into());
     }

@@ -6,7 +6,6 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 
 use crate::chat_template::{ChatTemplate, TemplateError};
-use crate::engine::api::Slo;
 use crate::engine::{EngineHandle, ModelInfo};
 use crate::error::HttpError;
 use crate::tokenizer::Tokenizer;
@@ -28,8 +27,6 @@ pub struct HttpConfig {
     pub payload_limit: usize,
     /// When set, the generation routes require `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
-    /// Objectives for requests without `slo`; `None` leaves the choice to the engine.
-    pub default_slo: Option<Slo>,
     /// Served model name (`/info`, `/v1/models`, OpenAI responses); the shard's when empty.
     pub model_id: String,
     /// Allowed CORS origins; empty: no CORS headers.
@@ -57,7 +54,6 @@ impl Default for HttpConfig {
             max_client_batch_size: 4,
             payload_limit: 2_000_000,
             api_key: None,
-            default_slo: None,
             model_id: String::new(),
             cors_allow_origin: Vec::new(),
             compute_type: "gpu+optimized".to_string(),

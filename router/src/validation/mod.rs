@@ -203,9 +203,10 @@ fn validate_slo(slo: &SloParameters) -> Result<Slo, ValidationError> {
             return Err(ValidationError::SloAboveLimit(name, MAX_SLO_MS, value));
         }
     }
+    // The API speaks milliseconds; everything past validation, seconds.
     Ok(Slo {
-        ttft_ms: slo.ttft_ms,
-        tbt_ms: slo.tbt_ms,
+        ttft_s: slo.ttft_ms / 1e3,
+        tbt_s: slo.tbt_ms / 1e3,
     })
 }
 

@@ -235,8 +235,8 @@ fn slo_must_be_positive() {
     assert_eq!(
         valid.slo,
         Some(Slo {
-            ttft_ms: 100.0,
-            tbt_ms: 50.0
+            ttft_s: 0.1,
+            tbt_s: 0.05
         })
     );
 }
