@@ -219,21 +219,39 @@ def test_every_query_of_our_dashboard_answers(prometheus, traffic):
         assert prometheus.query(expression), expression
 
 
+class HeldStream:
+    """A stream that has produced its first token (so it holds KV blocks) and would go on to the
+    token limit; it is not read further, and closing it cancels its request."""
+
+    def __init__(self, url: str):
+        parameters = {"max_new_tokens": MAX_TOTAL_TOKENS - 100, "ignore_eos": True}
+        self.response = requests.post(f"{url}/generate_stream", json={"inputs": PROMPT, "parameters": parameters},
+                                      stream=True, timeout=300)
+        self.response.raise_for_status()
+        # Held on to: a line iterator that is dropped closes the connection, which cancels.
+        self.lines = self.response.iter_lines()
+        for line in self.lines:
+            if line.startswith(b"data:"):
+                break
+
+    def close(self) -> None:
+        self.response.close()
+
+
 def test_kv_pools_are_exported_and_return_every_block(server, prometheus, traffic):
-    # Requests long enough for a scrape to see their blocks; a faster machine gets more tries.
-    for _ in range(3):
-        streams = [Stream(server.url, {"inputs": PROMPT, "parameters": {"max_new_tokens": 400, "ignore_eos": True}})
-                   .start() for _ in range(4)]
-        seen = wait_for(lambda: (prometheus.value("max_over_time(superinfer_kv_device_blocks_used[1m])") or 0) > 0,
-                        timeout_s=30)
+    streams = [HeldStream(server.url) for _ in range(2)]
+    try:
+        both = lambda: prometheus.value("superinfer_engine_requests") == 2.0  # noqa: E731
+        assert wait_for(both, timeout_s=30), server.log_tail()
+        assert prometheus.value("superinfer_kv_device_blocks_used") > 0
+        total = prometheus.value("superinfer_kv_device_blocks_used + superinfer_kv_device_blocks_free")
+        assert total == DEVICE_BLOCKS
+    finally:
         for stream in streams:
-            assert stream.join(600), "a long request did not finish"
-        if seen:
-            break
-    assert seen, server.log_tail()
-    # Idle again: every block is back in its pool.
+            stream.close()
+    # The closed streams cancelled their requests: every block is back in its pool.
     idle = lambda: prometheus.value("superinfer_kv_device_blocks_used") == 0.0  # noqa: E731
-    assert wait_for(idle, timeout_s=30)
+    assert wait_for(idle, timeout_s=30), server.log_tail()
     assert prometheus.value("superinfer_kv_device_blocks_free") == DEVICE_BLOCKS
     assert prometheus.value("superinfer_kv_host_blocks_used") == 0.0
     assert prometheus.value("superinfer_kv_host_blocks_free") == HOST_BLOCKS
