@@ -190,8 +190,12 @@ pub fn scheduler_config(
     if num_device_blocks == 0 {
         return Err(ServerError::NoKvBlocks { device: num_device_blocks });
     }
-    if !(config.ttft_slo_ms > 0.0 && config.tbt_slo_ms > 0.0) {
-        return Err(ServerError::Config("--ttft-slo-ms and --tbt-slo-ms must be > 0".into()));
+    // The default objectives obey the rule a request's own do (validation::MAX_SLO_MS).
+    let in_range = |ms: f64| ms > 0.0 && ms <= crate::validation::MAX_SLO_MS;
+    if !(in_range(config.ttft_slo_ms) && in_range(config.tbt_slo_ms)) {
+        return Err(ServerError::Config(format!(
+            "--ttft-slo-ms and --tbt-slo-ms must be > 0 and at most {} ms", crate::validation::MAX_SLO_MS
+        )));
     }
     if !(config.tbt_slo_percentile > 0.0 && config.tbt_slo_percentile <= 100.0) {
         return Err(ServerError::Config("--tbt-slo-percentile must lie in (0, 100]".into()));
@@ -301,6 +305,16 @@ mod tests {
         let fixed = config(&["--step-timeout-s", "45", "--max-total-tokens", "4096"]);
         let limits = metric_limits(&fixed, &model, &timeouts(&fixed).unwrap());
         assert_eq!((limits.step_deadline_s, limits.max_total_tokens), (45.0, 4096));
+    }
+
+    #[test]
+    fn default_objectives_obey_the_request_rule() {
+        let info = pb::InfoResponse { block_size: 16, block_bytes: 4096, ..Default::default() };
+        let warmup = pb::WarmupResponse { num_device_blocks: 100, num_host_blocks: 50, cost_model: None };
+        for bad in [["--ttft-slo-ms", "1e30"], ["--tbt-slo-ms", "0"], ["--ttft-slo-ms", "inf"], ["--tbt-slo-ms", "NaN"]] {
+            assert!(matches!(scheduler_config(&config(&bad), &info, &warmup), Err(ServerError::Config(_))), "{bad:?}");
+        }
+        assert!(scheduler_config(&config(&["--ttft-slo-ms", "3600000"]), &info, &warmup).is_ok());
     }
 
     #[test]
