@@ -1,5 +1,6 @@
-//! RotaSched's per-step transfer budget: each direction may move what its bandwidth carries
-//! while the step computes, so rotation hides behind compute instead of stalling it. On a
+//! The per-step transfer budget: under RotaSched each direction may move what its bandwidth
+//! carries while the step computes, so rotation hides behind compute instead of stalling it;
+//! the reactive policies plan with an unlimited one. On a
 //! full-duplex link the directions are budgeted separately; otherwise they share the step's
 //! time.
 
@@ -15,6 +16,16 @@ pub(crate) struct ByteBudget {
 }
 
 impl ByteBudget {
+    /// No limit: the reactive policies move what they must.
+    pub(crate) fn unlimited() -> Self {
+        ByteBudget { duplex: true, limit_out: u64::MAX, limit_in: u64::MAX, used_out: 0, used_in: 0 }
+    }
+
+    /// Whether the step's transfers are limited (reported with the plan).
+    pub(crate) fn is_limited(&self) -> bool {
+        self.limit_out != u64::MAX || self.limit_in != u64::MAX
+    }
+
     pub(crate) fn new(cost: &CostModel, step_s: f64) -> Self {
         ByteBudget {
             duplex: cost.duplex,
@@ -47,7 +58,7 @@ impl ByteBudget {
 
     pub(crate) fn fits(&self, direction: Direction, bytes: u64) -> bool {
         let limit = self.limit(direction);
-        if self.used(direction) + bytes > limit {
+        if self.used(direction).saturating_add(bytes) > limit {
             return false;
         }
         if self.duplex {
@@ -59,8 +70,8 @@ impl ByteBudget {
 
     pub(crate) fn take(&mut self, direction: Direction, bytes: u64) {
         match direction {
-            Direction::Out => self.used_out += bytes,
-            Direction::In => self.used_in += bytes,
+            Direction::Out => self.used_out = self.used_out.saturating_add(bytes),
+            Direction::In => self.used_in = self.used_in.saturating_add(bytes),
         }
     }
 }

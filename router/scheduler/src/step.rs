@@ -33,8 +33,8 @@ pub(crate) struct StepCtx {
     pub(crate) scheduled: BTreeSet<u64>,
     pub(crate) entries: Vec<PlannedEntry>,
     pub(crate) shape: StepShape,
-    /// Per-direction transfer budget; `None` = unlimited (reactive policies).
-    pub(crate) budget: Option<ByteBudget>,
+    /// Per-direction transfer budget (unlimited for the reactive policies).
+    pub(crate) budget: ByteBudget,
     /// Blocks that in-flight swap-outs will free and that no request has counted on yet.
     pub(crate) release_credit: u64,
 }
@@ -52,7 +52,7 @@ impl Scheduler {
             scheduled: BTreeSet::new(),
             entries: Vec::new(),
             shape: StepShape::default(),
-            budget: None,
+            budget: ByteBudget::unlimited(),
             release_credit: u64::from(self.blocks.pending_release()),
         }
     }
@@ -194,9 +194,7 @@ impl Scheduler {
     pub(crate) fn rotate_out(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
         let Some(transfer) = self.blocks.swap_out(id) else { return 0 };
         let moved = transfer.src_blocks.len() as u64;
-        if let Some(budget) = ctx.budget.as_mut() {
-            budget.take(Direction::Out, moved * self.config.block_bytes);
-        }
+        ctx.budget.take(Direction::Out, moved * self.config.block_bytes);
         self.counters.rotations_out += 1;
         self.counters.bytes_out += moved * self.config.block_bytes;
         self.requests.get_mut(&id).expect("rotated request exists").phase = Phase::SwappingOut;
@@ -208,9 +206,7 @@ impl Scheduler {
     pub(crate) fn rotate_in(&mut self, ctx: &mut StepCtx, id: u64) -> bool {
         let Some(transfer) = self.blocks.swap_in(id) else { return false };
         let bytes = transfer.src_blocks.len() as u64 * self.config.block_bytes;
-        if let Some(budget) = ctx.budget.as_mut() {
-            budget.take(Direction::In, bytes);
-        }
+        ctx.budget.take(Direction::In, bytes);
         self.counters.rotations_in += 1;
         self.counters.bytes_in += bytes;
         let request = self.requests.get_mut(&id).expect("returning request exists");
@@ -231,9 +227,9 @@ impl Scheduler {
         sampling.sort_unstable();
         ctx.plan.sampling = sampling;
         ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
-        if let Some(budget) = &ctx.budget {
-            ctx.plan.swap_out_budget_bytes = Some(budget.limit(Direction::Out));
-            ctx.plan.swap_in_budget_bytes = Some(budget.limit(Direction::In));
+        if ctx.budget.is_limited() {
+            ctx.plan.swap_out_budget_bytes = Some(ctx.budget.limit(Direction::Out));
+            ctx.plan.swap_in_budget_bytes = Some(ctx.budget.limit(Direction::In));
         }
         if !ctx.entries.is_empty() {
             let pending = PendingStep { entries: ctx.entries, shape: ctx.shape };

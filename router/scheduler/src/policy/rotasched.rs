@@ -1,20 +1,28 @@
-//! RotaSched (see ROTASCHED.md): serve the least slack first, the late class after everyone
-//! punctual; when the urgent ones do not fit, rotate out the running requests with the most
-//! slack (under the per-step byte budget, never one just swapped in, never one about to
-//! finish, never one that could not come back before its deadline); bring rotated requests
-//! back a step before they are due; keep a reserve of free blocks for expected arrivals.
-//! Only a request that may risk one more late gap is rotated (a return can fail under load).
-//! A rotated request that missed its return is *parked*: that gap is late anyway, so it comes
-//! back with the blocks the punctual ones leave instead of evicting them. A prompt about to
-//! miss its first token when nobody has slack for a round trip parks running decodes that
-//! have late gaps to spare (the TBT objective holds for a percentile of each request's gaps).
+//! RotaSched: SLO-aware scheduling that rotates KV caches between device and host memory
+//! ahead of need. Each step:
+//!
+//! 1. **Budgets.** The step's predicted time bounds the bytes each direction may move
+//!    (`ByteBudget`), so rotation hides behind compute; a reserve of free device blocks is kept
+//!    for the arrivals expected during one swap-out (`arrival_reserve`, `keep_reserve`).
+//! 2. **Order.** Least slack first — time to a request's next deadline minus the work before
+//!    it (`urgency.rs`). Requests whose deadline is already lost form a *late class*, served
+//!    after every punctual one until they have starved for `late_starvation_s`; a rotated
+//!    request that missed its return is *parked* there (that gap is late anyway), so it comes
+//!    back with the blocks the punctual ones leave instead of evicting them.
+//! 3. **Step-time cap.** A step may not outlast the earliest next-token deadline of the running
+//!    decodes with no late gap left to spend (the TBT objective holds for `tbt_percentile` of a
+//!    request's gaps; `tbt_late_share` of them may be late): prefill chunks are cut to fit,
+//!    unless the prompt would miss its own first-token deadline by waiting one more step.
+//! 4. **Room.** When an urgent request lacks blocks, the running requests with the most slack
+//!    are evicted — rotated out within the budget, or dropped for recompute when the cost model
+//!    says that is cheaper — never one just rotated in, about to finish, unable to return
+//!    before its deadline, or without a late gap it may still risk (a return can fail under
+//!    load). A prompt about to miss its first token when nobody has slack for a round trip
+//!    parks running decodes that have late gaps to spare.
+//! 5. **Return.** Rotated requests come back a step before they are due.
+//!
 //! Under overload (no running request has slack left) it degrades to the reactive order:
 //! running requests first for blocks, evicting newer ones, so the oldest always progresses.
-//! A step may not outlast the earliest next-token deadline of the running decodes that have
-//! no late gap left to spend (the TBT objective holds for a percentile of each request's
-//! gaps, `tbt_late_share`): prefill chunks are cut to what still fits in that time, unless
-//! the prompt would miss its own first-token deadline by waiting one more step — otherwise a
-//! prompt waits for a step with room instead of making every running request late.
 
 use super::urgency::{Eviction, Urgency};
 use crate::byte_budget::ByteBudget;
@@ -51,7 +59,7 @@ struct Victim {
 impl Scheduler {
     pub(crate) fn plan_rotasched(&mut self, ctx: &mut StepCtx) {
         let step_s = self.step_estimate();
-        ctx.budget = Some(ByteBudget::new(&self.cost, step_s));
+        ctx.budget = ByteBudget::new(&self.cost, step_s);
         self.reserve_blocks = self.arrival_reserve(ctx.now, step_s);
         let mut order = self.service_order(ctx, step_s);
         if self.blocks_short_for_running() {
@@ -231,7 +239,7 @@ impl Scheduler {
             return true;
         }
         let bytes = u64::from(need) * self.config.block_bytes;
-        let budget = ctx.budget.as_ref().expect("rotasched sets a budget");
+        let budget = &ctx.budget;
         // A request larger than a whole step's budget may still go alone when it is due (or
         // it could never return) or when the step computes nothing (the link is idle anyway).
         let alone = budget.used(Direction::In) == 0;
@@ -288,7 +296,7 @@ impl Scheduler {
             }
             Eviction::Swap { .. } => {
                 let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
-                let budget = ctx.budget.as_ref().expect("rotasched sets a budget");
+                let budget = &ctx.budget;
                 if !budget.fits(Direction::Out, bytes) {
                     return None;
                 }
@@ -391,7 +399,7 @@ impl Scheduler {
     fn swap_fits_now(&self, ctx: &StepCtx, id: u64) -> bool {
         let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
         let worth = self.requests[&id].tokens_left() >= self.config.min_rotation_tokens_left;
-        worth && ctx.budget.as_ref().is_none_or(|b| b.fits(Direction::Out, bytes))
+        worth && ctx.budget.fits(Direction::Out, bytes)
     }
 
     /// Eviction candidates that may be rotated out now, most slack first: with enough tokens
@@ -443,7 +451,7 @@ impl Scheduler {
                 continue;
             }
             let bytes = u64::from(self.blocks.private_device_blocks(victim.id)) * self.config.block_bytes;
-            if !ctx.budget.as_ref().is_some_and(|b| b.fits(Direction::Out, bytes)) {
+            if !ctx.budget.fits(Direction::Out, bytes) {
                 continue;
             }
             let moved = self.rotate_out(ctx, victim.id);
