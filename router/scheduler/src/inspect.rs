@@ -3,11 +3,11 @@
 
 use crate::kv::Slot;
 use crate::request::Phase;
-use crate::scheduler::Scheduler;
+use crate::scheduler::Core;
 use crate::stats::SchedulerStats;
 
-impl Scheduler {
-    pub fn stats(&self) -> SchedulerStats {
+impl Core {
+    pub(crate) fn stats(&self) -> SchedulerStats {
         let count = |phase: Phase| self.requests.values().filter(|r| r.phase == phase).count() as u32;
         let c = &self.counters;
         let free_device = self.blocks.free_device();
@@ -38,14 +38,15 @@ impl Scheduler {
             cancelled: c.cancelled,
             recent_lag_samples: self.lag_samples.len() as u32,
             cost_correction: self.cost.correction,
-            reserve_blocks: self.reserve_blocks,
+            // The policy's own (`Scheduler::stats` fills it in).
+            reserve_blocks: 0,
         }
     }
 
     /// Checks every block-ownership and request-state invariant: no block owned twice, none
     /// leaked, reference counts consistent, in-flight blocks held by their transfer only, each
     /// phase matching where the request's blocks are.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
         self.blocks.check()?;
         let queued: Vec<u64> = self.waiting.iter().copied().collect();
         let mut sorted = queued.clone();

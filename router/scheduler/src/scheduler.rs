@@ -1,14 +1,16 @@
-//! The scheduler: owns every request's state, the block manager and the counters. `plan`
-//! decides one step (the policies live in `policy/`), `complete` applies what came back.
+//! The scheduler: a `Core` that owns every request's state, the block manager and the
+//! counters, and a `Policy` that owns its own state and decides each step (`policy/`);
+//! `complete` applies what came back.
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::arrivals::ArrivalEstimator;
 use crate::config::SchedulerConfig;
 use crate::cost_model::{CostModel, StepShape};
 use crate::error::SchedulerError;
 use crate::kv::BlockManager;
-use crate::plan::StepResults;
+use crate::plan::{StepPlan, StepResults};
+use crate::policy::Policy;
+use crate::stats::SchedulerStats;
 use crate::request::{Phase, RequestSpec, RequestState};
 
 /// Lag samples kept between two `take_lag_samples` calls; older ones are dropped.
@@ -43,10 +45,19 @@ pub(crate) struct Counters {
     pub(crate) cancelled: u64,
 }
 
-/// The scheduling state machine. Drive it with `add`, `plan`, `complete`, `finish`, `cancel`;
-/// it never reads a clock — every call takes `now` (seconds) from the caller.
+/// The scheduling state machine: a core every policy shares (requests, blocks, queue,
+/// counters, cost model) and the policy, which owns its own state. Drive it with `add`,
+/// `plan`, `complete`, `finish`, `cancel`; it never reads a clock — every call takes `now`
+/// (seconds) from the caller.
 #[derive(Debug)]
 pub struct Scheduler {
+    pub(crate) core: Core,
+    policy: Policy,
+}
+
+/// What every policy plans over.
+#[derive(Debug)]
+pub(crate) struct Core {
     pub(crate) config: SchedulerConfig,
     pub(crate) cost: CostModel,
     pub(crate) blocks: BlockManager,
@@ -58,13 +69,86 @@ pub struct Scheduler {
     pub(crate) pending: BTreeMap<u64, PendingStep>,
     pub(crate) counters: Counters,
     pub(crate) lag_samples: Vec<f64>,
-    pub(crate) arrivals: ArrivalEstimator,
-    /// RotaSched's current proactive reserve (free device blocks), for stats.
-    pub(crate) reserve_blocks: u32,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedulerError> {
+        let policy = Policy::new(config.policy);
+        Ok(Scheduler { core: Core::new(config)?, policy })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.core.config
+    }
+
+    /// The cost model as refined so far.
+    pub fn cost_model(&self) -> &CostModel {
+        &self.core.cost
+    }
+
+    /// Queues a request. Rejects malformed requests, ids already held, and requests whose
+    /// prompt plus max_new_tokens needs more blocks than the whole device pool.
+    pub fn add(&mut self, request: RequestSpec, now: f64) -> Result<(), SchedulerError> {
+        let prompt_blocks = self.core.add(request)?;
+        self.policy.observe_arrival(now, prompt_blocks, self.core.config.ema_alpha);
+        Ok(())
+    }
+
+    /// Decides the next step: what to compute, what to move, whom to preempt (see `policy`).
+    pub fn plan(&mut self, now: f64) -> StepPlan {
+        self.policy.plan(&mut self.core, now)
+    }
+
+    /// Applies one step's results (see `Core::complete`).
+    pub fn complete(&mut self, results: &StepResults, now: f64) {
+        self.core.complete(results, now);
+    }
+
+    /// The engine decided the request is done (EOS, length, stop sequence); frees its blocks
+    /// (at acknowledgement if a transfer of its blocks is in flight). Unknown ids are ignored.
+    pub fn finish(&mut self, id: u64) {
+        self.core.finish(id);
+    }
+
+    /// The client went away; like `finish`, counted separately.
+    pub fn cancel(&mut self, id: u64) {
+        self.core.cancel(id);
+    }
+
+    /// Lag samples (now - deadline of each produced token, seconds; positive = late) recorded
+    /// since the previous call, oldest first.
+    pub fn take_lag_samples(&mut self) -> Vec<f64> {
+        std::mem::take(&mut self.core.lag_samples)
+    }
+
+    /// Number of requests the scheduler currently holds (any phase).
+    pub fn num_requests(&self) -> usize {
+        self.core.requests.len()
+    }
+
+    /// Whether any request is still held (the engine loop may sleep when there is none).
+    pub fn has_work(&self) -> bool {
+        !self.core.requests.is_empty()
+    }
+
+    /// Tokens of a request as the scheduler knows them (prompt + sampled).
+    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
+        self.core.requests.get(&id).map(|r| r.tokens.as_slice())
+    }
+
+    /// The /metrics snapshot.
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats { reserve_blocks: self.policy.reserve_blocks(), ..self.core.stats() }
+    }
+
+    /// See `Core::check_invariants`.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.core.check_invariants()
+    }
+}
+
+impl Core {
+    fn new(config: SchedulerConfig) -> Result<Self, SchedulerError> {
         config.validate()?;
         let blocks = BlockManager::new(
             config.block_size,
@@ -72,7 +156,7 @@ impl Scheduler {
             config.num_host_blocks,
             config.prefix_caching,
         );
-        Ok(Scheduler {
+        Ok(Core {
             cost: config.cost_model,
             blocks,
             config,
@@ -83,23 +167,11 @@ impl Scheduler {
             pending: BTreeMap::new(),
             counters: Counters::default(),
             lag_samples: Vec::new(),
-            arrivals: ArrivalEstimator::default(),
-            reserve_blocks: 0,
         })
     }
 
-    pub fn config(&self) -> &SchedulerConfig {
-        &self.config
-    }
-
-    /// The cost model as refined so far.
-    pub fn cost_model(&self) -> &CostModel {
-        &self.cost
-    }
-
-    /// Queues a request. Rejects malformed requests, ids already held, and requests whose
-    /// prompt plus max_new_tokens needs more blocks than the whole device pool.
-    pub fn add(&mut self, request: RequestSpec, now: f64) -> Result<(), SchedulerError> {
+    /// Queues a request (see `Scheduler::add`); returns its prompt's size in blocks.
+    fn add(&mut self, request: RequestSpec) -> Result<u64, SchedulerError> {
         let id = request.id;
         let invalid = |reason: &str| SchedulerError::InvalidRequest { id, reason: reason.into() };
         if request.prompt_token_ids.is_empty() {
@@ -127,18 +199,17 @@ impl Scheduler {
             });
         }
         let prompt_blocks = self.blocks.blocks_for(u64::from(state.prompt_len));
-        self.arrivals.observe(now, prompt_blocks as f64, self.config.ema_alpha);
         self.next_seq += 1;
         self.requests.insert(id, state);
         self.waiting.push_back(id);
         self.debug_check("add");
-        Ok(())
+        Ok(prompt_blocks)
     }
 
     /// Applies one step's results: acknowledged transfers first (they change phases), then
     /// sampled tokens, then the step's computed positions (published to the prefix cache) and
     /// its measured time (folded into the cost model).
-    pub fn complete(&mut self, results: &StepResults, now: f64) {
+    fn complete(&mut self, results: &StepResults, now: f64) {
         for transfer_id in &results.completed_transfers {
             self.apply_ack(*transfer_id);
         }
@@ -201,17 +272,14 @@ impl Scheduler {
         self.blocks.register_computed(entry.id, &request.tokens, end);
     }
 
-    /// The engine decided the request is done (EOS, length, stop sequence); frees its blocks
-    /// (at acknowledgement if a transfer of its blocks is in flight). Unknown ids are ignored.
-    pub fn finish(&mut self, id: u64) {
+    fn finish(&mut self, id: u64) {
         if self.drop_request(id) {
             self.counters.finished += 1;
         }
         self.debug_check("finish");
     }
 
-    /// The client went away; like `finish`, counted separately.
-    pub fn cancel(&mut self, id: u64) {
+    fn cancel(&mut self, id: u64) {
         if self.drop_request(id) {
             self.counters.cancelled += 1;
         }
@@ -232,27 +300,6 @@ impl Scheduler {
             self.requests.remove(&id);
         }
         true
-    }
-
-    /// Lag samples (now - deadline of each produced token, seconds; positive = late) recorded
-    /// since the previous call, oldest first.
-    pub fn take_lag_samples(&mut self) -> Vec<f64> {
-        std::mem::take(&mut self.lag_samples)
-    }
-
-    /// Number of requests the scheduler currently holds (any phase).
-    pub fn num_requests(&self) -> usize {
-        self.requests.len()
-    }
-
-    /// Whether any request is still held (the engine loop may sleep when there is none).
-    pub fn has_work(&self) -> bool {
-        !self.requests.is_empty()
-    }
-
-    /// Tokens of a request as the scheduler knows them (prompt + sampled).
-    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
-        self.requests.get(&id).map(|r| r.tokens.as_slice())
     }
 
     pub(crate) fn debug_check(&self, call: &str) {

@@ -8,7 +8,7 @@ use crate::byte_budget::ByteBudget;
 use crate::cost_model::{Direction, StepShape};
 use crate::plan::{ScheduledEntry, StepPlan};
 use crate::request::Phase;
-use crate::scheduler::{PendingStep, PlannedEntry, Scheduler};
+use crate::scheduler::{Core, PendingStep, PlannedEntry};
 
 /// Outcome of trying to give a request its share of the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub(crate) struct StepCtx {
     pub(crate) release_credit: u64,
 }
 
-impl Scheduler {
+impl Core {
     pub(crate) fn new_ctx(&mut self, now: f64) -> StepCtx {
         self.step_id += 1;
         StepCtx {

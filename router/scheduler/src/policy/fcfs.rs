@@ -1,10 +1,10 @@
 //! fcfs (TGI v3): admit in arrival order, reserving every block the request can ever need;
 //! stop at the first request that does not fit; never preempt.
 
-use crate::scheduler::Scheduler;
+use crate::scheduler::Core;
 use crate::step::{Outcome, StepCtx};
 
-impl Scheduler {
+impl Core {
     pub(crate) fn plan_fcfs(&mut self, ctx: &mut StepCtx) {
         let running = self.running_by_seq();
         for decodes in [true, false] {

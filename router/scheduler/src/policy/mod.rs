@@ -15,30 +15,77 @@ mod urgency;
 use crate::config::PolicyKind;
 use crate::plan::StepPlan;
 use crate::request::Phase;
-use crate::scheduler::Scheduler;
+use crate::scheduler::Core;
 use crate::step::{Outcome, StepCtx};
 
-impl Scheduler {
+pub(crate) use rotasched::RotaSched;
+
+/// The policy a scheduler runs, with the state it owns (only RotaSched keeps any: its arrival
+/// estimate and its current reserve of free blocks).
+#[derive(Debug)]
+pub(crate) enum Policy {
+    Fcfs,
+    /// Preempts the newest running request on shortage: swapped to host and back when `swap`,
+    /// else recomputed later.
+    Reactive { swap: bool },
+    RotaSched(RotaSched),
+}
+
+impl Policy {
+    pub(crate) fn new(kind: PolicyKind) -> Self {
+        match kind {
+            PolicyKind::Fcfs => Policy::Fcfs,
+            PolicyKind::Recompute => Policy::Reactive { swap: false },
+            PolicyKind::Swap => Policy::Reactive { swap: true },
+            PolicyKind::RotaSched => Policy::RotaSched(RotaSched::default()),
+        }
+    }
+
     /// Decides the next step: what to compute, what to move, whom to preempt. Requests whose
     /// swap-in has not been acknowledged are never scheduled; blocks whose swap-out has not
     /// been acknowledged are never handed out.
-    pub fn plan(&mut self, now: f64) -> StepPlan {
-        let mut ctx = self.new_ctx(now);
-        match self.config.policy {
-            PolicyKind::Fcfs => self.plan_fcfs(&mut ctx),
-            PolicyKind::Recompute => self.plan_reactive(&mut ctx, false),
-            PolicyKind::Swap => self.plan_reactive(&mut ctx, true),
-            PolicyKind::RotaSched => self.plan_rotasched(&mut ctx),
+    pub(crate) fn plan(&mut self, core: &mut Core, now: f64) -> StepPlan {
+        let mut ctx = core.new_ctx(now);
+        // Only the policies that rotate can strand blocks on device.
+        let may_strand_blocks = match self {
+            Policy::Fcfs => {
+                core.plan_fcfs(&mut ctx);
+                false
+            }
+            Policy::Reactive { swap } => {
+                core.plan_reactive(&mut ctx, *swap);
+                *swap
+            }
+            Policy::RotaSched(rotasched) => {
+                rotasched.plan(core, &mut ctx);
+                true
+            }
+        };
+        if may_strand_blocks {
+            core.break_deadlock(&mut ctx);
         }
-        if matches!(self.config.policy, PolicyKind::Swap | PolicyKind::RotaSched) {
-            // Only the policies that rotate can strand blocks on device.
-            self.break_deadlock(&mut ctx);
-        }
-        let plan = self.seal(ctx);
-        self.debug_check("plan");
+        let plan = core.seal(ctx);
+        core.debug_check("plan");
         plan
     }
 
+    /// A request arrived with a prompt of `prompt_blocks` blocks.
+    pub(crate) fn observe_arrival(&mut self, now: f64, prompt_blocks: u64, alpha: f64) {
+        if let Policy::RotaSched(rotasched) = self {
+            rotasched.observe_arrival(now, prompt_blocks, alpha);
+        }
+    }
+
+    /// Free device blocks the policy currently keeps for arrivals (for /metrics).
+    pub(crate) fn reserve_blocks(&self) -> u32 {
+        match self {
+            Policy::RotaSched(rotasched) => rotasched.reserve_blocks(),
+            _ => 0,
+        }
+    }
+}
+
+impl Core {
     /// Guarantees progress when a plan would do nothing although requests wait: rotated
     /// requests keep their shared prefix blocks on device, and RotaSched refuses victims that
     /// could not return on time, so blocks can end up held with nobody able to move. With no

@@ -4,10 +4,10 @@
 //! oldest first, before any new request is admitted.
 
 use crate::request::Phase;
-use crate::scheduler::Scheduler;
+use crate::scheduler::Core;
 use crate::step::{Outcome, StepCtx};
 
-impl Scheduler {
+impl Core {
     pub(crate) fn plan_reactive(&mut self, ctx: &mut StepCtx, swap: bool) {
         let running = self.running_by_seq();
         for decodes in [true, false] {

@@ -25,10 +25,11 @@
 //! running requests first for blocks, evicting newer ones, so the oldest always progresses.
 
 use super::urgency::{Eviction, Urgency};
+use crate::arrivals::ArrivalEstimator;
 use crate::byte_budget::ByteBudget;
 use crate::cost_model::{Direction, StepShape};
 use crate::request::Phase;
-use crate::scheduler::Scheduler;
+use crate::scheduler::Core;
 use crate::step::{Outcome, StepCtx};
 
 /// The running decodes' side of the step-time cap.
@@ -56,11 +57,33 @@ struct Victim {
     eviction: Eviction,
 }
 
-impl Scheduler {
-    pub(crate) fn plan_rotasched(&mut self, ctx: &mut StepCtx) {
-        let step_s = self.step_estimate();
+/// RotaSched's own state: the arrival-rate estimate its reserve is sized from, and the
+/// reserve of free device blocks it keeps this step.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RotaSched {
+    arrivals: ArrivalEstimator,
+    reserve_blocks: u32,
+}
+
+impl RotaSched {
+    pub(crate) fn observe_arrival(&mut self, now: f64, prompt_blocks: u64, alpha: f64) {
+        self.arrivals.observe(now, prompt_blocks as f64, alpha);
+    }
+
+    pub(crate) fn reserve_blocks(&self) -> u32 {
+        self.reserve_blocks
+    }
+
+    pub(crate) fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
+        let step_s = core.step_estimate();
+        self.reserve_blocks = core.arrival_reserve(&self.arrivals, ctx.now, step_s);
+        core.plan_rotasched(ctx, step_s, self.reserve_blocks);
+    }
+}
+
+impl Core {
+    fn plan_rotasched(&mut self, ctx: &mut StepCtx, step_s: f64, reserve_blocks: u32) {
         ctx.budget = ByteBudget::new(&self.cost, step_s);
-        self.reserve_blocks = self.arrival_reserve(ctx.now, step_s);
         let mut order = self.service_order(ctx, step_s);
         if self.blocks_short_for_running() {
             // Running requests come first for blocks when they cannot all grow: otherwise
@@ -92,7 +115,7 @@ impl Scheduler {
                     // A due request left on host keeps the blocks being freed for itself, as a
                     // punctual admission does: under overload, admitting newer requests in
                     // its place only pushes other running requests out to make room for it.
-                    let stranded = !self.serve_rotated(ctx, urgency, step_s, false);
+                    let stranded = !self.serve_rotated(ctx, urgency, step_s, false, reserve_blocks);
                     admissions_blocked |= stranded && !urgency.deferred_class();
                 }
                 _ => {}
@@ -103,11 +126,11 @@ impl Scheduler {
             // Early returns only take what the urgent ones left.
             for urgency in &order {
                 if self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Rotated) {
-                    self.serve_rotated(ctx, urgency, step_s, true);
+                    self.serve_rotated(ctx, urgency, step_s, true, reserve_blocks);
                 }
             }
         }
-        self.keep_reserve(ctx, step_s);
+        self.keep_reserve(ctx, step_s, reserve_blocks);
     }
 
     /// Deadline of the step: the earliest next-token deadline of the running decodes that
@@ -230,11 +253,11 @@ impl Scheduler {
 
     /// Issues the swap-in a step ahead of the deadline or, on the `early` pass, when blocks
     /// are plentiful. False when it was due but could not be issued.
-    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool) -> bool {
+    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool, reserve_blocks: u32) -> bool {
         let id = urgency.id;
         let need = self.blocks.host_slots(id);
         let due = urgency.slack <= step_s;
-        let plentiful = self.blocks.free_device() >= need + self.reserve_blocks;
+        let plentiful = self.blocks.free_device() >= need + reserve_blocks;
         if !(if early { plentiful } else { due }) {
             return true;
         }
@@ -425,21 +448,21 @@ impl Scheduler {
     }
 
     /// Free blocks to keep for arrivals expected during one swap-out latency.
-    fn arrival_reserve(&self, now: f64, step_s: f64) -> u32 {
+    fn arrival_reserve(&self, arrivals: &ArrivalEstimator, now: f64, step_s: f64) -> u32 {
         if self.blocks.free_host() == 0 {
             return 0;
         }
         let latency = 2.0 * step_s + self.cost.transfer_overhead_s;
-        let expected = self.arrivals.expected_blocks(now, latency).ceil();
+        let expected = arrivals.expected_blocks(now, latency).ceil();
         let cap = self.config.num_device_blocks / 4;
         (expected as u32).min(cap)
     }
 
     /// Proactive rotation: when free blocks (plus those already on their way) fall below the
     /// reserve, swap out requests with slack to spare so arrivals start prefill at once.
-    fn keep_reserve(&mut self, ctx: &mut StepCtx, step_s: f64) {
+    fn keep_reserve(&mut self, ctx: &mut StepCtx, step_s: f64, reserve_blocks: u32) {
         let mut have = u64::from(self.blocks.free_device()) + ctx.release_credit;
-        let target = u64::from(self.reserve_blocks);
+        let target = u64::from(reserve_blocks);
         if have >= target {
             return;
         }

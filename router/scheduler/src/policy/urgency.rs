@@ -3,7 +3,7 @@
 
 use crate::cost_model::{Direction, StepShape};
 use crate::request::Phase;
-use crate::scheduler::Scheduler;
+use crate::scheduler::Core;
 
 /// How urgent one request is this step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,7 +44,7 @@ impl Eviction {
     }
 }
 
-impl Scheduler {
+impl Core {
     /// Predicted time of a step serving the current load (decodes plus what prefill fits).
     pub(crate) fn step_estimate(&self) -> f64 {
         let mut shape = StepShape::default();
@@ -155,7 +155,7 @@ mod tests {
         let spec = RequestSpec { id: 1, prompt_token_ids: prompt, max_new_tokens: 8, slo: None, arrival: 0.0 };
         s.add(spec, 0.0).unwrap();
         s.plan(0.0);
-        s.cheaper_eviction(1, 0.02)
+        s.core.cheaper_eviction(1, 0.02)
     }
 
     #[test]

@@ -148,6 +148,7 @@ impl Driver {
     fn finish_exhausted(&mut self) {
         let done: Vec<u64> = self
             .scheduler
+            .core
             .requests
             .values()
             .filter(|r| r.exhausted() && !r.doomed)
@@ -183,7 +184,7 @@ impl Driver {
             assert!(entry.block_table.len() * bs >= end, "table of {} does not cover {end}", entry.id);
             for block in &entry.block_table {
                 assert!(!busy.contains(block), "block {block} of {} is in flight", entry.id);
-                let held = self.scheduler.blocks.device_block_busy(*block);
+                let held = self.scheduler.core.blocks.device_block_busy(*block);
                 assert!(!held, "block {block} of {} is held by a transfer", entry.id);
             }
             let known = self.scheduler.tokens(entry.id).map_or(0, |t| t.len());
@@ -238,7 +239,7 @@ impl Driver {
                 let since = plan.step_id - at;
                 assert!(since >= config.rotation_cooldown_steps, "{} rotated {since} steps after returning", t.request_id);
             }
-            let request = &self.scheduler.requests[&t.request_id];
+            let request = &self.scheduler.core.requests[&t.request_id];
             assert!(request.tokens_left() >= config.min_rotation_tokens_left);
         }
     }

@@ -70,7 +70,7 @@ fn swap_swaps_the_newest_out_and_brings_it_back_first() {
             first_in_candidates = outs.clone();
         }
         ins.extend(plan.swap_in.iter().map(|t| t.request_id));
-        if outs.len() == 1 && ins.is_empty() && !d.scheduler.requests.contains_key(&4) {
+        if outs.len() == 1 && ins.is_empty() && !d.scheduler.core.requests.contains_key(&4) {
             d.add(spec(4, 4, 4, d.now));
         }
         if plan.first_scheduled.contains(&4) {

@@ -61,7 +61,7 @@ fn run(policy: PolicyKind, device_blocks: u32, host_blocks: u32, ack_delay: u64,
                 d.step();
             }
             Op::Finish(pick) | Op::Cancel(pick) => {
-                let ids: Vec<u64> = d.scheduler.requests.keys().copied().collect();
+                let ids: Vec<u64> = d.scheduler.core.requests.keys().copied().collect();
                 if !ids.is_empty() {
                     let id = ids[pick % ids.len()];
                     if matches!(op, Op::Finish(_)) {

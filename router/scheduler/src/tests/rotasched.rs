@@ -259,7 +259,7 @@ fn a_decode_with_a_late_gap_to_spend_does_not_bound_the_step() {
     assert!(plan.predicted_step_s > 0.05);
     // Once their late gaps are spent, the decodes bound the step again.
     for id in [1, 2] {
-        d.scheduler.requests.get_mut(&id).unwrap().late_gaps = 3;
+        d.scheduler.core.requests.get_mut(&id).unwrap().late_gaps = 3;
     }
     d.add(with_slo(spec(4, 60, 4, d.now), 5.0, 0.05));
     let plan = d.step();
@@ -272,11 +272,11 @@ fn late_gaps_are_counted_from_the_deadlines() {
     d.add(with_slo(spec(1, 4, 10, 0.0), 1.0, 0.015));
     d.step();
     d.step(); // 10 ms steps: on time
-    assert_eq!(d.scheduler.requests[&1].late_gaps, 0);
+    assert_eq!(d.scheduler.core.requests[&1].late_gaps, 0);
     d.step_s = 0.02; // slower than the 15 ms objective
     d.step();
     d.step();
-    assert_eq!(d.scheduler.requests[&1].late_gaps, 2);
+    assert_eq!(d.scheduler.core.requests[&1].late_gaps, 2);
 }
 
 /// Steps (plan indices) at which `id` sampled a token.
