@@ -51,7 +51,7 @@ def send(pid: int, signum: signal.Signals) -> None:
     os.kill(pid, signum)
 
 
-def wait_for(condition, timeout_s: float, interval_s: float = 0.2) -> bool:
+def wait_for(condition, timeout_s: float = 30.0, interval_s: float = 0.2) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if condition():

@@ -1,20 +1,11 @@
 """A client that disconnects mid-stream is cancelled at once and its KV blocks return to the
 pool, as /metrics shows, while the other requests keep running."""
 import threading
-import time
 
 import requests
+from faults import wait_for
 
 STORY = "Count from 1 to 500, separated by commas: 1, 2, 3,"
-
-
-def wait_for(condition, timeout_s: float = 30.0, interval_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval_s)
-    return False
 
 
 def stream(url: str, max_new_tokens: int) -> requests.Response:
@@ -46,7 +37,7 @@ def test_disconnected_stream_frees_its_blocks(server):
     steps_at_disconnect = server.metric("superinfer_steps_total")
     victim.close()
 
-    assert wait_for(lambda: server.metric("superinfer_engine_requests") <= 1), server.log_tail()
+    assert wait_for(lambda: server.metric("superinfer_engine_requests") <= 1, interval_s=0.02), server.log_tail()
     steps_to_cancel = server.metric("superinfer_steps_total") - steps_at_disconnect
     # The server sees the closed socket on its next write (one or two steps); the engine then
     # frees the request before the following step.

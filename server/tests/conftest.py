@@ -101,6 +101,24 @@ def runner_greedy(runner, prompt: list[int], steps: int, block_table: list[int])
 
 
 @pytest.fixture
+def failing_sampling(monkeypatch):
+    """Makes sampling raise `message` for request 2 only (a per-request failure on the shard)."""
+    from superinfer.shard import sampling
+
+    original = sampling._choose
+
+    def fail_for_request_2(message: str) -> None:
+        def choose(logits, request):
+            if request.request_id == 2:
+                raise RuntimeError(message)
+            return original(logits, request)
+
+        monkeypatch.setattr(sampling, "_choose", choose)
+
+    return fail_for_request_2
+
+
+@pytest.fixture
 def make_tiny_runner():
     return make_runner
 

@@ -150,17 +150,10 @@ def test_non_finite_logits_never_reach_multinomial():
         assert 0 <= token.token_id < 3
 
 
-def test_a_row_that_fails_fails_its_own_request_only(monkeypatch):
+def test_a_row_that_fails_fails_its_own_request_only(failing_sampling):
     from superinfer.shard import sampling
 
-    original = sampling._choose
-
-    def choose(logits, request):
-        if request.request_id == 2:
-            raise RuntimeError("device-side assert")
-        return original(logits, request)
-
-    monkeypatch.setattr(sampling, "_choose", choose)
+    failing_sampling("device-side assert")
     logits = torch.tensor([[0.0, 5.0], [5.0, 0.0], [1.0, 2.0]])
     requests = [_request(rid, do_sample=True, temperature=0.5, seed=rid) for rid in (1, 2, 3)]
     first, failed, third = sample(logits, requests)

@@ -100,17 +100,8 @@ def test_bad_plans_are_rejected_and_the_shard_keeps_serving(stub):
     assert "unknown" in err.value.details()
 
 
-def test_a_request_that_cannot_sample_fails_alone(stub, monkeypatch):
-    from superinfer.shard import sampling
-
-    original = sampling._choose
-
-    def choose(logits, request):
-        if request.request_id == 2:
-            raise RuntimeError("cannot sample")
-        return original(logits, request)
-
-    monkeypatch.setattr(sampling, "_choose", choose)
+def test_a_request_that_cannot_sample_fails_alone(stub, failing_sampling):
+    failing_sampling("cannot sample")
     stub.Warmup(pb.WarmupRequest(max_batch_tokens=64, max_batch_requests=4))
     sampled = pb.SamplingParameters(do_sample=True, temperature=0.8, seed=1)
     reply = stub.Step(pb.StepRequest(
