@@ -1,8 +1,14 @@
 //! The router's configuration: every flag also reads an environment variable of the same name
 //! in upper case (TGI's convention). Parsed once at the edge and passed down as typed values.
+//!
+//! Where TGI names a flag differently, its name is a visible alias on the field
+//! (`--max-batch-prefill-tokens`), and its variable, the alias in upper case
+//! (`MAX_BATCH_PREFILL_TOKENS`), is read when neither the flag nor its own variable is set.
+use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 /// Which scheduling policy drives the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -21,7 +27,7 @@ pub enum SchedulerKind {
 #[command(name = "superinfer-router", about = "SuperInfer's HTTP router", version)]
 pub struct RouterConfig {
     /// Port of the HTTP API.
-    #[arg(long, env = "PORT", default_value_t = 3000)]
+    #[arg(long, short = 'p', env = "PORT", default_value_t = 3000)]
     pub port: u16,
     /// Address the HTTP API binds to.
     #[arg(long, env = "HOSTNAME", default_value = "0.0.0.0")]
@@ -43,7 +49,8 @@ pub struct RouterConfig {
     pub shard_recovery_timeout_s: f64,
     /// On SIGTERM: seconds requests in flight get to finish (new ones are refused with 503)
     /// before the router stops.
-    #[arg(long, env = "GRACEFUL_TERMINATION_TIMEOUT_S", default_value_t = 30.0)]
+    #[arg(long, visible_alias = "graceful-termination-timeout", env = "GRACEFUL_TERMINATION_TIMEOUT_S",
+          default_value_t = 30.0)]
     pub graceful_termination_timeout_s: f64,
 
     /// Scheduling policy.
@@ -65,18 +72,19 @@ pub struct RouterConfig {
     /// to a tenth of its gaps may be longer); RotaSched spends the rest on prefill.
     #[arg(long, env = "TBT_SLO_PERCENTILE", default_value_t = 90.0)]
     pub tbt_slo_percentile: f64,
-    /// Largest number of tokens (prefill chunks + decodes) in one model step.
-    #[arg(long, env = "MAX_BATCH_TOKENS", default_value_t = 2048)]
+    /// Largest number of tokens (prefill chunks + decodes) in one model step. TGI's
+    /// --max-batch-prefill-tokens counts prefill tokens only.
+    #[arg(long, visible_alias = "max-batch-prefill-tokens", env = "MAX_BATCH_TOKENS", default_value_t = 2048)]
     pub max_batch_tokens: u32,
     /// Largest number of requests in one model step.
-    #[arg(long, env = "MAX_BATCH_REQUESTS", default_value_t = 256)]
+    #[arg(long, visible_alias = "max-batch-size", env = "MAX_BATCH_REQUESTS", default_value_t = 256)]
     pub max_batch_requests: u32,
 
     /// Requests in flight (queued or running) before new ones are refused with 429.
     #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 512)]
     pub max_concurrent_requests: usize,
     /// Longest prompt in tokens; defaults to the longest the model and KV pool allow minus one.
-    #[arg(long, env = "MAX_INPUT_TOKENS")]
+    #[arg(long, visible_alias = "max-input-length", env = "MAX_INPUT_TOKENS")]
     pub max_input_tokens: Option<u32>,
     /// Longest prompt + generation in tokens; defaults to what the model and KV pool allow.
     #[arg(long, env = "MAX_TOTAL_TOKENS")]
@@ -135,28 +143,44 @@ pub struct RouterConfig {
 pub struct FlagSpec {
     /// `--max-batch-tokens`.
     pub name: String,
+    /// Other names for it: TGI's (`--max-batch-prefill-tokens`) and a short form (`-p`).
+    pub aliases: Vec<String>,
     pub help: String,
     /// The environment variable the router reads it from.
     pub env: Option<String>,
+    /// Variables read when neither the flag nor `env` is set: each long alias in upper case.
+    pub env_aliases: Vec<String>,
     pub default: Option<String>,
     /// False for switches (`--json-output`).
     pub takes_value: bool,
 }
 
+/// The variables named after a flag's long aliases (TGI's convention: a flag's variable is its
+/// name in upper case).
+fn alias_variables(arg: &clap::Arg) -> Vec<String> {
+    arg.get_visible_aliases()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|alias| alias.replace('-', "_").to_uppercase())
+        .collect()
+}
+
 impl RouterConfig {
-    /// Every router flag with its help, environment variable and default.
+    /// Every router flag with its aliases, help, environment variables and default.
     pub fn flag_specs() -> Vec<FlagSpec> {
-        use clap::CommandFactory;
         Self::command()
             .get_arguments()
             .filter(|arg| !arg.is_hide_set())
             .filter_map(|arg| {
                 let name = format!("--{}", arg.get_long()?);
                 let default = arg.get_default_values().first().map(|value| value.to_string_lossy().into_owned());
+                let long_aliases = arg.get_visible_aliases().unwrap_or_default().into_iter().map(|alias| format!("--{alias}"));
                 Some(FlagSpec {
                     name,
+                    aliases: long_aliases.chain(arg.get_short().map(|short| format!("-{short}"))).collect(),
                     help: arg.get_help().map(ToString::to_string).unwrap_or_default(),
                     env: arg.get_env().map(|env| env.to_string_lossy().into_owned()),
+                    env_aliases: alias_variables(arg),
                     default,
                     takes_value: arg.get_action().takes_values(),
                 })
@@ -170,17 +194,38 @@ impl RouterConfig {
     pub fn parse_argv<I, T>(argv: I) -> Result<Self, clap::Error>
     where
         I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
+        T: Into<OsString> + Clone,
     {
-        Self::parse_with_api_key(argv, std::env::var_os("API_KEY"))
+        Self::parse_with(argv, |name| std::env::var_os(name), std::env::var_os("API_KEY"))
     }
 
-    fn parse_with_api_key<I, T>(argv: I, api_key: Option<std::ffi::OsString>) -> Result<Self, clap::Error>
+    /// `variable` reads the aliases' variables (clap reads each flag's own `env` itself).
+    fn parse_with<I, T>(
+        argv: I,
+        variable: impl Fn(&str) -> Option<OsString>,
+        api_key: Option<OsString>,
+    ) -> Result<Self, clap::Error>
     where
         I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
+        T: Into<OsString> + Clone,
     {
-        let mut config = Self::try_parse_from(argv)?;
+        let command = Self::command();
+        let mut argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+        let matches = command.clone().try_get_matches_from(&argv)?;
+        for arg in command.get_arguments() {
+            let given = matches!(
+                matches.value_source(arg.get_id().as_str()),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            );
+            let (Some(long), false) = (arg.get_long(), given) else { continue };
+            if let Some(value) = alias_variables(arg).iter().find_map(|name| variable(name)) {
+                // `--flag=value`: a value that starts with '-' is not taken for a flag.
+                let mut flag = OsString::from(format!("--{long}="));
+                flag.push(value);
+                argv.push(flag);
+            }
+        }
+        let mut config = Self::from_arg_matches(&command.try_get_matches_from(argv)?)?;
         config.api_key = match api_key {
             // A key that cannot be read must not leave the routes open.
             Some(key) => Some(key.into_string().map_err(|_| {
@@ -190,6 +235,15 @@ impl RouterConfig {
         }
         .filter(|key| !key.is_empty());
         Ok(config)
+    }
+
+    #[cfg(test)]
+    fn parse_with_api_key<I, T>(argv: I, api_key: Option<OsString>) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        Self::parse_with(argv, |_| None, api_key)
     }
 }
 
@@ -241,9 +295,44 @@ mod tests {
         let json = specs.iter().find(|spec| spec.name == "--json-output").unwrap();
         assert!(!json.takes_value);
         assert!(specs.iter().all(|spec| spec.name != "--api-key" && spec.name != "--help"));
-        let mut names: Vec<_> = specs.iter().map(|spec| &spec.name).collect();
+        let mut names: Vec<_> = specs.iter().flat_map(|spec| std::iter::once(&spec.name).chain(&spec.aliases)).collect();
+        let count = names.len();
+        names.sort();
         names.dedup();
-        assert_eq!(names.len(), specs.len());
+        assert_eq!(names.len(), count, "no name or alias is used twice");
+    }
+
+    #[test]
+    fn tgi_names_are_aliases() {
+        let argv = [
+            "router", "-p", "8080", "--max-batch-prefill-tokens", "512", "--max-batch-size", "8",
+            "--max-input-length", "100", "--graceful-termination-timeout", "5",
+        ];
+        let config = RouterConfig::parse_with_api_key(argv, None).unwrap();
+        assert_eq!((config.port, config.max_batch_tokens, config.max_batch_requests), (8080, 512, 8));
+        assert_eq!((config.max_input_tokens, config.graceful_termination_timeout_s), (Some(100), 5.0));
+        let specs = RouterConfig::flag_specs();
+        let tokens = specs.iter().find(|spec| spec.name == "--max-batch-tokens").unwrap();
+        assert_eq!(tokens.aliases, ["--max-batch-prefill-tokens"]);
+        assert_eq!(tokens.env_aliases, ["MAX_BATCH_PREFILL_TOKENS"]);
+        let port = specs.iter().find(|spec| spec.name == "--port").unwrap();
+        assert_eq!((port.aliases.as_slice(), port.env_aliases.len()), (["-p".to_string()].as_slice(), 0));
+    }
+
+    #[test]
+    fn tgi_variables_apply_when_the_flag_is_not_given() {
+        let variables = |name: &str| match name {
+            "MAX_BATCH_PREFILL_TOKENS" => Some(OsString::from("512")),
+            "MAX_BATCH_SIZE" => Some(OsString::from("8")),
+            "GRACEFUL_TERMINATION_TIMEOUT" => Some(OsString::from("-1")),
+            _ => None,
+        };
+        let config = RouterConfig::parse_with(["router", "--max-batch-requests", "4"], variables, None).unwrap();
+        assert_eq!(config.max_batch_tokens, 512);
+        assert_eq!(config.max_batch_requests, 4, "the flag wins over TGI's variable");
+        assert_eq!(config.graceful_termination_timeout_s, -1.0, "a value starting with '-' is a value");
+        let bad = |name: &str| (name == "MAX_BATCH_SIZE").then(|| OsString::from("many"));
+        assert!(RouterConfig::parse_with(["router"], bad, None).is_err());
     }
 
     #[test]
