@@ -38,8 +38,9 @@ run: build
 
 test: test-rust test-python test-integration
 
-# The engine's tests drive the real Python shard, so they need the project's environment.
-test-rust: $(VENV)/.deps
+# The engine's tests drive the real Python shard, so they need the project's environment and
+# the built extension (the shard calls the scheduler crate's cost-model fit through it).
+test-rust: build
 	cargo test --workspace
 
 test-python: build
