@@ -29,11 +29,12 @@ def test_flags_fall_back_to_environment_variables(monkeypatch):
 
 def test_router_flags_are_the_routers_own(monkeypatch):
     monkeypatch.delenv("SCHEDULER", raising=False)
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps help to the terminal's width
     parser = argparse.ArgumentParser()
     launcher.add_arguments(parser)
     help_text = parser.format_help()
     # Declared once, in the router (clap), with its help, default and variable.
-    for fragment in ("--tbt-slo-percentile", "--step-timeout-s", "[env: MAX_BATCH_TOKENS]", "(default 2048)"):
+    for fragment in ("--tbt-slo-percentile", "--step-timeout-s", "[env: MAX_BATCH_TOKENS", "(default 2048)"):
         assert fragment in help_text, fragment
     config = parse(["--scheduler", "fcfs", "--max-batch-tokens", "512"])
     assert config.router_args == ("--scheduler", "fcfs", "--max-batch-tokens", "512")

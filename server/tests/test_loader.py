@@ -9,6 +9,7 @@ from conftest import build_tiny_model, make_runner, runner_logits
 from safetensors.torch import load_file, save_file
 
 from superinfer.shard.errors import LoaderError
+from superinfer.shard.hub import HubOptions
 from superinfer.shard.loader import load_model
 from superinfer.shard.model_source import DEFAULT_MODEL, ModelSource, resolve_model
 
@@ -99,7 +100,7 @@ def test_model_id_from_the_local_hub_cache(tiny_llama_dir, tmp_path):
     shutil.copytree(tiny_llama_dir, repo / "snapshots" / commit)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
-    source = resolve_model("acme/tiny-llama", tmp_path / "cache", hub_cache=tmp_path / "hub")
+    source = resolve_model("acme/tiny-llama", tmp_path / "cache", HubOptions(cache=tmp_path / "hub", offline=True))
     assert source.directory == repo / "snapshots" / commit and source.model_id == "acme/tiny-llama"
     runner = make_runner(source.directory)
     reference = make_runner(tiny_llama_dir)
@@ -107,8 +108,9 @@ def test_model_id_from_the_local_hub_cache(tiny_llama_dir, tmp_path):
 
 
 def test_model_id_not_in_the_cache(tmp_path):
-    with pytest.raises(LoaderError, match="neither a local directory nor in the local Hugging Face cache"):
-        resolve_model("acme/absent-model", tmp_path / "cache", hub_cache=tmp_path / "hub")
+    # More cases (revisions, an unreachable Hub, a download) in test_hub.py.
+    with pytest.raises(LoaderError, match="'acme/absent-model' is not a local directory and is not in the Hugging"):
+        resolve_model("acme/absent-model", tmp_path / "cache", HubOptions(cache=tmp_path / "hub", offline=True))
 
 
 def test_path_that_is_not_a_model(tmp_path):

@@ -8,6 +8,8 @@ import signal
 import threading
 import time
 
+from .config import DEFAULT_BLOCK_SIZE
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -15,18 +17,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--uds-path", type=pathlib.Path, required=True, help="unix socket to listen on")
     parser.add_argument("--model", default="default",
                         help='"default" (embedded SmolLM2-135M-Instruct), a local HF directory, a .gguf file, '
-                        "or a model id in the local Hugging Face cache")
-    parser.add_argument("--revision", default=None, help="hub revision (local cache only)")
-    parser.add_argument("--hf-cache-dir", type=pathlib.Path, default=None,
-                        help="Hugging Face hub cache to find model ids in (default: huggingface_hub's)")
+                        "or a Hugging Face model id (from the hub cache, else downloaded)")
+    parser.add_argument("--revision", default=None,
+                        help="branch, tag or commit of a Hugging Face model id (default: its main branch)")
+    parser.add_argument("--huggingface-hub-cache", "--hf-cache-dir", type=pathlib.Path, default=None,
+                        help="Hugging Face hub cache to find model ids in and download them to (default: "
+                        "HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, HF_HOME/hub, then huggingface_hub's). HF_HUB_OFFLINE=1: "
+                        "the cache only; HF_TOKEN: private and gated models; HF_ENDPOINT: a mirror")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--device", default="auto", help='"auto", "cpu", "cuda" or "cuda:N"')
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
     parser.add_argument("--device-kv-blocks", type=int, default=None,
                         help="device KV pool size (CPU: default 512; GPU: an upper bound)")
     parser.add_argument("--host-kv-blocks", type=int, default=256, help="host KV pool size (pinned on a GPU)")
     parser.add_argument("--kv-memory-fraction", type=float, default=0.9,
-                        help="GPU: share of free memory given to the KV pool")
+                        help="GPU: share of the memory free after loading the model and a worst-case forward "
+                        "that the KV pool takes")
     parser.add_argument("--max-batch-tokens", type=int, default=2048,
                         help="token budget assumed at warm-up when the router sends none")
     parser.add_argument("--cache-dir", type=pathlib.Path, default=None,
@@ -49,14 +55,16 @@ def shard_config(args: argparse.Namespace):
     import torch
 
     from .config import ShardConfig
+    from .hub import options_from_environment
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     return ShardConfig(
         model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
         block_size=args.block_size, device_kv_blocks=args.device_kv_blocks, host_kv_blocks=args.host_kv_blocks,
-        kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens, revision=args.revision,
-        hub_cache=args.hf_cache_dir, warmup_report=args.warmup_report,
+        kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens,
+        hub=options_from_environment(os.environ, args.revision, args.huggingface_hub_cache),
+        warmup_report=args.warmup_report,
     )
 
 
@@ -67,7 +75,7 @@ def build_executor(config):
     from .model_runner import ModelRunner
     from .model_source import resolve_model
 
-    source = resolve_model(config.model, config.cache_dir, config.revision, config.hub_cache)
+    source = resolve_model(config.model, config.cache_dir, config.hub)
     loaded = load_model(source, config.dtype, config.device)
     return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size), config)
 

@@ -1,18 +1,29 @@
-"""The shard's typed configuration, parsed once at the CLI edge."""
+"""The shard's typed configuration, parsed once at the CLI edge. Importing it does not import
+torch: the launcher reads DEFAULT_BLOCK_SIZE before any shard starts."""
+from __future__ import annotations
+
 import pathlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from .hub import HubOptions
+
+if TYPE_CHECKING:
+    import torch
+
+# Tokens per KV block: the shard's default, which the launcher converts token counts with
+# (TGI's --max-batch-total-tokens); the router learns the shard's actual size from Info.
+DEFAULT_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
 class ShardConfig:
-    # "default", a local directory, a .gguf file or a hub id in the local cache.
+    # "default", a local directory, a .gguf file or a Hugging Face model id.
     model: str
     cache_dir: pathlib.Path
     device: torch.device
     dtype: torch.dtype
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     # CPU: the device pool size. GPU: ignored unless set (then an upper bound).
     device_kv_blocks: int | None = None
     host_kv_blocks: int = 0
@@ -20,9 +31,8 @@ class ShardConfig:
     kv_memory_fraction: float = 0.9
     # Used by Warmup when the router sends 0.
     max_batch_tokens: int = 2048
-    revision: str | None = None
-    # The Hugging Face hub cache searched for model ids (None: huggingface_hub's default).
-    hub_cache: pathlib.Path | None = None
+    # How a model id is found: revision, hub cache, offline, token.
+    hub: HubOptions = HubOptions()
     warmup_repeats: int = 2
     # Where Warmup writes what it measured (cost model, pools, geometry) as JSON: the
     # `measured:` profile of the simulator. None: nowhere.

