@@ -1,14 +1,21 @@
 """The launcher's typed configuration: every flag also reads an environment variable of the
-same name in upper case (TGI's convention), parsed once into a frozen `LaunchConfig`.
+same name in upper case (TGI's convention), parsed once into a frozen `LaunchConfig`. TGI's
+names are accepted: as aliases (`--model-id`, `--cuda-memory-fraction`), converted
+(`--max-batch-total-tokens`), or ignored with a warning (`tgi_flags`).
 
 The router's own flags are not declared here: the launcher asks the router for them
-(`router_flags`), offers them with the router's help, forwards those given on the command
-line, and has the router's parser check them before anything starts. The router reads their
-environment variables itself (it inherits the launcher's environment)."""
+(`router_flags`), offers them with the router's help and aliases, forwards those given on the
+command line, and has the router's parser check them before anything starts. The router reads
+their environment variables itself (it inherits the launcher's environment)."""
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from superinfer import tgi_flags
+from superinfer.shard.cli import DTYPES
+from superinfer.shard.config import DEFAULT_BLOCK_SIZE
 
 
 def _env_name(flag: str) -> str:
@@ -25,21 +32,28 @@ def _bool(text: str) -> bool:
 
 
 # Router flags the launcher declares itself, because it uses them too (the shard's pools, the
-# address it probes, logging, the stop timeout) or sets them (the socket).
+# address it probes, logging, the stop timeout) or sets them (the socket). Their names and
+# variables are still the router's (aliases such as -p included).
 LAUNCHER_OWNED = frozenset({"--port", "--hostname", "--uds-path", "--device-kv-blocks", "--host-kv-blocks",
                             "--log-level", "--json-output", "--graceful-termination-timeout-s"})
 
 
-def router_flags() -> list[dict]:
-    """The router's own flags (the router declares them once, with clap): name, help, env,
-    default, takes_value."""
+def _router_specs() -> list[dict]:
+    """Every router flag, as the router declares it once (clap): name, aliases, help, env,
+    env_aliases, default, takes_value."""
     from superinfer import _router
 
-    return [spec for spec in json.loads(_router.router_flags()) if spec["name"] not in LAUNCHER_OWNED]
+    return json.loads(_router.router_flags())
+
+
+def router_flags() -> list[dict]:
+    """The router's own flags, which the launcher offers and forwards."""
+    return [spec for spec in _router_specs() if spec["name"] not in LAUNCHER_OWNED]
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
+    # A local directory, a .gguf file or a Hugging Face model id; None: the embedded model.
     model: str | None
     port: int
     hostname: str
@@ -58,48 +72,109 @@ class LaunchConfig:
     # user (ps). `api_key_in_argv`: it was given as --api-key (the launcher warns).
     api_key: str | None = None
     api_key_in_argv: bool = False
+    revision: str | None = None
+    # Given as a flag; otherwise the shard reads huggingface_hub's variables itself.
+    hub_cache: str | None = None
+    kv_memory_fraction: float | None = None
+    # TGI flags given that do not apply here, one warning each.
+    ignored_tgi_flags: tuple[str, ...] = ()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    def flag(name: str, kind, help_text: str, default=None) -> None:
-        env = _env_name(name)
-        value = os.environ.get(env, default)
-        parser.add_argument(name, type=kind, default=value, help=f"{help_text} [env: {env}]")
+    owned = {spec["name"]: spec for spec in _router_specs() if spec["name"] in LAUNCHER_OWNED}
 
-    flag("--model", str, "model: a local directory, a Hugging Face id in the local cache, or a "
-         "GGUF file (default: the embedded SmolLM2-135M-Instruct)")
-    flag("--port", int, "HTTP port (default 3000)", "3000")
-    flag("--hostname", str, "address the HTTP API binds to (default 0.0.0.0)", "0.0.0.0")
-    flag("--device-kv-blocks", int, "device KV pool size in blocks (default: what memory allows)")
-    flag("--host-kv-blocks", int, "host KV pool size in blocks (default 256)")
-    flag("--dtype", str, "compute dtype (default: bfloat16 on GPU, float32 on CPU)")
-    flag("--warmup-report", str, "write what the shard measured at warm-up (cost model, KV pools) to this "
+    def flag(names: tuple[str, ...], kind, help_text: str, default=None, envs: tuple[str, ...] = (), **options):
+        spec = owned.get(names[0])
+        if spec is not None:
+            names, envs = (*names, *spec["aliases"]), (spec["env"], *spec["env_aliases"])
+        envs = envs or (_env_name(names[0]),)
+        value = next((os.environ[env] for env in envs if os.environ.get(env)), default)
+        parser.add_argument(*names, type=kind, default=value, help=f"{help_text} [env: {', '.join(envs)}]", **options)
+
+    flag(("--model-id", "--model"), str, "model: a local directory, a .gguf file, or a Hugging Face model id (from "
+         "the hub cache, else downloaded; HF_HUB_OFFLINE=1: the cache only; HF_TOKEN for private and gated "
+         "models) (default: the embedded SmolLM2-135M-Instruct)", envs=("MODEL_ID", "MODEL"), dest="model",
+         metavar="MODEL_ID")
+    flag(("--revision",), str, "branch, tag or commit of a Hugging Face model id (default: its main branch)")
+    parser.add_argument("--huggingface-hub-cache", default=None,
+                        help="Hugging Face hub cache searched and downloaded into (default: the shard reads "
+                        "HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, then HF_HOME/hub, else huggingface_hub's "
+                        "~/.cache/huggingface/hub)")
+    flag(("--port",), int, "HTTP port (default 3000)", "3000")
+    flag(("--hostname",), str, "address the HTTP API binds to (default 0.0.0.0)", "0.0.0.0")
+    flag(("--device-kv-blocks",), int, "device KV pool size in blocks (default: what memory allows)")
+    flag(("--max-batch-total-tokens",), int, "device KV capacity in tokens (TGI's name): sets --device-kv-blocks "
+         f"to ceil(tokens / {DEFAULT_BLOCK_SIZE}), the block size")
+    flag(("--host-kv-blocks",), int, "host KV pool size in blocks (default 256)")
+    flag(("--kv-memory-fraction", "--cuda-memory-fraction"), float, "GPU: share of the memory free after loading the "
+         "model and a worst-case forward that the KV pool takes (default 0.9). Unlike TGI's "
+         "--cuda-memory-fraction, a cap on the process's share of the whole GPU, it leaves the rest free",
+         envs=("KV_MEMORY_FRACTION", "CUDA_MEMORY_FRACTION"))
+    flag(("--num-shard",), int, "shards (GPUs) per model: 1 (tensor parallelism is not available yet)")
+    flag(("--dtype",), str, f"compute dtype, one of {', '.join(DTYPES)} (default auto: bfloat16 on GPU, float32 "
+         "on CPU)")
+    flag(("--warmup-report",), str, "write what the shard measured at warm-up (cost model, KV pools) to this "
          "JSON file: the simulator's measured: profile")
     parser.add_argument("--json-output", action="store_true",
                         default=_bool(os.environ.get("JSON_OUTPUT", "false")),
                         help="log as JSON lines [env: JSON_OUTPUT]")
-    flag("--log-level", str, "log level of the router and shard (default info)", "info")
-    flag("--shard-startup-timeout-s", float, "seconds to wait for the shard to load (default 600)", "600")
-    flag("--router-startup-timeout-s", float, "seconds to wait for the router's /health (default 120)", "120")
-    flag("--graceful-termination-timeout-s", float, "on SIGTERM, seconds requests in flight get to finish "
+    flag(("--log-level",), str, "log level of the router and shard (default info)", "info")
+    flag(("--shard-startup-timeout-s",), float, "seconds to wait for the shard to load, downloads included "
+         "(default 600)", "600")
+    flag(("--router-startup-timeout-s",), float, "seconds to wait for the router's /health (default 120)", "120")
+    flag(("--graceful-termination-timeout-s",), float, "on SIGTERM, seconds requests in flight get to finish "
          "(new ones get 503) before the server stops (default 30)", "30")
-    router = parser.add_argument_group("router", "the router's own flags, forwarded to it")
-    for spec in router_flags():
-        default = f" (default {spec['default']})" if spec["default"] is not None else ""
-        env = f" [env: {spec['env']}]" if spec["env"] else ""
-        help_text = f"{spec['help']}{default}{env}".replace("%", "%%")
-        if spec["takes_value"]:
-            router.add_argument(spec["name"], default=None, metavar="VALUE", help=help_text)
-        else:
-            router.add_argument(spec["name"], action="store_true", default=None, help=help_text)
+    _add_router_flags(parser)
     # Accepted for TGI's command lines; API_KEY in the environment keeps it out of `ps`.
     parser.add_argument("--api-key", dest="api_key_argv", default=None,
                         help="require 'Authorization: Bearer <key>'; prefer the environment variable, "
                         "a flag is visible to every local user [env: API_KEY]")
     parser.set_defaults(api_key_env=os.environ.get("API_KEY") or None)
+    tgi_flags.add_arguments(parser)
 
 
-def from_args(args: argparse.Namespace) -> LaunchConfig:
+def _add_router_flags(parser: argparse.ArgumentParser) -> None:
+    router = parser.add_argument_group("router", "the router's own flags, forwarded to it")
+    for spec in router_flags():
+        default = f" (default {spec['default']})" if spec["default"] is not None else ""
+        envs = ", ".join(filter(None, [spec["env"], *spec["env_aliases"]]))
+        env = f" [env: {envs}]" if envs else ""
+        help_text = f"{spec['help']}{default}{env}".replace("%", "%%")
+        names = (spec["name"], *spec["aliases"])
+        if spec["takes_value"]:
+            router.add_argument(*names, default=None, metavar="VALUE", help=help_text)
+        else:
+            router.add_argument(*names, action="store_true", default=None, help=help_text)
+
+
+def _device_kv_blocks(args: argparse.Namespace) -> int | None:
+    """--device-kv-blocks, or TGI's --max-batch-total-tokens in blocks; both only if they agree."""
+    blocks, tokens = args.device_kv_blocks, args.max_batch_total_tokens
+    if tokens is None:
+        return blocks
+    if tokens < 1:
+        raise ValueError(f"--max-batch-total-tokens must be >= 1, got {tokens}")
+    from_tokens = -(-tokens // DEFAULT_BLOCK_SIZE)
+    if blocks is not None and blocks != from_tokens:
+        raise ValueError(f"--device-kv-blocks {blocks} and --max-batch-total-tokens {tokens} "
+                         f"({from_tokens} blocks of {DEFAULT_BLOCK_SIZE} tokens) disagree; give one")
+    return from_tokens
+
+
+def _check_shard_values(args: argparse.Namespace) -> None:
+    if args.num_shard is not None and args.num_shard != 1:
+        if args.num_shard > 1:
+            raise ValueError(f"--num-shard {args.num_shard}: tensor parallelism is not available yet; "
+                             "one shard serves the model on one device (--num-shard 1)")
+        raise ValueError(f"--num-shard must be 1, got {args.num_shard}")
+    if args.dtype is not None and args.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    fraction = args.kv_memory_fraction
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ValueError(f"--kv-memory-fraction (--cuda-memory-fraction) must be in (0, 1], got {fraction}")
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> LaunchConfig:
     router_args: list[str] = []
     for spec in router_flags():
         value = getattr(args, spec["name"].lstrip("-").replace("-", "_"))
@@ -116,11 +191,12 @@ def from_args(args: argparse.Namespace) -> LaunchConfig:
         value = getattr(args, name)
         if value is not None and value < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+    _check_shard_values(args)
     return LaunchConfig(
         model=args.model,
         port=args.port,
         hostname=args.hostname,
-        device_kv_blocks=args.device_kv_blocks,
+        device_kv_blocks=_device_kv_blocks(args),
         host_kv_blocks=args.host_kv_blocks,
         dtype=args.dtype,
         warmup_report=args.warmup_report,
@@ -132,4 +208,8 @@ def from_args(args: argparse.Namespace) -> LaunchConfig:
         router_args=tuple(router_args),
         api_key=args.api_key_argv if args.api_key_argv is not None else args.api_key_env,
         api_key_in_argv=args.api_key_argv is not None,
+        revision=args.revision,
+        hub_cache=args.huggingface_hub_cache,
+        kv_memory_fraction=args.kv_memory_fraction,
+        ignored_tgi_flags=tgi_flags.warnings(args, environ),
     )

@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"superinfer launch: {error}", file=sys.stderr)
         return 2
+    for warning in config.ignored_tgi_flags:
+        print(f"superinfer launch: warning: {warning}", file=sys.stderr)
     if config.api_key_in_argv:
         print("superinfer launch: warning: --api-key on the command line is visible to every local user "
               "(ps); set API_KEY in the environment instead", file=sys.stderr)
@@ -91,8 +93,11 @@ def shard_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
     argv = [sys.executable, "-m", "superinfer.cli", "serve", "--uds-path", str(socket_path)]
     optional = {
         "--model": config.model,
+        "--revision": config.revision,
+        "--huggingface-hub-cache": config.hub_cache,
         "--device-kv-blocks": config.device_kv_blocks,
         "--host-kv-blocks": config.host_kv_blocks,
+        "--kv-memory-fraction": config.kv_memory_fraction,
         "--dtype": config.dtype,
         "--warmup-report": config.warmup_report,
     }

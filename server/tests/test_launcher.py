@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from superinfer import launch_config, launcher
+from superinfer import launch_config, launcher, tgi_flags
 from superinfer.supervisor import Supervisor
 
 
@@ -105,6 +105,135 @@ def test_bad_values_are_refused_with_a_message(monkeypatch):
         parse(["--port", "0"])
     with pytest.raises(SystemExit):
         parse(["--device-kv-blocks", "many"])
+
+
+# TGI's launcher flags (launcher/src/main.rs, `struct Args`) with a value each accepts here, or
+# None for a switch. Every one must start the launcher: applied, converted, or ignored aloud.
+TGI_FLAGS = {
+    "--model-id": "/models/llama", "--revision": "refs/pr/2", "--validation-workers": "2", "--sharded": "false",
+    "--num-shard": "1", "--quantize": "awq", "--speculate": "2", "--dtype": "bfloat16", "--kv-cache-dtype": "fp8_e5m2",
+    "--trust-remote-code": None, "--max-concurrent-requests": "128", "--max-best-of": "2",
+    "--max-stop-sequences": "4", "--max-top-n-tokens": "5", "--max-input-tokens": "1024", "--max-total-tokens": "2048",
+    "--waiting-served-ratio": "0.3", "--max-batch-prefill-tokens": "4096", "--max-batch-total-tokens": "16000",
+    "--max-waiting-tokens": "20", "--max-batch-size": "32", "--cuda-graphs": "1,2,4", "--hostname": "127.0.0.1",
+    "--port": "8080", "--prometheus-port": "9000", "--shard-uds-path": "/tmp/tgi", "--master-addr": "localhost",
+    "--master-port": "29500", "--huggingface-hub-cache": "/data", "--weights-cache-override": "/weights",
+    "--disable-custom-kernels": None, "--cuda-memory-fraction": "0.8", "--rope-scaling": "dynamic",
+    "--rope-factor": "2.0", "--json-output": None, "--otlp-endpoint": "http://localhost:4317",
+    "--otlp-service-name": "tgi", "--cors-allow-origin": "http://example.com", "--api-key": "k3y",
+    "--watermark-gamma": "0.5", "--watermark-delta": "2.0", "--ngrok": None, "--ngrok-authtoken": "t",
+    "--ngrok-edge": "e", "--tokenizer-config-path": "/t.json", "--disable-grammar-support": None, "--env": None,
+    "--max-client-batch-size": "4", "--lora-adapters": "a,b", "--usage-stats": "off", "--payload-limit": "2000000",
+    "--enable-prefill-logprobs": None, "--graceful-termination-timeout": "90",
+}
+
+
+def _clear(monkeypatch, *names):
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+
+
+TGI_VARIABLES = ("MODEL_ID", "MODEL", "REVISION", "PORT", "HOSTNAME", "API_KEY", "MAX_BATCH_TOKENS",
+                 "MAX_BATCH_PREFILL_TOKENS", "MAX_BATCH_TOTAL_TOKENS", "DEVICE_KV_BLOCKS", "MAX_BATCH_SIZE",
+                 "NUM_SHARD", "CUDA_MEMORY_FRACTION", "KV_MEMORY_FRACTION", "QUANTIZE", "DTYPE")
+
+
+def test_every_tgi_launcher_flag_is_accepted(monkeypatch):
+    _clear(monkeypatch, *TGI_VARIABLES)
+    argv = [part for name, value in TGI_FLAGS.items() for part in (name, value) if part is not None]
+    config = parse(argv)
+    assert config.model == "/models/llama" and config.revision == "refs/pr/2" and config.port == 8080
+    assert config.device_kv_blocks == 1000  # 16,000 tokens in blocks of 16
+    assert config.kv_memory_fraction == 0.8 and config.hub_cache == "/data" and config.dtype == "bfloat16"
+    for ignored in ("--quantize awq", "--sharded false", "--max-waiting-tokens 20", "--trust-remote-code",
+                    "--waiting-served-ratio 0.3", "--env", "--prometheus-port 9000"):
+        assert any(warning.startswith(f"TGI's {ignored} is ignored: ") for warning in config.ignored_tgi_flags), ignored
+    assert len(config.ignored_tgi_flags) == len(tgi_flags.IGNORED)
+    # TGI's older name of --max-input-tokens (the same flag: one of the two at a time).
+    assert parse(["--max-input-length", "1024"]).router_args == ("--max-input-tokens", "1024")
+
+
+def test_tgi_names_reach_the_router_and_the_shard(monkeypatch):
+    _clear(monkeypatch, *TGI_VARIABLES)
+    config = parse(["--model-id", "/m", "--revision", "v1", "-p", "8080", "--max-batch-prefill-tokens", "512",
+                    "--max-batch-size", "8", "--max-batch-total-tokens", "1000", "--cuda-memory-fraction", "0.5",
+                    "--huggingface-hub-cache", "/hub", "--max-input-length", "100",
+                    "--graceful-termination-timeout", "5", "--num-shard", "1"])
+    # The router gets its own names (clap would take the aliases too).
+    assert config.router_args == ("--max-batch-tokens", "512", "--max-batch-requests", "8",
+                                  "--max-input-tokens", "100")
+    router = launcher.router_argv(config, Path("/tmp/s.sock"))
+    assert router[router.index("--port") + 1] == "8080"
+    assert router[router.index("--device-kv-blocks") + 1] == "63"  # ceil(1000 / 16)
+    assert router[router.index("--graceful-termination-timeout-s") + 1] == "5.0"
+    shard = launcher.shard_argv(config, Path("/tmp/s.sock"))
+    for name, value in (("--model", "/m"), ("--revision", "v1"), ("--huggingface-hub-cache", "/hub"),
+                        ("--kv-memory-fraction", "0.5"), ("--device-kv-blocks", "63")):
+        assert shard[shard.index(name) + 1] == value, name
+    assert parse(["--model", "/old-name"]).model == "/old-name"
+
+
+def test_tgi_variables_are_read(monkeypatch):
+    _clear(monkeypatch, *TGI_VARIABLES)
+    monkeypatch.setenv("MODEL", "/from-model")
+    assert parse([]).model == "/from-model"
+    monkeypatch.setenv("MODEL_ID", "/from-model-id")
+    monkeypatch.setenv("REVISION", "v2")
+    monkeypatch.setenv("MAX_BATCH_TOTAL_TOKENS", "32")
+    monkeypatch.setenv("CUDA_MEMORY_FRACTION", "0.7")
+    config = parse([])
+    assert (config.model, config.revision, config.device_kv_blocks, config.kv_memory_fraction) == (
+        "/from-model-id", "v2", 2, 0.7)
+    assert parse(["--model-id", "/flag"]).model == "/flag"  # the flag wins
+    # The router reads its own variables, TGI's names included; the launcher checks them first.
+    monkeypatch.setenv("MAX_BATCH_SIZE", "many")
+    with pytest.raises(ValueError, match="many"):
+        parse([])
+    monkeypatch.delenv("MAX_BATCH_SIZE")
+    monkeypatch.setenv("QUANTIZE", "gptq")
+    assert parse([]).ignored_tgi_flags == ("TGI's QUANTIZE (in the environment) is ignored: quantization is not "
+                                           "supported; the weights load in --dtype",)
+
+
+def test_shard_values_tgi_would_take_are_refused_with_a_reason(monkeypatch):
+    _clear(monkeypatch, *TGI_VARIABLES)
+    with pytest.raises(ValueError, match="--num-shard 2: tensor parallelism is not available yet"):
+        parse(["--num-shard", "2"])
+    monkeypatch.setenv("NUM_SHARD", "4")
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        parse([])
+    monkeypatch.delenv("NUM_SHARD")
+    with pytest.raises(ValueError, match="--num-shard must be 1"):
+        parse(["--num-shard", "0"])
+    with pytest.raises(ValueError, match="disagree; give one"):
+        parse(["--device-kv-blocks", "10", "--max-batch-total-tokens", "1000"])
+    assert parse(["--device-kv-blocks", "63", "--max-batch-total-tokens", "1000"]).device_kv_blocks == 63
+    with pytest.raises(ValueError, match="--dtype must be one of auto, float32, bfloat16, float16"):
+        parse(["--dtype", "float8"])
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\]"):
+        parse(["--cuda-memory-fraction", "1.5"])
+
+
+def test_help_shows_tgi_names(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps help to the terminal's width
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    help_text = parser.format_help()
+    for fragment in ("--model-id MODEL_ID, --model MODEL_ID", "[env: MODEL_ID, MODEL]", "--max-batch-prefill-tokens",
+                     "[env: MAX_BATCH_TOKENS, MAX_BATCH_PREFILL_TOKENS]", "--port PORT, -p PORT",
+                     "--cuda-memory-fraction", "TGI flags that do not apply here", "--quantize VALUE"):
+        assert fragment in help_text, fragment
+
+
+def test_ignored_tgi_flags_are_named_when_launching(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launcher, "shard_argv", lambda config, path: [sys.executable, "-c", "raise SystemExit(7)"])
+    _clear(monkeypatch, *TGI_VARIABLES)
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    assert launcher.run(parser.parse_args(["--quantize", "bitsandbytes", "--max-waiting-tokens", "20"])) == 1
+    err = capsys.readouterr().err
+    assert "warning: TGI's --quantize bitsandbytes is ignored: quantization is not supported" in err
+    assert "warning: TGI's --max-waiting-tokens 20 is ignored: the scheduler (--scheduler) decides" in err
 
 
 def test_supervisor_wakes_when_a_child_exits():
