@@ -31,6 +31,8 @@ ENV SUPERINFER_CACHE=/var/cache/superinfer
 RUN python -c "import pathlib; from superinfer.shard.model_source import resolve_model; resolve_model(None, pathlib.Path('/var/cache/superinfer'))" \
  && python -c "from superinfer_kv.extension import load_cpu_extension; load_cpu_extension()"
 
-ENV PORT=80
+# As TGI's image: `-v $PWD/data:/data` keeps downloaded models (in /data/hub) across runs.
+ENV PORT=80 \
+    HF_HOME=/data
 EXPOSE 80
 ENTRYPOINT ["/opt/superinfer/bin/superinfer", "launch", "--hostname", "0.0.0.0"]
