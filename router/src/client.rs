@@ -1,5 +1,7 @@
 //! The one gRPC client of the shard (`proto/shard.proto`), over a unix socket. It maps gRPC
-//! statuses to `ClientError` once, so the engine reasons about failures, not status codes.
+//! statuses to `ClientError` once, so the engine reasons about failures, not status codes, and
+//! sends the calling span's trace context (`traceparent`) with Step, Health and Reset, so the
+//! shard's spans join the router's trace.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use tower::service_fn;
 
 use crate::pb;
 use crate::pb::shard_client::ShardClient as GrpcClient;
+use crate::trace_context;
 
 /// `Info` carries the whole `tokenizer.json`, which can exceed tonic's 4 MiB default.
 const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
@@ -115,7 +118,7 @@ impl ShardClient {
 
     /// Ok when the shard ran a tiny operation on its device within `HEALTH_TIMEOUT`.
     pub async fn health(&mut self) -> Result<(), ClientError> {
-        match tokio::time::timeout(HEALTH_TIMEOUT, self.inner.health(pb::HealthRequest {})).await {
+        match tokio::time::timeout(HEALTH_TIMEOUT, self.inner.health(traced(pb::HealthRequest {}))).await {
             Ok(reply) => reply.map(|_| ()).map_err(ClientError::from),
             Err(_) => Err(ClientError::Timeout(HEALTH_TIMEOUT)),
         }
@@ -133,19 +136,28 @@ impl ShardClient {
     /// Runs one step; a reply later than `deadline` is a `Timeout` (the call is abandoned; the
     /// shard may still finish it, which is why recovery sends `Reset` before serving again).
     pub async fn step(&mut self, request: pb::StepRequest, deadline: Duration) -> Result<pb::StepResponse, ClientError> {
-        match tokio::time::timeout(deadline, self.inner.step(request)).await {
+        match tokio::time::timeout(deadline, self.inner.step(traced(request))).await {
             Ok(reply) => Ok(reply?.into_inner()),
             Err(_) => Err(ClientError::Timeout(deadline)),
         }
     }
 
     /// Drops every request on the shard once its current work is done (see `Reset`).
+    #[tracing::instrument(name = "shard_reset", skip_all)]
     pub async fn reset(&mut self) -> Result<pb::ResetResponse, ClientError> {
-        match tokio::time::timeout(RESET_TIMEOUT, self.inner.reset(pb::ResetRequest {})).await {
+        match tokio::time::timeout(RESET_TIMEOUT, self.inner.reset(traced(pb::ResetRequest {}))).await {
             Ok(reply) => Ok(reply?.into_inner()),
             Err(_) => Err(ClientError::Timeout(RESET_TIMEOUT)),
         }
     }
+}
+
+/// `message` with the current span's trace context in its metadata (nothing when traces are
+/// off or no span is current).
+fn traced<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    trace_context::inject(&tracing::Span::current(), request.metadata_mut());
+    request
 }
 
 #[cfg(test)]

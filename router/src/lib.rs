@@ -5,7 +5,8 @@
 //! - `client`: the gRPC client of the shard (unix socket), with health checks.
 //! - `config`: the router's flags (clap; each also an environment variable).
 //! - `server`: start-up wiring, `run(config, shutdown)`.
-//! - `telemetry`: logging and OpenTelemetry traces.
+//! - `telemetry`: logging and OpenTelemetry traces; `trace_context`: W3C trace context in from
+//!   HTTP headers and out to the shard's gRPC metadata.
 //! - `http`: the HTTP API (TGI's routes, OpenAI's, health/info/metrics, OpenAPI); built on
 //!   `validation`, `tokenizer` + `detokenizer`, `chat_template`, `error` (HTTP error mapping)
 //!   and `metrics` (the Prometheus recorder and the request metrics).
@@ -27,6 +28,7 @@ pub mod metrics;
 pub mod server;
 pub mod telemetry;
 pub mod tokenizer;
+pub mod trace_context;
 pub mod validation;
 mod contracts;
 mod python;

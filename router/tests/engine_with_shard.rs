@@ -6,7 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use superinfer_router::config::RouterConfig;
-use superinfer_router::engine::api::{EngineError, EngineEvent, FinishReason, GenerationRequest, SamplingParams};
+use superinfer_router::engine::api::{
+    EngineError, EngineEvent, FinishReason, GenerationRequest, SamplingParams, SpanContext,
+};
 use superinfer_router::engine::{EngineHandle, RequestStream};
 use superinfer_router::server::start_engine;
 use tokio_util::sync::CancellationToken;
@@ -105,6 +107,7 @@ fn request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest
         top_n_tokens: 0,
         slo: None,
         arrival: Instant::now(),
+        span_context: SpanContext::empty_context(),
     }
 }
 

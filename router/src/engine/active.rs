@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::api::{EngineEvent, FinishReason, GenerationRequest, RequestTimings};
+use super::api::{EngineEvent, FinishReason, GenerationRequest, RequestTimings, SpanContext};
 use super::attainment::TokenTimes;
 
 pub(crate) struct ActiveRequest {
@@ -48,6 +48,12 @@ impl ActiveRequest {
 
     pub fn timings(&self, now: Instant) -> RequestTimings {
         RequestTimings { first_scheduled: self.first_scheduled.unwrap_or(now), finished: now }
+    }
+
+    /// The span that submitted the request, which the steps serving it link to
+    /// (`step_trace`); invalid when traces are off.
+    pub fn span_context(&self) -> &SpanContext {
+        &self.request.span_context
     }
 
     /// Sends an event; false when the client has gone (its stream was dropped).

@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+pub use opentelemetry::trace::SpanContext;
 pub use superinfer_scheduler::Slo;
 
 /// Sampling parameters as the shard applies them (`proto/shard.proto`, `SamplingParameters`).
@@ -63,6 +64,9 @@ pub struct GenerationRequest {
     pub slo: Option<Slo>,
     /// When the HTTP layer received the request (queue time and TTFT are measured from here).
     pub arrival: Instant,
+    /// The trace span that submitted the request (the HTTP layer's): every step that computes
+    /// or moves the request links to it. Invalid when traces are off.
+    pub span_context: SpanContext,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -4,6 +4,7 @@
 //! - `model_info`: what the shard told us about the model and its KV pools.
 //! - `step_loop`: the engine task (schedule → run → postprocess).
 //! - `step_request` / `postprocess`: plan → `StepRequest`, `StepResponse` → events.
+//! - `step_trace`: the step span's links to the requests it serves and its rotation events.
 //! - `recovery`: the failure model — step deadlines, recovery from a failed shard, giving up.
 //! - `active`: per-request bookkeeping (stream, limits, progress).
 //! - `metrics`: the engine's /metrics series.
@@ -17,6 +18,7 @@ mod postprocess;
 mod recovery;
 mod step_loop;
 mod step_request;
+mod step_trace;
 #[cfg(test)]
 mod testing;
 

@@ -18,6 +18,7 @@ use super::metrics;
 use super::postprocess::apply_step_response;
 use super::recovery::{EngineTimeouts, Recovery, RecoveryTurn};
 use super::step_request::build_step_request;
+use super::step_trace::annotate_step;
 use crate::client::ShardClient;
 
 /// While transfers are in flight and nothing can be computed, the engine polls the shard for
@@ -247,6 +248,7 @@ impl Engine {
         let deadline = self.timeouts.step_deadline(plan.predicted_step_s);
         let span = tracing::info_span!("step", step_id = plan.step_id, requests = plan.scheduled.len(),
             tokens = plan.num_batched_tokens(), swap_out = plan.swap_out.len(), swap_in = plan.swap_in.len());
+        annotate_step(&span, &plan, &self.requests, self.scheduler.config().block_bytes);
         let response = match self.client.step(request, deadline).instrument(span).await {
             Ok(response) => response,
             Err(error) => {

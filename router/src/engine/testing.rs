@@ -1,7 +1,7 @@
 //! Request builders shared by the engine's unit tests.
 use std::time::Instant;
 
-use super::api::{GenerationRequest, SamplingParams};
+use super::api::{GenerationRequest, SamplingParams, SpanContext};
 
 pub(crate) fn greedy_request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest {
     GenerationRequest {
@@ -13,5 +13,6 @@ pub(crate) fn greedy_request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) ->
         top_n_tokens: 0,
         slo: None,
         arrival: Instant::now(),
+        span_context: SpanContext::empty_context(),
     }
 }

@@ -4,7 +4,7 @@
 //! - routes: `generate` (TGI), `openai` (chat and completions), `info` (health, info,
 //!   metrics, models), `openapi` (spec and docs page).
 //! - plumbing: `types` / `openai_types` (bodies), `extract` (JSON body, API key), `sse`,
-//!   `headers`, `stop`.
+//!   `headers`, `stop`, `trace` (the request span, continuing the client's trace).
 //! - serving: `listener` (accept loop, connection cap, graceful shutdown), `connection` (one
 //!   connection's protocols and timeouts).
 mod connection;
@@ -24,6 +24,7 @@ mod state;
 mod stop;
 #[cfg(test)]
 mod tests;
+mod trace;
 pub mod types;
 
 use std::sync::Arc;
@@ -80,7 +81,10 @@ pub fn router(
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             extract::require_api_key,
-        ));
+        ))
+        // Outermost, so a refused key is traced too. The generation routes only: a trace per
+        // scrape of /metrics or probe of /health would bury theirs.
+        .route_layer(middleware::from_fn(trace::request_span));
     let open_routes = Router::new()
         .route("/health", get(info::health))
         .route("/ping", get(info::ping))

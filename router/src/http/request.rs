@@ -11,6 +11,7 @@ use super::state::AppState;
 use super::types::GenerateParameters;
 use crate::engine::api::GenerationRequest;
 use crate::error::HttpError;
+use crate::trace_context;
 use crate::validation::{self, ValidParameters};
 
 /// A request that passed validation and is ready for the engine.
@@ -27,7 +28,8 @@ pub(crate) struct ValidRequest {
 }
 
 impl ValidRequest {
-    /// The engine's request; `seed` overrides the validated one (best_of candidates).
+    /// The engine's request; `seed` overrides the validated one (best_of candidates). Call it
+    /// in the span that submits the request: the steps serving it link to that span.
     pub fn engine_request(&self, seed: Option<u64>) -> GenerationRequest {
         let mut sampling = self.parameters.sampling.clone();
         if let Some(seed) = seed {
@@ -42,6 +44,7 @@ impl ValidRequest {
             top_n_tokens: self.parameters.top_n_tokens,
             slo: self.parameters.slo,
             arrival: self.arrival,
+            span_context: trace_context::span_context(&tracing::Span::current()),
         }
     }
 }
