@@ -108,6 +108,11 @@ def shard_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
     level = SHARD_LOG_LEVELS.get(config.log_level.strip().lower())
     if level is not None:
         argv += ["--log-level", level]
+    # The shard's spans go to the router's collector; OTLP_ENDPOINT, when that is how it was
+    # given, reaches the shard through the environment it inherits.
+    router_args = list(config.router_args)
+    if "--otlp-endpoint" in router_args:
+        argv += ["--otlp-endpoint", router_args[router_args.index("--otlp-endpoint") + 1]]
     return argv
 
 

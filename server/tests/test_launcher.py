@@ -255,3 +255,13 @@ def test_launch_fails_clearly_when_the_shard_dies(tmp_path, monkeypatch, capsys)
     launcher.add_arguments(parser)
     assert launcher.run(parser.parse_args(["--shard-startup-timeout-s", "60"])) == 1
     assert "shard exited with status 7" in capsys.readouterr().err
+
+
+def test_the_shard_exports_its_spans_where_the_router_does(monkeypatch):
+    monkeypatch.delenv("OTLP_ENDPOINT", raising=False)
+    config = parse(["--otlp-endpoint", "http://127.0.0.1:4317"])
+    router = launcher.router_argv(config, Path("/tmp/s.sock"))
+    shard = launcher.shard_argv(config, Path("/tmp/s.sock"))
+    assert router[router.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4317"
+    assert shard[shard.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4317"
+    assert "--otlp-endpoint" not in launcher.shard_argv(parse([]), Path("/tmp/s.sock"))

@@ -42,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write what warm-up measured (cost model, KV pools and geometry) to this JSON file, "
                         "the simulator's `measured:` profile")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--otlp-endpoint", default=os.environ.get("OTLP_ENDPOINT") or None,
+                        help="OpenTelemetry collector (OTLP/gRPC) for the shard's spans, e.g. http://localhost:4317; "
+                        "traces are off without it [env: OTLP_ENDPOINT]")
+    parser.add_argument("--otlp-service-name", default="superinfer.shard", help="service name on the shard's spans")
 
 
 def _cache_dir(arg: pathlib.Path | None) -> pathlib.Path:
@@ -119,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if shutdown.is_set():
         return 0
-    server = ShardServer(executor, args.uds_path)
+    from .telemetry import ShardTraces
+
+    server = ShardServer(executor, args.uds_path, ShardTraces.from_endpoint(args.otlp_endpoint, args.otlp_service_name))
     log.info("ready in %.2fs", time.perf_counter() - started)
     server.serve_until(shutdown)
     return 0

@@ -4,13 +4,15 @@ thread-safe: the gRPC layer serialises calls onto it.
 
 Step order, as the protocol fixes it: validate the whole plan (no change on failure) → forget
 → register new requests → enqueue transfers → one forward over every scheduled chunk →
-sample where the plan says so (a chunk that reaches the end of the request's known tokens) → report completed transfers."""
+sample where the plan says so (a chunk that reaches the end of the request's known tokens) → report completed transfers.
+The enqueueing, the forward and the sampling each get a span under the RPC's (`telemetry`)."""
 import json
 import logging
 import time
 
 import torch
 from google.protobuf import json_format
+from opentelemetry import trace
 from superinfer_kv import TransferEngine
 
 from ..pb import shard_pb2
@@ -22,6 +24,7 @@ from .model_runner import ModelRunner
 from .plan import PlanLimits, ScheduledWork, validate_plan
 from .requests import RequestState
 from .sampling import SamplingFailure, prompt_logprobs, sample
+from .telemetry import NO_TRACES
 from .transfers import TransferTracker
 from .warmup import measure_step_cost, measure_transfer_cost
 
@@ -134,7 +137,8 @@ class ShardExecutor:
         self.config.warmup_report.parent.mkdir(parents=True, exist_ok=True)
         self.config.warmup_report.write_text(json.dumps(report, indent=1) + "\n")
 
-    def step(self, request: shard_pb2.StepRequest) -> shard_pb2.StepResponse:
+    def step(self, request: shard_pb2.StepRequest, tracer: trace.Tracer = NO_TRACES) -> shard_pb2.StepResponse:
+        """`tracer`: makes the spans of the step's phases, under the current span."""
         started = time.perf_counter_ns()
         if self.tracker is None or self.limits is None:
             raise NotWarmedUpError("Step before Warmup: the KV pools are not allocated")
@@ -144,23 +148,48 @@ class ShardExecutor:
         for new in plan.new_requests:
             self.requests[new.request_id] = new
         transfer_start = time.perf_counter_ns()
-        self.tracker.submit(request.swap_out, request.swap_in)
+        with tracer.start_as_current_span("transfers") as span:
+            if span.is_recording():
+                span.set_attributes({"swap_out": len(request.swap_out), "swap_in": len(request.swap_in),
+                                     "blocks_out": sum(len(t.src_blocks) for t in request.swap_out),
+                                     "blocks_in": sum(len(t.src_blocks) for t in request.swap_in)})
+            self.tracker.submit(request.swap_out, request.swap_in)
         transfer_ns = time.perf_counter_ns() - transfer_start
-        outputs, forward_ns, sampling_ns = self._compute(plan.scheduled)
+        outputs, forward_ns, sampling_ns = self._compute(plan.scheduled, tracer)
+        completed = self.tracker.poll()
+        step_span = trace.get_current_span()
+        if step_span.is_recording():
+            step_span.set_attributes({"step_id": request.step_id, "scheduled": len(plan.scheduled),
+                                      "new_requests": len(plan.new_requests), "forget": len(plan.forget),
+                                      "completed_transfers": len(completed)})
         return shard_pb2.StepResponse(
             step_id=request.step_id,
             outputs=outputs,
-            completed_transfers=self.tracker.poll(),
+            completed_transfers=completed,
             timings=shard_pb2.StepTimings(
                 forward_ns=forward_ns, sampling_ns=sampling_ns, transfer_ns=transfer_ns,
                 total_ns=time.perf_counter_ns() - started,
             ),
         )
 
-    def _compute(self, scheduled: list[ScheduledWork]) -> tuple[list[shard_pb2.RequestOutput], int, int]:
+    def _compute(self, scheduled: list[ScheduledWork],
+                 tracer: trace.Tracer) -> tuple[list[shard_pb2.RequestOutput], int, int]:
+        """Outputs, forward time and sampling time (ns) of the scheduled work."""
         if not scheduled:
             return [], 0, 0
         forward_start = time.perf_counter_ns()
+        tokens = sum(work.num_new for work in scheduled)
+        with tracer.start_as_current_span("forward", attributes={"requests": len(scheduled), "tokens": tokens}):
+            logits, sample_rows, prompt_rows = self._forward(scheduled)
+        sampling_start = time.perf_counter_ns()
+        with tracer.start_as_current_span("sampling", attributes={"sampled": len(sample_rows)}):
+            outputs = self._sample(scheduled, logits, sample_rows, prompt_rows)
+        return outputs, sampling_start - forward_start, time.perf_counter_ns() - sampling_start
+
+    def _forward(self, scheduled: list[ScheduledWork]):
+        """One forward over every chunk; the logits of the rows sampling and prompt logprobs
+        need, the sampled rows as (index in `scheduled`, row in the logits) and the prompt rows
+        as index -> (first row in the logits, next prompt tokens)."""
         chunks, read_blocks, written_blocks = [], set(), set()
         for work in scheduled:
             tokens = self.requests[work.request_id].token_ids[work.start : work.start + work.num_new]
@@ -188,7 +217,10 @@ class ShardExecutor:
         logits = self.runner.logits(hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]) if rows else None
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
-        sampling_start = time.perf_counter_ns()
+        return logits, sample_rows, prompt_rows
+
+    def _sample(self, scheduled: list[ScheduledWork], logits, sample_rows: list[tuple[int, int]],
+                prompt_rows: dict[int, tuple[int, list[int]]]) -> list[shard_pb2.RequestOutput]:
         outputs = [shard_pb2.RequestOutput(request_id=work.request_id) for work in scheduled]
         if sample_rows:
             sampled_states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
@@ -204,7 +236,7 @@ class ShardExecutor:
                 ))
         for index, (first, targets) in prompt_rows.items():
             outputs[index].prompt_logprobs.extend(prompt_logprobs(logits[first : first + len(targets)], targets))
-        return outputs, sampling_start - forward_start, time.perf_counter_ns() - sampling_start
+        return outputs
 
     def reset(self) -> shard_pb2.ResetResponse:
         """Drops every request and waits for in-flight transfers (the router's recovery after

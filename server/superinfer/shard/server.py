@@ -13,6 +13,7 @@ import grpc
 from ..pb import shard_pb2_grpc
 from .executor import ShardExecutor
 from .servicer import ShardServicer
+from .telemetry import ShardTraces
 
 log = logging.getLogger(__name__)
 
@@ -20,9 +21,12 @@ _MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # Info carries the whole tokenizer.json
 
 
 class ShardServer:
-    def __init__(self, executor: ShardExecutor, uds_path: pathlib.Path):
+    """`traces`: where the RPCs' spans go (None: traces are off); the server closes it on stop."""
+
+    def __init__(self, executor: ShardExecutor, uds_path: pathlib.Path, traces: ShardTraces | None = None):
         self.executor = executor
         self.uds_path = uds_path
+        self.traces = traces or ShardTraces()
         options = [
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
@@ -30,7 +34,7 @@ class ShardServer:
         # Few threads: model work is serialised by the servicer; extra threads only let
         # Health and Info answer while a Step runs.
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
-        shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(executor), self._server)
+        shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(executor, self.traces), self._server)
         if uds_path.exists():
             os.unlink(uds_path)  # a stale socket from a killed run would block the bind
         uds_path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,6 +47,7 @@ class ShardServer:
     def stop(self, grace_s: float = 5.0) -> None:
         self._server.stop(grace_s).wait()
         self.executor.close()
+        self.traces.close()
         if self.uds_path.exists():
             os.unlink(self.uds_path)
         log.info("shard stopped")

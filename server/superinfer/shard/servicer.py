@@ -1,6 +1,7 @@
 """The gRPC face of the shard: maps RPCs onto the executor, one at a time, and each error
 kind onto one status code (bad plan → INVALID_ARGUMENT, Step before Warmup →
-FAILED_PRECONDITION, anything else → INTERNAL with the message)."""
+FAILED_PRECONDITION, anything else → INTERNAL with the message). Each RPC runs in its span,
+which continues the caller's trace (`telemetry`)."""
 import logging
 import threading
 
@@ -9,31 +10,34 @@ import grpc
 from ..pb import shard_pb2_grpc
 from .errors import NotWarmedUpError, PlanError
 from .executor import ShardExecutor
+from .telemetry import ShardTraces
 
 log = logging.getLogger(__name__)
 
 
 class ShardServicer(shard_pb2_grpc.ShardServicer):
-    def __init__(self, executor: ShardExecutor):
+    def __init__(self, executor: ShardExecutor, traces: ShardTraces | None = None):
         self.executor = executor
+        self.traces = traces or ShardTraces()
         # The model, the cache and the request table have one owner; gRPC worker threads
         # take turns on it (the router sends one Step at a time anyway).
         self._lock = threading.Lock()
 
     def _run(self, name: str, call, context: grpc.ServicerContext, exclusive: bool = True):
-        try:
-            if not exclusive:
-                return call()
-            with self._lock:
-                return call()
-        except PlanError as err:
-            log.warning("%s rejected: %s", name, err)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except NotWarmedUpError as err:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        except Exception as err:  # the shard keeps serving; the router decides what to do
-            log.exception("%s failed", name)
-            context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+        with self.traces.rpc(name, context):
+            try:
+                if not exclusive:
+                    return call()
+                with self._lock:
+                    return call()
+            except PlanError as err:
+                log.warning("%s rejected: %s", name, err)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            except NotWarmedUpError as err:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            except Exception as err:  # the shard keeps serving; the router decides what to do
+                log.exception("%s failed", name)
+                context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
 
     # Info reads immutable facts and Health a scratch tensor: neither waits behind a Step.
     def Info(self, request, context):
@@ -46,7 +50,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         return self._run("Warmup", lambda: self.executor.warmup(request), context)
 
     def Step(self, request, context):
-        return self._run("Step", lambda: self.executor.step(request), context)
+        return self._run("Step", lambda: self.executor.step(request, self.traces.tracer), context)
 
     def Reset(self, request, context):
         return self._run("Reset", self.executor.reset, context)
