@@ -72,13 +72,14 @@ def smollm2_dir() -> pathlib.Path:
     return resolve_model("default", pathlib.Path.home() / ".cache" / "superinfer").directory
 
 
-def make_runner(directory: pathlib.Path, device_blocks: int = 64, host_blocks: int = 0, block_size: int = 16):
+def make_runner(directory: pathlib.Path, device_blocks: int = 64, host_blocks: int = 0, block_size: int = 16,
+                dtype: torch.dtype = torch.float32):
     from superinfer.shard.loader import load_model
     from superinfer.shard.model_runner import ModelRunner
     from superinfer.shard.model_source import ModelSource
 
-    loaded = load_model(ModelSource(str(directory), directory), torch.float32, torch.device("cpu"))
-    runner = ModelRunner(loaded, torch.device("cpu"), torch.float32, block_size)
+    loaded = load_model(ModelSource(str(directory), directory), dtype, torch.device("cpu"))
+    runner = ModelRunner(loaded, torch.device("cpu"), dtype, block_size)
     runner.allocate(device_blocks, host_blocks)
     return runner
 

@@ -1,6 +1,8 @@
 """Our models against transformers' on the same weights: logits within 1e-3 (float32) and
 identical 32-token greedy continuations, for SmolLM2 and random Llama (plain and with Llama-3
-rope scaling), Mistral (with a sliding window shorter than the sequence) and Qwen2."""
+rope scaling), Mistral (with a sliding window shorter than the sequence) and Qwen2; SmolLM2 also
+in bfloat16 (the GPU dtype) and against transformers' own reading of the GGUF file it ships as
+(not only our conversion of it)."""
 import pytest
 import torch
 from conftest import build_tiny_model, make_runner, runner_greedy, runner_logits
@@ -58,3 +60,32 @@ def test_smollm2_matches_transformers(smollm2_dir):
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     runner = make_runner(smollm2_dir)
     _check(runner, model, PROMPT)
+
+
+def test_smollm2_matches_transformers_in_bfloat16(smollm2_dir):
+    # bf16 keeps 8 bits of mantissa: an implementation that rounds differently moves logits by
+    # about one ulp (0.125 at 16..32) and may swap near-ties; the next token must agree wherever
+    # the top two are apart. (Measured on 2026-11-30: the two agree exactly.)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16).eval()
+    runner = make_runner(smollm2_dir, dtype=torch.bfloat16)
+    reference, _ = _reference(model, PROMPT)
+    blocks = list(range(-(-len(PROMPT) // runner.block_size)))
+    ours = runner_logits(runner, PROMPT, blocks).float()
+    assert ours.dtype == reference.dtype == torch.float32
+    assert (ours - reference).abs().max().item() <= 0.125
+    top2 = reference.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.25
+    assert clear.sum() >= len(PROMPT) // 2
+    assert torch.equal(ours.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+def test_smollm2_matches_transformers_reading_the_gguf_file(smollm2_dir):
+    from transformers import AutoModelForCausalLM
+
+    from superinfer.shard.model_source import default_gguf_path
+
+    gguf = default_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    _check(make_runner(smollm2_dir), model, PROMPT)
