@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 ARGS ?=
 
-.PHONY: run test test-rust test-python test-integration soak build venv clients prometheus bench clean proto
+.PHONY: run test test-rust test-python test-integration test-ops soak build venv clients prometheus jaeger bench clean proto
 
 $(VENV)/.deps: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,25 @@ test-python: build
 	$(PY) -m pytest -q
 
 test-integration: build clients prometheus
-	$(CLIENTS)/bin/python -m pytest -q integration-tests
+	$(CLIENTS)/bin/python -m pytest -q integration-tests --ignore=integration-tests/ops
+
+# Operations checks against real collectors: traces read back from Jaeger (integration-tests/ops).
+test-ops: build clients jaeger
+	JAEGER_BIN=$(CURDIR)/$(JAEGER) $(CLIENTS)/bin/python -m pytest -q integration-tests/ops
+
+# Jaeger's all-in-one (OTLP receiver, memory storage, query API), built from its Go module into
+# target/jaeger/ (minutes, once). `go install module@version` refuses it (its go.mod has a
+# replace directive), so it is built as the main module from a copy of the downloaded source.
+JAEGER_VERSION := v1.76.0
+JAEGER := target/jaeger/bin/all-in-one
+jaeger: $(JAEGER)
+$(JAEGER):
+	command -v go >/dev/null || { echo "make jaeger: needs the Go toolchain"; exit 1; }
+	go mod download github.com/jaegertracing/jaeger@$(JAEGER_VERSION)
+	rm -rf target/jaeger/src && mkdir -p target/jaeger
+	cp -r "$$(go env GOMODCACHE)/github.com/jaegertracing/jaeger@$(JAEGER_VERSION)" target/jaeger/src
+	chmod -R u+w target/jaeger/src
+	cd target/jaeger/src && go build -o ../bin/all-in-one ./cmd/all-in-one
 
 # test_prometheus.py scrapes the router with a real Prometheus server: Debian's package, installed
 # when none is on PATH (as root, which CI is; a fresh machine has no package lists yet).
