@@ -1,6 +1,6 @@
 //! The engine against the real Python shard on the embedded model: generation, determinism
-//! under batching, cancellation, and shard failure. Skipped (with a note) when the project's
-//! virtualenv is missing, e.g. in a `cargo test` run before `make build`.
+//! under batching, cancellation, shard stalls and failure. They need the project's virtualenv
+//! (`make venv`); without it they fail, saying so.
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,13 +40,12 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("router/ has a parent").to_path_buf()
 }
 
-fn start_shard(name: &str) -> Option<Shard> {
+fn start_shard(name: &str) -> Shard {
     let root = repo_root();
     let python = root.join(".venv/bin/python");
-    if !python.exists() {
-        eprintln!("skipping: {} is missing (run `make build` first)", python.display());
-        return None;
-    }
+    // A missing environment is a failure, not a silent pass: these are the engine's only
+    // tests against the real shard.
+    assert!(python.exists(), "{} is missing: run `make venv` (or `make test`) first", python.display());
     let dir = std::env::temp_dir().join(format!("superinfer-engine-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let socket = dir.join("shard.sock");
@@ -60,7 +59,7 @@ fn start_shard(name: &str) -> Option<Shard> {
         .stderr(std::fs::File::create(dir.join("shard.log")).expect("shard log"))
         .spawn()
         .expect("start the shard");
-    Some(Shard { process, log: dir.join("shard.log"), _dir: TempDir(dir), socket })
+    Shard { process, log: dir.join("shard.log"), _dir: TempDir(dir), socket }
 }
 
 async fn engine(shard: &Shard, policy: &str, tracker: &TaskTracker, shutdown: &CancellationToken) -> EngineHandle {
@@ -130,7 +129,7 @@ fn prompt(seed: u32, length: u32) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generates_batches_and_cancels_on_the_real_shard() {
-    let Some(shard) = start_shard("generate") else { return };
+    let shard = start_shard("generate");
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
     // fcfs reserves worst-case blocks and never preempts: the cancellation check below can
     // only pass if the cancelled request really returned its reservation.
@@ -171,7 +170,7 @@ async fn generates_batches_and_cancels_on_the_real_shard() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_shard_fails_running_requests_then_the_engine_gives_up() {
-    let Some(mut shard) = start_shard("failure") else { return };
+    let mut shard = start_shard("failure");
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
     let flags = ["--scheduler", "rotasched", "--shard-recovery-timeout-s", "3"];
     let engine = engine_with(&shard, &flags, &tracker, &shutdown).await;
@@ -195,7 +194,7 @@ async fn a_dead_shard_fails_running_requests_then_the_engine_gives_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_shard_fails_the_step_in_time_and_the_engine_recovers() {
-    let Some(shard) = start_shard("stall") else { return };
+    let shard = start_shard("stall");
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
     let flags = ["--scheduler", "rotasched", "--step-timeout-s", "2", "--shard-recovery-timeout-s", "120"];
     let engine = engine_with(&shard, &flags, &tracker, &shutdown).await;
