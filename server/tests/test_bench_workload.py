@@ -1,4 +1,6 @@
 """Trace loading and scaling, arrival processes, and workload construction."""
+import argparse
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -7,12 +9,9 @@ import pytest
 from superinfer.bench.arrivals import gamma_arrivals
 from superinfer.bench.prompts import LengthLimits, PromptBuilder
 from superinfer.bench.sharegpt import Conversation, load_conversations
-from superinfer.bench.trace import load_trace
+from superinfer.bench.trace import DEFAULT_TRACE, load_trace
 from superinfer.bench.workload import WorkloadConfig, attach_prompts, plan
 
-AZURE = Path("/work/shared/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv")
-# The trace ships beside the repository (../shared); a clone elsewhere may not have it.
-SHARED_AZURE = Path(__file__).resolve().parents[3] / "shared/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 
 
 class WordTokenizer:
@@ -62,9 +61,14 @@ def test_trace_arrivals_with_clipped_trace_lengths(tmp_path):
     assert [(s.prompt_tokens, s.max_new_tokens) for s in specs] == [(100, 10), (200, 20), (1024, 26), (400, 40)]
 
 
-@pytest.mark.skipif(not SHARED_AZURE.is_file() and not AZURE.is_file(), reason="Azure trace not present")
+def test_shipped_azure_trace_is_the_published_file():
+    readme = (DEFAULT_TRACE.parent / "README.md").read_text()
+    assert hashlib.sha256(DEFAULT_TRACE.read_bytes()).hexdigest() in readme
+    assert "Attribution 4.0 International" in (DEFAULT_TRACE.parent / "LICENSE").read_text()
+
+
 def test_real_azure_trace_matches_its_readme():
-    trace = load_trace(SHARED_AZURE if SHARED_AZURE.is_file() else AZURE)
+    trace = load_trace(DEFAULT_TRACE)
     assert len(trace) == 19366
     assert trace.mean_rate == pytest.approx(5.5, rel=0.05)
     assert trace.prompt_tokens.max() == 14050 and trace.output_tokens.max() == 1000
@@ -120,3 +124,15 @@ def test_a_truncated_sharegpt_file_keeps_its_complete_entries(tmp_path):
         ' {"id": "b", "conversations": [{"from": "human", "value": "cut off mid-str'
     )
     assert load_conversations(path) == [Conversation("p", "r")]
+
+
+def test_trace_workloads_default_to_the_shipped_trace(tmp_path):
+    from superinfer.bench import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_workload_arguments(parser)
+    assert len(cli.workload_trace(parser.parse_args(["--arrival", "trace"]))) == 19366
+    assert len(cli.workload_trace(parser.parse_args(["--lengths", "trace"]))) == 19366
+    assert cli.workload_trace(parser.parse_args([])) is None
+    given = write_trace(tmp_path / "t.csv")
+    assert len(cli.workload_trace(parser.parse_args(["--lengths", "trace", "--trace", str(given)]))) == len(load_trace(given))

@@ -14,7 +14,7 @@ from superinfer.bench.server_process import LaunchedServer, LaunchOptions
 from superinfer.bench.sharegpt import load_conversations
 from superinfer.bench.sweep import SloRequest, WorkloadInputs, calibrate, sweep, workloads_for
 from superinfer.bench.tokenizer import HttpTokenizer, local_tokenizer
-from superinfer.bench.trace import load_trace
+from superinfer.bench.trace import DEFAULT_TRACE, Trace, load_trace
 from superinfer.bench.workload import WorkloadConfig
 
 
@@ -28,7 +28,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rates", type=_floats, default=[1.0], help="comma-separated request rates (req/s)")
     group.add_argument("--arrival", choices=["poisson", "gamma", "trace"], default="poisson")
     group.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson, < 1 burstier)")
-    group.add_argument("--trace", help="Azure LLM inference trace CSV (arrivals and/or lengths)")
+    group.add_argument("--trace", help="Azure LLM inference trace CSV for trace arrivals or lengths (default: the "
+                       "repository's data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv)")
     group.add_argument("--num-requests", type=int, default=None, help="stop after this many requests")
     group.add_argument("--duration", type=float, default=None, help="stop after this many seconds of arrivals")
     group.add_argument("--lengths", choices=["fixed", "trace", "sharegpt"], default="fixed")
@@ -83,8 +84,15 @@ def slo_request(args: argparse.Namespace) -> SloRequest:
                       args.tbt_percentile, getattr(args, "calibration_requests", 1))
 
 
+def workload_trace(args: argparse.Namespace) -> Trace | None:
+    """--trace, else the repository's Azure trace when arrivals or lengths come from a trace."""
+    if args.trace is None and "trace" not in (args.arrival, args.lengths):
+        return None
+    return load_trace(args.trace or DEFAULT_TRACE)
+
+
 def _inputs(args: argparse.Namespace, url: str) -> WorkloadInputs:
-    trace = load_trace(args.trace) if args.trace else None
+    trace = workload_trace(args)
     tokenizer = HttpTokenizer(url) if args.tokenizer == "server" else local_tokenizer(args.tokenizer)
     return WorkloadInputs(trace, load_conversations(args.sharegpt), tokenizer)
 

@@ -1,12 +1,15 @@
 """Loads a request trace in the Azure LLM inference format (`TIMESTAMP,ContextTokens,
 GeneratedTokens`, rows in time order) and rescales its arrival times to a target mean rate,
-keeping the trace's burst pattern."""
+keeping the trace's burst pattern. The default trace is the Azure conversation trace shipped in
+the repository (data/azure-llm-2023/, CC BY 4.0, its README and licence beside it)."""
 import csv
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "data" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ def load_trace(path: str | Path) -> Trace:
     """Reads the CSV; offsets are relative to the first row."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"trace file not found: {path}")
+        where = " (the default trace ships in a clone of the repository, not in the wheel)" if path == DEFAULT_TRACE else ""
+        raise FileNotFoundError(f"trace file not found: {path}{where}")
     times, prompts, outputs = [], [], []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)

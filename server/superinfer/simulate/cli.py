@@ -6,10 +6,9 @@ import argparse
 from dataclasses import asdict, replace
 
 from superinfer.bench import plots, report
-from superinfer.bench.cli import add_workload_arguments, slo_request, workload_config
+from superinfer.bench.cli import add_workload_arguments, slo_request, workload_config, workload_trace
 from superinfer.bench.sharegpt import load_conversations
 from superinfer.bench.tokenizer import local_tokenizer
-from superinfer.bench.trace import load_trace
 from superinfer.bench.workload import RequestSpec, WorkloadConfig, plan
 from superinfer.simulate.profiles import resolve
 from superinfer.simulate.runner import SimOptions, simulate, unloaded_latency
@@ -42,7 +41,7 @@ def _profile(args: argparse.Namespace):
 def planned_workloads(args: argparse.Namespace) -> tuple[WorkloadConfig, dict[float, list[RequestSpec]]]:
     """The workload options' config and, per rate, its arrivals and lengths (no prompt text)."""
     config = workload_config(args)
-    trace = load_trace(args.trace) if args.trace else None
+    trace = workload_trace(args)
     conversations = tokenizer = None
     if config.lengths == "sharegpt":
         conversations, tokenizer = load_conversations(args.sharegpt), local_tokenizer(args.tokenizer)
