@@ -11,8 +11,9 @@ use tracing::Instrument;
 
 use super::extract::JsonBody;
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
-use super::headers::{figures, finished_headers, record_in_span, stream_headers};
+use super::headers::{finished_headers, stream_headers};
 use super::request::{acquire_permit, validate_request, ValidRequest};
+use super::request_log::RequestLog;
 use super::sse::{sse_response, EventSender};
 use super::state::AppState;
 use super::types::{
@@ -20,7 +21,6 @@ use super::types::{
     StreamDetails, StreamResponse,
 };
 use crate::error::{ErrorBody, HttpError};
-use crate::metrics;
 use crate::validation::validate_stream;
 
 /// Generate tokens.
@@ -44,11 +44,9 @@ pub(crate) async fn generate(
     State(state): State<Arc<AppState>>,
     JsonBody(request): JsonBody<GenerateRequest>,
 ) -> Result<(HeaderMap, Json<GenerateResponse>), HttpError> {
-    let arrival = Instant::now();
-    metrics::request_received();
-    generate_response(&state, request, arrival)
+    let log = RequestLog::start("/generate", Instant::now());
+    generate_response(&state, request, &log)
         .await
-        .inspect_err(|error| metrics::request_failed(error.error_type()))
         .map(|(headers, response)| (headers, Json(response)))
 }
 
@@ -62,23 +60,36 @@ pub(crate) async fn generate_stream(
     State(state): State<Arc<AppState>>,
     JsonBody(request): JsonBody<GenerateRequest>,
 ) -> Response {
-    stream_response(state, request, Instant::now())
+    stream_response(state, request, "/generate_stream", Instant::now())
 }
 
 /// TGI's compat route: `stream` chooses; the non-streamed answer is a one-element array.
 #[utoipa::path(post, path = "/", tag = "Text Generation Inference",
     request_body = CompatGenerateRequest,
     responses((status = 200, body = [GenerateResponse]), (status = 422, body = ErrorBody)))]
-#[tracing::instrument(skip_all, fields(stream = request.stream))]
+#[tracing::instrument(
+    skip_all,
+    fields(
+        stream = request.stream,
+        total_time,
+        validation_time,
+        queue_time,
+        inference_time,
+        time_per_token,
+        seed
+    )
+)]
 pub(crate) async fn compat_generate(
     State(state): State<Arc<AppState>>,
     JsonBody(request): JsonBody<CompatGenerateRequest>,
 ) -> Response {
+    let arrival = Instant::now();
     if request.stream {
-        return stream_response(state, request.into(), Instant::now());
+        return stream_response(state, request.into(), "/", arrival);
     }
-    match generate(State(state), JsonBody(request.into())).await {
-        Ok((headers, Json(response))) => (headers, Json(vec![response])).into_response(),
+    let log = RequestLog::start("/", arrival);
+    match generate_response(&state, request.into(), &log).await {
+        Ok((headers, response)) => (headers, Json(vec![response])).into_response(),
         Err(error) => error.into_response(),
     }
 }
@@ -121,27 +132,35 @@ pub(crate) async fn tokenize(
 async fn generate_response(
     state: &AppState,
     request: GenerateRequest,
-    arrival: Instant,
+    log: &RequestLog,
 ) -> Result<(HeaderMap, GenerateResponse), HttpError> {
-    let _permit = acquire_permit(&state.permits)?;
     let characters = request.inputs.chars().count();
-    let valid = validate_request(state, request.inputs, &request.parameters, true, arrival).await?;
-    let (best, others) = run_candidates(state, &valid).await?;
-    let headers = finished_headers(
-        &best,
-        valid.max_new_tokens,
-        &state.config.compute_type,
-        characters,
-    );
+    let run = async {
+        let _permit = acquire_permit(&state.permits)?;
+        let valid = validate_request(
+            state,
+            request.inputs,
+            &request.parameters,
+            true,
+            log.arrival(),
+        )
+        .await?;
+        let (best, others) = run_candidates(state, &valid, log).await?;
+        Ok((valid, best, others))
+    };
+    let (valid, best, others) = run.await.inspect_err(|error| log.failed(error))?;
+    let figures = log.succeeded(&best, valid.max_new_tokens);
+    let headers = finished_headers(&figures, &best, &state.config.compute_type, characters);
     Ok((headers, to_response(&valid, best, others)))
 }
 
 /// Runs the request (`best_of` independent samples of it) to the end. Returns the candidate
-/// with the highest mean logprob and the others.
+/// with the highest mean logprob and the others. Each candidate is noted in `log`.
 #[tracing::instrument(skip_all, fields(best_of = valid.parameters.best_of))]
 pub(crate) async fn run_candidates(
     state: &AppState,
     valid: &ValidRequest,
+    log: &RequestLog,
 ) -> Result<(GenerationOutput, Vec<GenerationOutput>), HttpError> {
     let best_of = valid.parameters.best_of.max(1);
     let candidates = (0..best_of).map(|_| {
@@ -153,6 +172,7 @@ pub(crate) async fn run_candidates(
         };
         async move {
             let stream = state.engine.submit(valid.engine_request(Some(seed)))?;
+            log.submitted(valid, &stream);
             Generation::new(stream, valid, state.tokenizer.clone(), seed)
                 .collect()
                 .await
@@ -215,14 +235,19 @@ fn to_response(
 }
 
 /// Answers with SSE at once; validation and engine errors arrive as an error event.
-fn stream_response(state: Arc<AppState>, request: GenerateRequest, arrival: Instant) -> Response {
+fn stream_response(
+    state: Arc<AppState>,
+    request: GenerateRequest,
+    route: &'static str,
+    arrival: Instant,
+) -> Response {
     let headers = stream_headers(&state.config.compute_type, request.inputs.chars().count());
     let span = tracing::Span::current();
     sse_response(headers, move |sender| {
         async move {
-            metrics::request_received();
-            if let Err(error) = run_stream(&state, request, arrival, &sender).await {
-                metrics::request_failed(error.error_type());
+            let log = RequestLog::start(route, arrival);
+            if let Err(error) = run_stream(&state, request, &log, &sender).await {
+                log.failed(&error);
                 sender.send_json(&error.body()).await;
             }
         }
@@ -245,21 +270,27 @@ fn stream_response(state: Arc<AppState>, request: GenerateRequest, arrival: Inst
 async fn run_stream(
     state: &AppState,
     request: GenerateRequest,
-    arrival: Instant,
+    log: &RequestLog,
     sender: &EventSender,
 ) -> Result<(), HttpError> {
     let _permit = acquire_permit(&state.permits)?;
-    let valid = validate_request(state, request.inputs, &request.parameters, true, arrival).await?;
+    let valid = validate_request(
+        state,
+        request.inputs,
+        &request.parameters,
+        true,
+        log.arrival(),
+    )
+    .await?;
     validate_stream(&valid.parameters)?;
     let seed = valid.parameters.sampling.seed;
     let stream = state.engine.submit(valid.engine_request(None))?;
+    log.submitted(&valid, &stream);
     let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
     loop {
         let event = tokio::select! {
-            _ = sender.closed() => {
-                metrics::request_failed("dropped");
-                return Ok(());
-            }
+            // The log records the request as dropped.
+            _ = sender.closed() => return Ok(()),
             event = generation.next() => event,
         };
         match event.ok_or(HttpError::Incomplete)?? {
@@ -270,7 +301,9 @@ async fn run_stream(
                 end,
                 ..
             } => {
-                let last = end.as_ref().map(|output| last_event_fields(&valid, output));
+                let last = end
+                    .as_ref()
+                    .map(|output| last_event_fields(&valid, output, log));
                 let done = last.is_some();
                 let (generated_text, details) = last.unzip();
                 let event = StreamResponse {
@@ -285,7 +318,7 @@ async fn run_stream(
                 }
             }
             GenerationEvent::End(output) => {
-                metrics::request_succeeded(&figures(&output, valid.max_new_tokens));
+                log.succeeded(&output, valid.max_new_tokens);
                 return Ok(());
             }
         }
@@ -293,10 +326,12 @@ async fn run_stream(
 }
 
 /// `generated_text` and `details` of the last event; records the success.
-fn last_event_fields(valid: &ValidRequest, output: &GenerationOutput) -> (String, StreamDetails) {
-    let figures = figures(output, valid.max_new_tokens);
-    metrics::request_succeeded(&figures);
-    record_in_span(&figures, output.seed);
+fn last_event_fields(
+    valid: &ValidRequest,
+    output: &GenerationOutput,
+    log: &RequestLog,
+) -> (String, StreamDetails) {
+    log.succeeded(output, valid.max_new_tokens);
     let details = StreamDetails {
         finish_reason: output.finish_reason,
         generated_tokens: output.generated_tokens,

@@ -1,38 +1,16 @@
-//! TGI's response headers and the success metrics, both computed from a finished generation.
-use std::time::Instant;
-
+//! TGI's response headers: of a finished generation, or of a stream (sent before its end).
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::generation::GenerationOutput;
-use crate::metrics::{self, RequestFigures};
+use crate::metrics::RequestFigures;
 
-pub(crate) fn figures(output: &GenerationOutput, max_new_tokens: u32) -> RequestFigures {
-    let timings = &output.timings;
-    RequestFigures {
-        total: Instant::now().saturating_duration_since(timings.arrival),
-        validation: timings.validated.saturating_duration_since(timings.arrival),
-        queue: timings
-            .first_scheduled
-            .saturating_duration_since(timings.validated),
-        inference: timings
-            .finished
-            .saturating_duration_since(timings.first_scheduled),
-        input_length: output.input_length,
-        generated_tokens: output.generated_tokens,
-        max_new_tokens,
-    }
-}
-
-/// Records the success metrics and returns TGI's x-* headers of a non-streamed response.
+/// TGI's x-* headers of a non-streamed response (`figures`: from `RequestLog::succeeded`).
 pub(crate) fn finished_headers(
+    figures: &RequestFigures,
     output: &GenerationOutput,
-    max_new_tokens: u32,
     compute_type: &str,
     compute_characters: usize,
 ) -> HeaderMap {
-    let figures = figures(output, max_new_tokens);
-    metrics::request_succeeded(&figures);
-    record_in_span(&figures, output.seed);
     let mut headers = HeaderMap::new();
     let mut insert = |name: &'static str, value: String| {
         if let Ok(value) = HeaderValue::from_str(&value) {
@@ -59,22 +37,6 @@ pub(crate) fn finished_headers(
     insert("x-prompt-tokens", output.input_length.to_string());
     insert("x-generated-tokens", output.generated_tokens.to_string());
     headers
-}
-
-/// TGI's handler span fields; a span that does not declare them ignores the values.
-pub(crate) fn record_in_span(figures: &RequestFigures, seed: Option<u64>) {
-    let span = tracing::Span::current();
-    span.record("total_time", tracing::field::debug(figures.total));
-    span.record("validation_time", tracing::field::debug(figures.validation));
-    span.record("queue_time", tracing::field::debug(figures.queue));
-    span.record("inference_time", tracing::field::debug(figures.inference));
-    span.record(
-        "time_per_token",
-        tracing::field::debug(figures.time_per_token()),
-    );
-    if let Some(seed) = seed {
-        span.record("seed", seed);
-    }
 }
 
 /// The headers of a streamed response (sent before the outcome is known).

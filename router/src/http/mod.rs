@@ -4,7 +4,8 @@
 //! - routes: `generate` (TGI), `openai` (chat and completions), `info` (health, info,
 //!   metrics, models), `openapi` (spec and docs page).
 //! - plumbing: `types` / `openai_types` (bodies), `extract` (JSON body, API key), `sse`,
-//!   `headers`, `stop`, `trace` (the request span, continuing the client's trace).
+//!   `headers`, `stop`, `trace` (the request span, continuing the client's trace),
+//!   `request_log` (a request's outcome: metrics and its one log line).
 //! - serving: `listener` (accept loop, connection cap, graceful shutdown), `connection` (one
 //!   connection's protocols and timeouts).
 mod connection;
@@ -19,6 +20,7 @@ mod openai_stream;
 pub mod openai_types;
 mod openapi;
 mod request;
+mod request_log;
 mod sse;
 mod state;
 mod stop;

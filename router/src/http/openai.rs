@@ -19,12 +19,15 @@ use super::openai_stream::{
 };
 use super::openai_types::*;
 use super::request::{acquire_permit, validate_request, ValidRequest};
+use super::request_log::RequestLog;
 use super::state::AppState;
 use super::types::{GenerateParameters, Token};
 use crate::chat_template::TemplateMessage;
 use crate::error::{ErrorBody, HttpError};
-use crate::metrics;
 use crate::validation::ValidationError;
+
+const CHAT_ROUTE: &str = "/v1/chat/completions";
+const COMPLETIONS_ROUTE: &str = "/v1/completions";
 
 /// Chat completion over the model's chat template.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI",
@@ -45,6 +48,7 @@ pub(crate) async fn chat_completions(
     if stream {
         let headers = stream_headers(&state.config.compute_type, 0);
         let plan = StreamPlan {
+            route: CHAT_ROUTE,
             prompts: vec![prepared],
             add_special_tokens: false,
             include_usage,
@@ -53,15 +57,15 @@ pub(crate) async fn chat_completions(
         };
         return openai_stream(state, headers, plan, Arc::new(chat_chunk));
     }
-    metrics::request_received();
+    let log = RequestLog::start(CHAT_ROUTE, arrival);
     let result = async {
         let (prompt, parameters) = prepared?;
         let _permit = acquire_permit(&state.permits)?;
         let inputs = prompt.render(&state)?;
         let valid = validate_request(&state, inputs, &parameters, false, arrival).await?;
-        let (output, _) = run_candidates(&state, &valid).await?;
-        let headers =
-            finished_headers(&output, valid.max_new_tokens, &state.config.compute_type, 0);
+        let (output, _) = run_candidates(&state, &valid, &log).await?;
+        let figures = log.succeeded(&output, valid.max_new_tokens);
+        let headers = finished_headers(&figures, &output, &state.config.compute_type, 0);
         let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
         Ok::<_, HttpError>((
             headers,
@@ -69,7 +73,7 @@ pub(crate) async fn chat_completions(
         ))
     }
     .await;
-    respond(result)
+    respond(result, &log)
 }
 
 /// Text completion of one prompt or a batch of them (up to `max_client_batch_size`).
@@ -94,6 +98,7 @@ pub(crate) async fn completions(
             Err(error) => vec![Err(error)],
         };
         let plan = StreamPlan {
+            route: COMPLETIONS_ROUTE,
             prompts,
             add_special_tokens: true,
             include_usage,
@@ -102,33 +107,35 @@ pub(crate) async fn completions(
         };
         return openai_stream(state, headers, plan, Arc::new(completion_chunk));
     }
-    metrics::request_received();
+    let log = RequestLog::start(COMPLETIONS_ROUTE, arrival);
     let result = async {
         let prompts = prepared?;
         let runs = prompts.into_iter().map(|(prompt, parameters)| {
-            let state = &state;
+            let (state, log) = (&state, &log);
             async move {
                 let _permit = acquire_permit(&state.permits)?;
                 let inputs = prompt.render(state)?;
                 let valid = validate_request(state, inputs, &parameters, true, arrival).await?;
-                let (output, _) = run_candidates(state, &valid).await?;
+                let (output, _) = run_candidates(state, &valid, log).await?;
                 Ok::<_, HttpError>((valid, output))
             }
         });
         let outputs = try_join_all(runs).await?;
         let (valid, first) = outputs.first().ok_or(HttpError::Incomplete)?;
-        let headers = finished_headers(first, valid.max_new_tokens, &state.config.compute_type, 0);
+        // One request with one set of headers and figures: the first prompt's, as TGI's.
+        let figures = log.succeeded(first, valid.max_new_tokens);
+        let headers = finished_headers(&figures, first, &state.config.compute_type, 0);
         Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs))))
     }
     .await;
-    respond(result)
+    respond(result, &log)
 }
 
-fn respond<T: IntoResponse>(result: Result<T, HttpError>) -> Response {
+fn respond<T: IntoResponse>(result: Result<T, HttpError>, log: &RequestLog) -> Response {
     match result {
         Ok(response) => response.into_response(),
         Err(error) => {
-            metrics::request_failed(error.error_type());
+            log.failed(&error);
             error.into_response()
         }
     }

@@ -10,15 +10,14 @@ use futures::future::join_all;
 use tracing::Instrument;
 
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
-use super::headers::figures;
 use super::openai_types::{unix_now, Usage};
 use super::request::{acquire_permit, validate_request};
+use super::request_log::RequestLog;
 use super::sse::{sse_response, EventSender};
 use super::state::AppState;
 use super::types::{GenerateParameters, Token};
 use crate::chat_template::TemplateMessage;
 use crate::error::HttpError;
-use crate::metrics;
 use crate::validation::validate_stream;
 
 /// Identity fields that every response and chunk of one request repeats.
@@ -82,6 +81,8 @@ impl PromptText {
 }
 
 pub(crate) struct StreamPlan {
+    /// For the request log.
+    pub route: &'static str,
     pub prompts: Vec<PreparedPrompt>,
     pub add_special_tokens: bool,
     pub include_usage: bool,
@@ -100,6 +101,7 @@ pub(crate) fn openai_stream(
     sse_response(headers, move |sender| {
         async move {
             let StreamPlan {
+                route,
                 prompts,
                 add_special_tokens,
                 include_usage,
@@ -108,11 +110,18 @@ pub(crate) fn openai_stream(
             } = plan;
             let choices = prompts.into_iter().enumerate().map(|(index, prompt)| {
                 let choice = Choice {
+                    route,
                     index: index as u32,
                     add_special_tokens,
                     arrival,
                 };
-                run_choice(&state, choice, prompt, &identity, &sender, chunk.as_ref())
+                let shared = Shared {
+                    state: &state,
+                    identity: &identity,
+                    sender: &sender,
+                    chunk: chunk.as_ref(),
+                };
+                run_choice(shared, choice, prompt)
             });
             let results = join_all(choices).await;
             let mut usage = Usage::new(0, 0);
@@ -145,8 +154,18 @@ fn usage_chunk(identity: &ResponseIdentity, usage: Usage) -> serde_json::Value {
     })
 }
 
+/// What the choices of one stream share.
+#[derive(Clone, Copy)]
+struct Shared<'a> {
+    state: &'a AppState,
+    identity: &'a ResponseIdentity,
+    sender: &'a EventSender,
+    chunk: &'a ChunkBuilder,
+}
+
 #[derive(Clone, Copy)]
 struct Choice {
+    route: &'static str,
     index: u32,
     add_special_tokens: bool,
     arrival: Instant,
@@ -154,19 +173,16 @@ struct Choice {
 
 /// Streams one choice; `Ok(None)` when the client left, `Err` after reporting an error.
 async fn run_choice(
-    state: &AppState,
+    shared: Shared<'_>,
     choice: Choice,
     prompt: PreparedPrompt,
-    identity: &ResponseIdentity,
-    sender: &EventSender,
-    chunk: &ChunkBuilder,
 ) -> Result<Option<Usage>, ()> {
-    metrics::request_received();
-    match stream_choice(state, choice, prompt, identity, sender, chunk).await {
+    let log = RequestLog::start(choice.route, choice.arrival);
+    match stream_choice(shared, choice, prompt, &log).await {
         Ok(usage) => Ok(usage),
         Err(error) => {
-            metrics::request_failed(error.error_type());
-            sender.send_json(&error.openai_stream_body()).await;
+            log.failed(&error);
+            shared.sender.send_json(&error.openai_stream_body()).await;
             Err(())
         }
     }
@@ -174,13 +190,17 @@ async fn run_choice(
 
 #[tracing::instrument(skip_all, fields(index = choice.index))]
 async fn stream_choice(
-    state: &AppState,
+    shared: Shared<'_>,
     choice: Choice,
     prompt: PreparedPrompt,
-    identity: &ResponseIdentity,
-    sender: &EventSender,
-    chunk: &ChunkBuilder,
+    log: &RequestLog,
 ) -> Result<Option<Usage>, HttpError> {
+    let Shared {
+        state,
+        identity,
+        sender,
+        chunk,
+    } = shared;
     let (prompt, parameters) = prompt?;
     let _permit = acquire_permit(&state.permits)?;
     let inputs = prompt.render(state)?;
@@ -195,13 +215,12 @@ async fn stream_choice(
     validate_stream(&valid.parameters)?;
     let seed = valid.parameters.sampling.seed;
     let stream = state.engine.submit(valid.engine_request(None))?;
+    log.submitted(&valid, &stream);
     let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
     loop {
         let event = tokio::select! {
-            _ = sender.closed() => {
-                metrics::request_failed("dropped");
-                return Ok(None);
-            }
+            // The log records the choice as dropped.
+            _ = sender.closed() => return Ok(None),
             event = generation.next() => event,
         };
         let event = event.ok_or(HttpError::Incomplete)??;
@@ -210,7 +229,7 @@ async fn stream_choice(
             return Ok(None);
         }
         if let Some(output) = output {
-            metrics::request_succeeded(&figures(&output, valid.max_new_tokens));
+            log.succeeded(&output, valid.max_new_tokens);
             return Ok(Some(Usage::new(
                 output.input_length,
                 output.generated_tokens,

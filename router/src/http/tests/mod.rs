@@ -4,6 +4,7 @@
 //! thereby checked deterministically; the integration tests run the same against the model.
 mod listener;
 mod openai;
+mod request_log;
 mod scripted_shard;
 
 use std::sync::{Arc, Mutex};
