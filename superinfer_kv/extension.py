@@ -7,6 +7,10 @@ first use after a change compiles (about a minute); later loads take millisecond
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -15,15 +19,28 @@ from torch.utils import cpp_extension
 from .cuda_toolchain import build_cuda_extension
 from .sources import CPU_SOURCES, CSRC, CUDA_ARCH_FLAGS, CUDA_SOURCES, CXX_FLAGS
 
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _logged_load(kind: str) -> Iterator[None]:
+    # A first build takes about a minute with nothing else to show: say so before, and after.
+    log.info("loading DuplexKV's %s extension (the first use after a change compiles it: about a minute)", kind)
+    started = time.perf_counter()
+    yield
+    log.info("DuplexKV's %s extension ready in %.1f s", kind, time.perf_counter() - started)
+
+
 def load_cpu_extension() -> ModuleType:
     """Builds (once) and imports the CPU gather/scatter extension."""
-    return cpp_extension.load(
-        name="superinfer_kv_cpu",
-        sources=[str(CSRC / name) for name in CPU_SOURCES],
-        extra_cflags=list(CXX_FLAGS),
-        extra_ldflags=["-lpthread"],
-        verbose=False,
-    )
+    with _logged_load("CPU"):
+        return cpp_extension.load(
+            name="superinfer_kv_cpu",
+            sources=[str(CSRC / name) for name in CPU_SOURCES],
+            extra_cflags=list(CXX_FLAGS),
+            extra_ldflags=["-lpthread"],
+            verbose=False,
+        )
 
 
 def load_cuda_extension() -> ModuleType:
@@ -32,12 +49,13 @@ def load_cuda_extension() -> ModuleType:
     torch's builder needs ninja; where it is missing (a bare GPU image) nvcc and the host
     compiler are driven directly, caching under ~/.cache/superinfer_kv/cuda.
     """
-    if not cpp_extension.is_ninja_available():
-        return build_cuda_extension(Path.home() / ".cache" / "superinfer_kv" / "cuda")
-    return cpp_extension.load(
-        name="superinfer_kv_cuda",
-        sources=[str(CSRC / name) for name in CUDA_SOURCES],
-        extra_cflags=list(CXX_FLAGS),
-        extra_cuda_cflags=["-O3", *CUDA_ARCH_FLAGS],
-        verbose=False,
-    )
+    with _logged_load("CUDA"):
+        if not cpp_extension.is_ninja_available():
+            return build_cuda_extension(Path.home() / ".cache" / "superinfer_kv" / "cuda")
+        return cpp_extension.load(
+            name="superinfer_kv_cuda",
+            sources=[str(CSRC / name) for name in CUDA_SOURCES],
+            extra_cflags=list(CXX_FLAGS),
+            extra_cuda_cflags=["-O3", *CUDA_ARCH_FLAGS],
+            verbose=False,
+        )

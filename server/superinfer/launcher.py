@@ -17,6 +17,11 @@ from superinfer.supervisor import Supervisor, install_signal_handlers, restore_s
 
 # How often readiness is probed while a child starts (a child's exit ends the wait at once).
 PROBE_INTERVAL_S = 0.25
+# How often the launcher says what it is still waiting for.
+WAIT_REPORT_INTERVAL_S = 10.0
+# What each child does before it answers its probe.
+SHARD_STARTING = "loading the model: download, GGUF conversion, weights"
+ROUTER_STARTING = "the shard's warm-up: DuplexKV's extension, timing forward passes and transfers"
 # A child gets the graceful termination timeout plus this before SIGKILL: the router's drain
 # takes up to the timeout itself, then closes its connections.
 ROUTER_STOP_MARGIN_S = 10.0
@@ -61,11 +66,11 @@ def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> in
     socket_path = socket_dir / "shard.sock"
     # Children inherit the environment; the router reads its unset flags from it.
     supervisor.start("shard", shard_argv(config, socket_path))
-    _wait_ready(supervisor, "shard", config.shard_startup_timeout_s, lambda: shard_healthy(socket_path))
+    _wait_ready(supervisor, "shard", SHARD_STARTING, config.shard_startup_timeout_s, lambda: shard_healthy(socket_path))
     supervisor.start("router", router_argv(config, socket_path), env=router_env(config))
     probe_host = "127.0.0.1" if config.hostname in ("0.0.0.0", "::", "") else config.hostname
     url = f"http://{probe_host}:{config.port}"
-    _wait_ready(supervisor, "router", config.router_startup_timeout_s, lambda: http_healthy(url))
+    _wait_ready(supervisor, "router", ROUTER_STARTING, config.router_startup_timeout_s, lambda: http_healthy(url))
     print(f"SuperInfer is ready: {url}", flush=True)
     supervisor.wait()
     exited = supervisor.first_exited()
@@ -76,16 +81,24 @@ def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> in
     return 0
 
 
-def _wait_ready(supervisor: Supervisor, name: str, timeout_s: float, probe) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait_ready(supervisor: Supervisor, name: str, doing: str, timeout_s: float, probe,
+                report_every_s: float = WAIT_REPORT_INTERVAL_S) -> None:
+    """Returns once `probe()` holds; says every `report_every_s` what the child is doing."""
+    started = time.monotonic()
+    next_report = started + report_every_s
     while not probe():
         if supervisor.stop_reason is not None:
             raise LaunchError(f"{supervisor.stop_reason} while waiting for the {name}")
         exited = supervisor.first_exited()
         if exited is not None:
             raise LaunchError(f"{exited.describe_exit()} during start-up (see its log above)")
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now - started > timeout_s:
             raise LaunchError(f"the {name} did not become healthy within {timeout_s:.0f} s")
+        if now >= next_report:
+            print(f"superinfer launch: still waiting for the {name} ({doing}): {now - started:.0f} s of "
+                  f"{timeout_s:.0f} s", file=sys.stderr, flush=True)
+            next_report = now + report_every_s
         supervisor.wait(PROBE_INTERVAL_S)
 
 

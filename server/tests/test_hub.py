@@ -14,7 +14,8 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from superinfer.shard.errors import LoaderError
-from superinfer.shard.hub import HubOptions, ProgressLog, cached_revisions, options_from_environment
+from superinfer.shard.hub import HubOptions, cached_revisions, options_from_environment
+from superinfer.shard.progress import ProgressLog
 from superinfer.shard.model_source import resolve_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -115,7 +116,7 @@ def test_options_read_huggingface_hubs_variables(tmp_path):
 
 
 def test_progress_is_logged_as_lines(caplog):
-    with caplog.at_level(logging.INFO, logger="superinfer.shard.hub"):
+    with caplog.at_level(logging.INFO, logger="superinfer.shard.progress"):
         with ProgressLog(total=2048, desc="Downloading bytes", unit="B", name="a group") as bar:
             bar.update(1024)
             bar.update(1024)
@@ -196,7 +197,7 @@ def fake_hub(tiny_llama_dir, online):
 
 def test_a_model_id_is_downloaded_into_the_hub_cache(fake_hub, tiny_llama_dir, tmp_path, caplog):
     options = HubOptions(cache=tmp_path / "hub", token="hf_t0ken", endpoint=fake_hub)
-    with caplog.at_level(logging.INFO, logger="superinfer.shard.hub"):
+    with caplog.at_level(logging.INFO, logger="superinfer.shard"):  # hub and progress
         source = resolve_model("acme/tiny-llama", tmp_path, options)
     assert source.directory == tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / COMMIT
     for path in tiny_llama_dir.iterdir():

@@ -265,3 +265,17 @@ def test_the_shard_exports_its_spans_where_the_router_does(monkeypatch):
     assert router[router.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4317"
     assert shard[shard.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4317"
     assert "--otlp-endpoint" not in launcher.shard_argv(parse([]), Path("/tmp/s.sock"))
+
+
+def test_a_slow_start_says_what_it_waits_for(capsys):
+    probes = iter([False] * 6 + [True])
+    launcher._wait_ready(Supervisor(), "shard", "loading the model", 60, lambda: next(probes), report_every_s=0.5)
+    lines = capsys.readouterr().err.splitlines()
+    assert 1 <= len(lines) <= 3, lines  # six probes, 0.25 s apart
+    assert all(line.startswith("superinfer launch: still waiting for the shard (loading the model): ")
+               and line.endswith(" s of 60 s") for line in lines), lines
+
+
+def test_a_start_past_its_deadline_fails_clearly():
+    with pytest.raises(launcher.LaunchError, match="the router did not become healthy within 0 s"):
+        launcher._wait_ready(Supervisor(), "router", "warm-up", 0.3, lambda: False, report_every_s=0.1)

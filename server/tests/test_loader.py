@@ -1,6 +1,7 @@
 """Model loading: local directories, the local Hugging Face cache (offline), the converted
 default model, and clear LoaderErrors for every kind of bad input."""
 import json
+import logging
 import shutil
 
 import pytest
@@ -119,12 +120,23 @@ def test_path_that_is_not_a_model(tmp_path):
         resolve_model(str(tmp_path / "weights.bin"), tmp_path / "cache")
 
 
-def test_corrupt_gguf(tmp_path):
+def test_corrupt_gguf(tmp_path, caplog):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
-    with pytest.raises(LoaderError, match="cannot read GGUF file"):
+    with caplog.at_level(logging.INFO, logger="superinfer.shard"), pytest.raises(LoaderError, match="cannot read GGUF file"):
         resolve_model(str(bad), tmp_path / "cache")
     assert not any((tmp_path / "cache" / "converted").glob("broken*/.complete"))
+    logged = [record.getMessage() for record in caplog.records]
+    assert logged[0].startswith(f"converting {bad} (0.00 GB) once into ") and not any(m.startswith("converted ") for m in logged)
+
+
+def test_loading_logs_its_start_and_end(model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="superinfer.shard"):
+        _load(model_dir)
+    logged = [record.getMessage() for record in caplog.records]
+    assert logged[0].startswith("loading weights: ") and " tensors, " in logged[0] and logged[0].endswith("in 1 file(s)")
+    # A small model takes less than a progress interval: no progress lines between.
+    assert len(logged) == 2 and logged[1].startswith(f"loaded {model_dir} (llama, ") and logged[1].endswith(" s"), logged
 
 
 def test_default_model_is_converted_once(smollm2_dir, tmp_path):

@@ -1,6 +1,7 @@
 """What the shard measures at warm-up reaches the simulator as data: the JSON written with
 `--warmup-report` is the `measured:` profile, field for field the Warmup reply."""
 import dataclasses
+import logging
 
 from conftest import make_executor
 
@@ -26,3 +27,16 @@ def test_the_warmup_report_is_the_measured_profile(tiny_llama_dir, tmp_path):
     assert profile.block_size == executor.runner.block_size
     assert profile.block_bytes == executor.runner.geometry.block_bytes
     assert profile.step_time == {"kind": "linear", **profile.cost_model}
+
+
+def test_warm_up_logs_each_phase(tiny_llama_dir, caplog):
+    executor = make_executor(tiny_llama_dir, device_blocks=24, host_blocks=8, warm=False)
+    with caplog.at_level(logging.INFO):
+        executor.warmup(shard_pb2.WarmupRequest(max_batch_tokens=96, max_batch_requests=6))
+    logged = [record.getMessage() for record in caplog.records]
+    expected = ["warm-up: allocating 24 device and 8 host KV blocks", "loading DuplexKV's CPU extension",
+                "DuplexKV's CPU extension ready in", "warm-up: timing forward passes of",
+                "warm-up: forward passes timed in", "warm-up: timing transfers of 4 blocks each way",
+                "warm-up: transfers timed in", "warm-up: 24 device / 8 host KV blocks, measured in"]
+    positions = [next((i for i, line in enumerate(logged) if line.startswith(start)), None) for start in expected]
+    assert None not in positions and positions == sorted(positions), logged

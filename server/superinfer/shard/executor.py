@@ -91,6 +91,7 @@ class ShardExecutor:
         max_tokens = request.max_batch_tokens or self.config.max_batch_tokens
         max_requests = request.max_batch_requests or 32
         num_device = self._device_blocks(max_tokens)
+        log.info("warm-up: allocating %d device and %d host KV blocks", num_device, self.config.host_kv_blocks)
         cache = self.runner.allocate(num_device, self.config.host_kv_blocks)
         engine = TransferEngine(cache.device, cache.host)
         started = time.perf_counter()

