@@ -129,18 +129,20 @@ class NewRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ...) -> None: ...
 
 class ScheduledRequest(_message.Message):
-    __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table", "sample")
+    __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table", "sample", "allowed_tokens")
     ID_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TABLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     id: int
     num_computed_tokens: int
     num_new_tokens: int
     block_table: _containers.RepeatedScalarFieldContainer[int]
     sample: bool
-    def __init__(self, id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ...) -> None: ...
+    allowed_tokens: bytes
+    def __init__(self, id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., allowed_tokens: _Optional[bytes] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("id", "src_blocks", "dst_blocks")
