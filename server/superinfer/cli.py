@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         module = importlib.import_module(COMMANDS[known.command][0])
-        command_parser = argparse.ArgumentParser(prog=f"superinfer {known.command}")
+        # No abbreviations: `--device` must never be taken for `--device-kv-blocks`.
+        command_parser = argparse.ArgumentParser(prog=f"superinfer {known.command}", allow_abbrev=False)
         module.add_arguments(command_parser)
         return int(module.run(command_parser.parse_args(argv[1:])) or 0)
     except ModuleNotFoundError as error:

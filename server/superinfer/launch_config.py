@@ -10,6 +10,7 @@ their environment variables itself (it inherits the launcher's environment)."""
 import argparse
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -76,6 +77,8 @@ class LaunchConfig:
     # Given as a flag; otherwise the shard reads huggingface_hub's variables itself.
     hub_cache: str | None = None
     kv_memory_fraction: float | None = None
+    # --device for the shard; None: its default, auto.
+    device: str | None = None
     # TGI flags given that do not apply here, one warning each.
     ignored_tgi_flags: tuple[str, ...] = ()
 
@@ -113,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag(("--num-shard",), int, "shards (GPUs) per model: 1 (tensor parallelism is not available yet)")
     flag(("--dtype",), str, f"compute dtype, one of {', '.join(DTYPES)} (default auto: bfloat16 on GPU, float32 "
          "on CPU)")
+    flag(("--device",), str, '"auto" (the first GPU when one is visible, else the CPU with a warning; an error '
+         "when NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES assign GPUs that are missing), \"cpu\", \"cuda\" "
+         'or "cuda:N" (an error when missing) (default auto)')
     flag(("--warmup-report",), str, "write what the shard measured at warm-up (cost model, KV pools) to this "
          "JSON file: the simulator's measured: profile")
     parser.add_argument("--json-output", action="store_true",
@@ -167,6 +173,8 @@ def _check_shard_values(args: argparse.Namespace) -> None:
             raise ValueError(f"--num-shard {args.num_shard}: tensor parallelism is not available yet; "
                              "one shard serves the model on one device (--num-shard 1)")
         raise ValueError(f"--num-shard must be 1, got {args.num_shard}")
+    if args.device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
+        raise ValueError(f'--device must be "auto", "cpu", "cuda" or "cuda:N", got {args.device!r}')
     if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     fraction = args.kv_memory_fraction
@@ -211,5 +219,6 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         revision=args.revision,
         hub_cache=args.huggingface_hub_cache,
         kv_memory_fraction=args.kv_memory_fraction,
+        device=args.device,
         ignored_tgi_flags=tgi_flags.warnings(args, environ),
     )

@@ -112,6 +112,7 @@ def shard_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
         "--host-kv-blocks": config.host_kv_blocks,
         "--kv-memory-fraction": config.kv_memory_fraction,
         "--dtype": config.dtype,
+        "--device": config.device,
         "--warmup-report": config.warmup_report,
     }
     for name, value in optional.items():

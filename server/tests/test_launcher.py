@@ -279,3 +279,19 @@ def test_a_slow_start_says_what_it_waits_for(capsys):
 def test_a_start_past_its_deadline_fails_clearly():
     with pytest.raises(launcher.LaunchError, match="the router did not become healthy within 0 s"):
         launcher._wait_ready(Supervisor(), "router", "warm-up", 0.3, lambda: False, report_every_s=0.1)
+
+
+def test_the_device_reaches_the_shard_and_is_never_abbreviated(monkeypatch):
+    monkeypatch.delenv("DEVICE", raising=False)
+    config = parse(["--device", "cuda:1"])
+    shard = launcher.shard_argv(config, Path("/tmp/s.sock"))
+    assert shard[shard.index("--device") + 1] == "cuda:1"
+    assert "--device" not in launcher.shard_argv(parse([]), Path("/tmp/s.sock"))
+    monkeypatch.setenv("DEVICE", "cpu")
+    assert parse([]).device == "cpu"
+    with pytest.raises(ValueError, match='--device must be "auto", "cpu", "cuda" or "cuda:N"'):
+        parse(["--device", "gpu0"])
+    # `superinfer launch --device-kv` is not --device-kv-blocks (nor --device for it).
+    refused = subprocess.run([sys.executable, "-m", "superinfer.cli", "launch", "--device-kv", "8"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "unrecognized arguments: --device-kv" in refused.stderr

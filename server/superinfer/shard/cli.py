@@ -25,7 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, HF_HOME/hub, then huggingface_hub's). HF_HUB_OFFLINE=1: "
                         "the cache only; HF_TOKEN: private and gated models; HF_ENDPOINT: a mirror")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on a GPU, float32 on the CPU")
-    parser.add_argument("--device", default="auto", help='"auto", "cpu", "cuda" or "cuda:N"')
+    parser.add_argument("--device", default="auto",
+                        help='"auto" (the first GPU when one is visible, else the CPU; an error when '
+                        'NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES assign GPUs that are missing), '
+                        '"cpu", "cuda" or "cuda:N" (an error when missing)')
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
     parser.add_argument("--device-kv-blocks", type=int, default=None,
                         help="device KV pool size (CPU: default 512; GPU: an upper bound)")
@@ -59,9 +62,10 @@ def shard_config(args: argparse.Namespace):
     import torch
 
     from .config import ShardConfig
+    from .device import resolve_device
     from .hub import options_from_environment
 
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    device = resolve_device(args.device, os.environ)
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     return ShardConfig(
         model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
@@ -112,10 +116,15 @@ def run(args: argparse.Namespace) -> int:
     # One intra-op pool over the physical cores; inter-op parallelism only oversubscribes.
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     torch.set_num_interop_threads(1)
+    from .device import DeviceError
     from .errors import LoaderError
     from .server import ShardServer
 
-    config = shard_config(args)
+    try:
+        config = shard_config(args)
+    except DeviceError as err:
+        log.error("cannot serve on the requested device: %s", err)
+        return 1
     try:
         executor = build_executor(config)
     except LoaderError as err:
