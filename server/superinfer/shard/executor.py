@@ -25,6 +25,7 @@ from .plan import PlanLimits, ScheduledWork, validate_plan
 from .requests import RequestState
 from .sampling import SamplingFailure, prompt_logprobs, sample
 from .telemetry import NO_TRACES
+from .token_mask import unpack_allowed
 from .transfers import TransferTracker
 from .warmup import measure_step_cost, measure_transfer_cost
 
@@ -225,7 +226,10 @@ class ShardExecutor:
         outputs = [shard_pb2.RequestOutput(request_id=work.request_id) for work in scheduled]
         if sample_rows:
             sampled_states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
-            tokens = sample(logits[[row for _, row in sample_rows]], sampled_states)
+            sampled_logits = logits[[row for _, row in sample_rows]]  # [S, V]
+            allowed = unpack_allowed([scheduled[i].allowed_tokens for i, _ in sample_rows],
+                                     sampled_logits.shape[-1], sampled_logits.device)
+            tokens = sample(sampled_logits, sampled_states, allowed)
             for (index, _), state, token in zip(sample_rows, sampled_states, tokens):
                 if isinstance(token, SamplingFailure):
                     outputs[index].error = token.message

@@ -124,6 +124,8 @@ class ScheduledWork:
     block_table: list[int]
     # Sample the next token after this chunk (the router's decision, checked here).
     sample: bool
+    # The grammar's allowed next tokens, packed (`token_mask`); b"" when unconstrained.
+    allowed_tokens: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,11 @@ def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_o
         if item.sample != reaches_end:
             raise PlanError(f"request {rid}: sample={item.sample} disagrees with the chunk, which ends at position {end} "
                             f"of {known_lengths[rid]} known tokens")
+        if item.allowed_tokens and not item.sample:
+            raise PlanError(f"request {rid}: allowed_tokens given for a chunk that does not sample")
+        if len(item.allowed_tokens) > -(-limits.vocab_size // 8):
+            raise PlanError(f"request {rid}: allowed_tokens holds {len(item.allowed_tokens) * 8} bits, more than the "
+                            f"vocabulary's {limits.vocab_size} tokens")
         table = list(item.block_table)
         needed = -(-end // limits.block_size)
         if len(table) < needed:
@@ -178,7 +185,7 @@ def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_o
             if block in device_out:
                 raise PlanError(f"request {rid}: device block {block} is being swapped out while written")
             writer[block] = rid
-        work.append(ScheduledWork(rid, start, count, table, item.sample))
+        work.append(ScheduledWork(rid, start, count, table, item.sample, item.allowed_tokens))
     return work
 
 

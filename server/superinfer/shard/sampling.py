@@ -1,10 +1,12 @@
 """Next-token selection on the shard: penalties, warpers, seeded sampling, logprobs.
 
-Order (as TGI): repetition penalty (over prompt + generated, CTRL-style as Hugging Face),
+Order (as TGI): the grammar's allowed-token mask (a constrained row's other tokens get -inf,
+so greedy, sampling, logprobs and the top tokens all see only what the grammar allows),
+repetition penalty (over prompt + generated, CTRL-style as Hugging Face),
 frequency penalty (over generated tokens), then — when sampling — temperature, top-k, top-p,
 typical-p. Each request samples from its own torch.Generator, so its tokens depend only on its
 seed and history, never on which requests share the batch. The reported logprobs come from
-the *unmodified* logits (as TGI). Greedy requests without penalties take one batched argmax.
+the logits before penalties and warpers (as TGI), after the grammar's mask. Greedy requests without penalties take one batched argmax.
 
 Numerical safety: validation accepts any finite temperature > 0, but dividing logits by a tiny
 one overflows float32. Below `GREEDY_BELOW_TEMPERATURE` a request decodes greedily (as vLLM
@@ -129,13 +131,22 @@ def _choose(logits: torch.Tensor, request: RequestState) -> int:
 
 
 @torch.inference_mode()
-def sample(logits: torch.Tensor, requests: list[RequestState]) -> list[SampledToken | SamplingFailure]:
-    """logits: [R, V] float32, row r for requests[r] -> one token (or failure) per request."""
-    logprobs = logits.log_softmax(-1)  # [R, V], of the unmodified logits
-    chosen = logits.argmax(-1)  # [R] greedy fast path for the whole batch
+def sample(logits: torch.Tensor, requests: list[RequestState],
+           allowed: torch.Tensor | None = None) -> list[SampledToken | SamplingFailure]:
+    """logits: [R, V] float32, row r for requests[r]; allowed: [R, V] bool, the grammar's
+    tokens per row (all True for an unconstrained row), or None -> one token (or failure) per
+    request."""
     failures: dict[int, SamplingFailure] = {}
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        for row in torch.nonzero(~allowed.any(-1)).flatten().tolist():
+            failures[row] = SamplingFailure("the grammar allows no next token")
+    logprobs = logits.log_softmax(-1)  # [R, V], before penalties and warpers
+    chosen = logits.argmax(-1)  # [R] greedy fast path for the whole batch
     for row, request in enumerate(requests):
         params = request.params
+        if row in failures:
+            continue
         if not params.do_sample and not params.has_penalty:
             continue
         try:
@@ -156,7 +167,10 @@ def sample(logits: torch.Tensor, requests: list[RequestState]) -> list[SampledTo
         or SampledToken(
             chosen_ids[row],
             chosen_logprobs[row],
-            list(zip(top_ids[row][: request.params.top_n_tokens], top_values[row][: request.params.top_n_tokens])),
+            # A grammar may allow fewer tokens than asked for: the disallowed have logprob -inf.
+            [(token_id, logprob) for token_id, logprob
+             in zip(top_ids[row][: request.params.top_n_tokens], top_values[row][: request.params.top_n_tokens])
+             if logprob > float("-inf")],
         )
         for row, request in enumerate(requests)
     ]
