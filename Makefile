@@ -48,7 +48,7 @@ test-python: build
 	$(PY) -m pytest -q
 
 test-integration: build clients prometheus
-	$(CLIENTS)/bin/python -m pytest -q integration-tests --ignore=integration-tests/ops
+	$(CLIENTS)/bin/python -m pytest -q integration-tests --ignore=integration-tests/ops --ignore=integration-tests/docker
 
 # Operations checks against real collectors: traces read back from Jaeger (integration-tests/ops).
 test-ops: build clients jaeger
@@ -105,10 +105,17 @@ kv-cuda-check: $(VENV)/.deps
 
 # The image `docker run superinfer` starts (needs root, a running dockerd and debootstrap; not
 # part of `make test`). The wheel is built here, so the image needs no Rust toolchain.
-.PHONY: docker
+.PHONY: docker docker-test
 docker: $(VENV)/.deps
 	docker info >/dev/null 2>&1 || { echo "make docker: no Docker engine is running (start dockerd)"; exit 1; }
 	docker/build-base.sh
 	rm -rf dist && $(VENV)/bin/maturin build --release --quiet -o dist
 	cp /etc/ssl/certs/ca-certificates.crt docker/ca-certificates.crt
 	docker build -t superinfer .
+
+# Builds the image and checks it from outside (integration-tests/docker): `docker run` through a
+# published port, /generate_stream with TGI's client, `docker stop`, MODEL_ID from the /data
+# volume, the prebuilt CUDA extension, a missing GPU refused. Minutes; the first build pulls
+# torch into the image.
+docker-test: docker build clients
+	$(CLIENTS)/bin/python -m pytest -q integration-tests/docker

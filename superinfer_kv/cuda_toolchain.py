@@ -2,7 +2,7 @@
 
 This is the check that keeps the CUDA backend from rotting on machines without a GPU: nvcc
 (the pinned PyPI `nvidia-cuda-nvcc`, or one on PATH) compiles every CUDA-side source with
-torch's include directories for sm_90; with a CUDA build of torch the objects are also linked
+torch's include directories for sm_80 and sm_90; with a CUDA build of torch the objects are also linked
 into an extension and imported, which catches missing symbols. Results are cached by a hash
 of the sources, flags and tools, so an unchanged tree costs nothing.
 """
@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from torch.utils import cpp_extension
 from .sources import CSRC, CUDA_ARCH_FLAGS, CUDA_SOURCES
 
 EXTENSION_NAME = "superinfer_kv_cuda"
+# Names a prebuilt extension (prebuild_cuda_extension's output) to import instead of building.
+PREBUILT_ENV = "SUPERINFER_KV_CUDA_EXTENSION"
 
 
 class CudaToolchainError(RuntimeError):
@@ -150,7 +153,27 @@ def compile_cuda_sources(build_dir: Path, link: bool | None = None, strict: bool
 def build_cuda_extension(build_dir: Path) -> ModuleType:
     """Builds the CUDA extension without ninja (nvcc and c++ directly) and imports it."""
     out_dir = compile_cuda_sources(build_dir, link=True, strict=False)
-    library = out_dir / f"{EXTENSION_NAME}.so"
+    return import_extension(out_dir / f"{EXTENSION_NAME}.so")
+
+
+def prebuild_cuda_extension(destination: Path, build_dir: Path | None = None) -> Path:
+    """Compiles and links the CUDA extension ahead of time (an image's build: nvcc is needed now,
+    not where it runs), every symbol resolved, and copies it to `destination`;
+    `load_cuda_extension` imports it from there when PREBUILT_ENV names it. `build_dir` caches
+    the build (default: a temporary directory). Returns the library's path."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out_dir = compile_cuda_sources(build_dir or Path(scratch), link=True, strict=True)
+        destination.mkdir(parents=True, exist_ok=True)
+        library = destination / f"{EXTENSION_NAME}.so"
+        shutil.copy2(out_dir / f"{EXTENSION_NAME}.so", library)
+    return library
+
+
+def import_extension(library: Path) -> ModuleType:
+    """Imports a linked CUDA extension from its file (torch must be imported first: it loads the
+    CUDA runtime the extension links against)."""
+    if not library.is_file():
+        raise CudaToolchainError(f"the prebuilt CUDA extension {library} does not exist")
     spec = importlib.util.spec_from_file_location(EXTENSION_NAME, library)
     if spec is None or spec.loader is None:
         raise CudaToolchainError(f"cannot import {library}")

@@ -8,6 +8,7 @@ first use after a change compiles (about a minute); later loads take millisecond
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from types import ModuleType
 
 from torch.utils import cpp_extension
 
-from .cuda_toolchain import build_cuda_extension
+from .cuda_toolchain import PREBUILT_ENV, build_cuda_extension, import_extension
 from .sources import CPU_SOURCES, CSRC, CUDA_ARCH_FLAGS, CUDA_SOURCES, CXX_FLAGS
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,14 @@ def load_cuda_extension() -> ModuleType:
     """Builds (once) and imports the CUDA transfer extension; needs nvcc and a CUDA torch.
 
     torch's builder needs ninja; where it is missing (a bare GPU image) nvcc and the host
-    compiler are driven directly, caching under ~/.cache/superinfer_kv/cuda.
+    compiler are driven directly, caching under ~/.cache/superinfer_kv/cuda. Where
+    SUPERINFER_KV_CUDA_EXTENSION names a prebuilt library (an image's, built with
+    `python -m superinfer_kv.prebuild`), that is imported and nothing is compiled.
     """
+    if prebuilt := os.environ.get(PREBUILT_ENV):
+        library = Path(prebuilt)
+        log.info("loading DuplexKV's prebuilt CUDA extension %s (%s)", library, PREBUILT_ENV)
+        return import_extension(library)
     with _logged_load("CUDA"):
         if not cpp_extension.is_ninja_available():
             return build_cuda_extension(Path.home() / ".cache" / "superinfer_kv" / "cuda")
