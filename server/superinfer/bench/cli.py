@@ -1,16 +1,17 @@
 """`superinfer bench [run] --url …` replays a workload against a running server;
-`superinfer bench compare --policies …` launches one server per scheduler policy with the same
-model and limits and replays the identical workload against each. Both write `<out>/bench.json`
+`superinfer bench compare --policies … --repeats N` launches one server per scheduler policy
+with the same model and limits and replays the identical workloads against each, interleaved
+(bench/compare.py). Both write `<out>/bench.json`
 (or `compare.json`) and PNG plots and print a side-by-side table."""
 import argparse
 import shlex
 from dataclasses import asdict
 from pathlib import Path
 
-from superinfer.bench import plots, report
+from superinfer.bench import compare, plots, report
 from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.runner import RunResult, Target
-from superinfer.bench.server_process import LaunchedServer, LaunchOptions
+from superinfer.bench.server_process import LaunchOptions
 from superinfer.bench.sharegpt import load_conversations
 from superinfer.bench.sweep import SloRequest, WorkloadInputs, calibrate, sweep, workloads_for
 from superinfer.bench.tokenizer import HttpTokenizer, local_tokenizer
@@ -66,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     launch.add_argument("--model", default=None)
     launch.add_argument("--launch-args", default="", help="extra arguments for superinfer launch (one string)")
     launch.add_argument("--startup-timeout", type=float, default=600.0)
+    launch.add_argument("--repeats", type=int, default=1,
+                        help="repetitions, each with its own workload (seed, seed+1, …) replayed against every "
+                        "policy, interleaved; figures are reported as the median and range over them")
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:
@@ -123,22 +127,25 @@ def run_compare(args: argparse.Namespace) -> int:
     options = LaunchOptions(args.device_kv_blocks, args.host_kv_blocks, args.model,
                             tuple(shlex.split(args.launch_args)), args.startup_timeout, args.out)
     config = workload_config(args)
-    workloads, slo, unloaded, results = None, None, None, []
-    for policy in policies:
-        with LaunchedServer(policy, options) as server:
-            target = Target(server.url, args.api, args.request_timeout)
-            if workloads is None:
-                # Built once (with the first server's tokenizer): every policy sees the same requests
-                # and is held to the same objectives.
-                workloads = workloads_for(_inputs(args, server.url), config, args.rates)
-                slo, unloaded = calibrate(target, slo_request(args), workloads[min(workloads)])
-            print(f"policy {policy}: {server.url}")
-            results += sweep(target, workloads, slo, not args.no_send_slo, policy, not args.no_progress)
+    results, slo, unloaded = compare.run_comparison(
+        policies, options, lambda url: _inputs(args, url), config, args.rates, args.repeats, slo_request(args),
+        args.api, args.request_timeout, not args.no_send_slo, not args.no_progress,
+    )
+    points, pairs = compare.aggregate(results), compare.paired_differences(results)
     header = {"label": "measured", "command": "compare", "policies": policies, "api": args.api,
               "launch": {"device_kv_blocks": args.device_kv_blocks, "host_kv_blocks": args.host_kv_blocks,
                          "model": args.model, "extra_args": list(options.extra_args)},
-              "workload": asdict(config), "rates": args.rates, "slo": asdict(slo), "unloaded": unloaded}
-    return _finish(args, "compare", header, results)
+              "workload": asdict(config), "rates": args.rates, "repeats": args.repeats,
+              "seeds": [config.seed + k for k in range(args.repeats)], "interleaved": True,
+              "slo": asdict(slo), "unloaded": unloaded, "aggregate": points, "paired": pairs}
+    report.write_json(args.out / "compare.json", header, results)
+    written = plots.write_plots(compare.median_runs(results), args.out, prefix="compare_")
+    print(report.spread_table(points))
+    if len(policies) > 1:
+        print(report.paired_table(pairs, "ttft_attainment"))
+        print(report.paired_table(pairs, "both_attainment"))
+    print(f"wrote {args.out / 'compare.json'} and {len(written)} plots in {args.out}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

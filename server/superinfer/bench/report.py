@@ -17,7 +17,8 @@ def read_json(path: Path) -> list[RunResult]:
     """The runs of a report written by `write_json` (per-request outcomes are not restored)."""
     document = json.loads(Path(path).read_text())
     return [
-        RunResult(run["series"], run["rate"], run["label"], run["summary"], run["ttft_s"], run["gaps_s"])
+        RunResult(run["series"], run["rate"], run["label"], run["summary"], run["ttft_s"], run["gaps_s"],
+                  repetition=run.get("repetition", 0), seed=run.get("seed"), position=run.get("position"))
         for run in document["runs"]
     ]
 
@@ -78,4 +79,56 @@ def markdown_table(results: list[RunResult], columns: tuple[str, ...] = ("TTFT o
             values = _cells(found.summary) if found else ["-"] * len(COLUMNS)
             cells += [values[i] for i in picks]
         lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{value * 100:.0f}"
+
+
+def _spread_cell(spread: dict, unit=_share, suffix: str = "%") -> str:
+    """"median [min–max]" (the range only when the repetitions differ)."""
+    if spread["median"] is None:
+        return "-"
+    median, low, high = unit(spread["median"]), unit(spread["min"]), unit(spread["max"])
+    return f"{median}{suffix}" if low == high else f"{median}{suffix} [{low}–{high}]"
+
+
+SPREAD_COLUMNS = (("TTFT ok", "ttft_attainment", _share, "%"), ("both", "both_attainment", _share, "%"),
+                  ("TTFT p99 ms", "ttft_p99_s", _ms, ""), ("goodput", "goodput_rps", lambda v: f"{v:.2f}", ""))
+
+
+def spread_table(points: list[dict]) -> str:
+    """`compare.aggregate`'s points: rows are rates, column groups policies; each cell the median
+    over the repetitions with its range."""
+    series = list(dict.fromkeys(p["series"] for p in points))
+    rates = sorted({p["rate"] for p in points})
+    by_key = {(p["series"], p["rate"]): p for p in points}
+    repetitions = max((p["repetitions"] for p in points), default=0)
+    head = ["rate"] + [f"{s}:{c[0]}" for s in series for c in SPREAD_COLUMNS]
+    rows = [head]
+    for rate in rates:
+        row = [f"{rate:g}"]
+        for name in series:
+            point = by_key.get((name, rate))
+            row += ([_spread_cell(point["figures"][key], unit, suffix) for _, key, unit, suffix in SPREAD_COLUMNS]
+                    if point else ["-"] * len(SPREAD_COLUMNS))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = [f"[measured, {repetitions} interleaved repetitions] median [min–max] over repetitions; times in ms"]
+    lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def paired_table(pairs: list[dict], figure: str = "ttft_attainment") -> str:
+    """`compare.paired_differences` for one figure: a − b in points, per repetition pair."""
+    lines = [f"paired differences of {figure} (a − b, same seed and rate), percentage points: median [min–max], n"]
+    seen = set()
+    for pair in pairs:
+        key = (pair["rate"], frozenset((pair["a"], pair["b"])))
+        if pair["figure"] != figure or key in seen or pair["median"] is None:
+            continue
+        seen.add(key)
+        cell = _spread_cell(pair, lambda v: f"{v * 100:+.0f}", "")
+        lines.append(f"  rate {pair['rate']:g}: {pair['a']} − {pair['b']}: {cell}, n={pair['n']}")
     return "\n".join(lines)

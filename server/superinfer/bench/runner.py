@@ -37,12 +37,20 @@ class RunResult:
     ttft_s: list[float] = field(default_factory=list)
     gaps_s: list[float] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
+    # In a repeated comparison: which repetition, its workload's seed, and the replay's place in
+    # the interleaved order.
+    repetition: int = 0
+    seed: int | None = None
+    position: int | None = None
 
     def to_json(self) -> dict:
         return {
             "series": self.series,
             "rate": self.rate,
             "label": self.label,
+            "repetition": self.repetition,
+            "seed": self.seed,
+            "position": self.position,
             "summary": self.summary,
             "ttft_s": self.ttft_s,
             "gaps_s": self.gaps_s,
