@@ -81,6 +81,11 @@ class LaunchConfig:
     device: str | None = None
     # TGI flags given that do not apply here, one warning each.
     ignored_tgi_flags: tuple[str, ...] = ()
+    # Shard processes (tensor-parallel ranks, one device each) and their rendezvous; the port
+    # None: a free one, chosen at launch.
+    num_shard: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          "model and a worst-case forward that the KV pool takes (default 0.9). Unlike TGI's "
          "--cuda-memory-fraction, a cap on the process's share of the whole GPU, it leaves the rest free",
          envs=("KV_MEMORY_FRACTION", "CUDA_MEMORY_FRACTION"))
-    flag(("--num-shard",), int, "shards (GPUs) per model: 1 (tensor parallelism is not available yet)")
+    flag(("--num-shard",), int, "shard processes the model is split over (tensor parallelism), one device each: "
+         "GPUs cuda:0..N-1 on a GPU host, N processes sharing the cores on the CPU (default 1: one process, no "
+         "process group)", "1")
+    flag(("--master-addr",), str, "address of the shards' torch.distributed rendezvous, served by rank 0 "
+         "(default 127.0.0.1)", "127.0.0.1", envs=("MASTER_ADDR",))
+    flag(("--master-port",), int, "port of the shards' rendezvous (default: a free port)", envs=("MASTER_PORT",))
     flag(("--dtype",), str, f"compute dtype, one of {', '.join(DTYPES)} (default auto: bfloat16 on GPU, float32 "
          "on CPU)")
     flag(("--device",), str, '"auto" (the first GPU when one is visible, else the CPU with a warning; an error '
@@ -168,11 +178,10 @@ def _device_kv_blocks(args: argparse.Namespace) -> int | None:
 
 
 def _check_shard_values(args: argparse.Namespace) -> None:
-    if args.num_shard is not None and args.num_shard != 1:
-        if args.num_shard > 1:
-            raise ValueError(f"--num-shard {args.num_shard}: tensor parallelism is not available yet; "
-                             "one shard serves the model on one device (--num-shard 1)")
-        raise ValueError(f"--num-shard must be 1, got {args.num_shard}")
+    if args.num_shard < 1:
+        raise ValueError(f"--num-shard must be >= 1, got {args.num_shard}")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise ValueError(f"--master-port must be in 1..65535, got {args.master_port}")
     if args.device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
         raise ValueError(f'--device must be "auto", "cpu", "cuda" or "cuda:N", got {args.device!r}')
     if args.dtype is not None and args.dtype not in DTYPES:
@@ -221,4 +230,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         kv_memory_fraction=args.kv_memory_fraction,
         device=args.device,
         ignored_tgi_flags=tgi_flags.warnings(args, environ),
+        num_shard=args.num_shard,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
     )

@@ -1,9 +1,11 @@
-"""`superinfer launch`: starts the whole server — one shard on a unix socket in a private
-temporary directory, then the router in its own process — prints the URL once /health
-answers, forwards SIGINT/SIGTERM, and tears everything down when either child dies."""
+"""`superinfer launch`: starts the whole server — the shard on a unix socket in a private
+temporary directory (with `--num-shard N`, N rank processes joined by torch.distributed, rank 0
+on the socket), then the router in its own process — prints the URL once /health answers,
+forwards SIGINT/SIGTERM, and tears everything down when any child dies."""
 import argparse
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> int:
     socket_path = socket_dir / "shard.sock"
     # Children inherit the environment; the router reads its unset flags from it.
-    supervisor.start("shard", shard_argv(config, socket_path))
+    start_shards(config, supervisor, socket_path)
     _wait_ready(supervisor, "shard", SHARD_STARTING, config.shard_startup_timeout_s, lambda: shard_healthy(socket_path))
     supervisor.start("router", router_argv(config, socket_path), env=router_env(config))
     probe_host = "127.0.0.1" if config.hostname in ("0.0.0.0", "::", "") else config.hostname
@@ -102,8 +104,31 @@ def _wait_ready(supervisor: Supervisor, name: str, doing: str, timeout_s: float,
         supervisor.wait(PROBE_INTERVAL_S)
 
 
-def shard_argv(config: LaunchConfig, socket_path: Path) -> list[str]:
-    argv = [sys.executable, "-m", "superinfer.cli", "serve", "--uds-path", str(socket_path)]
+def start_shards(config: LaunchConfig, supervisor: Supervisor, socket_path: Path) -> None:
+    """One shard process, or `num_shard` ranks: the others first and rank 0 (the router's) last,
+    so that the shutdown, in reverse order, stops rank 0 first, which tells the others to stop."""
+    if config.num_shard == 1:
+        supervisor.start("shard", shard_argv(config, socket_path))
+        return
+    master_port = config.master_port or free_port(config.master_addr)
+    for rank in (*range(1, config.num_shard), 0):
+        supervisor.start(f"shard rank {rank}", shard_argv(config, socket_path, rank, master_port))
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def shard_argv(config: LaunchConfig, socket_path: Path, rank: int = 0, master_port: int | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "superinfer.cli", "serve"]
+    if rank == 0:
+        argv += ["--uds-path", str(socket_path)]
+    if config.num_shard > 1:
+        # On the CPU the ranks share the cores: each gets its share, not all of them.
+        argv += ["--world-size", str(config.num_shard), "--rank", str(rank), "--master-addr", config.master_addr,
+                 "--master-port", str(master_port), "--threads", str(max(1, (os.cpu_count() or 1) // config.num_shard))]
     optional = {
         "--model": config.model,
         "--revision": config.revision,

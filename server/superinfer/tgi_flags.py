@@ -27,7 +27,7 @@ class IgnoredFlag:
         return self.name.lstrip("-").replace("-", "_").upper() if self.reads_variable else None
 
 
-_ONE_SHARD = "one shard serves the model; tensor parallelism is not available yet"
+_SHARDED = "give --num-shard N to split the model over N devices (default 1)"
 _SCHEDULER = "the scheduler (--scheduler) decides when waiting requests join the batch"
 _ROPE = "RoPE scaling is read from the model's config.json"
 _WATERMARK = "watermarking is not supported"
@@ -35,7 +35,7 @@ _NGROK = "there is no ngrok tunnel"
 
 IGNORED = (
     IgnoredFlag("--validation-workers", True, "the router's tokenizer work is bounded by --max-concurrent-requests"),
-    IgnoredFlag("--sharded", True, _ONE_SHARD),
+    IgnoredFlag("--sharded", True, _SHARDED),
     IgnoredFlag("--quantize", True, "quantization is not supported; the weights load in --dtype"),
     IgnoredFlag("--speculate", True, "speculative decoding is not supported"),
     IgnoredFlag("--kv-cache-dtype", True, "the KV cache is kept in the model's dtype"),
@@ -46,8 +46,6 @@ IGNORED = (
     IgnoredFlag("--cuda-graphs", True, "CUDA graphs are not used"),
     IgnoredFlag("--prometheus-port", True, "metrics are served on the API's port, at /metrics"),
     IgnoredFlag("--shard-uds-path", True, "the shard's socket lives in a private temporary directory"),
-    IgnoredFlag("--master-addr", True, _ONE_SHARD),
-    IgnoredFlag("--master-port", True, _ONE_SHARD),
     IgnoredFlag("--weights-cache-override", True, "give a local directory as --model-id, or "
                 "--huggingface-hub-cache"),
     IgnoredFlag("--disable-custom-kernels", False, "there are no custom kernels to disable"),

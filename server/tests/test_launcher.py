@@ -197,13 +197,7 @@ def test_tgi_variables_are_read(monkeypatch):
 
 def test_shard_values_tgi_would_take_are_refused_with_a_reason(monkeypatch):
     _clear(monkeypatch, *TGI_VARIABLES)
-    with pytest.raises(ValueError, match="--num-shard 2: tensor parallelism is not available yet"):
-        parse(["--num-shard", "2"])
-    monkeypatch.setenv("NUM_SHARD", "4")
-    with pytest.raises(ValueError, match="tensor parallelism"):
-        parse([])
-    monkeypatch.delenv("NUM_SHARD")
-    with pytest.raises(ValueError, match="--num-shard must be 1"):
+    with pytest.raises(ValueError, match="--num-shard must be >= 1"):
         parse(["--num-shard", "0"])
     with pytest.raises(ValueError, match="disagree; give one"):
         parse(["--device-kv-blocks", "10", "--max-batch-total-tokens", "1000"])
@@ -295,3 +289,22 @@ def test_the_device_reaches_the_shard_and_is_never_abbreviated(monkeypatch):
     refused = subprocess.run([sys.executable, "-m", "superinfer.cli", "launch", "--device-kv", "8"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "unrecognized arguments: --device-kv" in refused.stderr
+
+
+def test_num_shard_starts_one_process_per_rank_with_its_rendezvous(monkeypatch):
+    _clear(monkeypatch, *TGI_VARIABLES, "MASTER_ADDR", "MASTER_PORT")
+    config = parse(["--num-shard", "3", "--master-port", "29601"])
+    assert (config.num_shard, config.master_addr, config.master_port) == (3, "127.0.0.1", 29601)
+    assert not any("--master-port" in warning for warning in config.ignored_tgi_flags)
+    ranks = [launcher.shard_argv(config, Path("/tmp/s.sock"), rank, 29601) for rank in range(3)]
+    for rank, argv in enumerate(ranks):
+        assert argv[argv.index("--rank") + 1] == str(rank)
+        assert argv[argv.index("--world-size") + 1] == "3"
+        assert argv[argv.index("--master-port") + 1] == "29601"
+        assert ("--uds-path" in argv) == (rank == 0)  # only rank 0 serves the router
+    # One shard: no process group, the command line of before.
+    single = launcher.shard_argv(parse([]), Path("/tmp/s.sock"))
+    assert "--world-size" not in single and "--rank" not in single
+    monkeypatch.setenv("NUM_SHARD", "2")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.5")
+    assert (parse([]).num_shard, parse([]).master_addr) == (2, "10.0.0.5")

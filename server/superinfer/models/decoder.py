@@ -132,6 +132,8 @@ class DecoderForCausalLM(nn.Module):
             x = layer(x, rope, kv_cache, index, meta)
         return self.model.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [R, hidden] (only the rows that need logits) -> [R, vocab] float32."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """hidden: [R, hidden] (only the rows that need logits) -> [R, vocab] float32; None on
+        the ranks > 0 of a tensor-parallel model, whose LM head gathers the logits on rank 0."""
+        logits = self.lm_head(hidden)
+        return None if logits is None else logits.float()

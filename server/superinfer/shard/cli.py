@@ -14,7 +14,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--uds-path", type=pathlib.Path, required=True, help="unix socket to listen on")
+    parser.add_argument("--uds-path", type=pathlib.Path, default=None,
+                        help="unix socket to listen on (rank 0; the other ranks of a tensor-parallel shard serve none)")
     parser.add_argument("--model", default="default",
                         help='"default" (embedded SmolLM2-135M-Instruct), a local HF directory, a .gguf file, '
                         "or a Hugging Face model id (from the hub cache, else downloaded)")
@@ -49,6 +50,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="OpenTelemetry collector (OTLP/gRPC) for the shard's spans, e.g. http://localhost:4317; "
                         "traces are off without it [env: OTLP_ENDPOINT]")
     parser.add_argument("--otlp-service-name", default="superinfer.shard", help="service name on the shard's spans")
+    tensor_parallel = parser.add_argument_group(
+        "tensor parallelism", "one process per rank, each on its own device (rank r on cuda:N+r for --device "
+        "cuda:N), joined with torch.distributed: NCCL between GPUs, gloo on the CPU")
+    tensor_parallel.add_argument("--world-size", type=int, default=1, help="ranks in all (1: no process group)")
+    tensor_parallel.add_argument("--rank", type=int, default=0, help="this process's rank; rank 0 serves gRPC")
+    tensor_parallel.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR") or "127.0.0.1",
+                                 help="address of rank 0's rendezvous [env: MASTER_ADDR]")
+    tensor_parallel.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT") or 29500),
+                                 help="port of rank 0's rendezvous [env: MASTER_PORT]")
+    tensor_parallel.add_argument("--dist-timeout-s", type=float, default=600.0,
+                                 help="longest wait for every rank to join, and in one collective of a step")
 
 
 def _cache_dir(arg: pathlib.Path | None) -> pathlib.Path:
@@ -61,31 +73,39 @@ def _cache_dir(arg: pathlib.Path | None) -> pathlib.Path:
 def shard_config(args: argparse.Namespace):
     import torch
 
-    from .config import ShardConfig
+    from .config import ParallelConfig, ShardConfig
     from .device import resolve_device
     from .hub import options_from_environment
 
     device = resolve_device(args.device, os.environ)
+    parallel = ParallelConfig(args.rank, args.world_size, args.master_addr, args.master_port, args.dist_timeout_s)
+    if not 0 <= parallel.rank < parallel.world_size:
+        raise ValueError(f"--rank {parallel.rank} is not in 0..{parallel.world_size - 1} (--world-size)")
+    if parallel.rank == 0 and args.uds_path is None:
+        raise ValueError("--uds-path is required (rank 0 serves the router on it)")
+    if device.type == "cuda" and parallel.enabled:  # one GPU per rank, counted from the one given
+        device = resolve_device(f"cuda:{(device.index or 0) + parallel.rank}", os.environ)
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     return ShardConfig(
         model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
         block_size=args.block_size, device_kv_blocks=args.device_kv_blocks, host_kv_blocks=args.host_kv_blocks,
         kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens,
         hub=options_from_environment(os.environ, args.revision, args.huggingface_hub_cache),
-        warmup_report=args.warmup_report,
+        warmup_report=args.warmup_report, parallel=parallel,
     )
 
 
-def build_executor(config):
-    """Loads the model named by `config` and returns the executor that serves it."""
+def build_executor(config, group=None):
+    """Loads the model named by `config` (with `group`, a RankGroup: this rank's slice of it)
+    and returns the executor that serves it."""
     from .executor import ShardExecutor
     from .loader import load_model
     from .model_runner import ModelRunner
     from .model_source import resolve_model
 
     source = resolve_model(config.model, config.cache_dir, config.hub)
-    loaded = load_model(source, config.dtype, config.device)
-    return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size), config)
+    loaded = load_model(source, config.dtype, config.device, None if group is None else group.tensor_parallel)
+    return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size), config, group)
 
 
 def _stop_on_signals(shutdown: threading.Event) -> None:
@@ -104,7 +124,9 @@ def _stop_on_signals(shutdown: threading.Event) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rank = f" rank {args.rank}" if args.world_size > 1 else ""
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s{rank} %(name)s: %(message)s")
     log = logging.getLogger("superinfer.shard")
     started = time.perf_counter()
     # First, before any thread starts: a signal during the (long) model load must still stop
@@ -125,16 +147,50 @@ def run(args: argparse.Namespace) -> int:
     except DeviceError as err:
         log.error("cannot serve on the requested device: %s", err)
         return 1
+    except ValueError as err:
+        log.error("%s", err)
+        return 1
+    group = None
     try:
-        executor = build_executor(config)
+        if config.parallel.enabled:
+            from .rank_group import RankGroup
+
+            group = RankGroup(config.parallel, config.device)
+        executor = build_executor(config, group)
+        if group is not None:
+            group.wait_for_all()  # rank 0 answers Health only once every rank has its weights
     except LoaderError as err:
         log.error("cannot load the model: %s", err)
         return 1
+    except RuntimeError as err:  # torch.distributed: a rank that never joined, or died loading
+        log.error("the tensor-parallel group failed at start-up: %s", err)
+        return 1
     if shutdown.is_set():
         return 0
+    if group is not None and group.rank > 0:
+        return _follow_until(executor, group, shutdown)
     from .telemetry import ShardTraces
 
+    if group is not None:
+        group.on_failure = lambda reason: shutdown.set()
     server = ShardServer(executor, args.uds_path, ShardTraces.from_endpoint(args.otlp_endpoint, args.otlp_service_name))
     log.info("ready in %.2fs", time.perf_counter() - started)
     server.serve_until(shutdown)
-    return 0
+    return 1 if group is not None and group.failure is not None else 0
+
+
+def _follow_until(executor, group, shutdown: threading.Event) -> int:
+    """Ranks > 0: rank 0's commands run in a thread (they block in torch.distributed, where a
+    signal cannot reach them) until rank 0 stops, a command fails, or a signal arrives."""
+    from .follower import follow
+
+    status = []
+
+    def run_commands() -> None:
+        status.append(follow(executor, group))
+        shutdown.set()
+
+    threading.Thread(target=run_commands, name="rank-commands", daemon=True).start()
+    logging.getLogger("superinfer.shard").info("rank %d of %d: following rank 0", group.rank, group.world_size)
+    shutdown.wait()
+    return status[0] if status else 0

@@ -17,6 +17,24 @@ DEFAULT_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """This process's place in a tensor-parallel shard (`--num-shard`); one rank: none."""
+
+    rank: int = 0
+    world_size: int = 1
+    # The rendezvous: rank 0 listens there (a TCP store), the other ranks connect.
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    # Longest wait in one of the model's collectives (a peer that stopped answering), and for
+    # every rank to join at start-up.
+    timeout_s: float = 600.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass(frozen=True)
 class ShardConfig:
     # "default", a local directory, a .gguf file or a Hugging Face model id.
     model: str
@@ -37,6 +55,7 @@ class ShardConfig:
     # Where Warmup writes what it measured (cost model, pools, geometry) as JSON: the
     # `measured:` profile of the simulator. None: nowhere.
     warmup_report: pathlib.Path | None = None
+    parallel: ParallelConfig = ParallelConfig()
 
 
 DEFAULT_CPU_KV_BLOCKS = 512

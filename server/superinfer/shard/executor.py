@@ -5,7 +5,14 @@ thread-safe: the gRPC layer serialises calls onto it.
 Step order, as the protocol fixes it: validate the whole plan (no change on failure) → forget
 → register new requests → enqueue transfers → one forward over every scheduled chunk →
 sample where the plan says so (a chunk that reaches the end of the request's known tokens) → report completed transfers.
-The enqueueing, the forward and the sampling each get a span under the RPC's (`telemetry`)."""
+The enqueueing, the forward and the sampling each get a span under the RPC's (`telemetry`).
+
+Under tensor parallelism (`group`) this executor runs on every rank. Rank 0 answers the RPCs:
+it tells the other ranks each one that touches the model (`rank_commands`), then runs its own
+share; the other ranks run theirs from `follower.follow`. Only rank 0 keeps requests and
+samples; every rank transfers its own slice of the same KV blocks, and a transfer is reported
+once it has completed on every rank."""
+import contextlib
 import json
 import logging
 import time
@@ -22,20 +29,24 @@ from .errors import NotWarmedUpError
 from .kv_cache import blocks_for_memory
 from .model_runner import ModelRunner
 from .plan import PlanLimits, ScheduledWork, validate_plan
+from .rank_commands import HealthCommand, RankWork, ResetCommand, StepCommand, StopCommand, TransferOrder, WarmupCommand
+from .rank_group import RankGroup
 from .requests import RequestState
 from .sampling import SamplingFailure, prompt_logprobs, sample
 from .telemetry import NO_TRACES
 from .token_mask import unpack_allowed
 from .transfers import TransferTracker
-from .warmup import measure_step_cost, measure_transfer_cost
+from .warmup import TransferCost, measure_step_cost, measure_transfer_cost
 
 log = logging.getLogger(__name__)
 
 
 class ShardExecutor:
-    def __init__(self, runner: ModelRunner, config: ShardConfig):
+    def __init__(self, runner: ModelRunner, config: ShardConfig, group: RankGroup | None = None):
         self.runner = runner
         self.config = config
+        # None: one shard, no process group.
+        self.group = group
         self.requests: dict[int, RequestState] = {}
         self.tracker: TransferTracker | None = None
         self.limits: PlanLimits | None = None
@@ -60,14 +71,42 @@ class ShardExecutor:
             eos_token_ids=list(tokenizer.eos_token_ids),
             bos_token=tokenizer.bos_token,
             eos_token=tokenizer.eos_token,
-            world_size=1,
+            world_size=self.world_size,
         )
 
+    @property
+    def world_size(self) -> int:
+        return 1 if self.group is None else self.group.world_size
+
+    @contextlib.contextmanager
+    def _on_every_rank(self, command):
+        """Runs the block on every rank: tells the others `command` first. A failure past that
+        point leaves the ranks out of step, which nothing repairs: the group fails (and the
+        shard ends) with it."""
+        if self.group is None:
+            yield
+            return
+        if self.group.failure is not None:
+            raise RuntimeError(f"the tensor-parallel group failed: {self.group.failure}")
+        try:
+            self.group.send(command)
+            yield
+        except Exception as err:
+            self.group.fail(f"{type(err).__name__}: {err}")
+            raise
+
     def health(self) -> shard_pb2.HealthResponse:
-        probe = torch.ones(1, device=self.runner.device).add_(1)
-        if float(probe.cpu()) != 2.0:
-            raise RuntimeError(f"the device {self.runner.device} computed a wrong result")
+        with self._on_every_rank(HealthCommand()):
+            self.check_device()
         return shard_pb2.HealthResponse()
+
+    def check_device(self) -> None:
+        """A tiny operation on the device; under tensor parallelism also an all-reduce."""
+        probe = torch.ones(1, device=self.runner.device).add_(1)
+        if self.group is not None:
+            self.group.tensor_parallel.all_reduce(probe)
+        if float(probe.cpu()) != 2.0 * self.world_size:
+            raise RuntimeError(f"the device {self.runner.device} computed a wrong result")
 
     def _device_blocks(self, max_tokens: int) -> int:
         if self.runner.device.type != "cuda":
@@ -84,6 +123,8 @@ class ShardExecutor:
         blocks = blocks_for_memory(free, self.config.kv_memory_fraction, self.runner.geometry.block_bytes)
         if self.config.device_kv_blocks:
             blocks = min(blocks, self.config.device_kv_blocks)
+        if self.group is not None:  # every rank holds the same block ids
+            blocks = int(self.group.minimum([blocks])[0])
         return blocks
 
     def warmup(self, request: shard_pb2.WarmupRequest) -> shard_pb2.WarmupResponse:
@@ -91,20 +132,8 @@ class ShardExecutor:
             return self._warmup_reply  # pools exist already; a second Warmup changes nothing
         max_tokens = request.max_batch_tokens or self.config.max_batch_tokens
         max_requests = request.max_batch_requests or 32
-        num_device = self._device_blocks(max_tokens)
-        log.info("warm-up: allocating %d device and %d host KV blocks", num_device, self.config.host_kv_blocks)
-        cache = self.runner.allocate(num_device, self.config.host_kv_blocks)
-        engine = TransferEngine(cache.device, cache.host)
-        started = time.perf_counter()
-        step = measure_step_cost(self.runner, max_tokens, max_requests, self.config.warmup_repeats)
-        transfer = measure_transfer_cost(engine, cache.num_device_blocks, cache.num_host_blocks, self.runner.geometry.block_bytes)
-        cache.device.zero_()  # warm-up wrote synthetic K/V; start from the documented state
-        cache.host.zero_()
-        log.info("warm-up: %d device / %d host KV blocks, measured in %.2fs: %s %s (%s transfers%s)",
-                 cache.num_device_blocks, cache.num_host_blocks, time.perf_counter() - started, step, transfer,
-                 engine.backend, "" if engine.dma_min_run_bytes is None
-                 else f", copy engines from {engine.dma_min_run_bytes // 1024} KiB runs")
-        self.tracker = TransferTracker(engine, self.runner.device)
+        with self._on_every_rank(WarmupCommand(max_tokens, max_requests)):
+            cache, step, transfer = self.warm_up(max_tokens, max_requests)
         model_config = self.runner.config
         self.limits = PlanLimits(cache.num_device_blocks, cache.num_host_blocks, self.runner.block_size,
                                  model_config.vocab_size, model_config.max_position_embeddings)
@@ -121,6 +150,34 @@ class ShardExecutor:
         if self.config.warmup_report is not None:
             self._write_warmup_report(self._warmup_reply, max_tokens, max_requests)
         return self._warmup_reply
+
+    def warm_up(self, max_tokens: int, max_requests: int):
+        """Every rank: allocates the pools and measures steps (all ranks in lockstep) and
+        transfers (each rank its own, the slowest rank's figures kept)."""
+        num_device = self._device_blocks(max_tokens)
+        log.info("warm-up: allocating %d device and %d host KV blocks", num_device, self.config.host_kv_blocks)
+        cache = self.runner.allocate(num_device, self.config.host_kv_blocks)
+        engine = TransferEngine(cache.device, cache.host)
+        started = time.perf_counter()
+        step = measure_step_cost(self.runner, max_tokens, max_requests, self.config.warmup_repeats)
+        transfer = measure_transfer_cost(engine, cache.num_device_blocks, cache.num_host_blocks, self.runner.geometry.block_bytes)
+        if self.group is not None:
+            transfer = self._slowest_rank(transfer)
+        cache.device.zero_()  # warm-up wrote synthetic K/V; start from the documented state
+        cache.host.zero_()
+        log.info("warm-up: %d device / %d host KV blocks, measured in %.2fs: %s %s (%s transfers%s)",
+                 cache.num_device_blocks, cache.num_host_blocks, time.perf_counter() - started, step, transfer,
+                 engine.backend, "" if engine.dma_min_run_bytes is None
+                 else f", copy engines from {engine.dma_min_run_bytes // 1024} KiB runs")
+        self.tracker = TransferTracker(engine, self.runner.device, None if self.group is None else self.group.all_true)
+        return cache, step, transfer
+
+    def _slowest_rank(self, transfer: TransferCost) -> TransferCost:
+        # Every rank copies its slice at once: a transfer is done when the slowest one is.
+        out_bw, in_bw, neg_overhead, duplex = self.group.minimum(
+            [transfer.swap_out_bytes_per_s, transfer.swap_in_bytes_per_s, -transfer.transfer_overhead_s,
+             float(transfer.duplex)])
+        return TransferCost(out_bw, in_bw, -neg_overhead, bool(duplex))
 
     def _write_warmup_report(self, reply: shard_pb2.WarmupResponse, max_tokens: int, max_requests: int) -> None:
         """What warm-up measured, as the simulator's `measured:` profile reads it."""
@@ -149,16 +206,18 @@ class ShardExecutor:
             self.requests.pop(request_id, None)
         for new in plan.new_requests:
             self.requests[new.request_id] = new
-        transfer_start = time.perf_counter_ns()
-        with tracer.start_as_current_span("transfers") as span:
-            if span.is_recording():
-                span.set_attributes({"swap_out": len(request.swap_out), "swap_in": len(request.swap_in),
-                                     "blocks_out": sum(len(t.src_blocks) for t in request.swap_out),
-                                     "blocks_in": sum(len(t.src_blocks) for t in request.swap_in)})
-            self.tracker.submit(request.swap_out, request.swap_in)
-        transfer_ns = time.perf_counter_ns() - transfer_start
-        outputs, forward_ns, sampling_ns = self._compute(plan.scheduled, tracer)
-        completed = self.tracker.poll()
+        work = self._rank_work(request, plan.scheduled)
+        with self._on_every_rank(StepCommand(work)):
+            transfer_start = time.perf_counter_ns()
+            with tracer.start_as_current_span("transfers") as span:
+                if span.is_recording():
+                    span.set_attributes({"swap_out": len(request.swap_out), "swap_in": len(request.swap_in),
+                                         "blocks_out": sum(len(t.src_blocks) for t in request.swap_out),
+                                         "blocks_in": sum(len(t.src_blocks) for t in request.swap_in)})
+                self.tracker.submit(work.swap_out, work.swap_in)
+            transfer_ns = time.perf_counter_ns() - transfer_start
+            outputs, forward_ns, sampling_ns = self._compute(plan.scheduled, work, tracer)
+            completed = self.tracker.poll()
         step_span = trace.get_current_span()
         if step_span.is_recording():
             step_span.set_attributes({"step_id": request.step_id, "scheduled": len(plan.scheduled),
@@ -174,52 +233,77 @@ class ShardExecutor:
             ),
         )
 
-    def _compute(self, scheduled: list[ScheduledWork],
+    def run_work(self, work: RankWork) -> None:
+        """Ranks > 0: their share of a step (rank 0 runs the same in `step`)."""
+        self.tracker.submit(work.swap_out, work.swap_in)
+        if work.chunks:
+            self.forward_work(work)
+        self.tracker.poll()
+
+    def _rank_work(self, request: shard_pb2.StepRequest, scheduled: list[ScheduledWork]) -> RankWork:
+        """The step as every rank runs it: transfers, chunks and the positions needing logits
+        (the last of each request the plan samples, plus prompt positions whose next prompt
+        token's logprob was asked for)."""
+        chunks, offsets = [], []
+        for work in scheduled:
+            state = self.requests[work.request_id]
+            end = work.start + work.num_new
+            chunks.append(Chunk(state.token_ids[work.start : end], work.start, list(work.block_table)))
+            needed = []
+            if state.prompt_logprobs and work.start + 1 < state.prompt_len:
+                needed.extend(range(min(end + 1, state.prompt_len) - work.start - 1))
+            if work.sample:
+                needed.append(work.num_new - 1)
+            offsets.append(needed)
+        return RankWork([TransferOrder.of(t) for t in request.swap_out], [TransferOrder.of(t) for t in request.swap_in],
+                        chunks, offsets)
+
+    def forward_work(self, work: RankWork) -> torch.Tensor | None:
+        """One forward over the step's chunks; the logits [R, vocab] of the needed rows, in
+        `work.logit_offsets` order (None when none are needed, and on ranks > 0)."""
+        read_blocks, written_blocks = set(), set()
+        for chunk in work.chunks:
+            read_blocks.update(chunk.block_table)
+            written_blocks.update(chunk.block_table[chunk.start // self.runner.block_size :])
+        self.tracker.order_before_compute(read_blocks, written_blocks)
+        hidden, batch = self.runner.forward(work.chunks)
+        rows = [batch.first_rows[index] + offset
+                for index, offsets in enumerate(work.logit_offsets) for offset in offsets]
+        logits = self.runner.logits(hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]) if rows else None
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        return logits
+
+    def _compute(self, scheduled: list[ScheduledWork], work: RankWork,
                  tracer: trace.Tracer) -> tuple[list[shard_pb2.RequestOutput], int, int]:
         """Outputs, forward time and sampling time (ns) of the scheduled work."""
         if not scheduled:
             return [], 0, 0
         forward_start = time.perf_counter_ns()
-        tokens = sum(work.num_new for work in scheduled)
+        tokens = sum(item.num_new for item in scheduled)
         with tracer.start_as_current_span("forward", attributes={"requests": len(scheduled), "tokens": tokens}):
-            logits, sample_rows, prompt_rows = self._forward(scheduled)
+            logits = self.forward_work(work)
+        sample_rows, prompt_rows = self._logit_rows(scheduled, work)
         sampling_start = time.perf_counter_ns()
         with tracer.start_as_current_span("sampling", attributes={"sampled": len(sample_rows)}):
             outputs = self._sample(scheduled, logits, sample_rows, prompt_rows)
         return outputs, sampling_start - forward_start, time.perf_counter_ns() - sampling_start
 
-    def _forward(self, scheduled: list[ScheduledWork]):
-        """One forward over every chunk; the logits of the rows sampling and prompt logprobs
-        need, the sampled rows as (index in `scheduled`, row in the logits) and the prompt rows
-        as index -> (first row in the logits, next prompt tokens)."""
-        chunks, read_blocks, written_blocks = [], set(), set()
-        for work in scheduled:
-            tokens = self.requests[work.request_id].token_ids[work.start : work.start + work.num_new]
-            chunks.append(Chunk(tokens, work.start, work.block_table))
-            read_blocks.update(work.block_table)
-            written_blocks.update(work.block_table[work.start // self.runner.block_size :])
-        self.tracker.order_before_compute(read_blocks, written_blocks)
-        hidden, batch = self.runner.forward(chunks)
-        # Rows needing logits: the last of each request the plan samples, plus prompt positions
-        # whose next prompt token's logprob was asked for.
-        rows: list[int] = []
-        sample_rows: list[tuple[int, int]] = []  # (index in scheduled, row in `rows`)
-        prompt_rows: dict[int, tuple[int, list[int]]] = {}  # index -> (first row in `rows`, next tokens)
-        for index, work in enumerate(scheduled):
-            state = self.requests[work.request_id]
-            first = batch.first_rows[index]
-            end = work.start + work.num_new
-            if state.prompt_logprobs and work.start + 1 < state.prompt_len:
-                targets = state.token_ids[work.start + 1 : min(end + 1, state.prompt_len)]
-                prompt_rows[index] = (len(rows), targets)
-                rows.extend(range(first, first + len(targets)))
-            if work.sample:
-                sample_rows.append((index, len(rows)))
-                rows.append(first + work.num_new - 1)
-        logits = self.runner.logits(hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]) if rows else None
-        if self.runner.device.type == "cuda":
-            torch.cuda.synchronize(self.runner.device)
-        return logits, sample_rows, prompt_rows
+    def _logit_rows(self, scheduled: list[ScheduledWork], work: RankWork):
+        """Where each request's logits are: the sampled rows as (index in `scheduled`, row) and
+        the prompt rows as index -> (first row, next prompt tokens)."""
+        sample_rows: list[tuple[int, int]] = []
+        prompt_rows: dict[int, tuple[int, list[int]]] = {}
+        row = 0
+        for index, (item, offsets) in enumerate(zip(scheduled, work.logit_offsets)):
+            prompt_count = len(offsets) - (1 if item.sample else 0)
+            if prompt_count:
+                state = self.requests[item.request_id]
+                prompt_rows[index] = (row, state.token_ids[item.start + 1 : item.start + 1 + prompt_count])
+            if item.sample:
+                sample_rows.append((index, row + prompt_count))
+            row += len(offsets)
+        return sample_rows, prompt_rows
 
     def _sample(self, scheduled: list[ScheduledWork], logits, sample_rows: list[tuple[int, int]],
                 prompt_rows: dict[int, tuple[int, list[int]]]) -> list[shard_pb2.RequestOutput]:
@@ -250,10 +334,14 @@ class ShardExecutor:
             raise NotWarmedUpError("Reset before Warmup: there is nothing to reset")
         dropped = len(self.requests)
         self.requests.clear()
-        self.tracker.drain()
+        with self._on_every_rank(ResetCommand()):
+            self.tracker.drain()
         log.warning("reset: dropped %d requests", dropped)
         return shard_pb2.ResetResponse(dropped_requests=dropped)
 
     def close(self) -> None:
+        if self.group is not None and self.group.failure is None and self.group.rank == 0:
+            with contextlib.suppress(Exception):  # a rank that is gone already needs no stop
+                self.group.send(StopCommand())
         if self.tracker is not None:
             self.tracker.close()

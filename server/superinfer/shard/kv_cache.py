@@ -8,20 +8,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.config import ModelConfig
-
 
 @dataclass(frozen=True)
 class KVGeometry:
+    # num_kv_heads: the KV heads this shard holds (all of them without tensor parallelism).
     num_layers: int
     block_size: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-
-    @classmethod
-    def for_model(cls, config: ModelConfig, block_size: int, dtype: torch.dtype) -> "KVGeometry":
-        return cls(config.num_layers, block_size, config.num_kv_heads, config.head_dim, dtype)
 
     @property
     def block_shape(self) -> tuple[int, ...]:

@@ -3,7 +3,11 @@ registry, weights from safetensors (with the renames our fused modules need), to
 
 Checkpoint names map onto the modules one to one except: q/k/v projections are concatenated
 into `qkv_proj`, gate/up into `gate_up_proj`, a tied `lm_head.weight` is skipped and stale
-rotary buffers are ignored."""
+rotary buffers are ignored.
+
+Under tensor parallelism each rank reads only its slice of every sharded tensor
+(`models.tensor_parallel.checkpoint_slice`) straight from the files, so its resident weights
+are about 1/N of the model's."""
 import json
 import logging
 import pathlib
@@ -17,6 +21,8 @@ from safetensors import SafetensorError, safe_open
 from ..models.config import ConfigError, ModelConfig, model_config_from_hf
 from ..models.decoder import DecoderForCausalLM
 from ..models.registry import model_class
+from ..models.tensor_parallel import (Partition, RankSlice, TensorParallelGroup, checkpoint_slice, parallelize,
+                                     partition)
 from .errors import LoaderError
 from .model_source import ModelSource
 from .progress import PROGRESS_INTERVAL_S, ProgressLog
@@ -42,6 +48,8 @@ class LoadedModel:
     config: ModelConfig
     model: DecoderForCausalLM
     tokenizer: TokenizerInfo
+    # What this rank holds of the model (the whole of it without tensor parallelism).
+    partition: Partition | None = None
 
 
 def read_config(directory: pathlib.Path) -> ModelConfig:
@@ -81,12 +89,35 @@ def _count_tensors(files: list[pathlib.Path]) -> int:
         raise LoaderError(f"cannot read weights from {path}: {err}") from None
 
 
-def _iter_checkpoint(files: list[pathlib.Path]):
+def _read_slice(handle, name: str, part: Partition | None, head_dim: int) -> torch.Tensor:
+    if part is None:
+        return handle.get_tensor(name)
+    lazy = handle.get_slice(name)
+    piece = checkpoint_slice(name, tuple(lazy.get_shape()), part, head_dim)
+    if piece is None:
+        return handle.get_tensor(name)
+    index = (slice(None),) * piece.dim + (slice(piece.start, piece.stop),)
+    return _pad(lazy[index], piece)
+
+
+def _pad(tensor: torch.Tensor, piece: RankSlice) -> torch.Tensor:
+    # The vocabulary's last rank: rows past the vocabulary are zeros (never looked up; their
+    # logits are cut off after the gather).
+    if piece.rows is None or tensor.shape[piece.dim] == piece.rows:
+        return tensor
+    shape = list(tensor.shape)
+    shape[piece.dim] = piece.rows
+    padded = tensor.new_zeros(shape)
+    padded.narrow(piece.dim, 0, tensor.shape[piece.dim]).copy_(tensor)
+    return padded
+
+
+def _iter_checkpoint(files: list[pathlib.Path], part: Partition | None = None, head_dim: int = 0):
     for path in files:
         try:
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():
-                    yield name, handle.get_tensor(name)
+                    yield name, _read_slice(handle, name, part, head_dim)
         except (SafetensorError, OSError) as err:
             raise LoaderError(f"cannot read weights from {path}: {err}") from None
 
@@ -130,7 +161,8 @@ class _StateBuilder:
         return self.state
 
 
-def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: torch.dtype) -> None:
+def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: torch.dtype,
+                  part: Partition | None) -> None:
     files = _safetensors_files(directory)
     total = _count_tensors(files)
     log.info("loading weights: %d tensors, %.2f GB in %d file(s)", total,
@@ -138,7 +170,7 @@ def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: tor
     builder = _StateBuilder(model.config, dtype)
     # A line every few seconds once it has taken that long: a small model logs none.
     with ProgressLog(total=total, desc="loading weights", unit="tensor", delay=PROGRESS_INTERVAL_S) as progress:
-        for name, tensor in _iter_checkpoint(files):
+        for name, tensor in _iter_checkpoint(files, part, model.config.head_dim):
             builder.add(name, tensor)
             progress.update()
     state = builder.finish()
@@ -156,11 +188,14 @@ def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: tor
     model.load_state_dict(state, strict=False, assign=True)
 
 
-def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    """Reads config, weights and tokenizer files of `source` into a model on `device`."""
+def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device,
+               parallel: TensorParallelGroup | None = None) -> LoadedModel:
+    """Reads config, weights and tokenizer files of `source` into a model on `device`; with
+    `parallel`, this rank's slice of it."""
     try:
         config = read_config(source.directory)
         cls = model_class(config.architecture)
+        part = None if parallel is None else partition(config, parallel.rank, parallel.world_size)
     except ConfigError as err:
         raise LoaderError(f"{source.directory}: {err}") from None
     started = time.perf_counter()
@@ -169,10 +204,25 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) ->
     # initialisation of weights about to be replaced would cost seconds.
     with torch.device("meta"):
         model = cls(config)
-    _load_weights(model, source.directory, dtype)
+        if part is not None:
+            parallelize(model, part, parallel)
+    _load_weights(model, source.directory, dtype, part)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(device).eval()
     log.info("loaded %s (%s, %d layers) from %s in %.1f s", source.model_id, config.architecture, config.num_layers,
              source.directory, time.perf_counter() - started)
-    return LoadedModel(model_id=source.model_id, config=model.config, model=model, tokenizer=tokenizer)
+    if part is not None:
+        log.info("rank %d of %d holds query heads %d..%d, KV heads %d..%d%s, MLP columns %d..%d, vocabulary rows "
+                 "%d..%d: %.1f MB of weights", part.rank, part.world_size, part.head_start,
+                 part.head_start + part.num_heads - 1, part.kv_head_start, part.kv_head_start + part.num_kv_heads - 1,
+                 f" (replicated on {part.kv_replicas} ranks: fewer KV heads than ranks)" if part.kv_replicas > 1 else "",
+                 part.intermediate_start, part.intermediate_start + part.intermediate_size - 1, part.vocab_start,
+                 part.vocab_start + part.vocab_rows - 1, parameter_bytes(model) / 1e6)
+    return LoadedModel(model_id=source.model_id, config=model.config, model=model, tokenizer=tokenizer,
+                       partition=part)
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Resident bytes of the model's parameters (a tied weight counted once)."""
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())

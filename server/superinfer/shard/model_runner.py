@@ -16,11 +16,15 @@ class ModelRunner:
         self.model = loaded.model
         self.device = device
         self.dtype = dtype
-        self.geometry = KVGeometry.for_model(loaded.config, block_size, dtype)
-        self.cache: KVCache | None = None
         config = loaded.model.config
+        # Under tensor parallelism this rank's heads: its KV blocks hold its KV heads only.
+        part = loaded.partition
+        num_heads = config.num_heads if part is None else part.num_heads
+        num_kv_heads = config.num_kv_heads if part is None else part.num_kv_heads
+        self.geometry = KVGeometry(config.num_layers, block_size, num_kv_heads, config.head_dim, dtype)
+        self.cache: KVCache | None = None
         self.layout = BatchLayout(
-            block_size, config.num_layers, config.num_kv_heads, config.num_heads // config.num_kv_heads,
+            block_size, config.num_layers, num_kv_heads, num_heads // num_kv_heads,
             config.head_dim, dtype, config.sliding_window,
         )
 
@@ -46,8 +50,9 @@ class ModelRunner:
         return self.model(batch.input_ids, kv, batch.meta), batch
 
     @torch.inference_mode()
-    def logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """[R, hidden] -> [R, vocab] float32."""
+    def logits(self, hidden_rows: torch.Tensor) -> torch.Tensor | None:
+        """[R, hidden] -> [R, vocab] float32 (under tensor parallelism: on rank 0; None on the
+        other ranks, which take part in the gather)."""
         return self.model.compute_logits(hidden_rows)
 
     def _device_cache(self) -> torch.Tensor:

@@ -1,6 +1,11 @@
 """Tracks the KV transfers the router ordered: submits each step's swaps to the DuplexKV
 engine in one call and reports each transfer id exactly once when its copy has landed.
-Owns the in-flight handles."""
+Owns the in-flight handles.
+
+Under tensor parallelism every rank has a tracker over its own slice of the blocks, fed the
+same transfers; `agree` makes a transfer complete when it has completed on every rank, so the
+trackers stay identical and the router hears of a transfer once all its copies have landed."""
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,9 +26,12 @@ class _Pending:
 
 
 class TransferTracker:
-    def __init__(self, engine: TransferEngine, device: torch.device):
+    def __init__(self, engine: TransferEngine, device: torch.device,
+                 agree: Callable[[list[bool]], list[bool]] | None = None):
         self.engine = engine
         self.device = device
+        # Per pending transfer (in order), whether it is done on every rank; None: one rank.
+        self.agree = agree
         self._pending: dict[int, _Pending] = {}
 
     def submit(self, swap_out, swap_in) -> None:
@@ -59,7 +67,11 @@ class TransferTracker:
 
     def poll(self) -> list[int]:
         """Ids of transfers that completed since the last poll (each reported once)."""
-        finished = [tid for tid, pending in self._pending.items() if pending.done()]
+        ids = list(self._pending)
+        done = [self._pending[tid].done() for tid in ids]
+        if self.agree is not None and ids:  # every rank has the same pending ids, so all call it
+            done = self.agree(done)
+        finished = [tid for tid, is_done in zip(ids, done) if is_done]
         for tid in finished:
             del self._pending[tid]
         return finished

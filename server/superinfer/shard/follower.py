@@ -1,0 +1,36 @@
+"""Ranks > 0 of a tensor-parallel shard: no gRPC, only the commands rank 0 sends, each run on
+this rank's slice of the model and of the KV blocks. A command that fails here leaves the ranks
+out of step: the rank stops with status 1, its peers' collectives fail, and the launcher ends
+the server as it does when a shard dies."""
+import logging
+
+from .executor import ShardExecutor
+from .rank_commands import HealthCommand, ResetCommand, StepCommand, StopCommand, WarmupCommand
+from .rank_group import RankGroup
+
+log = logging.getLogger(__name__)
+
+
+def follow(executor: ShardExecutor, group: RankGroup) -> int:
+    """Runs rank 0's commands until it says stop (0) or something fails (1)."""
+    try:
+        while True:
+            command = group.receive()
+            match command:
+                case StepCommand(work):
+                    executor.run_work(work)
+                case WarmupCommand(max_tokens, max_requests):
+                    executor.warm_up(max_tokens, max_requests)
+                case HealthCommand():
+                    executor.check_device()
+                case ResetCommand():
+                    executor.tracker.drain()
+                case StopCommand():
+                    log.info("rank %d: rank 0 stopped", group.rank)
+                    return 0
+                case _:
+                    raise RuntimeError(f"unknown command from rank 0: {command!r}")
+    except Exception as err:  # the ranks are out of step: this rank ends, and says why
+        log.exception("rank %d failed", group.rank)
+        group.fail(f"{type(err).__name__}: {err}")
+        return 1

@@ -1,0 +1,59 @@
+"""What rank 0 tells the other ranks under tensor parallelism: one command per RPC that touches
+the model, carrying only what every rank computes the same way. Rank 0 alone keeps the
+request table (prompts, sampling state), validates plans and samples; a step reaches the
+other ranks as its transfers and its chunks, already resolved to token ids."""
+from dataclasses import dataclass
+
+from .batch import Chunk
+
+
+@dataclass(frozen=True)
+class TransferOrder:
+    """One router transfer (its id, and (src -> dst) block pairs), as `TransferTracker` takes it."""
+
+    id: int
+    src_blocks: list[int]
+    dst_blocks: list[int]
+
+    @classmethod
+    def of(cls, transfer) -> "TransferOrder":
+        return cls(transfer.id, list(transfer.src_blocks), list(transfer.dst_blocks))
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """One step's share of every rank: the same transfers on each rank's own KV slice, then one
+    forward pass over the chunks."""
+
+    swap_out: list[TransferOrder]
+    swap_in: list[TransferOrder]
+    chunks: list[Chunk]
+    # Per chunk, the positions within it (0 = its first token) whose logits are needed, in
+    # the order the logits' rows come out.
+    logit_offsets: list[list[int]]
+
+
+@dataclass(frozen=True)
+class WarmupCommand:
+    max_tokens: int
+    max_requests: int
+
+
+@dataclass(frozen=True)
+class StepCommand:
+    work: RankWork
+
+
+@dataclass(frozen=True)
+class HealthCommand:
+    pass
+
+
+@dataclass(frozen=True)
+class ResetCommand:
+    pass
+
+
+@dataclass(frozen=True)
+class StopCommand:
+    pass
