@@ -1,15 +1,22 @@
 """Benchmark of the shard's model runner (not a test): decode throughput at batch 1, 8 and 32
 with 512-token contexts against transformers' `generate` on the same model with static batches
-of the same size, measured in the same run; prefill throughput of 512-token prompts; the share
-of Step time spent outside the model forward. Prints JSON. On the CPU in float32; with
-`--device cuda` in bfloat16 on the GPU (both sides).
+of the same size; prefill throughput of a 512-token prompt against one transformers forward that
+also computes the last position's logits only; the share of Step time spent outside the model
+forward. On the CPU in float32; with `--device cuda` in bfloat16 on the GPU (both sides).
+
+Like for like: both sides are warmed up with one unmeasured pair first, then run in `--pairs`
+interleaved pairs (the order alternating, shard first in even pairs, transformers first in odd
+ones), and each ratio is the median of the per-pair ratios, reported with its range. Each side's
+throughput is its median over the pairs; the fastest single step ("best") is a secondary figure,
+labelled as such. Prints JSON.
 
     python -m superinfer.shard.bench [--model default] [--batches 1 8 32] [--decode-steps 16]
-                                     [--device cpu|cuda]"""
+                                     [--pairs 5] [--device cpu|cuda]"""
 import argparse
 import json
 import os
 import pathlib
+import statistics
 import sys
 import time
 
@@ -20,6 +27,7 @@ from .cli import build_executor
 from .config import ShardConfig
 from .warmup import sync_device
 
+# Default context length of every request (prompt tokens before decoding).
 CONTEXT = 512
 
 
@@ -36,15 +44,37 @@ class _TokenClock:
         pass
 
 
-def _prompts(batch: int, vocab: int, seed: int) -> list[list[int]]:
+def _prompts(batch: int, vocab: int, seed: int, context: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(10, vocab, (batch, CONTEXT), generator=generator).tolist()
+    return torch.randint(10, vocab, (batch, context), generator=generator).tolist()
 
 
 def _rates(batch: int, step_seconds: list[float]) -> dict:
-    """Tokens/s over all steps and at the fastest step. Other processes on a shared machine
-    only ever slow a step down, so the fastest step is the figure least disturbed by them."""
+    """Tokens/s over all steps, and (secondary) at the fastest step."""
     return {"tokens_per_s": batch * len(step_seconds) / sum(step_seconds), "best_tokens_per_s": batch / min(step_seconds)}
+
+
+def spread(values: list[float]) -> dict:
+    """Median and range of a figure over the pairs, with the values."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+
+
+def interleave(run_ours, run_theirs, pairs: int) -> list[tuple]:
+    """One unmeasured warm-up pair, then `pairs` measured ones with the order alternating (ours
+    first in even pairs); returns [(ours, theirs)] of the measured pairs."""
+    if pairs < 1:
+        raise ValueError(f"--pairs must be at least 1, got {pairs}")
+    run_ours(), run_theirs()
+    results = []
+    for index in range(pairs):
+        if index % 2 == 0:
+            ours = run_ours()
+            theirs = run_theirs()
+        else:
+            theirs = run_theirs()
+            ours = run_ours()
+        results.append((ours, theirs))
+    return results
 
 
 def _transformers_decode(model, prompts: list[list[int]], steps: int) -> dict:
@@ -60,28 +90,26 @@ def _transformers_decode(model, prompts: list[list[int]], steps: int) -> dict:
     return _rates(len(prompts), [after - before for before, after in zip(decode, decode[1:])])
 
 
-def _transformers_prefill(model, prompt: list[int], repeats: int) -> float:
+def _transformers_prefill(model, prompt: list[int]) -> float:
+    """Tokens/s of one forward over the prompt computing the last position's logits only, as
+    the shard does for a prompt it samples from."""
     inputs = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():
-        model(inputs)  # first call pays one-off costs
-        best = float("inf")
-        for _ in range(repeats):
-            sync_device(model.device)
-            start = time.perf_counter()
-            model(inputs)
-            sync_device(model.device)
-            best = min(best, time.perf_counter() - start)
-    return len(prompt) / best
+        sync_device(model.device)
+        start = time.perf_counter()
+        model(inputs, logits_to_keep=1)
+        sync_device(model.device)
+    return len(prompt) / (time.perf_counter() - start)
 
 
 class _ShardDriver:
     """Feeds Steps to the executor the way the router would, one block range per request."""
 
-    def __init__(self, executor):
+    def __init__(self, executor, context: int, decode_steps: int):
         self.executor = executor
         self.step_id = 0
         self.next_id = 1
-        self.blocks_per_request = -(-(CONTEXT + 64) // executor.runner.block_size)
+        self.blocks_per_request = -(-(context + decode_steps + 1) // executor.runner.block_size)
 
     def step(self, **fields) -> pb.StepResponse:
         self.step_id += 1
@@ -124,60 +152,85 @@ class _ShardDriver:
         self.step(forget=[rid for rid, _, _ in live])
 
 
-def _shard_prefill(driver: _ShardDriver, prompt: list[int], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first run pays one-off costs
-        start = time.perf_counter()
-        live = driver.prefill([prompt], CONTEXT)
-        best = min(best, time.perf_counter() - start)
-        driver.forget(live)
-    return len(prompt) / best
+def _shard_prefill(driver: _ShardDriver, prompt: list[int]) -> float:
+    sync_device(driver.executor.runner.device)
+    start = time.perf_counter()
+    live = driver.prefill([prompt], len(prompt))
+    seconds = time.perf_counter() - start
+    driver.forget(live)
+    return len(prompt) / seconds
+
+
+def _shard_decode(driver: _ShardDriver, prompts: list[list[int]], steps: int) -> dict:
+    live = driver.prefill(prompts, len(prompts[0]))
+    measured = driver.decode(live, steps)
+    driver.forget(live)
+    return measured
+
+
+def _decode_figures(pairs: list[tuple[dict, dict]]) -> dict:
+    ours, theirs = [p[0] for p in pairs], [p[1] for p in pairs]
+    return {
+        "ratio": spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs]),
+        "shard_tokens_per_s": spread([a["tokens_per_s"] for a in ours]),
+        "transformers_tokens_per_s": spread([b["tokens_per_s"] for b in theirs]),
+        "outside_forward_share": spread([a["outside_forward_share"] for a in ours]),
+        "sampling_share": spread([a["sampling_share"] for a in ours]),
+        "step_ms": spread([a["step_ms"] for a in ours]),
+        "secondary_best_step": {
+            "shard_tokens_per_s": max(a["best_tokens_per_s"] for a in ours),
+            "transformers_tokens_per_s": max(b["best_tokens_per_s"] for b in theirs),
+            "ratio": max(a["best_tokens_per_s"] for a in ours) / max(b["best_tokens_per_s"] for b in theirs),
+        },
+    }
 
 
 def run_benchmark(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
     device = torch.device(args.device)
+    context = args.context_tokens
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     config = ShardConfig(model=args.model, cache_dir=args.cache_dir, device=device, dtype=dtype,
-                         device_kv_blocks=max(args.batches) * (-(-(CONTEXT + 64) // 16)), host_kv_blocks=0,
+                         device_kv_blocks=max(args.batches) * (-(-(context + args.decode_steps + 1) // 16)),
+                         host_kv_blocks=0,
                          warmup_repeats=1)
     executor = build_executor(config)
-    executor.warmup(pb.WarmupRequest(max_batch_tokens=CONTEXT, max_batch_requests=max(args.batches)))
+    executor.warmup(pb.WarmupRequest(max_batch_tokens=context, max_batch_requests=max(args.batches)))
     reference = AutoModelForCausalLM.from_pretrained(_model_dir(args), dtype=dtype).to(device).eval()
     vocab = executor.runner.config.vocab_size
-    driver = _ShardDriver(executor)
+    driver = _ShardDriver(executor, context, args.decode_steps)
     results: dict = {"model": args.model, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-                     "context_tokens": CONTEXT, "decode_steps": args.decode_steps,
+                     "context_tokens": context, "decode_steps": args.decode_steps, "pairs": args.pairs,
+                     "method": "interleaved pairs after a warm-up pair, order alternating; ratio = median of "
+                               "per-pair ratios [min, max]; best-step figures are secondary",
                      "threads": torch.get_num_threads(), "decode": {}}
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
     for batch in args.batches:
-        prompts = _prompts(batch, vocab, seed=batch)
-        live = driver.prefill(prompts, CONTEXT)
-        ours = driver.decode(live, args.decode_steps)
-        driver.forget(live)
-        theirs = _transformers_decode(reference, prompts, args.decode_steps)
-        results["decode"][str(batch)] = {
-            "shard": ours, "transformers": theirs,
-            "ratio": ours["tokens_per_s"] / theirs["tokens_per_s"],
-            "best_ratio": ours["best_tokens_per_s"] / theirs["best_tokens_per_s"],
-        }
-        print(f"batch {batch}: shard {ours['tokens_per_s']:.1f} (best {ours['best_tokens_per_s']:.1f}) tok/s, "
-              f"transformers {theirs['tokens_per_s']:.1f} (best {theirs['best_tokens_per_s']:.1f}) tok/s", file=sys.stderr)
-    prompt = _prompts(1, vocab, seed=99)[0]
-    ours_prefill = _shard_prefill(driver, prompt, args.repeats)
-    theirs_prefill = _transformers_prefill(reference, prompt, args.repeats)
-    results["prefill_512"] = {"shard_tokens_per_s": ours_prefill, "transformers_tokens_per_s": theirs_prefill,
-                              "ratio": ours_prefill / theirs_prefill}
+        prompts = _prompts(batch, vocab, seed=batch, context=context)
+        pairs = interleave(lambda: _shard_decode(driver, prompts, args.decode_steps),
+                           lambda: _transformers_decode(reference, prompts, args.decode_steps), args.pairs)
+        figures = results["decode"][str(batch)] = _decode_figures(pairs)
+        ratio = figures["ratio"]
+        print(f"batch {batch}: shard {figures['shard_tokens_per_s']['median']:.1f} tok/s, transformers "
+              f"{figures['transformers_tokens_per_s']['median']:.1f} tok/s, ratio {ratio['median']:.2f} "
+              f"[{ratio['min']:.2f}-{ratio['max']:.2f}]", file=sys.stderr)
+    prompt = _prompts(1, vocab, seed=99, context=context)[0]
+    prefill = interleave(lambda: _shard_prefill(driver, prompt), lambda: _transformers_prefill(reference, prompt),
+                         args.pairs)
+    results["prefill"] = {
+        "ratio": spread([a / b for a, b in prefill]),
+        "shard_tokens_per_s": spread([a for a, _ in prefill]),
+        "transformers_tokens_per_s": spread([b for _, b in prefill]),
+    }
     decode = results["decode"]
     largest, smallest = str(max(args.batches)), str(min(args.batches))
     results["targets"] = {
-        f"batch{largest}_vs_transformers_batch{largest}": decode[largest]["ratio"],
-        f"batch{largest}_vs_transformers_batch{largest}_best_step": decode[largest]["best_ratio"],
+        f"batch{largest}_vs_transformers_batch{largest}": decode[largest]["ratio"]["median"],
         f"batch{largest}_vs_transformers_batch{smallest}":
-            decode[largest]["shard"]["tokens_per_s"] / decode[smallest]["transformers"]["tokens_per_s"],
-        f"outside_forward_share_batch{largest}": decode[largest]["shard"]["outside_forward_share"],
+            decode[largest]["shard_tokens_per_s"]["median"] / decode[smallest]["transformers_tokens_per_s"]["median"],
+        f"outside_forward_share_batch{largest}": decode[largest]["outside_forward_share"]["median"],
     }
     return results
 
@@ -193,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--decode-steps", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--context-tokens", type=int, default=CONTEXT, help="prompt tokens of every request")
+    parser.add_argument("--pairs", type=int, default=5, help="measured interleaved pairs per figure (after a warm-up pair)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu (float32) or cuda (bfloat16)")
     parser.add_argument("--cache-dir", type=pathlib.Path,
