@@ -7,6 +7,8 @@
 //! - `server`: start-up wiring, `run(config, shutdown)`.
 //! - `telemetry`: logging and OpenTelemetry traces; `trace_context`: W3C trace context in from
 //!   HTTP headers and out to the shard's gRPC metadata.
+//! - `grammar`: constrained decoding (JSON schemas, regexes) compiled by llguidance into
+//!   per-request token masks.
 //! - `http`: the HTTP API (TGI's routes, OpenAI's, health/info/metrics, OpenAPI); built on
 //!   `validation`, `tokenizer` + `detokenizer`, `chat_template`, `error` (HTTP error mapping)
 //!   and `metrics` (the Prometheus recorder and the request metrics).
@@ -23,6 +25,7 @@ pub mod config;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;
+pub mod grammar;
 pub mod http;
 pub mod metrics;
 pub mod server;

@@ -34,6 +34,10 @@ pub const LAG_HISTOGRAM: &str = "superinfer_token_lag_seconds";
 pub const BATCH_SIZE_HISTOGRAM: &str = "superinfer_batch_size";
 /// Tokens per step.
 pub const BATCH_TOKENS_HISTOGRAM: &str = "superinfer_batch_tokens";
+/// Time to compute one constrained request's allowed-token mask for one step (seconds).
+pub const GRAMMAR_MASK_HISTOGRAM: &str = "superinfer_grammar_mask_seconds";
+/// Time a step's engine turn spent computing every constrained request's mask (seconds).
+pub const GRAMMAR_STEP_MASK_HISTOGRAM: &str = "superinfer_grammar_step_mask_seconds";
 /// TGI's size of each new batch: here the requests a step admits for the first time.
 pub const TGI_BATCH_NEXT_SIZE_HISTOGRAM: &str = "tgi_batch_next_size";
 /// Lag buckets in seconds: negative is early, positive late, finer near the deadline.

@@ -107,6 +107,7 @@ fn request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest
         slo: None,
         arrival: Instant::now(),
         span_context: SpanContext::empty_context(),
+        constraint: None,
     }
 }
 

@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::api::{EngineEvent, FinishReason, GenerationRequest, RequestTimings, SpanContext};
+use super::api::{EngineEvent, FinishReason, GenerationRequest, RequestTimings, SpanContext, TokenConstraint};
 use super::attainment::TokenTimes;
+use crate::grammar::{Advance, GrammarError};
 
 pub(crate) struct ActiveRequest {
     pub request: GenerationRequest,
@@ -20,11 +21,15 @@ pub(crate) struct ActiveRequest {
     pub first_scheduled: Option<Instant>,
     /// When each token was produced, for the SLO attainment counters.
     pub token_times: TokenTimes,
+    /// The request's grammar, advanced by every token it sampled (and by nothing else: a
+    /// recompute or a rotation replays no token through it).
+    pub constraint: Option<TokenConstraint>,
 }
 
 impl ActiveRequest {
-    pub fn new(request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent>) -> Self {
+    pub fn new(mut request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent>) -> Self {
         Self {
+            constraint: request.constraint.take(),
             request,
             events,
             sent_to_shard: false,
@@ -35,14 +40,23 @@ impl ActiveRequest {
         }
     }
 
-    /// Why the request ends after its latest token, if it does.
-    pub fn finish_reason(&self, last_token_is_eos: bool) -> Option<FinishReason> {
-        if last_token_is_eos && !self.request.ignore_eos {
+    /// Why the request ends after its latest token, if it does (`grammar_complete`: its
+    /// grammar allows nothing more).
+    pub fn finish_reason(&self, last_token_is_eos: bool, grammar_complete: bool) -> Option<FinishReason> {
+        if (last_token_is_eos && !self.request.ignore_eos) || grammar_complete {
             Some(FinishReason::EosToken)
         } else if self.generated_tokens >= self.request.max_new_tokens {
             Some(FinishReason::Length)
         } else {
             None
+        }
+    }
+
+    /// Feeds a sampled token to the request's grammar, if it has one.
+    pub fn advance_grammar(&mut self, token: u32) -> Result<Advance, GrammarError> {
+        match self.constraint.as_mut() {
+            Some(constraint) => constraint.advance(token),
+            None => Ok(Advance::Continue),
         }
     }
 

@@ -10,6 +10,7 @@
 use std::time::Instant;
 
 pub use opentelemetry::trace::SpanContext;
+pub use crate::grammar::TokenConstraint;
 pub use superinfer_scheduler::Slo;
 
 /// Sampling parameters as the shard applies them (`proto/shard.proto`, `SamplingParameters`).
@@ -67,6 +68,9 @@ pub struct GenerationRequest {
     /// The trace span that submitted the request (the HTTP layer's): every step that computes
     /// or moves the request links to it. Invalid when traces are off.
     pub span_context: SpanContext,
+    /// The grammar the output must follow, fresh (no token consumed); the engine takes it and
+    /// advances it with every sampled token.
+    pub constraint: Option<TokenConstraint>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -83,13 +87,16 @@ pub struct GeneratedToken {
     pub top_tokens: Vec<TokenLogprob>,
     /// Whether the token is one of the model's EOS tokens.
     pub is_eos: bool,
+    /// Whether the token completes the request's grammar, which then ends the request.
+    pub completes_grammar: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
     /// `max_new_tokens` reached.
     Length,
-    /// An EOS token was generated (and `ignore_eos` is off).
+    /// An EOS token was generated (and `ignore_eos` is off), or the request's grammar is
+    /// complete and allows nothing more (TGI ends such a request with EOS too).
     EosToken,
 }
 

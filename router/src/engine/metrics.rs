@@ -8,7 +8,7 @@ use superinfer_scheduler::{SchedulerStats, StepPlan};
 
 use superinfer_scheduler::attainment::Attainment;
 use crate::metrics::{
-    BATCH_SIZE_HISTOGRAM, BATCH_TOKENS_HISTOGRAM, ITL_HISTOGRAM, LAG_HISTOGRAM, TGI_BATCH_NEXT_SIZE_HISTOGRAM,
+    BATCH_SIZE_HISTOGRAM, BATCH_TOKENS_HISTOGRAM, GRAMMAR_MASK_HISTOGRAM, GRAMMAR_STEP_MASK_HISTOGRAM, ITL_HISTOGRAM, LAG_HISTOGRAM, TGI_BATCH_NEXT_SIZE_HISTOGRAM,
     TTFT_HISTOGRAM,
 };
 use crate::pb;
@@ -33,6 +33,10 @@ pub(crate) fn describe() {
     describe_gauge!("superinfer_rotated_requests", "Requests with their KV cache in host memory");
     describe_gauge!("superinfer_engine_requests", "Requests the engine holds (any phase)");
     describe_histogram!(BATCH_SIZE_HISTOGRAM, Unit::Count, "Requests computed per step");
+    describe_histogram!(GRAMMAR_MASK_HISTOGRAM, Unit::Seconds,
+        "Time to compute one constrained request's allowed-token mask for one step");
+    describe_histogram!(GRAMMAR_STEP_MASK_HISTOGRAM, Unit::Seconds,
+        "Time an engine turn spent computing the masks of every constrained request of its step");
     describe_histogram!(BATCH_TOKENS_HISTOGRAM, Unit::Count, "Tokens computed per step");
     describe_histogram!(TTFT_HISTOGRAM, Unit::Seconds,
         "Time from a request's arrival to its first token, when the step that produced it returned");
@@ -122,6 +126,16 @@ fn step_method(plan: &StepPlan) -> &'static str {
     } else {
         "decode"
     }
+}
+
+/// One constrained request's mask took `elapsed`.
+pub(crate) fn record_grammar_mask(elapsed: Duration) {
+    metrics::histogram!(GRAMMAR_MASK_HISTOGRAM).record(elapsed.as_secs_f64());
+}
+
+/// Every mask of one step took `elapsed` together.
+pub(crate) fn record_grammar_step_masks(elapsed: Duration) {
+    metrics::histogram!(GRAMMAR_STEP_MASK_HISTOGRAM).record(elapsed.as_secs_f64());
 }
 
 /// A request's first token was produced `since_arrival` after the HTTP layer received it.

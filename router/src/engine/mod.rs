@@ -4,12 +4,14 @@
 //! - `model_info`: what the shard told us about the model and its KV pools.
 //! - `step_loop`: the engine task (schedule → run → postprocess).
 //! - `step_request` / `postprocess`: plan → `StepRequest`, `StepResponse` → events.
+//! - `constraints`: the grammar's allowed-token masks before a step, its advance after.
 //! - `step_trace`: the step span's links to the requests it serves and its rotation events.
 //! - `recovery`: the failure model — step deadlines, recovery from a failed shard, giving up.
 //! - `active`: per-request bookkeeping (stream, limits, progress).
 //! - `metrics`: the engine's /metrics series.
 mod active;
 mod attainment;
+mod constraints;
 pub mod api;
 mod handle;
 mod metrics;

@@ -1,11 +1,13 @@
-//! Applies a `StepResponse`: sampled tokens become events on the requests' streams (and
-//! samples of the time-to-first-token and inter-token latency histograms), EOS and
-//! `max_new_tokens` end requests, and the scheduler gets the results it needs.
+//! Applies a `StepResponse`: sampled tokens advance their requests' grammars and become events
+//! on the requests' streams (and samples of the time-to-first-token and inter-token latency
+//! histograms), EOS, a complete grammar and `max_new_tokens` end requests, and the scheduler
+//! gets the results it needs.
 use std::time::Instant;
 
 use superinfer_scheduler::StepResults;
 
 use super::active::ActiveRequests;
+use crate::grammar::Advance;
 use super::api::{EngineError, EngineEvent, FinishReason, GeneratedToken, TokenLogprob};
 use super::metrics;
 use crate::pb;
@@ -50,6 +52,18 @@ pub(crate) fn apply_step_response(
         active.prompt_logprobs.extend(output.prompt_logprobs);
         let Some(sampled) = output.token else { continue };
         outcome.results.sampled.push((id, sampled.id));
+        let is_eos = eos_token_ids.contains(&sampled.id);
+        // An EOS ends the request anyway; the grammar only judges the tokens before it.
+        let grammar = if is_eos { Ok(Advance::Continue) } else { active.advance_grammar(sampled.id) };
+        let grammar_complete = match grammar {
+            Ok(advance) => advance == Advance::Complete,
+            Err(error) => {
+                tracing::warn!(id, %error, "the sampled token left the request's grammar");
+                active.send(EngineEvent::Failed(EngineError::Request(error.to_string())));
+                outcome.failed.push(id);
+                continue;
+            }
+        };
         let mut connected = true;
         if active.generated_tokens == 0 && active.request.prompt_logprobs {
             let logprobs = std::mem::take(&mut active.prompt_logprobs);
@@ -60,9 +74,8 @@ pub(crate) fn apply_step_response(
             Some(gap_s) => metrics::record_token_gap(gap_s),
             None => metrics::record_first_token(now.saturating_duration_since(active.request.arrival)),
         }
-        let is_eos = eos_token_ids.contains(&sampled.id);
-        connected &= active.send(EngineEvent::Token(generated_token(sampled, is_eos)));
-        if let Some(reason) = active.finish_reason(is_eos) {
+        connected &= active.send(EngineEvent::Token(generated_token(sampled, is_eos, grammar_complete)));
+        if let Some(reason) = active.finish_reason(is_eos, grammar_complete) {
             active.send(EngineEvent::Finished { reason, timings: active.timings(now) });
             outcome.finished.push((id, reason));
         } else if !connected {
@@ -72,7 +85,7 @@ pub(crate) fn apply_step_response(
     outcome
 }
 
-fn generated_token(sampled: pb::SampledToken, is_eos: bool) -> GeneratedToken {
+fn generated_token(sampled: pb::SampledToken, is_eos: bool, completes_grammar: bool) -> GeneratedToken {
     GeneratedToken {
         id: sampled.id,
         logprob: sampled.logprob,
@@ -82,6 +95,7 @@ fn generated_token(sampled: pb::SampledToken, is_eos: bool) -> GeneratedToken {
             .map(|top| TokenLogprob { id: top.id, logprob: top.logprob })
             .collect(),
         is_eos,
+        completes_grammar,
     }
 }
 
@@ -176,6 +190,35 @@ mod tests {
         assert_eq!(outcome.results.sampled, vec![(2, 7)]);
         assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Failed(EngineError::Request(m))) if m == "sampling failed"));
         assert!(matches!(stream_b.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 7));
+    }
+
+    #[test]
+    fn a_grammar_advances_with_each_token_and_ends_or_fails_its_request() {
+        use crate::grammar::compiler::tests::smollm2_compiler;
+        use crate::grammar::GrammarSpec;
+        let tokenizer = crate::tokenizer::tests::smollm2();
+        let digit = |text: &str| tokenizer.encode(text, false).unwrap().ids[0];
+        let mut requests = ActiveRequests::default();
+        let (events_a, mut stream_a) = tokio::sync::mpsc::unbounded_channel();
+        let (events_b, mut stream_b) = tokio::sync::mpsc::unbounded_channel();
+        for (id, events) in [(1, events_a), (2, events_b)] {
+            let mut request = greedy_request(vec![5], 8);
+            request.constraint = Some(smollm2_compiler().compile(&GrammarSpec::Regex("[0-9]{2}".into())).unwrap());
+            requests.insert(id, ActiveRequest::new(request, events));
+        }
+        let step = |a: u32, b: u32| pb::StepResponse { outputs: vec![output(1, Some(a), vec![]), output(2, Some(b), vec![])], ..Default::default() };
+        let first = apply_step_response(step(digit("4"), digit("x")), &mut requests, &[0], Instant::now());
+        // A token the grammar does not allow fails its request alone.
+        assert_eq!(first.failed, vec![2]);
+        assert!(matches!(stream_b.try_recv(), Ok(EngineEvent::Failed(EngineError::Request(_)))));
+        assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Token(t)) if !t.completes_grammar));
+        requests.remove(2);
+        // The second digit completes the grammar: the request ends without waiting for EOS.
+        let second = pb::StepResponse { outputs: vec![output(1, Some(digit("2")), vec![])], ..Default::default() };
+        let outcome = apply_step_response(second, &mut requests, &[0], Instant::now());
+        assert_eq!(outcome.finished, vec![(1, FinishReason::EosToken)]);
+        assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Token(t)) if t.completes_grammar && !t.is_eos));
+        assert!(matches!(stream_a.try_recv(), Ok(EngineEvent::Finished { reason: FinishReason::EosToken, .. })));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::active::{ActiveRequest, ActiveRequests};
 use super::api::{EngineError, EngineEvent, GenerationRequest};
+use super::constraints::allowed_tokens;
 use super::handle::{Command, EngineHandle, EngineStatus};
 use super::metrics;
 use super::postprocess::apply_step_response;
@@ -240,7 +241,8 @@ impl Engine {
             // Only an acknowledgement can unblock the scheduler; ask for it after a pause.
             tokio::time::sleep(TRANSFER_POLL).await;
         }
-        let request = build_step_request(&plan, std::mem::take(&mut self.forget), &mut self.requests, Instant::now());
+        let masks = allowed_tokens(&plan.sampling, &mut self.requests);
+        let request = build_step_request(&plan, std::mem::take(&mut self.forget), &mut self.requests, masks, Instant::now());
         let started = Instant::now();
         if let Some(previous) = self.previous_step_end.take() {
             metrics::record_turn(started.saturating_duration_since(previous));

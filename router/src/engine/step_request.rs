@@ -1,6 +1,7 @@
 //! Turns the scheduler's `StepPlan` into the shard's `StepRequest`: the plan's compute and
 //! transfers, plus what only the engine knows — which requests to forget and which prompts the
 //! shard has not seen yet.
+use std::collections::HashMap;
 use std::time::Instant;
 
 use superinfer_scheduler::{ScheduledEntry, StepPlan, Transfer};
@@ -9,12 +10,14 @@ use super::active::ActiveRequests;
 use super::api::SamplingParams;
 use crate::pb;
 
-/// Builds the Step RPC for `plan`. Marks the requests whose prompt it sends as known to the
-/// shard and stamps their first scheduling time.
+/// Builds the Step RPC for `plan`, with the grammar masks (`constraints::allowed_tokens`) of
+/// the constrained requests it samples for. Marks the requests whose prompt it sends as known
+/// to the shard and stamps their first scheduling time.
 pub(crate) fn build_step_request(
     plan: &StepPlan,
     forget: Vec<u64>,
     requests: &mut ActiveRequests,
+    mut masks: HashMap<u64, Vec<u8>>,
     now: Instant,
 ) -> pb::StepRequest {
     let new_requests = plan
@@ -38,7 +41,15 @@ pub(crate) fn build_step_request(
         new_requests,
         swap_out: plan.swap_out.iter().map(transfer).collect(),
         swap_in: plan.swap_in.iter().map(transfer).collect(),
-        scheduled: plan.scheduled.iter().map(|entry| scheduled(entry, plan.sampling.binary_search(&entry.id).is_ok())).collect(),
+        scheduled: plan
+            .scheduled
+            .iter()
+            .map(|entry| {
+                let sample = plan.sampling.binary_search(&entry.id).is_ok();
+                let allowed_tokens = if sample { masks.remove(&entry.id).unwrap_or_default() } else { Vec::new() };
+                scheduled(entry, sample, allowed_tokens)
+            })
+            .collect(),
     }
 }
 
@@ -65,13 +76,14 @@ fn transfer(transfer: &Transfer) -> pb::Transfer {
 }
 
 /// `sample`: the scheduler's decision (`StepPlan::sampling`, sorted), which the shard checks.
-fn scheduled(entry: &ScheduledEntry, sample: bool) -> pb::ScheduledRequest {
+fn scheduled(entry: &ScheduledEntry, sample: bool, allowed_tokens: Vec<u8>) -> pb::ScheduledRequest {
     pb::ScheduledRequest {
         id: entry.id,
         num_computed_tokens: entry.num_computed_tokens,
         num_new_tokens: entry.num_new_tokens,
         block_table: entry.block_table.clone(),
         sample,
+        allowed_tokens,
     }
 }
 
@@ -98,7 +110,7 @@ mod tests {
             ..StepPlan::default()
         };
         let now = Instant::now();
-        let step = build_step_request(&plan, vec![5], &mut requests, now);
+        let step = build_step_request(&plan, vec![5], &mut requests, HashMap::from([(7, vec![0b101]), (8, vec![1])]), now);
         assert_eq!(step.step_id, 3);
         assert_eq!(step.forget, vec![5]);
         assert_eq!(step.new_requests.len(), 1);
@@ -109,19 +121,22 @@ mod tests {
         assert_eq!(step.scheduled[0].num_new_tokens, 3);
         // The scheduler's sampling decision travels with each entry.
         assert!(step.scheduled[0].sample && !step.scheduled[1].sample);
+        // A mask travels only with an entry that samples.
+        assert_eq!(step.scheduled[0].allowed_tokens, vec![0b101]);
+        assert!(step.scheduled[1].allowed_tokens.is_empty());
         let active = requests.get(7).unwrap();
         assert!(active.sent_to_shard);
         assert_eq!(active.first_scheduled, Some(now));
 
         // The next chunk of the same request carries no prompt.
         let next = StepPlan { step_id: 4, first_scheduled: vec![], ..plan };
-        assert!(build_step_request(&next, vec![], &mut requests, now).new_requests.is_empty());
+        assert!(build_step_request(&next, vec![], &mut requests, HashMap::new(), now).new_requests.is_empty());
     }
 
     #[test]
     fn skips_requests_cancelled_before_their_first_step() {
         let mut requests = ActiveRequests::default();
         let plan = StepPlan { step_id: 1, first_scheduled: vec![42], ..StepPlan::default() };
-        assert!(build_step_request(&plan, vec![], &mut requests, Instant::now()).new_requests.is_empty());
+        assert!(build_step_request(&plan, vec![], &mut requests, HashMap::new(), Instant::now()).new_requests.is_empty());
     }
 }

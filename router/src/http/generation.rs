@@ -160,6 +160,7 @@ impl Generation {
         token: GeneratedToken,
     ) -> Result<GenerationEvent, HttpError> {
         let last_by_engine = (token.is_eos && !self.ignore_eos)
+            || token.completes_grammar
             || self.tokens.len() + 1 >= self.max_new_tokens as usize;
         let mut event = self.on_token(token)?;
         if self.finish.is_none() && last_by_engine {

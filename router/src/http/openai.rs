@@ -152,9 +152,6 @@ fn prepare_chat(
     if request.tools.is_some() {
         return Err(ValidationError::Unsupported("tools").into());
     }
-    if request.response_format.is_some() {
-        return Err(ValidationError::Unsupported("response_format").into());
-    }
     let messages = request
         .messages
         .iter()

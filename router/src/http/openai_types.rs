@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::types::{null_as_default, FinishReason, GenerateParameters, SloParameters};
+use crate::grammar::GrammarSpec;
 use crate::validation::ValidationError;
 
 pub fn unix_now() -> u64 {
@@ -66,6 +67,11 @@ pub struct OpenAiSampling {
     pub slo: Option<SloParameters>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub ignore_eos: bool,
+    /// `{"type": "text" | "json_object"}`, `{"type": "json_schema", "json_schema": {"name",
+    /// "schema", "strict"}}`, or TGI's `{"type": "json" | "regex", "value"}`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<serde_json::Value>,
 }
 
 impl OpenAiSampling {
@@ -82,6 +88,12 @@ impl OpenAiSampling {
                 return Err(ValidationError::PresencePenalty);
             }
         }
+        let grammar = match &self.response_format {
+            Some(format) => GrammarSpec::from_response_format(format)
+                .map_err(ValidationError::InvalidGrammar)?
+                .map(|spec| spec.to_tgi()),
+            None => None,
+        };
         let (do_sample, temperature) = match self.temperature {
             Some(temperature) if temperature == 0.0 => (false, None),
             other => (true, other),
@@ -105,6 +117,7 @@ impl OpenAiSampling {
             details: true,
             slo: self.slo.clone(),
             ignore_eos: self.ignore_eos,
+            grammar,
             ..GenerateParameters::default()
         })
     }
@@ -167,9 +180,6 @@ pub struct ChatRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tools: Option<serde_json::Value>,
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub response_format: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -9,7 +9,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::state::AppState;
 use super::types::GenerateParameters;
-use crate::engine::api::GenerationRequest;
+use crate::engine::api::{GenerationRequest, TokenConstraint};
+use crate::grammar::{GrammarError, GrammarSpec};
 use crate::error::HttpError;
 use crate::trace_context;
 use crate::validation::{self, ValidParameters};
@@ -25,6 +26,8 @@ pub(crate) struct ValidRequest {
     pub arrival: Instant,
     /// When validation and tokenization finished.
     pub validated: Instant,
+    /// The compiled grammar, fresh; each engine request gets its own copy.
+    pub constraint: Option<TokenConstraint>,
 }
 
 impl ValidRequest {
@@ -45,6 +48,7 @@ impl ValidRequest {
             slo: self.parameters.slo,
             arrival: self.arrival,
             span_context: trace_context::span_context(&tracing::Span::current()),
+            constraint: self.constraint.clone(),
         }
     }
 }
@@ -84,6 +88,10 @@ pub(crate) async fn validate_request(
     let prompt_ids = encoded.ids[encoded.ids.len() - keep..].to_vec();
     let max_new_tokens =
         validation::validate_length(prompt_ids.len(), parameters.max_new_tokens, &state.limits)?;
+    let constraint = match &parameters.grammar {
+        Some(spec) => Some(compile_grammar(state, spec.clone()).await?),
+        None => None,
+    };
     Ok(ValidRequest {
         inputs,
         prompt_ids,
@@ -91,5 +99,22 @@ pub(crate) async fn validate_request(
         max_new_tokens,
         arrival,
         validated: Instant::now(),
+        constraint,
+    })
+}
+
+/// Compiles a grammar on the blocking pool: a large JSON schema can take milliseconds.
+#[tracing::instrument(skip_all)]
+async fn compile_grammar(state: &AppState, spec: GrammarSpec) -> Result<TokenConstraint, HttpError> {
+    let compiler = state
+        .grammar
+        .clone()
+        .map_err(|error| validation::ValidationError::GrammarUnavailable(error.to_string()))?;
+    let compiled = tokio::task::spawn_blocking(move || compiler.compile(&spec))
+        .await
+        .map_err(|error| HttpError::Tokenizer(format!("the grammar compiler stopped: {error}")))?;
+    compiled.map_err(|error| match error {
+        GrammarError::Unavailable(why) => validation::ValidationError::GrammarUnavailable(why).into(),
+        other => validation::ValidationError::InvalidGrammar(other.to_string()).into(),
     })
 }

@@ -8,6 +8,7 @@ use tokio::sync::Semaphore;
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::engine::{EngineHandle, ModelInfo};
 use crate::error::HttpError;
+use crate::grammar::{GrammarCompiler, GrammarError};
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidationLimits;
 
@@ -91,6 +92,9 @@ pub(crate) struct AppState {
     /// disables the chat route instead of the whole server).
     pub chat_template: Result<ChatTemplate, TemplateError>,
     pub limits: ValidationLimits,
+    /// Compiles requests' grammars, or why this model's tokenizer cannot follow one (grammars
+    /// are then refused; everything else is served).
+    pub grammar: Result<GrammarCompiler, GrammarError>,
     pub permits: Arc<Semaphore>,
     pub metrics: PrometheusHandle,
     pub model_id: String,
@@ -111,6 +115,8 @@ impl AppState {
                     .inspect_err(|error| tracing::warn!(%error, "chat completions are disabled"))
             }
         };
+        let grammar = GrammarCompiler::new(&info.tokenizer_json, tokenizer.clone(), &info.eos_token_ids, info.vocab_size)
+            .inspect_err(|error| tracing::warn!(%error, "grammars are disabled"));
         let limits = ValidationLimits {
             max_best_of: config.max_best_of,
             max_stop_sequences: config.max_stop_sequences,
@@ -130,6 +136,7 @@ impl AppState {
             engine,
             tokenizer,
             chat_template,
+            grammar,
             limits,
             model_id,
         })

@@ -51,8 +51,12 @@ pub enum ValidationError {
     StopSequence(usize, usize),
     #[error("each stop sequence must be at most {0} bytes long. Given: {1}")]
     StopSequenceLength(usize, usize),
-    #[error("grammar is not supported")]
-    Grammar,
+    /// The grammar is malformed or llguidance cannot compile it (its message).
+    #[error("grammar is not valid: {0}")]
+    InvalidGrammar(String),
+    /// The model's tokenizer gives no byte view of its tokens, so no grammar can be followed.
+    #[error("grammar is not supported: {0}")]
+    GrammarUnavailable(String),
     #[error("watermark is not supported")]
     Watermark,
     #[error("`slo.{0}` must be a strictly positive number of milliseconds")]

@@ -8,6 +8,7 @@ mod tests;
 pub use error::ValidationError;
 
 use crate::engine::api::{SamplingParams, Slo};
+use crate::grammar::GrammarSpec;
 use crate::http::types::{GenerateParameters, SloParameters};
 
 /// Longest stop sequence, in bytes. The stop matcher rescans the last `longest` bytes of the
@@ -46,6 +47,8 @@ pub struct ValidParameters {
     pub return_full_text: bool,
     pub ignore_eos: bool,
     pub slo: Option<Slo>,
+    /// The grammar the output must follow, parsed; the HTTP layer compiles it.
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// Checks every token-count-independent rule, in TGI's order. `random_seed` is used when the
@@ -55,9 +58,12 @@ pub fn validate_parameters(
     limits: &ValidationLimits,
     random_seed: u64,
 ) -> Result<ValidParameters, ValidationError> {
-    if parameters.grammar.is_some() {
-        return Err(ValidationError::Grammar);
-    }
+    let grammar = parameters
+        .grammar
+        .as_ref()
+        .map(GrammarSpec::from_tgi)
+        .transpose()
+        .map_err(ValidationError::InvalidGrammar)?;
     if parameters.watermark {
         return Err(ValidationError::Watermark);
     }
@@ -98,6 +104,7 @@ pub fn validate_parameters(
         return_full_text: parameters.return_full_text.unwrap_or(false),
         ignore_eos: parameters.ignore_eos,
         slo,
+        grammar,
     })
 }
 

@@ -204,12 +204,12 @@ fn stop_sequence_count_is_limited() {
 }
 
 #[test]
-fn grammar_and_watermark_are_not_supported() {
-    let grammar = GenerateParameters {
-        grammar: Some(serde_json::json!({"type": "regex", "value": "a+"})),
-        ..Default::default()
-    };
-    assert_eq!(message(grammar), "grammar is not supported");
+fn grammars_are_parsed_and_watermark_is_not_supported() {
+    let grammar = |value| GenerateParameters { grammar: Some(value), ..Default::default() };
+    let parsed = check(grammar(serde_json::json!({"type": "regex", "value": "a+"}))).unwrap();
+    assert_eq!(parsed.grammar, Some(crate::grammar::GrammarSpec::Regex("a+".into())));
+    assert!(message(grammar(serde_json::json!({"type": "yaml", "value": "a"})))
+        .starts_with("grammar is not valid: unknown variant `yaml`"));
     let watermark = GenerateParameters {
         watermark: true,
         ..Default::default()

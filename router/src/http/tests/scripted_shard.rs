@@ -1,5 +1,6 @@
 //! A shard that answers the real gRPC protocol with scripted tokens: every request generates
-//! the tokens of `SCRIPT` followed by EOS (then EOS again when it ignores EOS). It lets the
+//! the tokens of `SCRIPT` followed by EOS (then EOS again when it ignores EOS), each replaced
+//! by the lowest allowed id where a grammar's mask does not allow it. It lets the
 //! HTTP tests run the real router stack (client, engine, scheduler) without a model, and
 //! records which requests the engine forgot and how far each had got.
 use std::collections::HashMap;
@@ -89,7 +90,7 @@ impl ScriptedShard {
                 .collect();
         }
         if end == sequence.known_tokens {
-            let id = self.script[sequence.sampled.min(self.script.len() - 1)];
+            let id = allowed_or_lowest(&scheduled.allowed_tokens, self.script[sequence.sampled.min(self.script.len() - 1)]);
             // The seed shifts the logprobs so that best_of candidates differ: two random seeds
             // give the same value once in millions of draws (`seed % 5` tied one time in five).
             let seed = sequence.request.parameters.as_ref().map_or(0, |p| p.seed);
@@ -114,6 +115,16 @@ impl ScriptedShard {
         }
         output
     }
+}
+
+/// Under a grammar's mask: the scripted token when the mask allows it, else the lowest id it
+/// allows (an empty mask allows nothing: the lowest id then, which the grammar rejects).
+fn allowed_or_lowest(mask: &[u8], scripted: u32) -> u32 {
+    let allowed = |id: u32| mask.get(id as usize / 8).is_some_and(|byte| byte >> (id % 8) & 1 == 1);
+    if mask.is_empty() || allowed(scripted) {
+        return scripted;
+    }
+    (0..mask.len() as u32 * 8).find(|&id| allowed(id)).unwrap_or(0)
 }
 
 #[tonic::async_trait]

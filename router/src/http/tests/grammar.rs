@@ -1,0 +1,83 @@
+//! Grammars through the whole in-process stack: TGI's `grammar` and OpenAI's `response_format`
+//! are compiled at validation, each step carries the request's mask to the (scripted) shard,
+//! which picks the lowest allowed token where its script is not allowed, and a complete grammar
+//! ends the request with `eos_token`.
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::{app, post, send, sse_data};
+use crate::http::HttpConfig;
+
+#[tokio::test]
+async fn tgi_grammars_shape_the_output_and_end_it() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let regex = json!({"inputs": "x", "parameters": {"max_new_tokens": 20, "details": true,
+        "grammar": {"type": "regex", "value": "[0-9]{3}"}}});
+    let (status, _, text) = send(&app, post("/generate", &regex)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let output = body["generated_text"].as_str().unwrap();
+    assert!(output.len() == 3 && output.chars().all(|c| c.is_ascii_digit()), "{output}");
+    assert_eq!(body["details"]["finish_reason"], "eos_token");
+    // The shard saw a mask with every sampling step of the request.
+    assert!(log.lock().unwrap().new_requests.len() == 1);
+
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": false});
+    let json_body = json!({"inputs": "x", "parameters": {"max_new_tokens": 30,
+        "grammar": {"type": "json", "value": schema}}});
+    let (status, _, text) = send(&app, post("/generate_stream", &json_body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events = sse_data(&text);
+    let last = events.last().unwrap();
+    let generated = last["generated_text"].as_str().unwrap_or_else(|| panic!("{last}"));
+    let parsed: Value = serde_json::from_str(generated).unwrap_or_else(|error| panic!("{generated}: {error}"));
+    assert!(parsed["ok"].is_boolean(), "{parsed}");
+    assert_eq!(last["details"]["finish_reason"], "eos_token");
+}
+
+#[tokio::test]
+async fn what_llguidance_cannot_compile_is_422_with_its_message() {
+    let (app, _) = app(HttpConfig::default()).await;
+    for (grammar, expected) in [
+        (json!({"type": "json", "value": {"type": "integer", "minimum": 3, "maximum": 1}}), "nsatisfiable"),
+        (json!({"type": "json", "value": {"$ref": "#/$defs/absent"}}), "absent"),
+        (json!({"type": "regex", "value": "(unclosed"}), "grammar is not valid"),
+    ] {
+        let body = json!({"inputs": "x", "parameters": {"grammar": grammar}});
+        let (status, _, text) = send(&app, post("/generate", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error_type"], "validation");
+        let message = error["error"].as_str().unwrap();
+        assert!(message.starts_with("Input validation error: grammar is not valid: "), "{message}");
+        assert!(message.contains(expected), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn openai_response_formats_constrain_chat_and_completions() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"], "additionalProperties": false});
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 30,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": true}}});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let content: Value = serde_json::from_str(body["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert!(content["n"].as_u64().is_some_and(|n| n <= 9), "{content}");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+
+    let completion = json!({"prompt": "x", "max_tokens": 30, "response_format": {"type": "json_object"}});
+    let (status, _, text) = send(&app, post("/v1/completions", &completion)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let output = body["choices"][0]["text"].as_str().unwrap();
+    assert!(output.starts_with('{'), "{output}");
+
+    let bad = json!({"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "xml"}});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &bad)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("grammar is not valid: unknown variant `xml`"), "{text}");
+}
