@@ -86,6 +86,15 @@ class LaunchConfig:
     num_shard: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
+    # Machines the ranks are spread over, and this one's place: node r runs ranks
+    # r·N/nnodes .. (r+1)·N/nnodes - 1; node 0 also runs the router.
+    nnodes: int = 1
+    node_rank: int = 0
+
+    @property
+    def local_ranks(self) -> range:
+        per_node = self.num_shard // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,7 +132,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          "process group)", "1")
     flag(("--master-addr",), str, "address of the shards' torch.distributed rendezvous, served by rank 0 "
          "(default 127.0.0.1)", "127.0.0.1", envs=("MASTER_ADDR",))
-    flag(("--master-port",), int, "port of the shards' rendezvous (default: a free port)", envs=("MASTER_PORT",))
+    flag(("--master-port",), int, "port of the shards' rendezvous (default: a free port; required with --nnodes)",
+         envs=("MASTER_PORT",))
+    flag(("--nnodes",), int, "machines the --num-shard ranks are spread over, the same launcher on each "
+         "(default 1)", "1")
+    flag(("--node-rank",), int, "this machine's place among --nnodes: node r runs ranks r*N/nnodes.. on its "
+         "devices; node 0 also runs the router and rank 0's rendezvous at --master-addr (default 0)", "0")
     flag(("--dtype",), str, f"compute dtype, one of {', '.join(DTYPES)} (default auto: bfloat16 on GPU, float32 "
          "on CPU)")
     flag(("--device",), str, '"auto" (the first GPU when one is visible, else the CPU with a warning; an error '
@@ -182,6 +196,12 @@ def _check_shard_values(args: argparse.Namespace) -> None:
         raise ValueError(f"--num-shard must be >= 1, got {args.num_shard}")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ValueError(f"--master-port must be in 1..65535, got {args.master_port}")
+    if args.nnodes < 1 or args.num_shard % args.nnodes:
+        raise ValueError(f"--nnodes {args.nnodes} must divide --num-shard {args.num_shard}")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.nnodes > 1 and args.master_port is None:
+        raise ValueError("--nnodes needs --master-port (MASTER_PORT): every machine must meet at the same one")
     if args.device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
         raise ValueError(f'--device must be "auto", "cpu", "cuda" or "cuda:N", got {args.device!r}')
     if args.dtype is not None and args.dtype not in DTYPES:
@@ -233,4 +253,6 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         num_shard=args.num_shard,
         master_addr=args.master_addr,
         master_port=args.master_port,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
     )

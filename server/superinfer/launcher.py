@@ -68,6 +68,8 @@ def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> in
     socket_path = socket_dir / "shard.sock"
     # Children inherit the environment; the router reads its unset flags from it.
     start_shards(config, supervisor, socket_path)
+    if config.node_rank > 0:
+        return _serve_ranks(config, supervisor)
     _wait_ready(supervisor, "shard", SHARD_STARTING, config.shard_startup_timeout_s, lambda: shard_healthy(socket_path))
     supervisor.start("router", router_argv(config, socket_path), env=router_env(config))
     probe_host = "127.0.0.1" if config.hostname in ("0.0.0.0", "::", "") else config.hostname
@@ -79,6 +81,21 @@ def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> in
     if exited is not None and supervisor.stop_reason is None:
         print(f"superinfer launch: {exited.describe_exit()}; shutting down", file=sys.stderr)
         return 1
+    print(f"superinfer launch: {supervisor.stop_reason}, shutting down", file=sys.stderr, flush=True)
+    return 0
+
+
+def _serve_ranks(config: LaunchConfig, supervisor: Supervisor) -> int:
+    """A node other than 0: its ranks only, serving node 0's router, until one of them exits
+    (0 when rank 0 told it to stop) or a signal arrives."""
+    ranks = config.local_ranks
+    print(f"superinfer launch: node {config.node_rank} of {config.nnodes}: shard ranks {ranks.start}..{ranks.stop - 1} "
+          f"of {config.num_shard}, meeting rank 0 at {config.master_addr}:{config.master_port}", flush=True)
+    supervisor.wait()
+    exited = supervisor.first_exited()
+    if exited is not None and supervisor.stop_reason is None:
+        print(f"superinfer launch: {exited.describe_exit()}; shutting down", file=sys.stderr, flush=True)
+        return 0 if exited.process.returncode == 0 else 1
     print(f"superinfer launch: {supervisor.stop_reason}, shutting down", file=sys.stderr, flush=True)
     return 0
 
@@ -111,7 +128,7 @@ def start_shards(config: LaunchConfig, supervisor: Supervisor, socket_path: Path
         supervisor.start("shard", shard_argv(config, socket_path))
         return
     master_port = config.master_port or free_port(config.master_addr)
-    for rank in (*range(1, config.num_shard), 0):
+    for rank in sorted(config.local_ranks, key=lambda rank: rank == 0):
         supervisor.start(f"shard rank {rank}", shard_argv(config, socket_path, rank, master_port))
 
 
@@ -127,8 +144,10 @@ def shard_argv(config: LaunchConfig, socket_path: Path, rank: int = 0, master_po
         argv += ["--uds-path", str(socket_path)]
     if config.num_shard > 1:
         # On the CPU the ranks share the cores: each gets its share, not all of them.
-        argv += ["--world-size", str(config.num_shard), "--rank", str(rank), "--master-addr", config.master_addr,
-                 "--master-port", str(master_port), "--threads", str(max(1, (os.cpu_count() or 1) // config.num_shard))]
+        local = len(config.local_ranks)
+        argv += ["--world-size", str(config.num_shard), "--rank", str(rank), "--local-rank",
+                 str(rank - config.local_ranks.start), "--master-addr", config.master_addr,
+                 "--master-port", str(master_port), "--threads", str(max(1, (os.cpu_count() or 1) // local))]
     optional = {
         "--model": config.model,
         "--revision": config.revision,

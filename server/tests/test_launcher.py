@@ -308,3 +308,22 @@ def test_num_shard_starts_one_process_per_rank_with_its_rendezvous(monkeypatch):
     monkeypatch.setenv("NUM_SHARD", "2")
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.5")
     assert (parse([]).num_shard, parse([]).master_addr) == (2, "10.0.0.5")
+
+
+def test_nnodes_spread_the_ranks_over_machines_that_meet_at_one_port(monkeypatch):
+    _clear(monkeypatch, *TGI_VARIABLES, "MASTER_ADDR", "MASTER_PORT")
+    config = parse(["--num-shard", "4", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.5",
+                    "--master-port", "29601"])
+    assert config.local_ranks == range(2, 4)
+    for rank in config.local_ranks:
+        argv = launcher.shard_argv(config, Path("/tmp/s.sock"), rank, 29601)
+        # Global rank for the group, local rank for the device (cuda:0 and cuda:1 on node 1).
+        assert argv[argv.index("--rank") + 1] == str(rank)
+        assert argv[argv.index("--local-rank") + 1] == str(rank - 2)
+        assert argv[argv.index("--master-addr") + 1] == "10.0.0.5" and "--uds-path" not in argv
+    with pytest.raises(ValueError, match="--nnodes needs --master-port"):
+        parse(["--num-shard", "4", "--nnodes", "2"])
+    with pytest.raises(ValueError, match="--nnodes 3 must divide --num-shard 4"):
+        parse(["--num-shard", "4", "--nnodes", "3", "--master-port", "29601"])
+    with pytest.raises(ValueError, match="--node-rank must be in 0..1"):
+        parse(["--num-shard", "4", "--nnodes", "2", "--node-rank", "2", "--master-port", "29601"])

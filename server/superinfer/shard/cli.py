@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cuda:N), joined with torch.distributed: NCCL between GPUs, gloo on the CPU")
     tensor_parallel.add_argument("--world-size", type=int, default=1, help="ranks in all (1: no process group)")
     tensor_parallel.add_argument("--rank", type=int, default=0, help="this process's rank; rank 0 serves gRPC")
+    tensor_parallel.add_argument("--local-rank", type=int, default=None,
+                                 help="its place among this machine's ranks, which picks its GPU (default: --rank)")
     tensor_parallel.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR") or "127.0.0.1",
                                  help="address of rank 0's rendezvous [env: MASTER_ADDR]")
     tensor_parallel.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT") or 29500),
@@ -84,7 +86,8 @@ def shard_config(args: argparse.Namespace):
     if parallel.rank == 0 and args.uds_path is None:
         raise ValueError("--uds-path is required (rank 0 serves the router on it)")
     if device.type == "cuda" and parallel.enabled:  # one GPU per rank, counted from the one given
-        device = resolve_device(f"cuda:{(device.index or 0) + parallel.rank}", os.environ)
+        local_rank = parallel.rank if args.local_rank is None else args.local_rank
+        device = resolve_device(f"cuda:{(device.index or 0) + local_rank}", os.environ)
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     return ShardConfig(
         model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),

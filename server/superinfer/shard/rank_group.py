@@ -9,6 +9,7 @@ same order. A rank that dies closes its connections, and the others' next collec
 a failure inside a collective leaves the ranks out of step, which nothing repairs: `fail`
 marks the group failed and ends the process with a non-zero status (`on_failure`)."""
 import logging
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -33,6 +34,9 @@ class RankGroup:
         self.rank = config.rank
         self.world_size = config.world_size
         self.failure: str | None = None
+        # Time rank 0 spent handing commands to the other ranks (the per-step cost of the
+        # broadcast), for benchmarks.
+        self.command_ns = 0
         self.on_failure: Callable[[str], None] = lambda reason: None
         backend = "nccl" if device.type == "cuda" else "gloo"
         log.info("rank %d of %d: joining the group at %s:%d (%s)", self.rank, self.world_size,
@@ -47,7 +51,9 @@ class RankGroup:
 
     def send(self, command) -> None:
         """Rank 0: hands `command` to every other rank."""
+        started = time.perf_counter_ns()
         dist.broadcast_object_list([command], src=0, group=self._commands)
+        self.command_ns += time.perf_counter_ns() - started
 
     def receive(self):
         """Ranks > 0: the next command from rank 0 (waits as long as it takes)."""
