@@ -159,7 +159,13 @@ class ShardExecutor:
         cache = self.runner.allocate(num_device, self.config.host_kv_blocks)
         engine = TransferEngine(cache.device, cache.host)
         started = time.perf_counter()
+        collective_ns = 0 if self.group is None else self.group.tensor_parallel.collective_ns
         step = measure_step_cost(self.runner, max_tokens, max_requests, self.config.warmup_repeats)
+        if self.group is not None:
+            share = (self.group.tensor_parallel.collective_ns - collective_ns) / 1e9 / (time.perf_counter() - started)
+            log.info("warm-up: %.0f%% of the timed forward passes was spent in the %d ranks' collectives "
+                     "(all-reduces and the logits' gather, waiting for the slowest rank included)",
+                     100 * share, self.group.world_size)
         transfer = measure_transfer_cost(engine, cache.num_device_blocks, cache.num_host_blocks, self.runner.geometry.block_bytes)
         if self.group is not None:
             transfer = self._slowest_rank(transfer)

@@ -39,12 +39,14 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 log.exception("%s failed", name)
                 context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
 
-    # Info reads immutable facts and Health a scratch tensor: neither waits behind a Step.
+    # Info reads immutable facts and Health a scratch tensor: neither waits behind a Step —
+    # except that under tensor parallelism Health is a command to every rank and an
+    # all-reduce, which must not interleave with a Step's.
     def Info(self, request, context):
         return self._run("Info", self.executor.info, context, exclusive=False)
 
     def Health(self, request, context):
-        return self._run("Health", self.executor.health, context, exclusive=False)
+        return self._run("Health", self.executor.health, context, exclusive=self.executor.world_size > 1)
 
     def Warmup(self, request, context):
         return self._run("Warmup", lambda: self.executor.warmup(request), context)
