@@ -103,29 +103,34 @@ def _whole(directory: pathlib.Path):
     return logits, parameter_bytes(loaded.model), tuple(runner.cache.device.shape)
 
 
-@pytest.mark.parametrize("architecture, overrides", [
+@pytest.mark.parametrize("architecture, world_size, overrides", [
     # Four KV heads over two ranks: two each.
-    ("llama", dict(num_attention_heads=8, num_key_value_heads=4, hidden_size=128, intermediate_size=256)),
+    ("llama", 2, dict(num_attention_heads=8, num_key_value_heads=4, hidden_size=128, intermediate_size=256)),
     # One KV head, two ranks: replicated; Q/K/V biases; a vocabulary that is not a multiple of 2.
-    ("qwen2", dict(num_attention_heads=4, num_key_value_heads=1, hidden_size=64, intermediate_size=128,
-                   vocab_size=509, tie_word_embeddings=True)),
+    ("qwen2", 2, dict(num_attention_heads=4, num_key_value_heads=1, hidden_size=64, intermediate_size=128,
+                      vocab_size=509, tie_word_embeddings=True)),
+    # SmolLM2-135M's heads (9, 3 KV heads, tied embedding) over three ranks: one KV head each.
+    ("llama", 3, dict(num_attention_heads=9, num_key_value_heads=3, hidden_size=144, intermediate_size=384,
+                      tie_word_embeddings=True)),
 ])
-def test_two_gloo_ranks_compute_the_whole_models_logits_from_half_the_weights(tmp_path, architecture, overrides):
+def test_gloo_ranks_compute_the_whole_models_logits_from_their_share_of_the_weights(
+        tmp_path, architecture, world_size, overrides):
     directory = tmp_path / architecture
     build_tiny_model(directory, architecture, **overrides)
     expected, whole_bytes, whole_kv = _whole(directory)
     results = str(tmp_path / "rank")
-    mp.spawn(_rank, args=(2, str(directory), _free_port(), results), nprocs=2, join=True)
-    ranks = [torch.load(f"{results}.{rank}", weights_only=False) for rank in range(2)]
+    mp.spawn(_rank, args=(world_size, str(directory), _free_port(), results), nprocs=world_size, join=True)
+    ranks = [torch.load(f"{results}.{rank}", weights_only=False) for rank in range(world_size)]
     for got, want in zip(ranks[0]["logits"], expected):
         assert got.shape == want.shape
         # Only the summation order of the row-parallel layers differs.
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
-    kv_heads, replicated = overrides["num_key_value_heads"], overrides["num_key_value_heads"] < 2
+    kv_heads = overrides["num_key_value_heads"]
     for rank in ranks:
-        # The weights are really split: each rank holds about half (the norms are replicated).
-        assert 0.45 * whole_bytes < rank["bytes"] < 0.55 * whole_bytes, (rank["bytes"], whole_bytes)
-        # Each rank's KV blocks hold its own KV heads: half of them, or the one it replicates.
-        assert rank["kv_shape"][4] == (1 if replicated else kv_heads // 2)
+        # The weights are really split: each rank holds about 1/N (the norms are replicated).
+        share = rank["bytes"] / whole_bytes
+        assert 0.9 / world_size < share < 1.1 / world_size, (rank["bytes"], whole_bytes)
+        # Each rank's KV blocks hold its own KV heads: 1/N of them, or the one it replicates.
+        assert rank["kv_shape"][4] == max(1, kv_heads // world_size)
         assert rank["kv_shape"][:4] == whole_kv[:4]
