@@ -99,6 +99,10 @@ impl ActiveRequests {
         self.by_id.remove(&id)
     }
 
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (u64, &mut ActiveRequest)> + '_ {
+        self.by_id.iter_mut().map(|(&id, request)| (id, request))
+    }
+
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.by_id.keys().copied()
     }

@@ -3,30 +3,63 @@
 //! and `superinfer_grammar_step_mask_seconds`). After it, `ActiveRequest::advance_grammar`
 //! feeds each sampled token to its request's matcher.
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::active::ActiveRequests;
 use super::metrics;
+use crate::grammar::TokenConstraint;
 
 /// The masks of the constrained requests among `sampling` (the ids the step samples for), by
 /// id. A matcher that fails gets an empty-set mask, so the shard fails that request alone.
+/// The requests' matchers are independent, so they run on up to `available_parallelism`
+/// threads: with 32 constrained streams the step waits for the slowest share, not the sum.
 pub(crate) fn allowed_tokens(sampling: &[u64], requests: &mut ActiveRequests) -> HashMap<u64, Vec<u8>> {
-    let mut masks = HashMap::new();
     let started = Instant::now();
-    for &id in sampling {
-        let Some(constraint) = requests.get_mut(id).and_then(|active| active.constraint.as_mut()) else { continue };
-        let one = Instant::now();
-        let mask = constraint.allowed_tokens().unwrap_or_else(|error| {
-            tracing::warn!(id, %error, "the request's grammar failed; it allows no token");
-            Vec::from([0])
-        });
-        metrics::record_grammar_mask(one.elapsed());
+    let mut constrained: Vec<(u64, &mut TokenConstraint)> = requests
+        .iter_mut()
+        .filter(|(id, _)| sampling.binary_search(id).is_ok())
+        .filter_map(|(id, active)| active.constraint.as_mut().map(|constraint| (id, constraint)))
+        .collect();
+    if constrained.is_empty() {
+        return HashMap::new();
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_MASK_THREADS);
+    let share = constrained.len().div_ceil(threads);
+    let computed: Vec<(u64, Vec<u8>, Duration)> = if threads == 1 || constrained.len() == 1 {
+        constrained.iter_mut().map(|(id, constraint)| mask_of(*id, constraint)).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = constrained
+                .chunks_mut(share)
+                .map(|chunk| scope.spawn(move || chunk.iter_mut().map(|(id, constraint)| mask_of(*id, constraint)).collect::<Vec<_>>()))
+                .collect();
+            // A worker that panicked leaves its requests without a mask: they get the
+            // empty-set mask below and fail alone.
+            workers.into_iter().filter_map(|worker| worker.join().ok()).flatten().collect()
+        })
+    };
+    let mut masks: HashMap<u64, Vec<u8>> = HashMap::with_capacity(constrained.len());
+    for (id, mask, elapsed) in computed {
+        metrics::record_grammar_mask(elapsed);
         masks.insert(id, mask);
     }
-    if !masks.is_empty() {
-        metrics::record_grammar_step_masks(started.elapsed());
+    for (id, _) in &constrained {
+        masks.entry(*id).or_insert_with(|| Vec::from([0]));
     }
+    metrics::record_grammar_step_masks(started.elapsed());
     masks
+}
+
+/// Most threads one step's masks use (beyond this, thread start-up outweighs the split).
+const MAX_MASK_THREADS: usize = 8;
+
+fn mask_of(id: u64, constraint: &mut TokenConstraint) -> (u64, Vec<u8>, Duration) {
+    let started = Instant::now();
+    let mask = constraint.allowed_tokens().unwrap_or_else(|error| {
+        tracing::warn!(id, %error, "the request's grammar failed; it allows no token");
+        Vec::from([0])
+    });
+    (id, mask, started.elapsed())
 }
 
 #[cfg(test)]
