@@ -78,6 +78,17 @@ impl ChatTemplate {
         messages: &[TemplateMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// `render` with the request's tools (OpenAI's definitions), which templates that know
+    /// tools read as `tools`.
+    pub fn render_with_tools(
+        &self,
+        messages: &[TemplateMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         let template = self
             .environment
             .get_template(TEMPLATE_NAME)
@@ -85,6 +96,7 @@ impl ChatTemplate {
         template
             .render(context! {
                 messages => Value::from(Serde(messages)),
+                tools => tools.map(|tools| Value::from(Serde(tools))),
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,

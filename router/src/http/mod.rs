@@ -1,8 +1,8 @@
 //! The HTTP layer: TGI's API and the OpenAI-compatible routes over the engine.
 //! - `state`: `HttpConfig` and the state handlers share; `request`: validation of one request;
 //!   `generation`: one generation (detokenization, stop sequences, details).
-//! - routes: `generate` (TGI), `openai` (chat and completions), `info` (health, info,
-//!   metrics, models), `openapi` (spec and docs page).
+//! - routes: `generate` (TGI), `openai` (chat and completions; `tools`: tool calls under a
+//!   grammar), `info` (health, info, metrics, models), `openapi` (spec and docs page).
 //! - plumbing: `types` / `openai_types` (bodies), `extract` (JSON body, API key), `sse`,
 //!   `headers`, `stop`, `trace` (the request span, continuing the client's trace),
 //!   `request_log` (a request's outcome: metrics and its one log line).
@@ -24,6 +24,7 @@ mod request_log;
 mod sse;
 mod state;
 mod stop;
+mod tools;
 #[cfg(test)]
 mod tests;
 mod trace;

@@ -21,6 +21,7 @@ use super::openai_types::*;
 use super::request::{acquire_permit, validate_request, ValidRequest};
 use super::request_log::RequestLog;
 use super::state::AppState;
+use super::tools::{self, ToolAnswer};
 use super::types::{GenerateParameters, Token};
 use crate::chat_template::TemplateMessage;
 use crate::error::{ErrorBody, HttpError};
@@ -45,6 +46,7 @@ pub(crate) async fn chat_completions(
         .as_ref()
         .is_some_and(|options| options.include_usage);
     let prepared = prepare_chat(&state, &request);
+    let calls_tools = matches!(&prepared, Ok((PromptText::Chat { tools: Some(_), .. }, _)));
     if stream {
         let headers = stream_headers(&state.config.compute_type, 0);
         let plan = StreamPlan {
@@ -55,7 +57,8 @@ pub(crate) async fn chat_completions(
             identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk"),
             arrival,
         };
-        return openai_stream(state, headers, plan, Arc::new(chat_chunk));
+        let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| chat_chunk(identity, update, calls_tools);
+        return openai_stream(state, headers, plan, Arc::new(chunk));
     }
     let log = RequestLog::start(CHAT_ROUTE, arrival);
     let result = async {
@@ -69,7 +72,7 @@ pub(crate) async fn chat_completions(
         let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
         Ok::<_, HttpError>((
             headers,
-            Json(chat_completion(&state.model_id, &output, logprobs)),
+            Json(chat_completion(&state.model_id, &output, logprobs, calls_tools)),
         ))
     }
     .await;
@@ -149,10 +152,11 @@ fn prepare_chat(
     if request.messages.is_empty() {
         return Err(ValidationError::EmptyConversation.into());
     }
-    if request.tools.is_some() {
-        return Err(ValidationError::Unsupported("tools").into());
+    let tool_plan = tools::plan(request.tools.as_ref(), request.tool_choice.as_ref(), request.tool_prompt.as_deref())?;
+    if tool_plan.is_some() && request.sampling.response_format.is_some() {
+        return Err(ValidationError::InvalidTools("`tools` and `response_format` cannot be used together".into()).into());
     }
-    let messages = request
+    let mut messages = request
         .messages
         .iter()
         .map(|message| {
@@ -170,10 +174,20 @@ fn prepare_chat(
     // A model without a usable template is refused before the request waits for a permit.
     state.chat_template()?;
     let top_n_tokens = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
-    Ok((
-        PromptText::Chat(messages),
-        request.sampling.to_parameters(top_n_tokens)?,
-    ))
+    let mut parameters = request.sampling.to_parameters(top_n_tokens)?;
+    let tools = match tool_plan {
+        Some(plan) => {
+            // As TGI: the instruction and the tools follow the last message, for templates
+            // that do not render `tools` themselves.
+            if let Some(last) = messages.last_mut() {
+                last.content.push_str(&plan.prompt_suffix);
+            }
+            parameters.grammar = Some(plan.grammar.to_tgi());
+            request.tools.clone()
+        }
+        None => None,
+    };
+    Ok((PromptText::Chat { messages, tools }, parameters))
 }
 
 fn prepare_completion(
@@ -224,7 +238,26 @@ fn chat_logprobs(tokens: &[Token], top_tokens: &[Vec<Token>]) -> ChatLogprobs {
     ChatLogprobs { content }
 }
 
-fn chat_completion(model: &str, output: &GenerationOutput, logprobs: bool) -> ChatCompletion {
+/// The assistant's answer: its text, or the tool call the text holds (`calls_tools`), with
+/// OpenAI's finish reason for it.
+fn answer(output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Option<Vec<ToolCall>>, String) {
+    let reason = finish_reason(output.finish_reason);
+    if !calls_tools {
+        return (Some(output.generated_text.clone()), None, reason);
+    }
+    match tools::parse_answer(&output.generated_text) {
+        Some(ToolAnswer::Call { name, arguments }) => {
+            let call = ToolCall { index: Some(0), id: "0".into(), kind: "function".into(),
+                function: FunctionCall { name, arguments } };
+            (None, Some(vec![call]), "tool_calls".into())
+        }
+        Some(ToolAnswer::Text(text)) => (Some(text), None, reason),
+        None => (Some(output.generated_text.clone()), None, reason),
+    }
+}
+
+fn chat_completion(model: &str, output: &GenerationOutput, logprobs: bool, calls_tools: bool) -> ChatCompletion {
+    let (content, tool_calls, finish_reason) = answer(output, calls_tools);
     let identity = ResponseIdentity::new(model, "chat.completion.chunk");
     ChatCompletion {
         id: identity.id,
@@ -236,10 +269,11 @@ fn chat_completion(model: &str, output: &GenerationOutput, logprobs: bool) -> Ch
             index: 0,
             message: AssistantMessage {
                 role: "assistant".to_string(),
-                content: output.generated_text.clone(),
+                content,
+                tool_calls: tool_calls.map(|calls| calls.into_iter().map(|call| ToolCall { index: None, ..call }).collect()),
             },
             logprobs: logprobs.then(|| chat_logprobs(&output.tokens, &output.top_tokens)),
-            finish_reason: finish_reason(output.finish_reason),
+            finish_reason,
         }],
         usage: Usage::new(output.input_length, output.generated_tokens),
     }
@@ -270,7 +304,17 @@ fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)]) -> Comp
     }
 }
 
-fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> serde_json::Value {
+/// One chunk per token; under tools the tokens' text is held back and the last chunk carries
+/// the whole call (or the `no_tool` text).
+fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, calls_tools: bool) -> serde_json::Value {
+    let (content, tool_calls, finish) = match (update.finish, calls_tools) {
+        (Some(output), true) => {
+            let (content, calls, reason) = answer(output, true);
+            (content, calls, Some(reason))
+        }
+        (finish, true) => (None, None, finish.map(|output| finish_reason(output.finish_reason))),
+        (finish, false) => (Some(update.text), None, finish.map(|output| finish_reason(output.finish_reason))),
+    };
     let logprobs = update
         .token
         .filter(|_| !update.top_tokens.is_empty())
@@ -285,12 +329,11 @@ fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> serde_js
             index: update.index,
             delta: Delta {
                 role: "assistant".to_string(),
-                content: update.text,
+                content,
+                tool_calls,
             },
             logprobs,
-            finish_reason: update
-                .finish
-                .map(|output| finish_reason(output.finish_reason)),
+            finish_reason: finish,
         }],
         usage: None,
     };

@@ -68,14 +68,17 @@ pub(crate) type PreparedPrompt = Result<(PromptText, GenerateParameters), HttpEr
 /// request holds its concurrency permit, as everything that costs CPU time does.
 pub(crate) enum PromptText {
     Text(String),
-    Chat(Vec<TemplateMessage>),
+    /// A conversation, and the tools its template is given (OpenAI's definitions).
+    Chat { messages: Vec<TemplateMessage>, tools: Option<serde_json::Value> },
 }
 
 impl PromptText {
     pub fn render(self, state: &AppState) -> Result<String, HttpError> {
         match self {
             PromptText::Text(text) => Ok(text),
-            PromptText::Chat(messages) => Ok(state.chat_template()?.render(&messages, true)?),
+            PromptText::Chat { messages, tools } => {
+                Ok(state.chat_template()?.render_with_tools(&messages, tools.as_ref(), true)?)
+            }
         }
     }
 }

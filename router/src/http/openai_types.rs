@@ -180,6 +180,14 @@ pub struct ChatRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tools: Option<serde_json::Value>,
+    /// `"auto"` (the default), `"none"`, `"required"` or `{"type": "function", "function":
+    /// {"name": …}}`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<serde_json::Value>,
+    /// TGI's instruction put before the tools in the last message.
+    #[serde(default)]
+    pub tool_prompt: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -250,7 +258,28 @@ pub struct ChatLogprobs {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: String,
-    pub content: String,
+    /// Null when the answer is a tool call.
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// One call of a tool: `arguments` is a JSON string, as OpenAI sends it. In a stream, `index`
+/// says which call a chunk continues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -275,7 +304,10 @@ pub struct ChatCompletion {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Delta {
     pub role: String,
-    pub content: String,
+    /// Null in the chunks of a tool call.
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -385,7 +417,8 @@ mod tests {
                 index: 0,
                 delta: Delta {
                     role: "assistant".into(),
-                    content: "Hi".into(),
+                    content: Some("Hi".into()),
+                    tool_calls: None,
                 },
                 logprobs: None,
                 finish_reason: None,

@@ -57,6 +57,8 @@ use crate::error::ErrorBody;
         openai_types::ChatCompletionChunk,
         openai_types::ChatChunkChoice,
         openai_types::Delta,
+        openai_types::ToolCall,
+        openai_types::FunctionCall,
         openai_types::CompletionRequest,
         openai_types::Completion,
         openai_types::CompletionChoice,

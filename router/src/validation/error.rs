@@ -67,6 +67,8 @@ pub enum ValidationError {
     ChoiceCount(u32),
     #[error("`prompt` supports up to {0} prompts. Given: {1}")]
     ClientBatchSize(usize, usize),
+    #[error("`tools` are not valid: {0}")]
+    InvalidTools(String),
     #[error("`{0}` is not supported")]
     Unsupported(&'static str),
     #[error("`presence_penalty` must be >= -2.0 and <= 2.0")]

@@ -1,0 +1,73 @@
+//! Tool calls through the in-process stack: the tools' grammar reaches the (scripted) shard as
+//! masks, the output comes back as OpenAI's `tool_calls`, streamed and not, and the template
+//! sees the tool prompt.
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::{app, post, send, sse_data};
+use crate::http::HttpConfig;
+use crate::tokenizer::tests::smollm2;
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "now", "description": "The time", "parameters":
+        {"type": "object", "properties": {}}}},
+        {"type": "function", "function": {"name": "dice", "parameters": {"type": "object",
+            "properties": {"sides": {"type": "integer", "minimum": 2, "maximum": 9}}, "required": ["sides"]}}}])
+}
+
+#[tokio::test]
+async fn a_named_tool_is_called_with_arguments_as_a_json_string() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let body = json!({"messages": [{"role": "user", "content": "Roll"}], "max_tokens": 40, "tools": tools(),
+        "tool_choice": {"type": "function", "function": {"name": "dice"}}});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "dice");
+    let arguments: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(arguments["sides"].as_u64().is_some_and(|sides| (2..=9).contains(&sides)), "{arguments}");
+    // The last message carries the tool prompt and the tools.
+    let prompt = smollm2().decode(&log.lock().unwrap().new_requests[0].prompt_token_ids, false).unwrap();
+    assert!(prompt.contains("Roll\n---\nGiven the functions available") && prompt.contains("\"dice\""), "{prompt}");
+}
+
+#[tokio::test]
+async fn a_streamed_tool_call_arrives_in_the_last_chunk() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"messages": [{"role": "user", "content": "Time?"}], "max_tokens": 40, "tools": tools(),
+        "tool_choice": {"type": "function", "function": {"name": "now"}}, "stream": true});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events = sse_data(&text);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks = &events[..events.len() - 1];
+    assert!(chunks.iter().all(|chunk| chunk["choices"][0]["delta"]["content"].is_null()), "{chunks:?}");
+    let last = &chunks.last().unwrap()["choices"][0];
+    assert_eq!(last["finish_reason"], "tool_calls");
+    assert_eq!(last["delta"]["tool_calls"][0]["index"], 0);
+    assert_eq!(last["delta"]["tool_calls"][0]["function"]["name"], "now");
+    assert_eq!(last["delta"]["tool_calls"][0]["function"]["arguments"], "{}");
+}
+
+#[tokio::test]
+async fn tool_choice_none_answers_in_text_and_bad_tools_are_422() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "tools": tools(),
+        "tool_choice": "none"});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["choices"][0]["message"]["content"], super::scripted_shard::SCRIPT);
+    assert!(body["choices"][0]["message"].get("tool_calls").is_none());
+    for (tools, choice) in [(tools(), json!({"type": "function", "function": {"name": "fly"}})), (json!([{"type": "function"}]), json!("auto"))] {
+        let body = json!({"messages": [{"role": "user", "content": "Hi"}], "tools": tools, "tool_choice": choice});
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert!(text.contains("`tools` are not valid"), "{text}");
+    }
+}

@@ -1,0 +1,233 @@
+//! OpenAI tool calls on `/v1/chat/completions`, generated under a grammar as TGI does: the
+//! request's `tools` and `tool_choice` become one JSON schema, `{"function": {"_name": <a
+//! tool's name>, <its arguments>}}` (with `auto`, also the `no_tool` answer `{"_name":
+//! "no_tool", "content": <text>}`); the conversation's last message gets TGI's tool prompt and
+//! the tools; the output is parsed back into OpenAI's `tool_calls` (arguments as a JSON string).
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::grammar::GrammarSpec;
+use crate::validation::ValidationError;
+
+/// TGI's default instruction, followed by the tools as JSON.
+pub const DEFAULT_TOOL_PROMPT: &str = "Given the functions available, please respond with a JSON for a function call \
+with its proper arguments that best answers the given prompt. Respond in the format {name: function name, parameters: \
+dictionary of argument name and its value}.Do not use variables.";
+
+/// The `_name` of the answer that calls no tool (`tool_choice: "auto"`).
+const NO_TOOL: &str = "no_tool";
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Tool {
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// A JSON schema of the arguments; none: no arguments.
+    #[serde(default, alias = "arguments")]
+    pub parameters: Option<Value>,
+}
+
+/// `tool_choice`: `"auto"` (the default with tools), `"none"`, `"required"`, or
+/// `{"type": "function", "function": {"name": …}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Function(String),
+}
+
+impl ToolChoice {
+    fn parse(value: Option<&Value>) -> Result<Self, String> {
+        match value {
+            None | Some(Value::Null) => Ok(ToolChoice::Auto),
+            Some(Value::String(choice)) => match choice.as_str() {
+                "auto" => Ok(ToolChoice::Auto),
+                "none" => Ok(ToolChoice::None),
+                "required" => Ok(ToolChoice::Required),
+                other => Err(format!("unknown tool_choice `{other}`")),
+            },
+            Some(value) => value["function"]["name"]
+                .as_str()
+                .map(|name| ToolChoice::Function(name.to_string()))
+                .ok_or_else(|| "tool_choice must be \"auto\", \"none\", \"required\" or a named function".into()),
+        }
+    }
+}
+
+/// What a request's tools make of it: the grammar, and the text added to its last message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolPlan {
+    pub grammar: GrammarSpec,
+    pub prompt_suffix: String,
+}
+
+/// The plan for `tools` and `tool_choice`; `None` when the request calls no tool (no tools,
+/// or `tool_choice: "none"`).
+pub fn plan(tools: Option<&Value>, tool_choice: Option<&Value>, tool_prompt: Option<&str>) -> Result<Option<ToolPlan>, ValidationError> {
+    let invalid = |why: String| ValidationError::InvalidTools(why);
+    let tools: Vec<Tool> = match tools {
+        None | Some(Value::Null) => return Ok(None),
+        Some(tools) => serde_json::from_value(tools.clone()).map_err(|error| invalid(error.to_string()))?,
+    };
+    let choice = ToolChoice::parse(tool_choice).map_err(invalid)?;
+    if tools.is_empty() || choice == ToolChoice::None {
+        return Ok(None);
+    }
+    let offered: Vec<&Tool> = match &choice {
+        ToolChoice::Function(name) => {
+            let tool = tools.iter().find(|tool| &tool.function.name == name);
+            vec![tool.ok_or_else(|| invalid(format!("tool_choice names `{name}`, which is not among the tools")))?]
+        }
+        _ => tools.iter().collect(),
+    };
+    let mut defs = Map::new();
+    let mut alternatives: Vec<Value> = offered.iter().map(|tool| call_schema(&tool.function, &mut defs)).collect();
+    if choice == ToolChoice::Auto {
+        alternatives.push(object_schema(NO_TOOL, json!({"content": {"type": "string",
+            "description": "The response content"}}), vec!["content".into()]));
+    }
+    let mut schema = json!({"type": "object", "properties": {"function": {"anyOf": alternatives}},
+        "required": ["function"], "additionalProperties": false});
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    let described: Vec<Value> = tools.iter().map(|tool| json!({"type": tool.kind, "function": {
+        "name": tool.function.name, "description": tool.function.description,
+        "parameters": tool.function.parameters}})).collect();
+    let listing = serde_json::to_string(&described).map_err(|error| invalid(error.to_string()))?;
+    Ok(Some(ToolPlan {
+        grammar: GrammarSpec::JsonSchema(schema),
+        prompt_suffix: format!("\n---\n{}\n{listing}", tool_prompt.unwrap_or(DEFAULT_TOOL_PROMPT)),
+    }))
+}
+
+/// `{"_name": const name, <the function's parameters>}`; the parameters' own `$defs` move to
+/// the root, where their `#/$defs/…` references point.
+fn call_schema(function: &FunctionDefinition, defs: &mut Map<String, Value>) -> Value {
+    let mut parameters = function.parameters.clone().unwrap_or_else(|| json!({}));
+    for key in ["$defs", "definitions"] {
+        if let Some(Value::Object(own)) = parameters.as_object_mut().and_then(|object| object.remove(key)) {
+            defs.extend(own);
+        }
+    }
+    let properties = parameters.get("properties").cloned().unwrap_or_else(|| json!({}));
+    let required = parameters
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|names| names.iter().filter_map(|name| name.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    object_schema(&function.name, properties, required)
+}
+
+fn object_schema(name: &str, properties: Value, required: Vec<String>) -> Value {
+    let mut all = Map::new();
+    all.insert("_name".into(), json!({"const": name}));
+    if let Value::Object(properties) = properties {
+        all.extend(properties);
+    }
+    let mut required_all = vec!["_name".to_string()];
+    required_all.extend(required);
+    json!({"type": "object", "properties": all, "required": required_all, "additionalProperties": false})
+}
+
+/// The generated answer, parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolAnswer {
+    /// A call: the tool's name and its arguments as a JSON string.
+    Call { name: String, arguments: String },
+    /// `no_tool`: plain text.
+    Text(String),
+}
+
+/// Parses a complete output of the tool grammar; `None` when it is not one (cut short by the
+/// token limit).
+pub fn parse_answer(generated: &str) -> Option<ToolAnswer> {
+    let value: Value = serde_json::from_str(generated).ok()?;
+    let call = value.get("function")?.as_object()?;
+    let name = call.get("_name")?.as_str()?.to_string();
+    if name == NO_TOOL {
+        return Some(ToolAnswer::Text(call.get("content")?.as_str()?.to_string()));
+    }
+    // The arguments in the order they were generated.
+    let arguments: Map<String, Value> = call.iter().filter(|(key, _)| *key != "_name").map(|(k, v)| (k.clone(), v.clone())).collect();
+    Some(ToolAnswer::Call { name, arguments: Value::Object(arguments).to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Value {
+        json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                "unit": {"$ref": "#/$defs/unit"}}, "required": ["city"],
+                "$defs": {"unit": {"enum": ["c", "f"]}}}}},
+            {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}])
+    }
+
+    fn schema(plan: &ToolPlan) -> &Value {
+        let GrammarSpec::JsonSchema(schema) = &plan.grammar else { panic!("not a schema") };
+        schema
+    }
+
+    #[test]
+    fn auto_offers_every_tool_and_no_tool() {
+        let plan = plan(Some(&weather()), None, None).unwrap().unwrap();
+        let alternatives = schema(&plan)["properties"]["function"]["anyOf"].as_array().unwrap();
+        let names: Vec<&Value> = alternatives.iter().map(|a| &a["properties"]["_name"]["const"]).collect();
+        assert_eq!(names, [&json!("get_weather"), &json!("now"), &json!("no_tool")]);
+        assert_eq!(alternatives[0]["required"], json!(["_name", "city"]));
+        // `_name` comes first, so the name is generated before the arguments.
+        assert_eq!(alternatives[0]["properties"].as_object().unwrap().keys().next().unwrap(), "_name");
+        assert_eq!(schema(&plan)["$defs"]["unit"], json!({"enum": ["c", "f"]}));
+        assert!(plan.prompt_suffix.starts_with(&format!("\n---\n{DEFAULT_TOOL_PROMPT}\n[")));
+        assert!(plan.prompt_suffix.contains("get_weather"));
+    }
+
+    #[test]
+    fn required_named_and_none_choices() {
+        let required = plan(Some(&weather()), Some(&json!("required")), Some("Use a tool.")).unwrap().unwrap();
+        assert_eq!(schema(&required)["properties"]["function"]["anyOf"].as_array().unwrap().len(), 2);
+        assert!(required.prompt_suffix.starts_with("\n---\nUse a tool.\n"));
+        let named = json!({"type": "function", "function": {"name": "now"}});
+        let named = plan(Some(&weather()), Some(&named), None).unwrap().unwrap();
+        let alternatives = schema(&named)["properties"]["function"]["anyOf"].as_array().unwrap().clone();
+        assert_eq!(alternatives.len(), 1);
+        assert_eq!(alternatives[0]["properties"]["_name"]["const"], "now");
+        assert_eq!(plan(Some(&weather()), Some(&json!("none")), None), Ok(None));
+        assert_eq!(plan(None, Some(&json!("required")), None), Ok(None));
+    }
+
+    #[test]
+    fn bad_tools_and_choices_are_validation_errors() {
+        let unknown = json!({"type": "function", "function": {"name": "fly"}});
+        for (tools, choice) in [(weather(), unknown), (weather(), json!("sometimes")), (json!([{"function": {}}]), json!("auto"))] {
+            assert!(matches!(plan(Some(&tools), Some(&choice), None), Err(ValidationError::InvalidTools(_))));
+        }
+    }
+
+    #[test]
+    fn answers_parse_into_calls_or_text() {
+        assert_eq!(
+            parse_answer(r#"{"function":{"_name":"get_weather","city":"Paris","unit":"c"}}"#),
+            Some(ToolAnswer::Call { name: "get_weather".into(), arguments: r#"{"city":"Paris","unit":"c"}"#.into() })
+        );
+        assert_eq!(
+            parse_answer(r#"{"function":{"_name":"no_tool","content":"Hello"}}"#),
+            Some(ToolAnswer::Text("Hello".into()))
+        );
+        assert_eq!(parse_answer(r#"{"function":{"_name":"get_wea"#), None);
+    }
+}
