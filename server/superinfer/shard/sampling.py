@@ -138,7 +138,7 @@ def sample(logits: torch.Tensor, requests: list[RequestState],
     request."""
     failures: dict[int, SamplingFailure] = {}
     if allowed is not None:
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = torch.where(allowed, logits, float("-inf"))
         for row in torch.nonzero(~allowed.any(-1)).flatten().tolist():
             failures[row] = SamplingFailure("the grammar allows no next token")
     logprobs = logits.log_softmax(-1)  # [R, V], before penalties and warpers

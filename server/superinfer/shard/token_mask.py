@@ -1,11 +1,10 @@
 """The grammar's allowed-token bitmasks of a Step (`ScheduledRequest.allowed_tokens`), as one
 boolean tensor. The router computes each constrained request's mask; the shard only applies it:
 token t is bit t % 8 of byte t / 8, and every id past a mask's end (the model's padded
-vocabulary included) is disallowed."""
+vocabulary included) is disallowed. Unpacking runs in numpy (`unpackbits`), far cheaper than
+the same bit arithmetic in torch."""
+import numpy as np
 import torch
-
-# Bit b of a byte, for b in 0..7 (the little-endian bit order the router packs).
-_BIT_VALUES = torch.tensor([1 << bit for bit in range(8)], dtype=torch.uint8)
 
 
 def unpack_allowed(masks: list[bytes], vocab_size: int, device: torch.device) -> torch.Tensor | None:
@@ -14,11 +13,11 @@ def unpack_allowed(masks: list[bytes], vocab_size: int, device: torch.device) ->
     if not any(masks):
         return None
     width = -(-vocab_size // 8)
-    packed = torch.full((len(masks), width), 0xFF, dtype=torch.uint8)  # [R, ceil(V / 8)]
+    packed = np.full((len(masks), width), 0xFF, dtype=np.uint8)  # [R, ceil(V / 8)]
     for row, mask in enumerate(masks):
         if mask:
+            kept = np.frombuffer(mask[:width], dtype=np.uint8)
             packed[row] = 0
-            kept = mask[:width]
-            packed[row, : len(kept)] = torch.frombuffer(bytearray(kept), dtype=torch.uint8)
-    bits = (packed[:, :, None] & _BIT_VALUES) != 0  # [R, ceil(V / 8), 8]
-    return bits.reshape(len(masks), width * 8)[:, :vocab_size].to(device)
+            packed[row, : len(kept)] = kept
+    bits = np.unpackbits(packed, axis=1, count=vocab_size, bitorder="little")  # [R, V] of 0/1
+    return torch.from_numpy(bits.view(np.bool_)).to(device)
