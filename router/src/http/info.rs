@@ -53,6 +53,7 @@ pub(crate) async fn info(State(state): State<Arc<AppState>>) -> Json<Info> {
         version: env!("CARGO_PKG_VERSION").to_string(),
         sha: None,
         docker_label: None,
+        num_shard: state.num_shard,
     })
 }
 

@@ -98,6 +98,8 @@ pub(crate) struct AppState {
     pub permits: Arc<Semaphore>,
     pub metrics: PrometheusHandle,
     pub model_id: String,
+    /// Shard processes serving the model (its tensor-parallel degree).
+    pub num_shard: u32,
 }
 
 impl AppState {
@@ -139,6 +141,7 @@ impl AppState {
             grammar,
             limits,
             model_id,
+            num_shard: info.world_size,
         })
     }
 

@@ -202,6 +202,8 @@ pub struct Info {
     pub version: String,
     pub sha: Option<String>,
     pub docker_label: Option<String>,
+    /// Shard processes the model is split over (`--num-shard`, tensor parallelism).
+    pub num_shard: u32,
 }
 
 #[cfg(test)]
