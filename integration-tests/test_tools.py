@@ -1,0 +1,77 @@
+"""Tool calls end to end through unmodified clients: the openai client (non-streamed and
+streamed) and huggingface_hub's `chat_completion(tools=...)`. Every call's name is one of the
+tools and its arguments (a JSON string) validate against the tool's parameters."""
+import json
+
+import jsonschema
+from huggingface_hub import InferenceClient
+from openai import OpenAI
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"]}
+DICE = {"type": "object", "properties": {"sides": {"type": "integer", "minimum": 2, "maximum": 20}}, "required": ["sides"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "roll_dice", "description": "Roll a die", "parameters": DICE}},
+]
+PARAMETERS = {"get_weather": WEATHER, "roll_dice": DICE}
+MESSAGES = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def check_call(name: str, arguments: str) -> None:
+    assert name in PARAMETERS, name
+    jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+
+
+def test_openai_required_and_named_tool_calls(url):
+    client = OpenAI(base_url=f"{url}/v1", api_key="-")
+    required = client.chat.completions.create(model="tgi", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                              max_tokens=80, temperature=0)
+    choice = required.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.type == "function"
+    check_call(call.function.name, call.function.arguments)
+
+    named = client.chat.completions.create(model="tgi", messages=MESSAGES, tools=TOOLS, max_tokens=80, seed=5,
+                                           tool_choice={"type": "function", "function": {"name": "roll_dice"}})
+    call = named.choices[0].message.tool_calls[0]
+    assert call.function.name == "roll_dice"
+    check_call(call.function.name, call.function.arguments)
+
+
+def test_openai_streamed_tool_call(url):
+    client = OpenAI(base_url=f"{url}/v1", api_key="-")
+    stream = client.chat.completions.create(model="tgi", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                            max_tokens=80, temperature=0, stream=True)
+    chunks = [chunk for chunk in stream if chunk.choices]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    calls = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or []]
+    assert len(calls) == 1 and calls[0].index == 0
+    check_call(calls[0].function.name, calls[0].function.arguments)
+
+
+def test_openai_auto_and_none(url):
+    client = OpenAI(base_url=f"{url}/v1", api_key="-")
+    auto = client.chat.completions.create(model="tgi", messages=MESSAGES, tools=TOOLS, max_tokens=80, temperature=0)
+    message = auto.choices[0].message
+    if message.tool_calls:  # the model may call a tool or answer in text (no_tool)
+        check_call(message.tool_calls[0].function.name, message.tool_calls[0].function.arguments)
+    else:
+        assert isinstance(message.content, str)
+    none = client.chat.completions.create(model="tgi", messages=MESSAGES, tools=TOOLS, tool_choice="none",
+                                          max_tokens=8, temperature=0)
+    assert none.choices[0].message.tool_calls is None
+    assert none.choices[0].message.content
+
+
+def test_huggingface_hub_chat_completion_with_tools(url):
+    client = InferenceClient(base_url=url, timeout=120)
+    output = client.chat_completion(messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=80)
+    call = output.choices[0].message.tool_calls[0]
+    assert output.choices[0].finish_reason == "tool_calls"
+    arguments = call.function.arguments
+    check_call(call.function.name, arguments if isinstance(arguments, str) else json.dumps(arguments))
