@@ -21,18 +21,19 @@ def pack(allowed: set[int], num_bits: int) -> bytes:
 
 
 def test_bits_are_little_endian_within_each_byte():
-    allowed = unpack_allowed([pack({0, 9, 15}, 16), b""], 16, torch.device("cpu"))
-    assert allowed[0].nonzero().flatten().tolist() == [0, 9, 15]
-    assert allowed[1].all()  # an unconstrained row in a constrained batch
+    allowed = unpack_allowed([pack({0, 9, 15}, 16), b"", bytes(2)], 16, torch.device("cpu"))
+    assert allowed.bias[0].isfinite().nonzero().flatten().tolist() == [0, 9, 15]
+    assert (allowed.bias[1] == 0).all()  # an unconstrained row in a constrained batch
+    assert allowed.empty_rows == [2]
     assert unpack_allowed([b"", b""], 16, torch.device("cpu")) is None
 
 
 def test_ids_past_the_mask_are_disallowed():
     # The model's vocabulary (padded to 24) is wider than the tokenizer's 10 tokens the mask covers.
     allowed = unpack_allowed([b"\xff\xff"], 24, torch.device("cpu"))
-    assert allowed[0].nonzero().flatten().tolist() == list(range(16))
+    assert allowed.bias[0].isfinite().nonzero().flatten().tolist() == list(range(16))
     allowed = unpack_allowed([pack(set(range(10)), 10)], 24, torch.device("cpu"))
-    assert allowed[0].nonzero().flatten().tolist() == list(range(10))
+    assert allowed.bias[0].isfinite().nonzero().flatten().tolist() == list(range(10))
 
 
 def _request(**params) -> RequestState:

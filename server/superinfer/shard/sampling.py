@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .requests import RequestState
+from .token_mask import AllowedTokens
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +133,13 @@ def _choose(logits: torch.Tensor, request: RequestState) -> int:
 
 @torch.inference_mode()
 def sample(logits: torch.Tensor, requests: list[RequestState],
-           allowed: torch.Tensor | None = None) -> list[SampledToken | SamplingFailure]:
-    """logits: [R, V] float32, row r for requests[r]; allowed: [R, V] bool, the grammar's
-    tokens per row (all True for an unconstrained row), or None -> one token (or failure) per
-    request."""
+           allowed: AllowedTokens | None = None) -> list[SampledToken | SamplingFailure]:
+    """logits: [R, V] float32, row r for requests[r]; allowed: the grammar's tokens per row
+    (`token_mask.unpack_allowed`), or None -> one token (or failure) per request."""
     failures: dict[int, SamplingFailure] = {}
     if allowed is not None:
-        logits = torch.where(allowed, logits, float("-inf"))
-        for row in torch.nonzero(~allowed.any(-1)).flatten().tolist():
+        logits = logits + allowed.bias
+        for row in allowed.empty_rows:
             failures[row] = SamplingFailure("the grammar allows no next token")
     logprobs = logits.log_softmax(-1)  # [R, V], before penalties and warpers
     chosen = logits.argmax(-1)  # [R] greedy fast path for the whole batch
