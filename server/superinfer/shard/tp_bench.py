@@ -2,7 +2,8 @@
 CPU, NCCL on GPUs) at the given batch sizes, each request with a `--context-tokens` context,
 and the shares of the step spent inside the model's collectives (the all-reduces and the
 logits' gather: communication plus waiting for the slowest rank) and in rank 0's broadcast of
-the step to the other ranks. Steps go to rank 0's executor as the router sends them (no gRPC);
+the step to the other ranks, and (CPU) what one step's collectives cost alone, every rank
+entering them together. Steps go to rank 0's executor as the router sends them (no gRPC);
 with `--num-shard 1` there is no process group. Prints JSON.
 
     python -m superinfer.shard.tp_bench [--model default|DIR] [--num-shard 2] [--batches 1 32]
@@ -69,6 +70,30 @@ def _measure(executor, group, args: argparse.Namespace) -> dict:
     return results
 
 
+def _collectives_alone(group, model_dir: str, batches: list[int], repeats: int = 5) -> dict:
+    """Every rank: one decode step's collectives back to back (2 all-reduces per layer and the
+    embedding's of [B, hidden], the logits' gather of [B, vocab / N]), all ranks entering
+    together: their cost without the wait for a slower rank."""
+    import torch.distributed as dist
+
+    from ..models.tensor_parallel import partition
+    from .loader import read_config
+
+    config = read_config(pathlib.Path(model_dir))
+    vocab_rows = partition(config, group.rank, group.world_size).vocab_rows
+    figures = {}
+    for batch in batches:
+        hidden, logits = torch.zeros(batch, config.hidden_size), torch.zeros(batch, vocab_rows)
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(repeats):
+            for _ in range(2 * config.num_layers + 1):
+                group.tensor_parallel.all_reduce(hidden)
+            group.tensor_parallel.gather_last_dim(logits)
+        figures[f"batch_{batch}"] = round((time.perf_counter() - started) * 1e3 / repeats, 2)
+    return figures
+
+
 def _counters(group) -> tuple[int, int]:
     if group is None:
         return 0, 0
@@ -89,6 +114,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str | None) -> No
                          device_kv_blocks=max(args.batches) * (-(-(args.context_tokens + args.decode_steps + 2) // 16)),
                          host_kv_blocks=0, warmup_repeats=1, parallel=parallel)
     group = RankGroup(parallel, device) if parallel.enabled else None
+    alone = _collectives_alone(group, str(args.model), args.batches) if group is not None and device.type == "cpu" else {}
     executor = build_executor(config, group)
     if group is not None:
         group.wait_for_all()
@@ -96,6 +122,8 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str | None) -> No
         follow(executor, group)
         return
     results = _measure(executor, group, args)
+    for batch, milliseconds in alone.items():
+        results[batch]["collectives_alone_ms_per_step"] = milliseconds
     executor.close()
     pathlib.Path(out).write_text(json.dumps(results))
 
