@@ -57,6 +57,39 @@ struct Victim {
     eviction: Eviction,
 }
 
+/// How a request leaves the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Evict {
+    /// Swapped out to host (within this step's byte budget); its blocks free when the copy ends.
+    RotateOut,
+    /// Dropped and recomputed later; its blocks free at once.
+    Recompute,
+}
+
+impl From<Eviction> for Evict {
+    fn from(eviction: Eviction) -> Self {
+        match eviction {
+            Eviction::Swap { .. } => Evict::RotateOut,
+            Eviction::Recompute { .. } => Evict::Recompute,
+        }
+    }
+}
+
+/// One walk over eviction candidates: each leaves as the cost model says, except as the walk's
+/// rule overrides, until enough blocks are free or on their way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// For a requester: a swap-out that does not fit this step's byte budget is skipped, and the
+    /// requester claims what is freed (only the excess is credited to later ones).
+    ForRequester,
+    /// Under overload, for a running requester: a swap-out that does not fit, or is not worth a
+    /// round trip, becomes a recompute, so the oldest request always progresses.
+    ForRequesterUnderOverload,
+    /// The proactive reserve: swap-outs only (a recompute loses work for no one in particular),
+    /// all of them credited as free-to-be.
+    Reserve,
+}
+
 /// RotaSched's own state: the arrival-rate estimate its reserve is sized from, and the
 /// reserve of free device blocks it keeps this step.
 #[derive(Debug, Clone, Default)]
@@ -198,7 +231,7 @@ impl Core {
     /// possible victims) come after the other punctual ones: the requests that cannot wait
     /// claim memory first, and the ones that can are served with what is left — or rotated out
     /// to make room. While a prompt is about to miss its first token, decodes that may park
-    /// (see `park_for_first_token`) wait behind it the same way. The late and parked classes
+    /// (see `parking_candidates`) wait behind it the same way. The late and parked classes
     /// still come last, so a hopeless request never takes the blocks a punctual one needs.
     fn service_order(&self, ctx: &StepCtx, step_s: f64) -> Vec<Urgency> {
         let (late, punctual): (Vec<Urgency>, Vec<Urgency>) =
@@ -285,84 +318,93 @@ impl Core {
         }
         let credit = ctx.release_credit.min(short);
         ctx.release_credit -= credit;
-        let mut short = short - credit;
-        let mut freed_now = false;
-        for victim in self.rotation_victims(ctx, requester.id, step_s) {
-            if short == 0 {
-                break;
-            }
-            if let Some((freed, now)) = self.evict(ctx, victim.id, victim.eviction, short) {
-                freed_now |= now;
-                short = short.saturating_sub(freed);
-            }
-        }
+        let short = short - credit;
+        let victims = self.rotation_victims(ctx, requester.id, step_s);
+        let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
+        let (mut freed_now, mut short) = self.evict_until(ctx, short, planned, Walk::ForRequester, step_s);
         if short > 0 && self.needs_parking(requester, step_s) {
-            let (freed, left) = self.park_for_first_token(ctx, short, requester.id, step_s);
+            // No running request has slack for a round trip: park decodes with late gaps to
+            // spend (see `parking_candidates`).
+            let parked = self.parking_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
+            let (freed, left) = self.evict_until(ctx, short, parked, Walk::ForRequester, step_s);
             freed_now |= freed;
             short = left;
         }
         let running = self.requests.get(&requester.id).is_some_and(|r| r.phase == Phase::Running);
         if short > 0 && running {
-            freed_now |= self.make_room_under_overload(ctx, short, requester.id, step_s);
+            let newer = self.newer_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
+            freed_now |= self.evict_until(ctx, short, newer, Walk::ForRequesterUnderOverload, step_s).0;
         }
         freed_now
     }
 
+    /// Walks `candidates` in order, evicting each as `walk` says, until `short` blocks are free
+    /// or on their way. A candidate's eviction is the one planned with it, or (None) the cheaper
+    /// one when its turn comes: the host's room shrinks as the walk swaps others out. Returns
+    /// whether blocks were freed right away and how many are still short.
+    fn evict_until(
+        &mut self,
+        ctx: &mut StepCtx,
+        mut short: u64,
+        candidates: impl IntoIterator<Item = (u64, Option<Eviction>)>,
+        walk: Walk,
+        step_s: f64,
+    ) -> (bool, u64) {
+        let mut freed_now = false;
+        for (id, planned) in candidates {
+            if short == 0 {
+                break;
+            }
+            let eviction = planned.unwrap_or_else(|| self.cheaper_eviction(id, step_s));
+            let how = match (walk, Evict::from(eviction)) {
+                (Walk::Reserve, Evict::Recompute) => continue,
+                (Walk::ForRequesterUnderOverload, Evict::RotateOut) if !self.swap_fits_now(ctx, id) => Evict::Recompute,
+                (_, how) => how,
+            };
+            let claimed = if walk == Walk::Reserve { 0 } else { short };
+            if let Some((freed, now)) = self.evict(ctx, id, how, claimed) {
+                freed_now |= now;
+                short = short.saturating_sub(freed);
+            }
+        }
+        (freed_now, short)
+    }
+
     /// Evicts `id` the given way: a swap-out within this step's byte budget, or a recompute
-    /// preemption. Returns the blocks freed or on their way and whether they are free right
-    /// away; None when the swap-out does not fit the budget.
-    fn evict(&mut self, ctx: &mut StepCtx, id: u64, eviction: Eviction, short: u64) -> Option<(u64, bool)> {
-        match eviction {
-            Eviction::Recompute { .. } => {
+    /// preemption. Of the blocks a swap-out frees when its copy ends, `claimed` are the
+    /// requester's and the rest are credited to later requesters this step. Returns the blocks
+    /// freed or on their way and whether they are free right away; None when the swap-out does
+    /// not fit the budget.
+    fn evict(&mut self, ctx: &mut StepCtx, id: u64, how: Evict, claimed: u64) -> Option<(u64, bool)> {
+        match how {
+            Evict::Recompute => {
                 let freed = self.preempt_for_recompute(ctx, id);
                 Some((freed, freed > 0))
             }
-            Eviction::Swap { .. } => {
+            Evict::RotateOut => {
                 let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
-                let budget = &ctx.budget;
-                if !budget.fits(Direction::Out, bytes) {
+                if !ctx.budget.fits(Direction::Out, bytes) {
                     return None;
                 }
                 let moved = self.rotate_out(ctx, id);
-                ctx.release_credit += moved.saturating_sub(short);
+                ctx.release_credit += moved.saturating_sub(claimed);
                 Some((moved, false))
             }
         }
     }
 
     /// Under overload every running request is late, so none has slack for a round trip and
-    /// the walk above finds no victim. Without a fallback, a running request that needs one
+    /// the walks above find no victim. Without a fallback, a running request that needs one
     /// more block waits until someone finishes while its blocks sit idle: steps shrink to the
-    /// few requests that still fit, and the run crawls. Evict the requests admitted after the
-    /// requester instead, newest first, as the reactive policies do: the order is total and
-    /// stable, so the oldest always progresses and two requests never evict each other in
-    /// turn. Only running requests may do this: a rotated one returning by evicting a newer
-    /// one would push that one out in turn, a wave of copies every step. True when blocks were
-    /// freed right away.
-    fn make_room_under_overload(&mut self, ctx: &mut StepCtx, mut short: u64, requester: u64, step_s: f64) -> bool {
-        let Some(requester_seq) = self.requests.get(&requester).map(|r| r.seq) else { return false };
-        let mut freed_now = false;
+    /// few requests that still fit, and the run crawls. The requests admitted after the
+    /// requester are evicted instead, newest first, as the reactive policies do: the order is
+    /// total and stable, so the oldest always progresses and two requests never evict each
+    /// other in turn. Only running requests may do this: a rotated one returning by evicting a
+    /// newer one would push that one out in turn, a wave of copies every step.
+    fn newer_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+        let Some(requester_seq) = self.requests.get(&requester).map(|r| r.seq) else { return Vec::new() };
         let candidates = self.eviction_candidates(ctx, requester);
-        let newer = candidates.into_iter().rev().filter(|id| self.requests[id].seq > requester_seq);
-        for id in newer.collect::<Vec<_>>() {
-            if short == 0 {
-                break;
-            }
-            let freed = match self.cheaper_eviction(id, step_s) {
-                Eviction::Swap { .. } if self.swap_fits_now(ctx, id) => {
-                    let moved = self.rotate_out(ctx, id);
-                    ctx.release_credit += moved.saturating_sub(short);
-                    moved
-                }
-                _ => {
-                    let freed = self.preempt_for_recompute(ctx, id);
-                    freed_now |= freed > 0;
-                    freed
-                }
-            };
-            short = short.saturating_sub(freed);
-        }
-        freed_now
+        candidates.into_iter().rev().filter(|id| self.requests[id].seq > requester_seq).collect()
     }
 
     /// Running requests that could leave the device now: not the requester, not in this step,
@@ -377,9 +419,12 @@ impl Core {
             .collect()
     }
 
-    /// Decodes that may be parked on host, best first: eviction candidates with tokens left and
-    /// with two late gaps or more to spare (one for the parking, one for the unforeseen) —
-    /// most to spare first, then newest.
+    /// Decodes that may be parked on host, best first, for a prompt about to miss its
+    /// first-token deadline when no running request has slack for a round trip: eviction
+    /// candidates with tokens left and with two late gaps or more to spare (one for the
+    /// parking, one for the unforeseen) — most to spare first, then newest. Their next gap will
+    /// be late (the objective holds for a percentile of gaps); they come back, parked, with the
+    /// blocks punctual requests leave.
     fn parking_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
         let share = self.config.tbt_late_share();
         let mut candidates: Vec<(u32, u64, u64)> = self
@@ -395,26 +440,6 @@ impl Core {
             .collect();
         candidates.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
         candidates.into_iter().map(|(_, _, id)| id).collect()
-    }
-
-    /// A prompt about to miss its first-token deadline for want of blocks, when no running
-    /// request has slack for a round trip: park running decodes on host that have late gaps
-    /// to spend (their next gap will be late; the objective holds for a percentile of gaps).
-    /// They come back, parked, with the blocks punctual requests leave. Returns whether
-    /// blocks were freed right away and how many are still short.
-    fn park_for_first_token(&mut self, ctx: &mut StepCtx, mut short: u64, requester: u64, step_s: f64) -> (bool, u64) {
-        let mut freed_now = false;
-        for id in self.parking_candidates(ctx, requester) {
-            if short == 0 {
-                break;
-            }
-            let eviction = self.cheaper_eviction(id, step_s);
-            if let Some((freed, now)) = self.evict(ctx, id, eviction, short) {
-                freed_now |= now;
-                short = short.saturating_sub(freed);
-            }
-        }
-        (freed_now, short)
     }
 
     /// A swap-out keeps the rotation limits: it fits this step's byte budget and the request
@@ -461,25 +486,13 @@ impl Core {
     /// Proactive rotation: when free blocks (plus those already on their way) fall below the
     /// reserve, swap out requests with slack to spare so arrivals start prefill at once.
     fn keep_reserve(&mut self, ctx: &mut StepCtx, step_s: f64, reserve_blocks: u32) {
-        let mut have = u64::from(self.blocks.free_device()) + ctx.release_credit;
-        let target = u64::from(reserve_blocks);
-        if have >= target {
+        let have = u64::from(self.blocks.free_device()) + ctx.release_credit;
+        let short = u64::from(reserve_blocks).saturating_sub(have);
+        if short == 0 {
             return;
         }
-        for victim in self.rotation_victims(ctx, u64::MAX, step_s) {
-            if have >= target {
-                break;
-            }
-            if !matches!(victim.eviction, Eviction::Swap { .. }) {
-                continue;
-            }
-            let bytes = u64::from(self.blocks.private_device_blocks(victim.id)) * self.config.block_bytes;
-            if !ctx.budget.fits(Direction::Out, bytes) {
-                continue;
-            }
-            let moved = self.rotate_out(ctx, victim.id);
-            have += moved;
-            ctx.release_credit += moved;
-        }
+        let victims = self.rotation_victims(ctx, u64::MAX, step_s);
+        let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
+        self.evict_until(ctx, short, planned, Walk::Reserve, step_s);
     }
 }
