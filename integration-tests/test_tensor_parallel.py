@@ -175,6 +175,15 @@ def test_a_rank_killed_mid_stream_fails_the_stream_and_the_launcher(two_shards):
     assert "shard rank 1 was killed by SIGKILL" in log, log
 
 
+def test_a_model_that_cannot_be_split_is_refused_at_start_up_with_the_reason():
+    # SmolLM2-135M has 9 attention heads: 3 ranks split them, 2 cannot.
+    done = subprocess.run([str(SUPERINFER), "launch", "--num-shard", "2", "--port", str(free_port()),
+                           "--hostname", "127.0.0.1", *SERVER_ARGS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "9 attention heads cannot be split over 2 shards" in done.stderr, done.stderr[-2000:]
+    assert "during start-up" in done.stderr
+
+
 @pytest.fixture(scope="module")
 def three_shards(tmp_path_factory):
     with launch(tmp_path_factory.mktemp("embedded-3"), [*SERVER_ARGS, "--num-shard", "3"]) as server:

@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot load the model: %s", err)
         return 1
     except RuntimeError as err:  # torch.distributed: a rank that never joined, or died loading
+        if not config.parallel.enabled:
+            raise
         log.error("the tensor-parallel group failed at start-up: %s", err)
         return 1
     if shutdown.is_set():
