@@ -27,10 +27,11 @@ ENV PATH=/opt/superinfer/bin:$PATH \
     TORCH_EXTENSIONS_DIR=/var/cache/torch_extensions
 
 # The dependencies (gigabytes: torch and its CUDA libraries) in their own layer, read from
-# pyproject.toml — the core ones and the `cuda-build` extra — so a rebuild after a code change
-# reuses it.
+# pyproject.toml, so a rebuild after a code change reuses it; the `cuda-build` extra's pins are
+# kept for the CUDA build below.
 COPY pyproject.toml /tmp/pyproject.toml
-RUN python -c 'import tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["cuda-build"]))' > /tmp/requirements.txt \
+RUN python -c 'import tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"]))' > /tmp/requirements.txt \
+ && python -c 'import tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; print("\n".join(p["optional-dependencies"]["cuda-build"]))' > /opt/superinfer/cuda-build.txt \
  && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt /tmp/pyproject.toml
 
@@ -40,9 +41,11 @@ RUN pip install --no-deps /tmp/dist/superinfer-*.whl \
  && rm -rf /tmp/dist
 
 # DuplexKV's CUDA extension, compiled and linked now with the pinned nvcc (no GPU is needed to
-# build it), then the compiler removed: at run time it is imported from /opt/superinfer/lib.
+# build it); the compiler is installed and removed in this one layer, so the image never holds
+# it: at run time the extension is imported from /opt/superinfer/lib.
 ENV SUPERINFER_KV_CUDA_EXTENSION=/opt/superinfer/lib/superinfer_kv_cuda.so
-RUN python -m superinfer_kv.prebuild /opt/superinfer/lib \
+RUN pip install -r /opt/superinfer/cuda-build.txt \
+ && python -m superinfer_kv.prebuild /opt/superinfer/lib \
  && pip uninstall -y nvidia-cuda-nvcc nvidia-cuda-crt nvidia-nvvm
 
 # Convert the embedded model and compile DuplexKV's CPU extension once at build time, so the
