@@ -25,12 +25,22 @@ class SseServer:
 
     def __init__(self):
         self.bodies: list[dict] = []
+        # When set, /generate_stream answers nothing until this many requests have arrived: a
+        # client that waits for one response before sending the next never gets there.
+        self.hold_until: int | None = None
+        self.all_arrived: asyncio.Event | None = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     async def _generate_stream(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        if self.hold_until is not None:
+            if self.all_arrived is None:
+                self.all_arrived = asyncio.Event()
+            if len(self.bodies) >= self.hold_until:
+                self.all_arrived.set()
+            await asyncio.wait_for(self.all_arrived.wait(), timeout=30)
         count = body["parameters"]["max_new_tokens"]
         if body["inputs"] == "fail":
             response = web.StreamResponse()
@@ -138,9 +148,12 @@ def test_stream_error_event_marks_the_request_failed(server):
 
 def test_open_loop_arrivals_and_attainment(server):
     specs = [spec(i, 4, arrival=0.05 * i) for i in range(6)]
-    records = replay(Target(server.url), specs, None, progress=False)
-    # Requests are sent at their arrival offsets, not after the previous one finished.
-    assert all(0.05 * i <= r.sent_at < 0.05 * i + 0.04 for i, r in enumerate(records))
+    # The server answers none until all six have arrived: a closed loop would time out.
+    server.hold_until = len(specs)
+    records = replay(Target(server.url, request_timeout_s=60), specs, None, progress=False)
+    assert all(r.ok for r in records), [r.error for r in records]
+    # Each was sent at its arrival offset, never before (the clock's resolution aside).
+    assert all(r.sent_at >= 0.05 * i - 1e-3 for i, r in enumerate(records))
     generous = reduce(records, Slo(ttft_ms=5000, tbt_ms=1000), "fake", 20.0)
     strict = reduce(records, Slo(ttft_ms=FIRST_TOKEN_S * 1e3 / 2, tbt_ms=1000), "fake", 20.0)
     assert generous.summary["attainment"]["both"] == 1.0

@@ -100,8 +100,9 @@ def test_swap_out_sees_compute_issued_before_submit(method: str, side_stream: bo
     engine = _engine(device_kv, host_kv, method)
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     with torch.cuda.stream(stream):
-        # Delay the stream so an unordered copy would read the block before the write lands.
-        torch.cuda._sleep(50_000_000)
+        # Delay the stream so an unordered copy would read the block before the write lands;
+        # long (about half a second) so a loaded host cannot reach the check after it ends.
+        torch.cuda._sleep(1_000_000_000)
         device_kv[5].fill_(7.25)  # the "kernel" that writes block 5
         handle = engine.submit(swap_out=([5], [9]))
         assert not handle.out_done()  # still queued behind the sleep, and did not block
@@ -129,7 +130,7 @@ def test_completion_flags_and_reuse_after_errors() -> None:
         engine.submit(swap_out=([1, 1], [2, 3]))
     with pytest.raises(ValueError, match="out of range"):
         engine.submit(swap_in=([40], [0]))
-    torch.cuda._sleep(20_000_000)
+    torch.cuda._sleep(1_000_000_000)  # about half a second: the copies queue behind it
     handle = engine.submit(swap_out=([0, 1], [2, 3]), swap_in=([4], [5]))
     assert not handle.done()
     handle.wait()
