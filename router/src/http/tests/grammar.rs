@@ -81,3 +81,19 @@ async fn openai_response_formats_constrain_chat_and_completions() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
     assert!(text.contains("grammar is not valid: unknown variant `xml`"), "{text}");
 }
+
+#[tokio::test]
+async fn each_best_of_candidate_follows_its_own_copy_of_the_grammar() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let body = json!({"inputs": "x", "parameters": {"max_new_tokens": 20, "best_of": 2, "do_sample": true,
+        "details": true, "grammar": {"type": "regex", "value": "[0-9]{2}"}}});
+    let (status, _, text) = send(&app, post("/generate", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let output = body["generated_text"].as_str().unwrap();
+    assert!(output.len() == 2 && output.chars().all(|c| c.is_ascii_digit()), "{output}");
+    let other = &body["details"]["best_of_sequences"][0];
+    assert_eq!(other["generated_text"].as_str().map(str::len), Some(2), "{other}");
+    assert_eq!(other["finish_reason"], "eos_token");
+    assert_eq!(log.lock().unwrap().new_requests.len(), 2);
+}
