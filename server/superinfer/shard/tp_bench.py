@@ -30,7 +30,6 @@ from .config import ParallelConfig, ShardConfig
 def write_random_llama(directory: pathlib.Path) -> pathlib.Path:
     """A random Llama with SmolLM2-135M's width, depth and vocabulary, 8 heads / 4 KV heads."""
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     if (directory / "config.json").is_file():
         return directory
@@ -40,9 +39,12 @@ def write_random_llama(directory: pathlib.Path) -> pathlib.Path:
         eos_token_id=2)
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(config.vocab_size)}, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(directory / "tokenizer.json"))
+    # A word-level tokenizer ("t0", "t1", ...): the benchmark sends token ids, never text.
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+                 "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+                 "model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(config.vocab_size)},
+                           "unk_token": "t0"}}
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
     return directory
 
 
