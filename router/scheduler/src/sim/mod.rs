@@ -8,7 +8,7 @@
 //! - `simulator`: [`simulate`] — the event loop.
 
 mod config;
-mod link;
+pub(crate) mod link;
 mod report;
 mod simulator;
 mod timing;

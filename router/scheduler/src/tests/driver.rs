@@ -1,6 +1,6 @@
 //! A fake shard and engine: executes plans (sampling deterministic tokens), acknowledges
-//! transfers after a chosen delay, finishes requests at their length limit, and asserts the
-//! ordering rules on every plan.
+//! transfers after a chosen delay or when a simulated link has carried them (`Timing`),
+//! finishes requests at their length limit, and asserts the ordering rules on every plan.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,6 +9,9 @@ use crate::cost_model::CostModel;
 use crate::plan::{StepPlan, StepResults};
 use crate::request::RequestSpec;
 use crate::scheduler::Scheduler;
+use crate::sim::link::Link;
+use crate::sim::{step_shape, LinkModel};
+use crate::cost_model::Direction;
 
 pub(crate) const BLOCK_BYTES: u64 = 1000;
 
@@ -53,6 +56,22 @@ pub(crate) fn spec(id: u64, prompt_len: u32, max_new_tokens: u32, arrival: f64) 
     }
 }
 
+/// How the fake machine times a step and its transfers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Timing {
+    /// Every step advances the clock by `Driver::step_s` and reports the cost model's own
+    /// prediction as measured; a transfer is acknowledged `Driver::ack_delay` steps after the
+    /// step that issued it. Tests steer the scheduler through its configuration alone.
+    Scripted,
+    /// A machine the scheduler does not know exactly: a step takes `step_factor` × its
+    /// prediction (the clock advances by that, and it is reported as measured, so the online
+    /// correction runs); a transfer takes the link's time — its bytes over the direction's
+    /// bandwidth plus the overhead, queued behind earlier ones (one queue when not duplex) —
+    /// and is acknowledged with the first step that ends after it lands. A step that computes
+    /// nothing takes `idle_step_s`.
+    Machine { step_factor: f64, idle_step_s: f64 },
+}
+
 pub(crate) struct Driver {
     pub(crate) scheduler: Scheduler,
     pub(crate) now: f64,
@@ -71,6 +90,11 @@ pub(crate) struct Driver {
     pub(crate) finished: BTreeSet<u64>,
     /// Whether to finish requests that reach their length limit (the engine's job).
     pub(crate) auto_finish: bool,
+    pub(crate) timing: Timing,
+    /// The link under `Timing::Machine` (its model given to `on_machine`).
+    link: Option<Link>,
+    /// request -> clock time at the end of each step that sampled a token for it.
+    pub(crate) token_times: BTreeMap<u64, Vec<f64>>,
 }
 
 impl Driver {
@@ -87,7 +111,19 @@ impl Driver {
             plans: Vec::new(),
             finished: BTreeSet::new(),
             auto_finish: true,
+            timing: Timing::Scripted,
+            link: None,
+            token_times: BTreeMap::new(),
         }
+    }
+
+    /// A driver whose steps and transfers take a simulated machine's time (`Timing::Machine`).
+    pub(crate) fn on_machine(config: SchedulerConfig, step_factor: f64, link: LinkModel) -> Self {
+        let block_bytes = config.block_bytes;
+        let mut driver = Driver::new(config);
+        driver.timing = Timing::Machine { step_factor, idle_step_s: 0.001 };
+        driver.link = Some(Link::new(link, block_bytes));
+        driver
     }
 
     pub(crate) fn add(&mut self, spec: RequestSpec) {
@@ -98,13 +134,26 @@ impl Driver {
     pub(crate) fn step(&mut self) -> StepPlan {
         let plan = self.scheduler.plan(self.now);
         self.check_plan(&plan);
+        // Under Timing::Machine a transfer is acknowledged when the link has carried it.
+        let ack_step = match self.timing {
+            Timing::Scripted => plan.step_id + self.ack_delay,
+            Timing::Machine { .. } => u64::MAX,
+        };
+        if let Some(link) = self.link.as_mut() {
+            for t in &plan.swap_out {
+                link.issue(t, Direction::Out, self.now);
+            }
+            for t in &plan.swap_in {
+                link.issue(t, Direction::In, self.now);
+            }
+        }
         for t in &plan.swap_out {
-            self.unacked.insert(t.id, (plan.step_id + self.ack_delay, false, t.request_id));
+            self.unacked.insert(t.id, (ack_step, false, t.request_id));
             self.busy_blocks.insert(t.id, t.src_blocks.clone());
             self.busy_host.insert(t.id, t.dst_blocks.clone());
         }
         for t in &plan.swap_in {
-            self.unacked.insert(t.id, (plan.step_id + self.ack_delay, true, t.request_id));
+            self.unacked.insert(t.id, (ack_step, true, t.request_id));
             self.busy_blocks.insert(t.id, t.dst_blocks.clone());
             self.busy_host.insert(t.id, t.src_blocks.clone());
             self.swapped_in_at.insert(t.request_id, plan.step_id);
@@ -117,25 +166,41 @@ impl Driver {
                 (*id, ((*id as usize * 31 + known) % 997) as u32)
             })
             .collect();
-        let due: Vec<u64> = self
-            .unacked
-            .iter()
-            .filter(|(_, (at, _, _))| *at <= plan.step_id)
-            .map(|(id, _)| *id)
-            .collect();
+        let (duration, measured) = match self.timing {
+            // The model's own prediction: tests steer the cost model through the config, not
+            // through drifting measurements.
+            Timing::Scripted => (self.step_s, plan.predicted_step_s.max(1e-6)),
+            Timing::Machine { idle_step_s, .. } if plan.scheduled.is_empty() => (idle_step_s, idle_step_s),
+            Timing::Machine { step_factor, .. } => {
+                // The machine is the warm-up's model scaled, whatever the scheduler has learnt.
+                let model = self.scheduler.config().cost_model;
+                let took = (model.predict_step_uncorrected(step_shape(&plan)) * step_factor).max(1e-6);
+                (took, took)
+            }
+        };
+        self.now += duration;
+        let due: Vec<u64> = match self.link.as_mut() {
+            Some(link) => link.take_completed(self.now),
+            None => self
+                .unacked
+                .iter()
+                .filter(|(_, (at, _, _))| *at <= plan.step_id)
+                .map(|(id, _)| *id)
+                .collect(),
+        };
         for id in &due {
             self.unacked.remove(id);
             self.busy_blocks.remove(id);
             self.busy_host.remove(id);
         }
-        self.now += self.step_s;
+        for id in &plan.sampling {
+            self.token_times.entry(*id).or_default().push(self.now);
+        }
         let results = StepResults {
             step_id: plan.step_id,
             sampled,
             completed_transfers: due,
-            // The model's own prediction: tests steer the cost model through the config, not
-            // through drifting measurements.
-            step_time_s: Some(plan.predicted_step_s.max(1e-6)),
+            step_time_s: Some(measured),
         };
         self.scheduler.complete(&results, self.now);
         if self.auto_finish {

@@ -2,6 +2,7 @@
 //! the ordering rules of `proto/shard.proto` on every plan.
 
 mod driver;
+mod machine;
 mod policies;
 mod properties;
 mod rotasched;

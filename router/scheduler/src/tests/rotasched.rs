@@ -149,7 +149,9 @@ fn keeps_a_reserve_for_steady_arrivals() {
 
 /// Long generations with relaxed objectives hold the memory when a burst of short,
 /// interactive requests arrives. RotaSched rotates the long ones out and meets the burst's
-/// TTFT; the baselines make the burst wait for memory.
+/// TTFT; the baselines make the burst wait for memory. (Time here is 10 ms per step and
+/// rotation is free; `machine.rs` runs the same burst on a clock that follows the steps' and
+/// the link's time.)
 #[test]
 fn rotation_meets_a_burst_ttft_that_baselines_miss() {
     let ttft_met = |policy: PolicyKind| {
