@@ -110,9 +110,10 @@ async fn compile_grammar(state: &AppState, spec: GrammarSpec) -> Result<TokenCon
         .grammar
         .clone()
         .map_err(|error| validation::ValidationError::GrammarUnavailable(error.to_string()))?;
+    // A compilation that panicked is this grammar's failure, like one that returned an error.
     let compiled = tokio::task::spawn_blocking(move || compiler.compile(&spec))
         .await
-        .map_err(|error| HttpError::Tokenizer(format!("the grammar compiler stopped: {error}")))?;
+        .map_err(|error| validation::ValidationError::InvalidGrammar(format!("the compiler failed: {error}")))?;
     compiled.map_err(|error| match error {
         GrammarError::Unavailable(why) => validation::ValidationError::GrammarUnavailable(why).into(),
         other => validation::ValidationError::InvalidGrammar(other.to_string()).into(),
