@@ -54,7 +54,7 @@ fn matcher_error(error: impl std::fmt::Display) -> GrammarError {
 pub(crate) fn pack(words: &[u32], vocab_size: usize) -> Vec<u8> {
     let mut bytes: Vec<u8> = words.iter().flat_map(|word| word.to_le_bytes()).collect();
     bytes.resize(vocab_size.div_ceil(8), 0);
-    if vocab_size % 8 != 0 {
+    if !vocab_size.is_multiple_of(8) {
         if let Some(last) = bytes.last_mut() {
             *last &= (1u8 << (vocab_size % 8)) - 1;
         }
