@@ -49,9 +49,12 @@ def test_openai_streamed_tool_call(url):
                                             max_tokens=80, temperature=0, stream=True)
     chunks = [chunk for chunk in stream if chunk.choices]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    calls = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or []]
-    assert len(calls) == 1 and calls[0].index == 0
-    check_call(calls[0].function.name, calls[0].function.arguments)
+    pieces = [piece for chunk in chunks for piece in chunk.choices[0].delta.tool_calls or []]
+    # The call arrives in pieces as it is generated: the first names it, the rest add arguments.
+    assert len(pieces) > 1 and all(piece.index == 0 for piece in pieces)
+    assert pieces[0].id and pieces[0].type == "function" and pieces[0].function.name
+    assert all(piece.function.name is None for piece in pieces[1:])
+    check_call(pieces[0].function.name, "".join(piece.function.arguments for piece in pieces))
 
 
 def test_openai_auto_and_none(url):

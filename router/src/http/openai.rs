@@ -1,7 +1,7 @@
 //! The OpenAI-compatible routes: `/v1/chat/completions` and `/v1/completions`, streamed
 //! (`data: [DONE]` at the end, usage on request) or not. Both run through the same
 //! validation and generation as TGI's routes.
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::State;
@@ -21,7 +21,7 @@ use super::openai_types::*;
 use super::request::{acquire_permit, validate_request, ValidRequest};
 use super::request_log::RequestLog;
 use super::state::AppState;
-use super::tools::{self, ToolAnswer};
+use super::tools::{self, CallPiece, CallStream, ToolAnswer};
 use super::types::{GenerateParameters, Token};
 use crate::chat_template::TemplateMessage;
 use crate::error::{ErrorBody, HttpError};
@@ -29,6 +29,8 @@ use crate::validation::ValidationError;
 
 const CHAT_ROUTE: &str = "/v1/chat/completions";
 const COMPLETIONS_ROUTE: &str = "/v1/completions";
+/// The id of a response's one tool call.
+const TOOL_CALL_ID: &str = "0";
 
 /// Chat completion over the model's chat template.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI",
@@ -57,7 +59,9 @@ pub(crate) async fn chat_completions(
             identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk"),
             arrival,
         };
-        let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| chat_chunk(identity, update, calls_tools);
+        // One choice per chat request: one call to follow.
+        let call = calls_tools.then(|| Mutex::new(CallStream::default()));
+        let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| chat_chunk(identity, update, call.as_ref());
         return openai_stream(state, headers, plan, Arc::new(chunk));
     }
     let log = RequestLog::start(CHAT_ROUTE, arrival);
@@ -247,8 +251,7 @@ fn answer(output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Opti
     }
     match tools::parse_answer(&output.generated_text) {
         Some(ToolAnswer::Call { name, arguments }) => {
-            let call = ToolCall { index: Some(0), id: "0".into(), kind: "function".into(),
-                function: FunctionCall { name, arguments } };
+            let call = ToolCall { id: TOOL_CALL_ID.into(), kind: "function".into(), function: FunctionCall { name, arguments } };
             (None, Some(vec![call]), "tool_calls".into())
         }
         Some(ToolAnswer::Text(text)) => (Some(text), None, reason),
@@ -270,7 +273,7 @@ fn chat_completion(model: &str, output: &GenerationOutput, logprobs: bool, calls
             message: AssistantMessage {
                 role: "assistant".to_string(),
                 content,
-                tool_calls: tool_calls.map(|calls| calls.into_iter().map(|call| ToolCall { index: None, ..call }).collect()),
+                tool_calls,
             },
             logprobs: logprobs.then(|| chat_logprobs(&output.tokens, &output.top_tokens)),
             finish_reason,
@@ -304,17 +307,42 @@ fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)]) -> Comp
     }
 }
 
-/// One chunk per token; under tools the tokens' text is held back and the last chunk carries
-/// the whole call (or the `no_tool` text).
-fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, calls_tools: bool) -> serde_json::Value {
-    let (content, tool_calls, finish) = match (update.finish, calls_tools) {
-        (Some(output), true) => {
-            let (content, calls, reason) = answer(output, true);
-            (content, calls, Some(reason))
+/// One chunk per token. Under tools (`call`) the tokens' text is not content: the chunks
+/// carry the call as it grows (its name once complete, then pieces of its arguments), and the
+/// last one what is left of it, or the `no_tool` text.
+fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, call: Option<&Mutex<CallStream>>) -> serde_json::Value {
+    let generated_reason = update.finish.map(|output| finish_reason(output.finish_reason));
+    let (content, piece, finish) = match call {
+        None => (Some(update.text.clone()), None, generated_reason),
+        Some(call) => {
+            let mut call = call.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match update.finish {
+                None => (None, call.push(&update.text), None),
+                Some(output) => {
+                    let last = call.push(&update.text);
+                    match tools::parse_answer(&output.generated_text) {
+                        Some(answer @ ToolAnswer::Call { .. }) => {
+                            let piece = CallPiece::joined(last, call.finish(&answer));
+                            (None, piece, Some("tool_calls".into()))
+                        }
+                        Some(ToolAnswer::Text(text)) => (Some(text), None, generated_reason),
+                        // Cut short: a call already begun stays unfinished, else the text is all.
+                        None if call.started() => (None, None, generated_reason),
+                        None => (Some(output.generated_text.clone()), None, generated_reason),
+                    }
+                }
+            }
         }
-        (finish, true) => (None, None, finish.map(|output| finish_reason(output.finish_reason))),
-        (finish, false) => (Some(update.text), None, finish.map(|output| finish_reason(output.finish_reason))),
     };
+    let tool_calls = piece.map(|piece| {
+        let first = piece.name.is_some();
+        vec![ToolCallChunk {
+            index: 0,
+            id: first.then(|| TOOL_CALL_ID.to_string()),
+            kind: first.then(|| "function".to_string()),
+            function: FunctionCallChunk { name: piece.name, arguments: piece.arguments },
+        }]
+    });
     let logprobs = update
         .token
         .filter(|_| !update.top_tokens.is_empty())

@@ -264,12 +264,9 @@ pub struct AssistantMessage {
     pub tool_calls: Option<Vec<ToolCall>>,
 }
 
-/// One call of a tool: `arguments` is a JSON string, as OpenAI sends it. In a stream, `index`
-/// says which call a chunk continues.
+/// One call of a tool: `arguments` is a JSON string, as OpenAI sends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCall {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub index: Option<u32>,
     pub id: String,
     #[serde(rename = "type")]
     pub kind: String,
@@ -279,6 +276,25 @@ pub struct ToolCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FunctionCall {
     pub name: String,
+    pub arguments: String,
+}
+
+/// A streamed piece of a tool call: the first carries `id`, `type` and the name; the pieces'
+/// `arguments` concatenate to the call's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallChunk {
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub function: FunctionCallChunk,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCallChunk {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub arguments: String,
 }
 
@@ -307,7 +323,7 @@ pub struct Delta {
     /// Null in the chunks of a tool call.
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<ToolCall>>,
+    pub tool_calls: Option<Vec<ToolCallChunk>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -59,6 +59,8 @@ use crate::error::ErrorBody;
         openai_types::Delta,
         openai_types::ToolCall,
         openai_types::FunctionCall,
+        openai_types::ToolCallChunk,
+        openai_types::FunctionCallChunk,
         openai_types::CompletionRequest,
         openai_types::Completion,
         openai_types::CompletionChoice,

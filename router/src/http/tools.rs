@@ -151,6 +151,9 @@ pub enum ToolAnswer {
     Text(String),
 }
 
+/// What every call's text starts with: the grammar writes compact JSON, `_name` first.
+const CALL_PREFIX: &str = r#"{"function":{"_name":""#;
+
 /// Parses a complete output of the tool grammar; `None` when it is not one (cut short by the
 /// token limit).
 pub fn parse_answer(generated: &str) -> Option<ToolAnswer> {
@@ -160,9 +163,93 @@ pub fn parse_answer(generated: &str) -> Option<ToolAnswer> {
     if name == NO_TOOL {
         return Some(ToolAnswer::Text(call.get("content")?.as_str()?.to_string()));
     }
-    // The arguments in the order they were generated.
-    let arguments: Map<String, Value> = call.iter().filter(|(key, _)| *key != "_name").map(|(k, v)| (k.clone(), v.clone())).collect();
-    Some(ToolAnswer::Call { name, arguments: Value::Object(arguments).to_string() })
+    // The arguments as generated (what a stream sent piece by piece), else re-serialized.
+    let arguments = raw_arguments(generated, &name).unwrap_or_else(|| {
+        let arguments: Map<String, Value> =
+            call.iter().filter(|(key, _)| *key != "_name").map(|(k, v)| (k.clone(), v.clone())).collect();
+        Value::Object(arguments).to_string()
+    });
+    Some(ToolAnswer::Call { name, arguments })
+}
+
+/// `{"function":{"_name":"n","a":1}}` -> `{"a":1}`; `{"function":{"_name":"n"}}` -> `{}`.
+fn raw_arguments(generated: &str, name: &str) -> Option<String> {
+    let rest = generated.strip_prefix(CALL_PREFIX)?.strip_prefix(name)?.strip_prefix('"')?;
+    let inner = rest.strip_suffix("}}")?;
+    match inner.strip_prefix(',') {
+        Some(arguments) => Some(format!("{{{arguments}}}")),
+        None if inner.is_empty() => Some("{}".into()),
+        None => None,
+    }
+}
+
+/// The part of a tool call a streamed chunk carries: the name in the call's first chunk, then
+/// pieces of the arguments that add up to `ToolAnswer::Call::arguments`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallPiece {
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+impl CallPiece {
+    /// One piece out of two that go in the same chunk.
+    pub fn joined(first: Option<CallPiece>, second: Option<CallPiece>) -> Option<CallPiece> {
+        match (first, second) {
+            (Some(first), Some(second)) => Some(CallPiece {
+                name: first.name.or(second.name),
+                arguments: first.arguments + &second.arguments,
+            }),
+            (first, second) => first.or(second),
+        }
+    }
+}
+
+/// Follows a tool call's text as it is generated. The name is sent once it is complete; the
+/// arguments as they grow, less their last character, which may be the brace that closes the
+/// outer object and is not part of them.
+#[derive(Debug, Default)]
+pub struct CallStream {
+    text: String,
+    started: bool,
+    arguments_sent: usize,
+}
+
+impl CallStream {
+    /// Adds generated text; the piece of the call it completes, if any.
+    pub fn push(&mut self, text: &str) -> Option<CallPiece> {
+        self.text.push_str(text);
+        let after_prefix = self.text.strip_prefix(CALL_PREFIX)?;
+        let (name, rest) = after_prefix.split_once('"')?;
+        // A name with escapes, or the plain answer, is left to the end of the generation.
+        if name.contains('\\') || name == NO_TOOL || rest.is_empty() {
+            return None;
+        }
+        let name = (!self.started).then(|| name.to_string());
+        self.started = true;
+        let growing = match rest.strip_prefix(',') {
+            Some(arguments) => format!("{{{arguments}"),
+            None => String::new(),
+        };
+        let ready = growing.char_indices().last().map_or(0, |(last, _)| last);
+        let piece = growing.get(self.arguments_sent..ready).unwrap_or_default().to_string();
+        self.arguments_sent = self.arguments_sent.max(ready);
+        (name.is_some() || !piece.is_empty()).then_some(CallPiece { name, arguments: piece })
+    }
+
+    /// The rest of the call once the generation has ended with `answer`.
+    pub fn finish(&mut self, answer: &ToolAnswer) -> Option<CallPiece> {
+        let ToolAnswer::Call { name, arguments } = answer else { return None };
+        let name = (!self.started).then(|| name.clone());
+        self.started = true;
+        let rest = arguments.get(self.arguments_sent..).unwrap_or_default().to_string();
+        self.arguments_sent = arguments.len();
+        Some(CallPiece { name, arguments: rest })
+    }
+
+    /// Whether the call's first piece was sent.
+    pub fn started(&self) -> bool {
+        self.started
+    }
 }
 
 #[cfg(test)]
@@ -216,6 +303,33 @@ mod tests {
         for (tools, choice) in [(weather(), unknown), (weather(), json!("sometimes")), (json!([{"function": {}}]), json!("auto"))] {
             assert!(matches!(plan(Some(&tools), Some(&choice), None), Err(ValidationError::InvalidTools(_))));
         }
+    }
+
+    #[test]
+    fn a_streamed_call_adds_up_to_the_parsed_one() {
+        for generated in [
+            r#"{"function":{"_name":"get_weather","city":"Par\u00eds é","unit":"c"}}"#,
+            r#"{"function":{"_name":"now"}}"#,
+        ] {
+            // Token by token: one character at a time, the worst case for the hold-back.
+            let mut stream = CallStream::default();
+            let mut name = None;
+            let mut arguments = String::new();
+            for piece in generated.chars().filter_map(|c| stream.push(&c.to_string())) {
+                name = name.or(piece.name);
+                arguments.push_str(&piece.arguments);
+            }
+            let answer = parse_answer(generated).unwrap();
+            let last = stream.finish(&answer).unwrap();
+            name = name.or(last.name);
+            arguments.push_str(&last.arguments);
+            let ToolAnswer::Call { name: parsed_name, arguments: parsed } = answer else { panic!("no call") };
+            assert_eq!((name.unwrap(), arguments.as_str()), (parsed_name, parsed.as_str()));
+            serde_json::from_str::<Value>(&arguments).unwrap();
+        }
+        let mut plain = CallStream::default();
+        assert_eq!(plain.push(r#"{"function":{"_name":"no_tool","content":"hi"#), None);
+        assert!(!plain.started());
     }
 
     #[test]

@@ -37,7 +37,7 @@ async fn a_named_tool_is_called_with_arguments_as_a_json_string() {
 }
 
 #[tokio::test]
-async fn a_streamed_tool_call_arrives_in_the_last_chunk() {
+async fn a_streamed_tool_call_arrives_in_pieces() {
     let (app, _) = app(HttpConfig::default()).await;
     let body = json!({"messages": [{"role": "user", "content": "Time?"}], "max_tokens": 40, "tools": tools(),
         "tool_choice": {"type": "function", "function": {"name": "now"}}, "stream": true});
@@ -47,11 +47,15 @@ async fn a_streamed_tool_call_arrives_in_the_last_chunk() {
     assert_eq!(events.last().unwrap(), "[DONE]");
     let chunks = &events[..events.len() - 1];
     assert!(chunks.iter().all(|chunk| chunk["choices"][0]["delta"]["content"].is_null()), "{chunks:?}");
-    let last = &chunks.last().unwrap()["choices"][0];
-    assert_eq!(last["finish_reason"], "tool_calls");
-    assert_eq!(last["delta"]["tool_calls"][0]["index"], 0);
-    assert_eq!(last["delta"]["tool_calls"][0]["function"]["name"], "now");
-    assert_eq!(last["delta"]["tool_calls"][0]["function"]["arguments"], "{}");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    let pieces: Vec<&Value> = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].get(0)).collect();
+    // The first piece names the call; the pieces' arguments add up to the call's.
+    assert_eq!(pieces[0]["index"], 0);
+    assert_eq!(pieces[0]["type"], "function");
+    assert_eq!(pieces[0]["function"]["name"], "now");
+    assert!(pieces[1..].iter().all(|piece| piece.get("id").is_none() && piece["function"].get("name").is_none()));
+    let arguments: String = pieces.iter().map(|piece| piece["function"]["arguments"].as_str().unwrap()).collect();
+    assert_eq!(arguments, "{}");
 }
 
 #[tokio::test]
