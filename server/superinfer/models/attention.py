@@ -7,7 +7,10 @@ prefill chunks (padded to the longest chunk) and decodes (one query each) — so
 does not pad every decode to its length.
 
 Grouped-query attention is computed by folding the G query heads that share a KV head into
-the query-length axis ([B, Hkv, G·Q, D]), so K/V are never repeated per query head."""
+the query-length axis ([B, Hkv, G·Q, D]), so K/V are never repeated per query head.
+
+That gather + SDPA path is the CPU's. On a GPU the runner builds `KernelGroup`s instead and the
+Triton kernels (triton_attention.py) read the cache through the block tables directly."""
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +39,24 @@ class AttentionGroup:
 
 
 @dataclass(frozen=True)
+class KernelGroup:
+    """The Triton backend's view of one group of requests (rows contiguous, as above): fixed
+    shapes only, so a captured CUDA graph can replay them with new contents."""
+
+    row_start: int
+    num_rows: int
+    # [B, W] int32 device blocks of each request in position order, padded with a valid block.
+    block_tables: torch.Tensor
+    # [B] int32 keys each request attends over: its computed tokens plus this chunk.
+    context_lens: torch.Tensor
+    # [B + 1] int32 first row of each request's queries, relative to row_start; the last is num_rows.
+    query_starts: torch.Tensor
+    # Longest chunk (host-side): sizes the prefill grid; 1 selects the decode kernel.
+    max_query_len: int
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     # [T] position of every token of the flat batch.
     positions: torch.Tensor
@@ -43,6 +64,8 @@ class AttentionMetadata:
     slot_blocks: torch.Tensor
     slot_offsets: torch.Tensor
     groups: tuple[AttentionGroup, ...]
+    # Set on the Triton backend (then `groups` is empty): the kernels run instead of SDPA.
+    kernel_groups: tuple[KernelGroup, ...] | None = None
 
 
 def write_kv(kv_cache: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
@@ -70,6 +93,11 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: A
 
     torch SDPA picks a fused kernel on both CPU and GPU (flash / memory-efficient) and takes
     an arbitrary mask, which is what mixing chunked prefills and decodes in one call needs."""
+    if meta.kernel_groups is not None:
+        # Imported on first use: triton is the GPU backend's dependency, not the CPU path's.
+        from .triton_attention import kernel_attention
+
+        return kernel_attention(q, kv_cache, layer, meta)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[4]
     groups = num_heads // num_kv_heads

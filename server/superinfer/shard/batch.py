@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.attention import AttentionGroup, AttentionMetadata
+from ..models.attention import AttentionGroup, AttentionMetadata, KernelGroup
+
+ATTENTION_BACKENDS = ("sdpa", "triton")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,12 @@ class BatchLayout:
     head_dim: int
     dtype: torch.dtype
     sliding_window: int | None = None
+    # "sdpa": gather + SDPA (the CPU's path); "triton": the paged kernels read the cache in place.
+    attention_backend: str = "sdpa"
+
+    def __post_init__(self):
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,18 @@ def _group(chunks: list[Chunk], row_start: int, layout: BatchLayout, decode: boo
     return AttentionGroup(row_start, num_rows, context_rows, mask, query_rows=query_rows, real_queries=real_queries)
 
 
+def _kernel_group(chunks: list[Chunk], row_start: int, layout: BatchLayout, device: torch.device) -> KernelGroup:
+    lengths = [len(c.token_ids) for c in chunks]
+    context = [c.start + length for c, length in zip(chunks, lengths)]
+    block_tables = _padded([c.block_table for c in chunks], -(-max(context) // layout.block_size))
+    query_starts = [0, *itertools.accumulate(lengths)]
+    as_device = lambda values: torch.tensor(values, dtype=torch.int32).to(device, non_blocking=True)  # noqa: E731
+    return KernelGroup(
+        row_start, sum(lengths), block_tables.to(torch.int32).to(device, non_blocking=True), as_device(context),
+        as_device(query_starts), max(lengths), layout.sliding_window,
+    )
+
+
 def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
     prefill = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
     decode = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
@@ -116,12 +136,23 @@ def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) 
     widest = int(((starts + lengths).max() + block_size - 1) // block_size)
     all_tables = _padded([c.block_table for c in ordered], widest)
     slot_blocks = all_tables[chunk_of_row, positions // block_size]
+    to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+    if layout.attention_backend == "triton":
+        kernel_groups = []
+        if prefill:
+            kernel_groups.append(_kernel_group([chunks[i] for i in prefill], 0, layout, device))
+        if decode:
+            kernel_groups.append(_kernel_group([chunks[i] for i in decode], len(input_ids) - len(decode), layout, device))
+        meta = AttentionMetadata(
+            positions=to(positions), slot_blocks=to(slot_blocks), slot_offsets=to(positions % block_size),
+            groups=(), kernel_groups=tuple(kernel_groups),
+        )
+        return StepBatch(to(input_ids), meta, first_rows)
     groups = []
     if prefill:
         groups.append(_group([chunks[i] for i in prefill], 0, layout, decode=False))
     if decode:
         groups.append(_group([chunks[i] for i in decode], len(input_ids) - len(decode), layout, decode=True))
-    to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
     meta = AttentionMetadata(
         positions=to(positions),
         slot_blocks=to(slot_blocks),

@@ -9,7 +9,8 @@ from .loader import LoadedModel
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, device: torch.device, dtype: torch.dtype, block_size: int):
+    def __init__(self, loaded: LoadedModel, device: torch.device, dtype: torch.dtype, block_size: int,
+                 attention_backend: str | None = None):
         if block_size < 1:
             raise ValueError(f"block size must be positive, got {block_size}")
         self.loaded = loaded
@@ -26,6 +27,8 @@ class ModelRunner:
         self.layout = BatchLayout(
             block_size, config.num_layers, num_kv_heads, num_heads // num_kv_heads,
             config.head_dim, dtype, config.sliding_window,
+            # None: the Triton kernels on a GPU, gather + SDPA on the CPU.
+            attention_backend or ("triton" if device.type == "cuda" else "sdpa"),
         )
 
     @property

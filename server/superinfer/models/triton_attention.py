@@ -1,0 +1,218 @@
+"""Paged attention in Triton: kernels that read K/V straight from the block-first pool through
+each request's block table, with no gather into a scratch buffer — the GPU path.
+
+The pool is [N, L, 2, block_size, Hkv, D]; a kernel gets one layer's strided view of it, so
+token t of a request lives in block `block_table[t // block_size]` at row `t % block_size`.
+Keys are walked in tiles of KEY_TILE tokens whatever the block size (each key's block id is
+loaded from the table), with an online softmax in float32 and scale 1/sqrt(D).
+
+Both kernels fold the G query heads that share a KV head into the rows of one program, so each
+K/V tile is loaded once per KV head (grouped-query attention). Every input is a tensor of
+fixed shape (block tables padded to a width, lengths, offsets), and the wrappers neither loop
+over requests nor read device values on the host, so a CUDA graph can replay them.
+
+Imports triton: load it only on the Triton backend (TRITON_INTERPRET=1 runs these on CPU
+tensors, slowly, which the tests use)."""
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from .attention import AttentionMetadata, KernelGroup
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# A window no context reaches: the kernels always apply one (no branch), this when the model has none.
+NO_WINDOW = 1 << 30
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, kv_ptr, out_ptr, block_tables_ptr, context_lens_ptr,
+    stride_q_token, stride_q_head,
+    stride_kv_block, stride_kv_kind, stride_kv_slot, stride_kv_head,
+    stride_out_token, stride_table,
+    scale_log2, window,
+    GROUP: tl.constexpr, BLOCK_GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, KEY_TILE: tl.constexpr,
+):
+    # One program per (request, KV head): its G query heads against the request's context.
+    request = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    context_len = tl.load(context_lens_ptr + request).to(tl.int32)
+    heads = kv_head * GROUP + tl.arange(0, BLOCK_GROUP)  # [BG]
+    head_ok = tl.arange(0, BLOCK_GROUP) < GROUP
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    q = tl.load(q_ptr + request * stride_q_token + heads[:, None] * stride_q_head + dims[None, :],
+                mask=head_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)  # [BG, BD]
+    row_max = tl.full([BLOCK_GROUP], -1.0e30, tl.float32)
+    row_sum = tl.zeros([BLOCK_GROUP], tl.float32)
+    acc = tl.zeros([BLOCK_GROUP, BLOCK_D], tl.float32)
+    first_key = tl.maximum(context_len - window, 0) // KEY_TILE * KEY_TILE
+    table = block_tables_ptr + request.to(tl.int64) * stride_table
+    for tile_start in range(first_key, context_len, KEY_TILE):
+        keys = tile_start + tl.arange(0, KEY_TILE)  # [KT] key positions
+        key_ok = (keys < context_len) & (keys >= context_len - window)
+        blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        rows = blocks * stride_kv_block + (keys % BLOCK_SIZE) * stride_kv_slot + kv_head * stride_kv_head  # [KT]
+        kv_mask = key_ok[:, None] & dim_ok[None, :]
+        k = tl.load(kv_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)  # [KT, BD]
+        v = tl.load(kv_ptr + stride_kv_kind + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        # One query per head: a broadcast product, not tl.dot (whose tiles need >= 16 rows).
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale_log2  # [BG, KT], log2 units
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        probs = tl.exp2(scores - new_max[:, None])
+        rescale = tl.exp2(row_max - new_max)
+        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+        acc = acc * rescale[:, None] + tl.sum(probs[:, :, None] * v[None, :, :], axis=1)
+        row_max = new_max
+    out = acc / tl.maximum(row_sum, 1.0e-30)[:, None]
+    tl.store(out_ptr + request * stride_out_token + heads[:, None] * HEAD_DIM + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, kv_ptr, out_ptr, block_tables_ptr, context_lens_ptr, query_starts_ptr,
+    stride_q_token, stride_q_head,
+    stride_kv_block, stride_kv_kind, stride_kv_slot, stride_kv_head,
+    stride_out_token, stride_table,
+    scale_log2, window,
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUERY_TILE: tl.constexpr, KEY_TILE: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    # One program per (request, KV head, tile of QUERY_TILE rows); row r is query token
+    # r // G of the chunk under query head kv_head·G + r % G, so K/V tiles serve all G heads.
+    request = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    query_start = tl.load(query_starts_ptr + request).to(tl.int32)
+    query_len = tl.load(query_starts_ptr + request + 1).to(tl.int32) - query_start
+    if tl.program_id(2) * QUERY_TILE >= query_len * GROUP:
+        return
+    context_len = tl.load(context_lens_ptr + request).to(tl.int32)
+    computed = context_len - query_len  # the chunk's queries sit at positions [computed, context_len)
+    tile_rows = tl.program_id(2) * QUERY_TILE + tl.arange(0, QUERY_TILE)  # [QT]
+    row_ok = tile_rows < query_len * GROUP
+    tokens = tile_rows // GROUP
+    heads = kv_head * GROUP + tile_rows % GROUP
+    query_pos = computed + tokens
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    q_rows = (query_start + tokens).to(tl.int64) * stride_q_token + heads * stride_q_head
+    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    row_max = tl.full([QUERY_TILE], -1.0e30, tl.float32)
+    row_sum = tl.zeros([QUERY_TILE], tl.float32)
+    acc = tl.zeros([QUERY_TILE, BLOCK_D], tl.float32)
+    # Keys past the tile's last query are masked for every row: stop there.
+    last_pos = computed + tl.minimum(tl.program_id(2) * QUERY_TILE + QUERY_TILE - 1, query_len * GROUP - 1) // GROUP
+    first_pos = computed + (tl.program_id(2) * QUERY_TILE) // GROUP
+    first_key = tl.maximum(first_pos - window + 1, 0) // KEY_TILE * KEY_TILE
+    table = block_tables_ptr + request.to(tl.int64) * stride_table
+    for tile_start in range(first_key, last_pos + 1, KEY_TILE):
+        keys = tile_start + tl.arange(0, KEY_TILE)  # [KT]
+        key_ok = keys < context_len
+        blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        rows = blocks * stride_kv_block + (keys % BLOCK_SIZE) * stride_kv_slot + kv_head * stride_kv_head
+        kv_mask = key_ok[:, None] & dim_ok[None, :]
+        k = tl.load(kv_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [KT, BD]
+        v = tl.load(kv_ptr + stride_kv_kind + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        if UPCAST_DOT:
+            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")  # [QT, KT]
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        visible = key_ok[None, :] & (keys[None, :] <= query_pos[:, None]) & (keys[None, :] > query_pos[:, None] - window)
+        scores = tl.where(visible, scores * scale_log2, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        probs = tl.exp2(scores - new_max[:, None])
+        rescale = tl.exp2(row_max - new_max)
+        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+        if UPCAST_DOT:
+            acc = acc * rescale[:, None] + tl.dot(probs, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v)
+        row_max = new_max
+    out = acc / tl.maximum(row_sum, 1.0e-30)[:, None]
+    out_rows = (query_start + tokens).to(tl.int64) * stride_out_token + heads * HEAD_DIM
+    tl.store(out_ptr + out_rows[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & dim_ok[None, :])
+
+
+# Under TRITON_INTERPRET=1 tl.dot multiplies bfloat16 operands as their raw 16-bit patterns
+# (numpy has no bfloat16), so interpreted bfloat16 products run in float32; float16 is exact.
+INTERPRETED = isinstance(_prefill_kernel, InterpretedFunction)
+
+
+def _check(q: torch.Tensor, kv_cache: torch.Tensor, group: KernelGroup) -> None:
+    if q.dim() != 3 or kv_cache.dim() != 6:
+        raise ValueError(f"q must be [T, H, D] and the cache [N, L, 2, block_size, Hkv, D], got {tuple(q.shape)} "
+                         f"and {tuple(kv_cache.shape)}")
+    if q.dtype not in _DTYPES or kv_cache.dtype != q.dtype:
+        raise ValueError(f"q and the cache must share a float16/bfloat16/float32 dtype, got {q.dtype}, {kv_cache.dtype}")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise ValueError("q and the cache must be contiguous in the head dimension")
+    tensors = (q, kv_cache, group.block_tables, group.context_lens, group.query_starts)
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError("q, the cache and the kernel metadata must be on one device")
+    if q.shape[1] % kv_cache.shape[4] or q.shape[2] != kv_cache.shape[5]:
+        raise ValueError(f"{q.shape[1]} query heads of size {q.shape[2]} do not fit the cache's "
+                         f"{kv_cache.shape[4]} KV heads of size {kv_cache.shape[5]}")
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, out: torch.Tensor, window: int = NO_WINDOW) -> None:
+    """One query per request: q [B, H, D]; block_tables [B, W] (padded with any valid block);
+    context_lens [B] (keys per request, its own token included); out [B, H·D] is written."""
+    batch, num_heads, head_dim = q.shape
+    layer_pool = kv_cache[:, layer]  # [N, 2, block_size, Hkv, D], strided
+    num_kv_heads = layer_pool.shape[3]
+    group = num_heads // num_kv_heads
+    _decode_kernel[(batch, num_kv_heads)](
+        q, layer_pool, out, block_tables, context_lens,
+        q.stride(0), q.stride(1), *layer_pool.stride()[:4], out.stride(0), block_tables.stride(0),
+        math.log2(math.e) / math.sqrt(head_dim), window,
+        GROUP=group, BLOCK_GROUP=triton.next_power_of_2(group), BLOCK_SIZE=layer_pool.shape[2],
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), KEY_TILE=32,
+    )
+
+
+def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor,
+                      context_lens: torch.Tensor, query_starts: torch.Tensor, max_query_len: int,
+                      out: torch.Tensor, window: int = NO_WINDOW) -> None:
+    """Chunks of new tokens: request b's queries are rows [query_starts[b], query_starts[b+1])
+    of q [T, H, D], at positions [context_lens[b] - its length, context_lens[b]), their K/V
+    already in the cache; each attends causally to its context. max_query_len bounds the grid
+    (a host-side number the batch builder knows). out [T, H·D] is written."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    layer_pool = kv_cache[:, layer]
+    num_kv_heads = layer_pool.shape[3]
+    group = num_heads // num_kv_heads
+    query_tile = 32
+    grid = (context_lens.shape[0], num_kv_heads, triton.cdiv(max_query_len * group, query_tile))
+    _prefill_kernel[grid](
+        q, layer_pool, out, block_tables, context_lens, query_starts,
+        q.stride(0), q.stride(1), *layer_pool.stride()[:4], out.stride(0), block_tables.stride(0),
+        math.log2(math.e) / math.sqrt(head_dim), window,
+        GROUP=group, BLOCK_SIZE=layer_pool.shape[2], HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), QUERY_TILE=query_tile, KEY_TILE=32,
+        UPCAST_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and INTERPRETED),
+    )
+
+
+def kernel_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> torch.Tensor:
+    """q: [T, H, D] (rotated) -> [T, H·D]: `paged_attention`'s contract on the Triton kernels."""
+    num_tokens, num_heads, head_dim = q.shape
+    out = q.new_empty(num_tokens, num_heads * head_dim)
+    for group in meta.kernel_groups:
+        _check(q, kv_cache, group)
+        rows = slice(group.row_start, group.row_start + group.num_rows)
+        window = NO_WINDOW if group.sliding_window is None else group.sliding_window
+        if group.max_query_len == 1:
+            decode_attention(q[rows], kv_cache, layer, group.block_tables, group.context_lens, out[rows],
+                             window)
+        else:
+            prefill_attention(q[rows], kv_cache, layer, group.block_tables, group.context_lens,
+                              group.query_starts, group.max_query_len, out[rows], window)
+    return out
