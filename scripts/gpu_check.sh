@@ -2,10 +2,13 @@
 # Everything that needs a GPU, in one run of about five minutes on an H200 (no network needed):
 #   1. DuplexKV: builds the CUDA extension, its GPU tests and GPU benchmark
 #      (superinfer_kv/gpu_check.sh: gpu_check.json, gpu_bench.json, gpu_tests.xml);
-#   2. the shard's GPU tests (bf16, pinned host pool, swaps through the CUDA engine);
-#   3. the shard benchmark in bf16 on the GPU against transformers, on a random-weight model with
+#   2. the shard's GPU tests (bf16, pinned host pool, swaps through the CUDA engine; the Triton
+#      attention kernels compiled, against a dense reference);
+#   3. decode attention alone, the Triton paged kernel against gather + SDPA at batch 1-128 and
+#      512-4096-token contexts (attention_bench.json);
+#   4. the shard benchmark in bf16 on the GPU against transformers, on a random-weight model with
 #      Llama-3.2-1B's shapes (the embedded model's GGUF is not needed): shard_gpu_bench.json.
-# Writes to $OUT (default: a new temporary directory); SKIP_SHARD_BENCH=1 stops before step 3. Python packages the GPU host lacks can be
+# Writes to $OUT (default: a new temporary directory); SKIP_SHARD_BENCH=1 stops before step 4. Python packages the GPU host lacks can be
 # given as wheels in .whl/ (installed into /tmp/site first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,9 +28,19 @@ bash superinfer_kv/gpu_check.sh
 
 echo "== shard GPU tests"
 start=$SECONDS
-timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml="$OUT/shard_gpu_tests.xml" \
-  server/tests/test_shard_gpu.py >"$OUT/shard_gpu_tests.log" 2>&1
+timeout 210 "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml="$OUT/shard_gpu_tests.xml" \
+  server/tests/test_shard_gpu.py server/tests/test_triton_attention.py::test_compiled_kernels_on_gpu >"$OUT/shard_gpu_tests.log" 2>&1
 echo "shard tests rc=$? $((SECONDS - start))s"; tail -n 5 "$OUT/shard_gpu_tests.log"
+
+echo "== attention kernels benchmark"
+start=$SECONDS
+timeout 180 "$PYTHON" -m superinfer.shard.attention_bench --device cuda \
+  >"$OUT/attention_bench.json" 2>"$OUT/attention_bench.log"
+echo "attention bench rc=$? $((SECONDS - start))s"; tail -n 5 "$OUT/attention_bench.log"
+"$PYTHON" -c 'import json, sys
+for row in json.load(open(sys.argv[1]))["results"]:
+    print("batch %(batch)4d ctx %(context)5d  sdpa %(sdpa_ms).3f ms  triton %(triton_ms).3f ms  sdpa/triton %(ratio_median).2f [%(ratio_min).2f-%(ratio_max).2f]" % row)' \
+  "$OUT/attention_bench.json" || true
 
 if [ -n "${SKIP_SHARD_BENCH:-}" ]; then exit 0; fi
 echo "== shard GPU benchmark"

@@ -87,7 +87,7 @@ def test_cpu_runner_keeps_sdpa_by_default(tiny_llama_dir):
 def test_attention_bench_runs_interpreted_on_the_cpu():
     env = dict(os.environ, TRITON_INTERPRET="1")
     command = [sys.executable, "-m", "superinfer.shard.attention_bench", "--device", "cpu", "--batch-sizes", "1", "2",
-               "--context-lens", "12", "--pairs", "2", "--num-heads", "4", "--num-kv-heads", "2", "--head-dim", "16",
+               "--context-lens", "12", "--pairs", "2", "--iters", "1", "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2", "--head-dim", "16",
                "--block-size", "4"]
     completed = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=120)
     report = json.loads(completed.stdout)
@@ -106,3 +106,15 @@ def test_compiled_kernels_on_gpu(case):
 
     result = kernel_case(*KERNEL_CASES[case], seed=0, device=torch.device("cuda"))
     torch.testing.assert_close(result["triton"], result["dense"], **TOLERANCES[KERNEL_CASES[case][1]])
+
+
+@pytest.mark.parametrize(("flag", "expected"), [([], None), (["--attention-backend", "triton"], "triton")])
+def test_shard_flag_reaches_the_config(flag, expected):
+    import argparse
+
+    from superinfer.shard.cli import add_arguments, shard_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--uds-path", "/tmp/shard.sock", "--device", "cpu", *flag])
+    assert shard_config(args).attention_backend == expected

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         'NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES assign GPUs that are missing), '
                         '"cpu", "cuda" or "cuda:N" (an error when missing)')
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    parser.add_argument("--attention-backend", choices=("auto", "triton", "sdpa"), default="auto",
+                        help="auto: the Triton paged kernels on a GPU, gather + SDPA on the CPU (triton on the "
+                        "CPU needs TRITON_INTERPRET=1 and is slow)")
     parser.add_argument("--device-kv-blocks", type=int, default=None,
                         help="device KV pool size (CPU: default 512; GPU: an upper bound)")
     parser.add_argument("--host-kv-blocks", type=int, default=256, help="host KV pool size (pinned on a GPU)")
@@ -95,6 +98,7 @@ def shard_config(args: argparse.Namespace):
         kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens,
         hub=options_from_environment(os.environ, args.revision, args.huggingface_hub_cache),
         warmup_report=args.warmup_report, parallel=parallel,
+        attention_backend=None if args.attention_backend == "auto" else args.attention_backend,
     )
 
 
@@ -108,7 +112,8 @@ def build_executor(config, group=None):
 
     source = resolve_model(config.model, config.cache_dir, config.hub)
     loaded = load_model(source, config.dtype, config.device, None if group is None else group.tensor_parallel)
-    return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size), config, group)
+    return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size, config.attention_backend),
+                         config, group)
 
 
 def _stop_on_signals(shutdown: threading.Event) -> None:

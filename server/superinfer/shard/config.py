@@ -56,6 +56,9 @@ class ShardConfig:
     # `measured:` profile of the simulator. None: nowhere.
     warmup_report: pathlib.Path | None = None
     parallel: ParallelConfig = ParallelConfig()
+    # "triton" (paged kernels) or "sdpa" (gather + SDPA); None: the model runner's choice for
+    # the device (triton on a GPU, sdpa on the CPU).
+    attention_backend: str | None = None
 
 
 DEFAULT_CPU_KV_BLOCKS = 512
