@@ -63,14 +63,24 @@ def test_triton_metadata_is_tensors_of_the_step():
     meta = build_batch(chunks, layout, torch.device("cpu")).meta
     assert meta.groups == ()
     prefill, decode = meta.kernel_groups
-    assert (prefill.row_start, prefill.num_rows, prefill.max_query_len) == (0, 3, 3)
+    assert (prefill.row_start, prefill.num_rows, prefill.max_query_len, prefill.max_context_len) == (0, 3, 3, 8)
     assert prefill.block_tables.tolist() == [[4, 9]]
     assert prefill.context_lens.tolist() == [8] and prefill.query_starts.tolist() == [0, 3]
-    assert (decode.row_start, decode.num_rows, decode.max_query_len) == (3, 2, 1)
+    assert (decode.row_start, decode.num_rows, decode.max_query_len, decode.max_context_len) == (3, 2, 1, 7)
     # Padded to the step's widest table with the row's own first block.
     assert decode.block_tables.tolist() == [[7, 3], [8, 8]]
     assert decode.context_lens.tolist() == [7, 1] and decode.query_starts.tolist() == [0, 1, 2]
     assert {t.dtype for t in (decode.block_tables, decode.context_lens, decode.query_starts)} == {torch.int32}
+
+
+def test_decode_splits_fill_the_gpu_only_where_contexts_are_long():
+    # Importing triton here is harmless: nothing is compiled or launched.
+    from superinfer.models.triton_attention import MAX_SPLITS, decode_splits
+
+    assert decode_splits(batch=1, num_kv_heads=8, max_context_len=4096) == 16  # 512 programs / 8 heads
+    assert decode_splits(batch=1, num_kv_heads=8, max_context_len=300) == 1  # under 2 x 256 keys
+    assert decode_splits(batch=128, num_kv_heads=8, max_context_len=4096) == 1  # the batch fills it
+    assert decode_splits(batch=1, num_kv_heads=1, max_context_len=1 << 20) == MAX_SPLITS
 
 
 def test_unknown_backend_is_refused():

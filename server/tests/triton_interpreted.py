@@ -44,6 +44,8 @@ def chunks_for(case: str, num_blocks: int, block_size: int, generator: torch.Gen
     shapes = {
         # Mixed context lengths: one token, a partly filled last block, several full blocks.
         "decode": [(0, 1), (6, 1), (3 * block_size - 1, 1)],
+        # Long enough for a context cut into splits (some of them empty for the short ones).
+        "split-decode": [(0, 1), (44, 1), (129, 1)],
         # Whole prompts and chunks after computed tokens, next to decodes in the same step.
         "mixed": [(0, 5), (block_size + 2, 3), (5, 1), (2, 2 * block_size + 1), (2 * block_size, 1)],
     }[case]
@@ -59,8 +61,10 @@ def chunks_for(case: str, num_blocks: int, block_size: int, generator: torch.Gen
 
 def kernel_case(case: str, dtype: torch.dtype, num_kv_heads: int, groups: int, head_dim: int, block_size: int,
                 window: int | None, seed: int, device: torch.device = torch.device("cpu")) -> dict:
+    """Both backends on one step's chunks over a random pool. "split-decode" calls the decode
+    kernel directly with its context cut into 3 splits (the runner splits only long contexts)."""
     generator = torch.Generator().manual_seed(seed)
-    num_blocks = 24
+    num_blocks = 64
     chunks = chunks_for(case, num_blocks, block_size, generator)
     # The whole pool random: the chunks' own K/V count as written (write_kv runs first), and
     # blocks of other requests hold values the kernels must not read.
@@ -73,6 +77,15 @@ def kernel_case(case: str, dtype: torch.dtype, num_kv_heads: int, groups: int, h
         if backend == "sdpa":
             q = torch.randn(len(batch.input_ids), num_kv_heads * groups, head_dim, generator=generator)
             q = q.to(device, dtype)
+        if backend == "triton" and case == "split-decode":
+            from superinfer.models.triton_attention import NO_WINDOW, decode_attention
+
+            (group,) = batch.meta.kernel_groups
+            out = q.new_empty(len(chunks), q.shape[1] * head_dim)
+            decode_attention(q, kv_cache, LAYER, group.block_tables, group.context_lens, out,
+                             NO_WINDOW if window is None else window, num_splits=3)
+            outputs[backend] = out.double().cpu()
+            continue
         outputs[backend] = paged_attention(q, kv_cache, LAYER, batch.meta).double().cpu()
     # Rows follow the batch's order; first_rows maps each chunk back.
     dense = torch.empty_like(outputs["sdpa"])
@@ -84,7 +97,7 @@ def kernel_case(case: str, dtype: torch.dtype, num_kv_heads: int, groups: int, h
 
 KERNEL_CASES = {
     f"{case}-{dtype_name}-{name}": (case, dtype, num_kv_heads, groups, head_dim, block_size, window)
-    for case in ("decode", "mixed")
+    for case in ("decode", "split-decode", "mixed")
     for dtype_name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16))
     for name, num_kv_heads, groups, head_dim, block_size, window in (
         ("gqa", 2, 4, 32, 4, None),

@@ -51,8 +51,10 @@ class KernelGroup:
     context_lens: torch.Tensor
     # [B + 1] int32 first row of each request's queries, relative to row_start; the last is num_rows.
     query_starts: torch.Tensor
-    # Longest chunk (host-side): sizes the prefill grid; 1 selects the decode kernel.
+    # Longest chunk and longest context (host-side): size the grids; a longest chunk of 1
+    # selects the decode kernel.
     max_query_len: int
+    max_context_len: int
     sliding_window: int | None = None
 
 

@@ -23,23 +23,33 @@ from triton.runtime.interpreter import InterpretedFunction
 from .attention import AttentionMetadata, KernelGroup
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Keys per loop iteration of both kernels.
+KEY_TILE = 32
+# Split decode: programs that keep a large GPU busy (an H200 has 132 SMs), the fewest keys a
+# split is worth, and a cap that bounds the combine kernel's tile.
+TARGET_PROGRAMS = 512
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 32
 # A window no context reaches: the kernels always apply one (no branch), this when the model has none.
 NO_WINDOW = 1 << 30
 
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, kv_ptr, out_ptr, block_tables_ptr, context_lens_ptr,
+    q_ptr, kv_ptr, out_ptr, block_tables_ptr, context_lens_ptr, partial_ptr, lse_ptr,
     stride_q_token, stride_q_head,
     stride_kv_block, stride_kv_kind, stride_kv_slot, stride_kv_head,
     stride_out_token, stride_table,
     scale_log2, window,
     GROUP: tl.constexpr, BLOCK_GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, KEY_TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, KEY_TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
-    # One program per (request, KV head): its G query heads against the request's context.
+    # One program per (request, KV head, split of the context): its G query heads against
+    # that split's keys. With one split it writes the output; with several, each writes its
+    # normalised partial output and log-sum-exp for _combine_splits_kernel.
     request = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + request).to(tl.int32)
     heads = kv_head * GROUP + tl.arange(0, BLOCK_GROUP)  # [BG]
     head_ok = tl.arange(0, BLOCK_GROUP) < GROUP
@@ -50,11 +60,15 @@ def _decode_kernel(
     row_max = tl.full([BLOCK_GROUP], -1.0e30, tl.float32)
     row_sum = tl.zeros([BLOCK_GROUP], tl.float32)
     acc = tl.zeros([BLOCK_GROUP, BLOCK_D], tl.float32)
-    first_key = tl.maximum(context_len - window, 0) // KEY_TILE * KEY_TILE
+    # This split's keys: [split_start, split_end), whole tiles except the context's last.
+    keys_per_split = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), KEY_TILE) * KEY_TILE
+    split_start = split * keys_per_split
+    split_end = tl.minimum(context_len, split_start + keys_per_split)
+    first_key = tl.maximum(split_start, tl.maximum(context_len - window, 0) // KEY_TILE * KEY_TILE)
     table = block_tables_ptr + request.to(tl.int64) * stride_table
-    for tile_start in range(first_key, context_len, KEY_TILE):
+    for tile_start in range(first_key, split_end, KEY_TILE):
         keys = tile_start + tl.arange(0, KEY_TILE)  # [KT] key positions
-        key_ok = (keys < context_len) & (keys >= context_len - window)
+        key_ok = (keys < split_end) & (keys >= context_len - window)
         blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         rows = blocks * stride_kv_block + (keys % BLOCK_SIZE) * stride_kv_slot + kv_head * stride_kv_head  # [KT]
         kv_mask = key_ok[:, None] & dim_ok[None, :]
@@ -70,8 +84,38 @@ def _decode_kernel(
         acc = acc * rescale[:, None] + tl.sum(probs[:, :, None] * v[None, :, :], axis=1)
         row_max = new_max
     out = acc / tl.maximum(row_sum, 1.0e-30)[:, None]
-    tl.store(out_ptr + request * stride_out_token + heads[:, None] * HEAD_DIM + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
+    store_mask = head_ok[:, None] & dim_ok[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + request * stride_out_token + heads[:, None] * HEAD_DIM + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        # partial: [B, H, S, D] float32; lse: [B, H, S] (log2 units, -inf for an empty split)
+        slot = (request * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split  # [BG]
+        tl.store(partial_ptr + slot[:, None] * HEAD_DIM + dims[None, :], out, mask=store_mask)
+        lse = tl.where(row_sum > 0, row_max + tl.log2(tl.maximum(row_sum, 1.0e-30)), float("-inf"))
+        tl.store(lse_ptr + slot, lse, mask=head_ok)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    partial_ptr, lse_ptr, out_ptr, stride_out_token,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+):
+    # One program per (request, query head): the splits' outputs weighted by their share of
+    # the softmax mass, exp2(lse_i - max) / sum.
+    request = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_SPLITS)
+    dims = tl.arange(0, BLOCK_D)
+    slot = (request * NUM_HEADS + head) * NUM_SPLITS + splits  # [BS]
+    lse = tl.load(lse_ptr + slot, mask=splits < NUM_SPLITS, other=float("-inf"))
+    weights = tl.exp2(lse - tl.max(lse, axis=0))  # every context has a key: one split is finite
+    mask = (splits < NUM_SPLITS)[:, None] & (dims < HEAD_DIM)[None, :]
+    partial = tl.load(partial_ptr + slot[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
+    out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + request * stride_out_token + head * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty),
+             mask=dims < HEAD_DIM)
 
 
 @triton.jit
@@ -161,21 +205,40 @@ def _check(q: torch.Tensor, kv_cache: torch.Tensor, group: KernelGroup) -> None:
                          f"{kv_cache.shape[4]} KV heads of size {kv_cache.shape[5]}")
 
 
+def decode_splits(batch: int, num_kv_heads: int, max_context_len: int) -> int:
+    """How many splits each context is cut into: enough programs to fill a large GPU when the
+    batch is small, never a split under MIN_KEYS_PER_SPLIT keys. Host-side numbers only."""
+    wanted = triton.cdiv(TARGET_PROGRAMS, batch * num_kv_heads)
+    return max(1, min(wanted, max_context_len // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+
+
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor,
-                     context_lens: torch.Tensor, out: torch.Tensor, window: int = NO_WINDOW) -> None:
+                     context_lens: torch.Tensor, out: torch.Tensor, window: int = NO_WINDOW,
+                     num_splits: int = 1) -> None:
     """One query per request: q [B, H, D]; block_tables [B, W] (padded with any valid block);
-    context_lens [B] (keys per request, its own token included); out [B, H·D] is written."""
+    context_lens [B] (keys per request, its own token included); out [B, H·D] is written.
+    num_splits > 1 cuts each context into that many parts run in parallel, then combined."""
     batch, num_heads, head_dim = q.shape
     layer_pool = kv_cache[:, layer]  # [N, 2, block_size, Hkv, D], strided
     num_kv_heads = layer_pool.shape[3]
     group = num_heads // num_kv_heads
-    _decode_kernel[(batch, num_kv_heads)](
-        q, layer_pool, out, block_tables, context_lens,
+    partial = lse = out  # unused with one split
+    if num_splits > 1:
+        partial = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    _decode_kernel[(batch, num_kv_heads, num_splits)](
+        q, layer_pool, out, block_tables, context_lens, partial, lse,
         q.stride(0), q.stride(1), *layer_pool.stride()[:4], out.stride(0), block_tables.stride(0),
         math.log2(math.e) / math.sqrt(head_dim), window,
         GROUP=group, BLOCK_GROUP=triton.next_power_of_2(group), BLOCK_SIZE=layer_pool.shape[2],
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), KEY_TILE=32,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), KEY_TILE=KEY_TILE, NUM_SPLITS=num_splits,
     )
+    if num_splits > 1:
+        _combine_splits_kernel[(batch, num_heads)](
+            partial, lse, out, out.stride(0), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim), NUM_SPLITS=num_splits,
+            BLOCK_SPLITS=triton.next_power_of_2(num_splits),
+        )
 
 
 def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor,
@@ -196,7 +259,7 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block
         q.stride(0), q.stride(1), *layer_pool.stride()[:4], out.stride(0), block_tables.stride(0),
         math.log2(math.e) / math.sqrt(head_dim), window,
         GROUP=group, BLOCK_SIZE=layer_pool.shape[2], HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), QUERY_TILE=query_tile, KEY_TILE=32,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), QUERY_TILE=query_tile, KEY_TILE=KEY_TILE,
         UPCAST_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and INTERPRETED),
     )
 
@@ -210,8 +273,9 @@ def kernel_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: 
         rows = slice(group.row_start, group.row_start + group.num_rows)
         window = NO_WINDOW if group.sliding_window is None else group.sliding_window
         if group.max_query_len == 1:
+            splits = decode_splits(group.num_rows, kv_cache.shape[4], group.max_context_len)
             decode_attention(q[rows], kv_cache, layer, group.block_tables, group.context_lens, out[rows],
-                             window)
+                             window, splits)
         else:
             prefill_attention(q[rows], kv_cache, layer, group.block_tables, group.context_lens,
                               group.query_starts, group.max_query_len, out[rows], window)

@@ -113,7 +113,7 @@ def _kernel_group(chunks: list[Chunk], row_start: int, layout: BatchLayout, devi
     as_device = lambda values: torch.tensor(values, dtype=torch.int32).to(device, non_blocking=True)  # noqa: E731
     return KernelGroup(
         row_start, sum(lengths), block_tables.to(torch.int32).to(device, non_blocking=True), as_device(context),
-        as_device(query_starts), max(lengths), layout.sliding_window,
+        as_device(query_starts), max(lengths), max(context), layout.sliding_window,
     )
 
 
