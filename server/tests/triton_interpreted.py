@@ -103,6 +103,7 @@ KERNEL_CASES = {
         ("gqa", 2, 4, 32, 4, None),
         ("mha", 3, 1, 24, 8, None),  # head size not a power of two
         ("gqa-window", 1, 2, 16, 4, 7),
+        ("gqa-wide", 1, 8, 64, 16, None),  # G·D large enough for a narrower decode key tile
     )
 }
 

@@ -23,8 +23,10 @@ from triton.runtime.interpreter import InterpretedFunction
 from .attention import AttentionMetadata, KernelGroup
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Keys per loop iteration of both kernels.
+# Keys per loop iteration of both kernels (the decode kernel's at most), and the decode
+# kernel's budget for its [G, keys, D] float32 product.
 KEY_TILE = 32
+DECODE_PRODUCT_ELEMENTS = 8192
 # Split decode: programs that keep a large GPU busy (an H200 has 132 SMs), the fewest keys a
 # split is worth, and a cap that bounds the combine kernel's tile.
 TARGET_PROGRAMS = 512
@@ -222,6 +224,9 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_
     layer_pool = kv_cache[:, layer]  # [N, 2, block_size, Hkv, D], strided
     num_kv_heads = layer_pool.shape[3]
     group = num_heads // num_kv_heads
+    block_group, block_d = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
+    # The [G, keys, D] product lives in registers: fewer keys per tile as G·D grows.
+    decode_tile = max(8, min(KEY_TILE, DECODE_PRODUCT_ELEMENTS // (block_group * block_d)))
     partial = lse = out  # unused with one split
     if num_splits > 1:
         partial = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -230,8 +235,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_
         q, layer_pool, out, block_tables, context_lens, partial, lse,
         q.stride(0), q.stride(1), *layer_pool.stride()[:4], out.stride(0), block_tables.stride(0),
         math.log2(math.e) / math.sqrt(head_dim), window,
-        GROUP=group, BLOCK_GROUP=triton.next_power_of_2(group), BLOCK_SIZE=layer_pool.shape[2],
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), KEY_TILE=KEY_TILE, NUM_SPLITS=num_splits,
+        GROUP=group, BLOCK_GROUP=block_group, BLOCK_SIZE=layer_pool.shape[2],
+        HEAD_DIM=head_dim, BLOCK_D=block_d, KEY_TILE=decode_tile, NUM_SPLITS=num_splits,
     )
     if num_splits > 1:
         _combine_splits_kernel[(batch, num_heads)](
