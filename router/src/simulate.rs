@@ -9,7 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use superinfer_scheduler::sim::{self, LinkModel, Roofline, SimConfig, SimReport, SimRequest, StepTimeModel};
+use superinfer_scheduler::sim::{self, Charges, LinkModel, Roofline, SimConfig, SimReport, SimRequest, StepTimeModel};
 use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerStats, Slo};
 
 #[derive(Deserialize)]
@@ -75,6 +75,15 @@ enum StepTimeJson {
     },
 }
 
+/// `Charges`: what a step costs beyond its forward; every field optional (default 0 / false).
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct ChargesJson {
+    per_step_s: f64,
+    transfer_stall: f64,
+    planning: bool,
+}
+
 #[derive(Deserialize)]
 struct LinkJson {
     out_bytes_per_s: f64,
@@ -98,6 +107,8 @@ struct ConfigJson {
     scheduler: SchedulerJson,
     step_time: StepTimeJson,
     link: LinkJson,
+    #[serde(default)]
+    charges: ChargesJson,
     requests: RequestsJson,
     #[serde(default = "default_percentile")]
     tbt_percentile: f64,
@@ -208,6 +219,11 @@ fn parse(config_json: &str) -> Result<SimConfig, String> {
         scheduler,
         step_time,
         link,
+        charges: Charges {
+            per_step_s: c.charges.per_step_s,
+            transfer_stall: c.charges.transfer_stall,
+            planning: c.charges.planning,
+        },
         requests: requests(c.requests)?,
         max_sim_time_s: c.max_sim_time_s,
         gap_samples: c.gap_samples,
@@ -245,6 +261,11 @@ fn report_json(report: &SimReport, wall_s: f64) -> Value {
         "bytes_out": report.bytes_out,
         "bytes_in": report.bytes_in,
         "scheduler": stats_json(&report.scheduler),
+        "charged": {
+            "per_step_s": report.charged_per_step_s,
+            "transfer_stall_s": report.charged_transfer_stall_s,
+            "planning_s": report.charged_planning_s,
+        },
         "wall_s": wall_s,
     })
 }

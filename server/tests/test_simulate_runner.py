@@ -98,19 +98,35 @@ def test_profile_overrides_and_bad_specs():
         resolve("tpu:llama-3-8b")
 
 
-def test_a_loaded_profile_is_slower_by_the_factor_and_keeps_the_belief():
-    from superinfer.simulate.profiles import under_load
+def test_charges_lengthen_the_steps_they_apply_to():
+    from dataclasses import replace
 
-    loaded = under_load(linear_profile(), 2.0)
-    assert loaded.cost_model == COST, "the scheduler still starts from the warm-up fit"
     policy = "fcfs"
     spec = [RequestSpec(0, 1.0, 100, 6, True)]
-    result = simulate(loaded, spec, SimOptions(policy, Slo(1000, 100)), policy, 1.0)
-    assert result.outcomes[0].ttft_s == pytest.approx(2 * (0.01 + 100 * 0.001), abs=1e-9)
-    with pytest.raises(ValueError, match="> 0"):
-        under_load(linear_profile(), 0.0)
-    with pytest.raises(ValueError, match="linear"):
-        under_load(derived("gh200", "llama-3-8b"), 1.5)
+    plain = simulate(linear_profile(), spec, SimOptions(policy, Slo(1000, 100)), policy, 1.0)
+    charged = simulate(replace(linear_profile(), charges={"per_step_s": 0.004}), spec,
+                       SimOptions(policy, Slo(1000, 100)), policy, 1.0)
+    # The prefill step (the first token) pays the charge once; the whole request once per step.
+    assert charged.outcomes[0].ttft_s == pytest.approx(plain.outcomes[0].ttft_s + 0.004, abs=1e-9)
+    steps = charged.summary["simulator"]["steps"]
+    assert charged.summary["simulator"]["charged"]["per_step_s"] == pytest.approx(0.004 * steps)
+    with pytest.raises(ValueError, match="transfer stall"):
+        simulate(replace(linear_profile(), charges={"transfer_stall": 2.0}), spec,
+                 SimOptions(policy, Slo(1000, 100)), policy, 1.0)
+
+
+def test_validation_counts_non_trivial_figures_within_fifteen_percent():
+    from superinfer.simulate.validate import tally, trivial
+
+    assert trivial("attainment.ttft", 1.0, 1.0) and not trivial("attainment.ttft", 0.9, 1.0)
+    assert not trivial("ttft_s.p50", 1.0, 1.0)
+    report = [
+        {"profile": "warm-up", "figures": {"attainment.ttft": (1.0, 1.0, 0.0), "ttft_s.p50": (0.2, 0.22, 0.10),
+                                          "ttft_s.p99": (0.5, 0.7, 0.40), "attainment.tbt": (0.5, 0.0, None)}},
+        {"profile": "unloaded", "figures": {"ttft_s.p50": (0.2, 0.19, -0.05)}},
+    ]
+    assert tally(report) == {"warm-up": {"figures": 4, "trivial": 1, "within": 1, "missing": 1},
+                             "unloaded": {"figures": 1, "trivial": 0, "within": 1, "missing": 0}}
 
 
 def test_kv_demand_counts_the_requests_in_the_system_against_the_pool():

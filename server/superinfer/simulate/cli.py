@@ -26,7 +26,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--no-send-slo", action="store_true", help="requests carry no objectives (server defaults)")
     parser.add_argument("--tokenizer", default="default", help="for ShareGPT lengths: 'default' or a path")
+    add_charge_arguments(parser)
     add_workload_arguments(parser)
+
+
+def add_charge_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a simulated step costs beyond its forward; each overrides the profile's value."""
+    group = parser.add_argument_group("charges beyond the forward pass (default: the profile's)")
+    group.add_argument("--step-overhead-ms", type=float, default=None,
+                       help="every step's fixed cost outside the forward (router turn, gRPC hop, shard work around "
+                       "the model), also for steps that compute nothing")
+    group.add_argument("--transfer-stall", type=float, default=None,
+                       help="share of each transfer's link time that delays the step it rides with: 0 where copies "
+                       "run beside compute (a GPU's copy engines), 1 where they share the forward's cores (CPU)")
+    group.add_argument("--charge-planning", action=argparse.BooleanOptionalAction, default=None,
+                       help="charge the scheduler's planning as it runs (its wall time; results then vary slightly "
+                       "from run to run)")
+
+
+def with_charges(profile, args: argparse.Namespace):
+    charges = dict(profile.charges)
+    if args.step_overhead_ms is not None:
+        charges["per_step_s"] = args.step_overhead_ms / 1e3
+    if args.transfer_stall is not None:
+        charges["transfer_stall"] = args.transfer_stall
+    if args.charge_planning is not None:
+        charges["planning"] = args.charge_planning
+    return replace(profile, charges=charges)
 
 
 def _profile(args: argparse.Namespace):
@@ -35,7 +61,7 @@ def _profile(args: argparse.Namespace):
         "num_device_blocks": args.device_kv_blocks, "num_host_blocks": args.host_kv_blocks,
         "max_batch_tokens": args.max_batch_tokens, "max_batch_requests": args.max_batch_requests,
     }
-    return replace(profile, **{k: v for k, v in overrides.items() if v is not None})
+    return with_charges(replace(profile, **{k: v for k, v in overrides.items() if v is not None}), args)
 
 
 def planned_workloads(args: argparse.Namespace) -> tuple[WorkloadConfig, dict[float, list[RequestSpec]]]:

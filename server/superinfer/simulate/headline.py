@@ -1,6 +1,7 @@
 """The paper's headline setting, simulated: Llama-3-8B on GH200, ShareGPT-like lengths
 (vLLM's filter, max_new_tokens = recorded output, EOS ignored), Poisson arrivals over a 120 s
-window (seed 42), 35–60 req/s, all four policies. Writes `simulate.json`, the PNGs and a
+window (seed 42), 35–60 req/s, all four policies, the scheduler's planning time charged to the
+simulated steps. Writes `simulate.json`, the PNGs and a
 Markdown table (`headline.md`) into `--out`, for docs/simulation.md.
 
     python -m superinfer.simulate.headline --out docs/sim-gh200 [--device-kv-blocks N]
@@ -12,12 +13,12 @@ from superinfer.cli import main as superinfer_main
 
 
 def arguments(out: Path, rates: str, policies: str, ttft_ms: float, tbt_ms: float, duration: float,
-              device_blocks: int | None, profile: str) -> list[str]:
+              device_blocks: int | None, profile: str, charge_planning: bool = True) -> list[str]:
     argv = [
         "simulate", "--profile", profile, "--policies", policies, "--rates", rates,
         "--arrival", "poisson", "--duration", str(duration), "--seed", "42",
         "--lengths", "sharegpt", "--ignore-eos", "--ttft-slo-ms", str(ttft_ms), "--tbt-slo-ms", str(tbt_ms),
-        "--out", str(out),
+        "--out", str(out), "--charge-planning" if charge_planning else "--no-charge-planning",
     ]
     if device_blocks is not None:
         argv += ["--device-kv-blocks", str(device_blocks)]
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tbt-slo-ms", type=float, default=100.0)
     parser.add_argument("--duration", type=float, default=120.0)
     parser.add_argument("--device-kv-blocks", type=int, default=None)
+    parser.add_argument("--charge-planning", action=argparse.BooleanOptionalAction, default=True,
+                        help="charge the scheduler's planning time to the simulated steps (default: on)")
     parser.add_argument("--merge", type=Path, action="append", default=[],
                         help="simulate.json of earlier runs: only merge them into one table and plots")
     args = parser.parse_args(argv)
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         write_plots(results, args.out, prefix="simulate_")
     else:
         code = superinfer_main(arguments(args.out, args.rates, args.policies, args.ttft_slo_ms, args.tbt_slo_ms,
-                                         args.duration, args.device_kv_blocks, args.profile))
+                                         args.duration, args.device_kv_blocks, args.profile, args.charge_planning))
         if code:
             return code
         results = read_json(args.out / "simulate.json")

@@ -9,7 +9,7 @@ roofline over warm-up-like step shapes with the warm-up's own fit. The roofline,
 formula and the fit are the scheduler crate's (`superinfer._router.step_time`,
 `fit_step_cost`): this module only holds the machines' specifications."""
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from superinfer import _router
@@ -81,6 +81,12 @@ class Profile:
     num_host_blocks: int
     max_batch_tokens: int
     max_batch_requests: int
+    # What a step costs beyond its forward (the simulator's `Charges`): "per_step_s" (the
+    # router's turn, the gRPC hop, the shard's work around the model), "transfer_stall" (share
+    # of a transfer's link time that delays its step: 0 for a GPU's copy engines, 1 for copy
+    # threads on the forward's own cores), "planning" (charge the scheduler's planning as it
+    # runs). Missing keys: 0 / false.
+    charges: dict = field(default_factory=dict)
 
     def describe(self) -> dict:
         return asdict(self)
@@ -151,7 +157,7 @@ def measured(path: str | Path) -> Profile:
             document.get("name", f"measured ({Path(path).name})"), {"kind": "linear", **cost}, link, cost,
             int(document["block_size"]), int(document["block_bytes"]), int(document["num_device_blocks"]),
             int(document["num_host_blocks"]), int(document.get("max_batch_tokens", 2048)),
-            int(document.get("max_batch_requests", 64)),
+            int(document.get("max_batch_requests", 64)), dict(document.get("charges", {})),
         )
     except KeyError as missing:
         raise ValueError(f"{path}: measured profile lacks {missing}") from None
@@ -185,22 +191,6 @@ def from_bench(path: str | Path, num_device_blocks: int = 256, num_host_blocks: 
             "overhead_s": 50e-6, "duplex": False}
     return Profile(f"bench-derived ({Path(path).name})", {"kind": "linear", **cost}, link, cost, block_size,
                    block_bytes, num_device_blocks, num_host_blocks, 2048, 64)
-
-
-_LINEAR_TERMS = ("step_base_s", "per_prefill_token_s", "per_decode_request_s", "per_context_token_s")
-
-
-def under_load(profile: Profile, factor: float) -> Profile:
-    """The machine as a loaded bench run found it: every step `factor` times slower than the
-    warm-up fit (the measured / predicted step time the server counted over that run, see
-    `step_load_factor` in a bench report). The scheduler still starts from the warm-up belief
-    and corrects it online, as the real one does."""
-    if profile.step_time.get("kind") != "linear":
-        raise ValueError("only a linear (measured) profile can be scaled by a load factor")
-    if not factor > 0:
-        raise ValueError(f"load factor must be > 0, got {factor}")
-    truth = {**profile.step_time, **{term: profile.step_time[term] * factor for term in _LINEAR_TERMS}}
-    return replace(profile, name=f"{profile.name} x{factor:.2f} load", step_time=truth)
 
 
 def resolve(spec: str) -> Profile:

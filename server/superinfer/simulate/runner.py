@@ -41,7 +41,8 @@ def config_json(profile: Profile, specs: list[RequestSpec], options: SimOptions)
         "default_slo": {"ttft_s": slo.ttft_ms / 1e3, "tbt_s": slo.tbt_ms / 1e3},
     }
     return json.dumps({
-        "scheduler": scheduler, "step_time": profile.step_time, "link": profile.link, "requests": requests,
+        "scheduler": scheduler, "step_time": profile.step_time, "link": profile.link, "charges": profile.charges,
+        "requests": requests,
         "tbt_percentile": slo.tbt_percentile, "max_sim_time_s": options.max_sim_time_s,
         "gap_samples": options.gap_samples,
     })
@@ -65,7 +66,7 @@ def to_result(raw: dict, slo: Slo, series: str, rate: float) -> RunResult:
     ]
     gap_stats = dict(raw["gap_stats"])
     summary = summarize(outcomes, slo, max(raw["makespan_s"], 1e-9), gap_stats)
-    summary["simulator"] = {k: raw[k] for k in ("steps", "stalled", "bytes_out", "bytes_in", "wall_s", "scheduler")}
+    summary["simulator"] = {k: raw[k] for k in ("steps", "stalled", "bytes_out", "bytes_in", "wall_s", "scheduler", "charged")}
     ttft = np.array([o.ttft_s for o in outcomes if o.ok], dtype=float)
     return RunResult(series, rate, "simulated", summary, sample(ttft), list(raw["gap_quantiles"]), outcomes)
 

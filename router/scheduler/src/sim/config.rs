@@ -18,11 +18,29 @@ pub struct SimRequest {
     pub slo: Option<Slo>,
 }
 
+/// What a step costs on the simulated machine beyond its forward pass (`StepTimeModel`). All
+/// zero (the default): steps cost their forward alone, transfers run beside them on the link
+/// and planning is free.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Charges {
+    /// Each step's fixed cost outside the forward — the router's turn, the gRPC hop, the shard's
+    /// work around the model — in seconds; a step that computes nothing pays it too.
+    pub per_step_s: f64,
+    /// Share of each transfer's link time that delays the step it is issued with: 0 where copies
+    /// run beside the compute (a GPU's copy engines), 1 where they take the compute's own
+    /// resources (copy threads on the cores the forward uses).
+    pub transfer_stall: f64,
+    /// Charge the scheduler's planning as it runs (the wall time of each `plan`): closer to the
+    /// engine, but the report is then no longer exactly reproducible.
+    pub planning: bool,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
     pub scheduler: SchedulerConfig,
     pub step_time: StepTimeModel,
     pub link: LinkModel,
+    pub charges: Charges,
     /// Sorted by arrival (checked).
     pub requests: Vec<SimRequest>,
     /// Safety bound on simulated time: requests unfinished by then are reported unfinished.
@@ -60,6 +78,13 @@ impl SimConfig {
         let link = self.link;
         if !(link.out_bytes_per_s > 0.0 && link.in_bytes_per_s > 0.0 && link.overhead_s >= 0.0) {
             return invalid("link bandwidths must be > 0 and its overhead >= 0".into());
+        }
+        let charges = self.charges;
+        if !(charges.per_step_s.is_finite() && charges.per_step_s >= 0.0) {
+            return invalid(format!("the per-step charge must be a finite time >= 0, got {}", charges.per_step_s));
+        }
+        if !(0.0..=1.0).contains(&charges.transfer_stall) {
+            return invalid(format!("the transfer stall must be a share in [0, 1], got {}", charges.transfer_stall));
         }
         if !(self.max_sim_time_s > 0.0) {
             return invalid("max_sim_time_s must be > 0".into());

@@ -29,15 +29,25 @@ impl Link {
         }
     }
 
+    /// How long the link takes to carry `transfer` alone.
+    pub fn seconds(&self, transfer: &Transfer, direction: Direction) -> f64 {
+        let bytes = self.block_bytes * transfer.src_blocks.len() as u64;
+        let bandwidth = match direction {
+            Direction::Out => self.model.out_bytes_per_s,
+            Direction::In => self.model.in_bytes_per_s,
+        };
+        self.model.overhead_s + bytes as f64 / bandwidth
+    }
+
     /// Queues a transfer issued at `now` (the start of the step that carries it).
     pub fn issue(&mut self, transfer: &Transfer, direction: Direction, now: f64) {
         let bytes = self.block_bytes * transfer.src_blocks.len() as u64;
-        let (queue, bandwidth) = match direction {
-            Direction::Out => (0, self.model.out_bytes_per_s),
-            Direction::In => (1, self.model.in_bytes_per_s),
+        let queue = match direction {
+            Direction::Out => 0,
+            Direction::In => 1,
         };
         let start = now.max(self.free_at[queue]);
-        let finish = start + self.model.overhead_s + bytes as f64 / bandwidth;
+        let finish = start + self.seconds(transfer, direction);
         if self.model.duplex {
             self.free_at[queue] = finish;
         } else {

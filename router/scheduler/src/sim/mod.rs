@@ -1,7 +1,7 @@
 //! The discrete-event simulator: the same `Scheduler` the engine drives, with a simulated clock
 //! and a simulated machine, to study scales no test machine has.
 //!
-//! - `config`: [`SimConfig`], [`SimRequest`], [`SimError`] — what a simulation is given.
+//! - `config`: [`SimConfig`], [`Charges`], [`SimRequest`], [`SimError`] — what a simulation is given.
 //! - `timing`: [`StepTimeModel`] (linear or roofline), [`LinkModel`] — the simulated machine.
 //! - `link`: transfers in flight on the device ⇄ host link.
 //! - `report`: [`SimReport`], [`RequestOutcome`], [`GapStats`] and the token-time recorder.
@@ -13,7 +13,7 @@ mod report;
 mod simulator;
 mod timing;
 
-pub use config::{SimConfig, SimError, SimRequest};
+pub use config::{Charges, SimConfig, SimError, SimRequest};
 pub use report::{percentile_sorted, GapStats, RequestOutcome, SimReport};
 pub use simulator::simulate;
 pub use timing::{step_shape, LinkModel, Roofline, StepTimeModel};

@@ -46,6 +46,11 @@ pub struct SimReport {
     pub bytes_in: u64,
     /// The scheduler's own counters at the end.
     pub scheduler: SchedulerStats,
+    /// Simulated time charged beyond the forward passes (see `Charges`), in seconds: the
+    /// per-step cost, the steps' stalls behind transfers, and planning.
+    pub charged_per_step_s: f64,
+    pub charged_transfer_stall_s: f64,
+    pub charged_planning_s: f64,
 }
 
 

@@ -1,9 +1,12 @@
 //! The discrete-event loop: drives the real `Scheduler` exactly as the engine does (add at
 //! arrival, plan, execute, complete, finish), but the step's duration comes from the simulated
-//! machine and the clock jumps from event to event. Nothing here is random: the same config
-//! gives the same report.
+//! machine — its forward pass plus what `Charges` adds: a fixed cost per step, the share of
+//! its transfers' link time that stalls it, and (optionally) the planning's own wall time —
+//! and the clock jumps from event to event. Nothing here is random: unless planning is
+//! charged, the same config gives the same report.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use crate::cost_model::Direction;
 use crate::plan::{StepPlan, StepResults};
@@ -48,6 +51,9 @@ struct Simulation<'a> {
     steps: u64,
     stalled: bool,
     last_token: f64,
+    charged_per_step_s: f64,
+    charged_transfer_stall_s: f64,
+    charged_planning_s: f64,
 }
 
 impl<'a> Simulation<'a> {
@@ -63,6 +69,9 @@ impl<'a> Simulation<'a> {
             steps: 0,
             stalled: false,
             last_token: 0.0,
+            charged_per_step_s: 0.0,
+            charged_transfer_stall_s: 0.0,
+            charged_planning_s: 0.0,
         }
     }
 
@@ -114,18 +123,33 @@ impl<'a> Simulation<'a> {
                 }
                 continue;
             }
+            let charges = self.config.charges;
+            let started = Instant::now();
             let plan = scheduler.plan(self.now);
-            for transfer in &plan.swap_out {
-                self.link.issue(transfer, Direction::Out, self.now);
+            if charges.planning {
+                // The plan is ready, and its transfers start, once planning is done.
+                let planning_s = started.elapsed().as_secs_f64();
+                self.charged_planning_s += planning_s;
+                self.now += planning_s;
             }
-            for transfer in &plan.swap_in {
-                self.link.issue(transfer, Direction::In, self.now);
+            let mut link_s = 0.0;
+            for (transfers, direction) in [(&plan.swap_out, Direction::Out), (&plan.swap_in, Direction::In)] {
+                for transfer in transfers {
+                    link_s += self.link.seconds(transfer, direction);
+                    self.link.issue(transfer, direction, self.now);
+                }
             }
+            let stall_s = charges.transfer_stall * link_s;
             if !plan.scheduled.is_empty() {
                 idle_replans = 0;
-                self.execute(scheduler, &plan);
+                self.execute(scheduler, &plan, charges.per_step_s + stall_s);
+                self.charged_per_step_s += charges.per_step_s;
+                self.charged_transfer_stall_s += stall_s;
                 continue;
             }
+            // A step that computes nothing still goes to the shard and back.
+            self.now += charges.per_step_s;
+            self.charged_per_step_s += charges.per_step_s;
             // Nothing to compute: re-plan at once if the plan changed something, otherwise
             // wait for the next transfer or arrival.
             let wait_until = if !plan.is_empty() && idle_replans < MAX_IDLE_REPLANS {
@@ -149,9 +173,9 @@ impl<'a> Simulation<'a> {
         }
     }
 
-    /// Runs one step's forward pass on the simulated machine.
-    fn execute(&mut self, scheduler: &mut Scheduler, plan: &StepPlan) {
-        let duration = self.config.step_time.step_time(step_shape(plan));
+    /// Runs one step on the simulated machine: its forward pass and `charged_s` more.
+    fn execute(&mut self, scheduler: &mut Scheduler, plan: &StepPlan, charged_s: f64) {
+        let duration = self.config.step_time.step_time(step_shape(plan)) + charged_s;
         let end = self.now + duration;
         let results = StepResults {
             step_id: plan.step_id,
@@ -211,6 +235,9 @@ impl<'a> Simulation<'a> {
             bytes_out: self.link.bytes_out,
             bytes_in: self.link.bytes_in,
             scheduler: scheduler.stats(),
+            charged_per_step_s: self.charged_per_step_s,
+            charged_transfer_stall_s: self.charged_transfer_stall_s,
+            charged_planning_s: self.charged_planning_s,
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::config::{PolicyKind, SchedulerConfig, Slo};
 use crate::cost_model::CostModel;
-use crate::sim::{simulate, LinkModel, SimConfig, SimRequest, StepTimeModel};
+use crate::sim::{simulate, Charges, LinkModel, SimConfig, SimRequest, StepTimeModel};
 
 fn linear() -> CostModel {
     CostModel {
@@ -35,6 +35,7 @@ fn config(policy: PolicyKind, device_blocks: u32, requests: Vec<SimRequest>) -> 
         },
         step_time: StepTimeModel::Linear(linear()),
         link: LinkModel { out_bytes_per_s: 1e9, in_bytes_per_s: 1e9, overhead_s: 1e-4, duplex: true },
+        charges: Charges::default(),
         requests,
         max_sim_time_s: 1e5,
         gap_samples: 100,
@@ -158,3 +159,50 @@ const OVERLOAD_GAP: f64 = 0.01;
 const OVERLOAD_MIN: u32 = 32;
 const OVERLOAD_SPREAD: u32 = 224;
 const OVERLOAD_BLOCKS: u32 = 256;
+
+/// A lone request: its prefill step and each decode step pay the per-step charge on top of the
+/// forward, so the closed form moves by exactly that much per step.
+#[test]
+fn a_per_step_charge_lengthens_every_step() {
+    let one = || vec![SimRequest { arrival: 0.0, prompt_tokens: 100, max_new_tokens: 5, slo: None }];
+    let plain = simulate(&config(PolicyKind::Fcfs, 64, one())).expect("valid");
+    let mut charged = config(PolicyKind::Fcfs, 64, one());
+    charged.charges.per_step_s = 0.003;
+    let report = simulate(&charged).expect("valid");
+    assert_eq!(report.steps, plain.steps);
+    let extra = report.outcomes[0].e2e_s.unwrap() - plain.outcomes[0].e2e_s.unwrap();
+    assert!((extra - 0.003 * plain.steps as f64).abs() < 1e-9, "extra {extra} over {} steps", plain.steps);
+    assert!((report.charged_per_step_s - 0.003 * report.steps as f64).abs() < 1e-9);
+    assert_eq!((report.charged_transfer_stall_s, report.charged_planning_s), (0.0, 0.0));
+}
+
+/// Under memory pressure a policy that swaps pays for its copies when they stall compute:
+/// with the stall at 1 every byte moved lengthens the run by its link time, never shortens it.
+#[test]
+fn transfers_that_stall_compute_cost_the_steps_they_ride_with() {
+    let requests = || workload(60, 0.02);
+    let free = simulate(&config(PolicyKind::Swap, 40, requests())).expect("valid");
+    assert!(free.bytes_out > 0, "the workload must make swap move blocks");
+    let mut stalled_config = config(PolicyKind::Swap, 40, requests());
+    stalled_config.charges.transfer_stall = 1.0;
+    let stalled = simulate(&stalled_config).expect("valid");
+    assert!(stalled.charged_transfer_stall_s > 0.0);
+    // Each byte once at 1 GB/s (plus 0.1 ms per transfer): the stall is at least the bytes' time.
+    let bytes_s = (stalled.bytes_out + stalled.bytes_in) as f64 / 1e9;
+    assert!(stalled.charged_transfer_stall_s >= bytes_s - 1e-12);
+    assert!(stalled.makespan_s > free.makespan_s, "{} vs {}", stalled.makespan_s, free.makespan_s);
+    assert!(stalled.outcomes.iter().all(|o| o.finished));
+}
+
+#[test]
+fn planning_can_be_charged_as_it_runs() {
+    let mut cfg = config(PolicyKind::RotaSched, 40, workload(60, 0.02));
+    cfg.charges.planning = true;
+    let report = simulate(&cfg).expect("valid");
+    assert!(report.charged_planning_s > 0.0 && report.outcomes.iter().all(|o| o.finished));
+    let mut bad = config(PolicyKind::Fcfs, 40, workload(2, 0.02));
+    bad.charges.transfer_stall = 1.5;
+    assert!(simulate(&bad).is_err());
+    bad.charges = Charges { per_step_s: -1.0, ..Charges::default() };
+    assert!(simulate(&bad).is_err());
+}
