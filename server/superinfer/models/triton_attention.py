@@ -7,9 +7,12 @@ Keys are walked in tiles of KEY_TILE tokens whatever the block size (each key's 
 loaded from the table), with an online softmax in float32 and scale 1/sqrt(D).
 
 Both kernels fold the G query heads that share a KV head into the rows of one program, so each
-K/V tile is loaded once per KV head (grouped-query attention). Every input is a tensor of
-fixed shape (block tables padded to a width, lengths, offsets), and the wrappers neither loop
-over requests nor read device values on the host, so a CUDA graph can replay them.
+K/V tile is loaded once per KV head (grouped-query attention). When a decode batch is too small
+to fill the GPU, each context is cut into splits whose partial outputs a second kernel combines
+by their log-sum-exp. Every input is a tensor of fixed shape (block tables padded to a width,
+lengths, offsets), and the wrappers neither loop over requests nor read device values on the
+host (grid sizes come from host-side numbers the batch builder knows), so a CUDA graph can
+replay them for a fixed batch size, table width and split count.
 
 Imports triton: load it only on the Triton backend (TRITON_INTERPRET=1 runs these on CPU
 tensors, slowly, which the tests use)."""
@@ -241,7 +244,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_
     if num_splits > 1:
         _combine_splits_kernel[(batch, num_heads)](
             partial, lse, out, out.stride(0), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim), NUM_SPLITS=num_splits,
+            BLOCK_D=block_d, NUM_SPLITS=num_splits,
             BLOCK_SPLITS=triton.next_power_of_2(num_splits),
         )
 
@@ -278,7 +281,8 @@ def kernel_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: 
         rows = slice(group.row_start, group.row_start + group.num_rows)
         window = NO_WINDOW if group.sliding_window is None else group.sliding_window
         if group.max_query_len == 1:
-            splits = decode_splits(group.num_rows, kv_cache.shape[4], group.max_context_len)
+            # A sliding window bounds the keys a query visits, so the split count too.
+            splits = decode_splits(group.num_rows, kv_cache.shape[4], min(group.max_context_len, window))
             decode_attention(q[rows], kv_cache, layer, group.block_tables, group.context_lens, out[rows],
                              window, splits)
         else:
