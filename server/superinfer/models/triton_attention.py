@@ -172,7 +172,8 @@ def _prefill_kernel(
             scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")  # [QT, KT]
         else:
             scores = tl.dot(q, tl.trans(k))
-        visible = key_ok[None, :] & (keys[None, :] <= query_pos[:, None]) & (keys[None, :] > query_pos[:, None] - window)
+        causal = (keys[None, :] <= query_pos[:, None]) & (keys[None, :] > query_pos[:, None] - window)
+        visible = key_ok[None, :] & causal
         scores = tl.where(visible, scores * scale_log2, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         probs = tl.exp2(scores - new_max[:, None])
@@ -199,7 +200,8 @@ def _check(q: torch.Tensor, kv_cache: torch.Tensor, group: KernelGroup) -> None:
         raise ValueError(f"q must be [T, H, D] and the cache [N, L, 2, block_size, Hkv, D], got {tuple(q.shape)} "
                          f"and {tuple(kv_cache.shape)}")
     if q.dtype not in _DTYPES or kv_cache.dtype != q.dtype:
-        raise ValueError(f"q and the cache must share a float16/bfloat16/float32 dtype, got {q.dtype}, {kv_cache.dtype}")
+        raise ValueError(f"q and the cache must share a float16/bfloat16/float32 dtype, got {q.dtype} and "
+                         f"{kv_cache.dtype}")
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("q and the cache must be contiguous in the head dimension")
     tensors = (q, kv_cache, group.block_tables, group.context_lens, group.query_starts)

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if device.type == "cpu" else torch.bfloat16)
     from ..models import triton_attention  # after parsing: --help does not need triton
 
-    results = [_point(args, batch, context, device, dtype) for batch in args.batch_sizes for context in args.context_lens]
+    results = [_point(args, batch, context, device, dtype)
+               for batch in args.batch_sizes for context in args.context_lens]
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "dtype": str(dtype).removeprefix("torch."),

@@ -142,7 +142,8 @@ def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) 
         if prefill:
             kernel_groups.append(_kernel_group([chunks[i] for i in prefill], 0, layout, device))
         if decode:
-            kernel_groups.append(_kernel_group([chunks[i] for i in decode], len(input_ids) - len(decode), layout, device))
+            decodes = [chunks[i] for i in decode]
+            kernel_groups.append(_kernel_group(decodes, len(input_ids) - len(decode), layout, device))
         meta = AttentionMetadata(
             positions=to(positions), slot_blocks=to(slot_blocks), slot_offsets=to(positions % block_size),
             groups=(), kernel_groups=tuple(kernel_groups),
