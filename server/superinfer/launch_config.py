@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from superinfer import tgi_flags
-from superinfer.shard.cli import DTYPES
+from superinfer.shard.cli import ATTENTION_BACKENDS, DTYPES
 from superinfer.shard.config import DEFAULT_BLOCK_SIZE
 
 
@@ -79,6 +79,8 @@ class LaunchConfig:
     kv_memory_fraction: float | None = None
     # --device for the shard; None: its default, auto.
     device: str | None = None
+    # --attention-backend for the shard; None: its default, auto.
+    attention_backend: str | None = None
     # TGI flags given that do not apply here, one warning each.
     ignored_tgi_flags: tuple[str, ...] = ()
     # Shard processes (tensor-parallel ranks, one device each) and their rendezvous; the port
@@ -143,6 +145,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag(("--device",), str, '"auto" (the first GPU when one is visible, else the CPU with a warning; an error '
          "when NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES assign GPUs that are missing), \"cpu\", \"cuda\" "
          'or "cuda:N" (an error when missing) (default auto)')
+    flag(("--attention-backend",), str, '"auto" (Triton paged-attention kernels on a GPU, gather + SDPA on the '
+         'CPU), "triton" or "sdpa" (default auto)')
     flag(("--warmup-report",), str, "write what the shard measured at warm-up (cost model, KV pools) to this "
          "JSON file: the simulator's measured: profile")
     parser.add_argument("--json-output", action="store_true",
@@ -204,6 +208,9 @@ def _check_shard_values(args: argparse.Namespace) -> None:
         raise ValueError("--nnodes needs --master-port (MASTER_PORT): every machine must meet at the same one")
     if args.device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
         raise ValueError(f'--device must be "auto", "cpu", "cuda" or "cuda:N", got {args.device!r}')
+    if args.attention_backend is not None and args.attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                         f"got {args.attention_backend!r}")
     if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     fraction = args.kv_memory_fraction
@@ -249,6 +256,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         hub_cache=args.huggingface_hub_cache,
         kv_memory_fraction=args.kv_memory_fraction,
         device=args.device,
+        attention_backend=args.attention_backend,
         ignored_tgi_flags=tgi_flags.warnings(args, environ),
         num_shard=args.num_shard,
         master_addr=args.master_addr,

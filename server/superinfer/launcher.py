@@ -157,6 +157,7 @@ def shard_argv(config: LaunchConfig, socket_path: Path, rank: int = 0, master_po
         "--kv-memory-fraction": config.kv_memory_fraction,
         "--dtype": config.dtype,
         "--device": config.device,
+        "--attention-backend": config.attention_backend,
         "--warmup-report": config.warmup_report,
     }
     for name, value in optional.items():

@@ -327,3 +327,12 @@ def test_nnodes_spread_the_ranks_over_machines_that_meet_at_one_port(monkeypatch
         parse(["--num-shard", "4", "--nnodes", "3", "--master-port", "29601"])
     with pytest.raises(ValueError, match="--node-rank must be in 0..1"):
         parse(["--num-shard", "4", "--nnodes", "2", "--node-rank", "2", "--master-port", "29601"])
+
+
+def test_the_attention_backend_reaches_the_shard(monkeypatch):
+    monkeypatch.delenv("ATTENTION_BACKEND", raising=False)
+    shard = launcher.shard_argv(parse(["--attention-backend", "sdpa"]), Path("/tmp/s.sock"))
+    assert shard[shard.index("--attention-backend") + 1] == "sdpa"
+    assert "--attention-backend" not in launcher.shard_argv(parse([]), Path("/tmp/s.sock"))
+    with pytest.raises(ValueError, match="--attention-backend must be one of auto, triton, sdpa"):
+        parse(["--attention-backend", "flash"])

@@ -11,6 +11,7 @@ import time
 from .config import DEFAULT_BLOCK_SIZE
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         'NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES assign GPUs that are missing), '
                         '"cpu", "cuda" or "cuda:N" (an error when missing)')
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
-    parser.add_argument("--attention-backend", choices=("auto", "triton", "sdpa"), default="auto",
+    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                         help="auto: the Triton paged kernels on a GPU, gather + SDPA on the CPU (triton on the "
                         "CPU needs TRITON_INTERPRET=1 and is slow)")
     parser.add_argument("--device-kv-blocks", type=int, default=None,
