@@ -101,6 +101,9 @@ pub struct RouterConfig {
     /// Largest number of prompts in one request (OpenAI completions with a list of prompts).
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 4)]
     pub max_client_batch_size: usize,
+    /// Refuse `grammar`, `response_format` and `tools` (422), as TGI's flag does.
+    #[arg(long, env = "DISABLE_GRAMMAR_SUPPORT")]
+    pub disable_grammar_support: bool,
     /// Largest request body, in bytes.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,

@@ -57,7 +57,6 @@ IGNORED = (
     IgnoredFlag("--ngrok-authtoken", True, _NGROK),
     IgnoredFlag("--ngrok-edge", True, _NGROK),
     IgnoredFlag("--tokenizer-config-path", True, "the tokenizer config is read from the model's directory"),
-    IgnoredFlag("--disable-grammar-support", False, "grammars are not supported (a request with one gets 422)"),
     IgnoredFlag("--env", False, "there is no environment report", reads_variable=False),
     IgnoredFlag("--lora-adapters", True, "LoRA adapters are not supported"),
     IgnoredFlag("--usage-stats", True, "SuperInfer sends no usage statistics"),

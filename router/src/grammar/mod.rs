@@ -27,6 +27,9 @@ pub enum GrammarError {
     /// The model's tokenizer gives llguidance no byte view of its tokens (decided at start-up).
     #[error("grammars are not available for this model's tokenizer: {0}")]
     Unavailable(String),
+    /// The server was started with `--disable-grammar-support`.
+    #[error("disabled by --disable-grammar-support")]
+    Disabled,
     /// llguidance could not compile the schema or regex; its message.
     #[error("{0}")]
     Compile(String),

@@ -24,6 +24,8 @@ pub struct HttpConfig {
     pub max_total_tokens: usize,
     /// Prompts per `/v1/completions` request at most.
     pub max_client_batch_size: usize,
+    /// Grammars (and so `response_format` and `tools`) are refused with 422.
+    pub disable_grammar_support: bool,
     /// Request bodies larger than this are answered 413.
     pub payload_limit: usize,
     /// When set, the generation routes require `Authorization: Bearer <key>`.
@@ -53,6 +55,7 @@ impl Default for HttpConfig {
             max_input_tokens: 1024,
             max_total_tokens: 2048,
             max_client_batch_size: 4,
+            disable_grammar_support: false,
             payload_limit: 2_000_000,
             api_key: None,
             model_id: String::new(),
@@ -117,8 +120,12 @@ impl AppState {
                     .inspect_err(|error| tracing::warn!(%error, "chat completions are disabled"))
             }
         };
-        let grammar = GrammarCompiler::new(&info.tokenizer_json, tokenizer.clone(), &info.eos_token_ids, info.vocab_size)
-            .inspect_err(|error| tracing::warn!(%error, "grammars are disabled"));
+        let grammar = if config.disable_grammar_support {
+            Err(GrammarError::Disabled)
+        } else {
+            GrammarCompiler::new(&info.tokenizer_json, tokenizer.clone(), &info.eos_token_ids, info.vocab_size)
+                .inspect_err(|error| tracing::warn!(%error, "grammars are disabled"))
+        };
         let limits = ValidationLimits {
             max_best_of: config.max_best_of,
             max_stop_sequences: config.max_stop_sequences,

@@ -97,3 +97,19 @@ async fn each_best_of_candidate_follows_its_own_copy_of_the_grammar() {
     assert_eq!(other["finish_reason"], "eos_token");
     assert_eq!(log.lock().unwrap().new_requests.len(), 2);
 }
+
+#[tokio::test]
+async fn disable_grammar_support_refuses_grammars_and_tools() {
+    let (app, _) = app(HttpConfig { disable_grammar_support: true, ..HttpConfig::default() }).await;
+    let tools = json!([{"type": "function", "function": {"name": "now"}}]);
+    for (route, body) in [
+        ("/generate", json!({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "a"}}})),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "Hi"}], "tools": tools})),
+    ] {
+        let (status, _, text) = send(&app, post(route, &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert!(text.contains("grammar is not supported: disabled by --disable-grammar-support"), "{text}");
+    }
+    let (status, _, _) = send(&app, post("/generate", &json!({"inputs": "x", "parameters": {"max_new_tokens": 2}}))).await;
+    assert_eq!(status, StatusCode::OK);
+}
