@@ -33,6 +33,14 @@ pub(crate) async fn ping(state: State<Arc<AppState>>) -> Result<(), HttpError> {
     health(state).await
 }
 
+/// Same as `/health`: TGI answers `GET /` as a health probe (`POST /` generates).
+#[utoipa::path(get, path = "/", tag = "Text Generation Inference",
+    responses((status = 200, description = "Everything is working fine"),
+        (status = 503, description = "The shard is down", body = ErrorBody)))]
+pub(crate) async fn root(state: State<Arc<AppState>>) -> Result<(), HttpError> {
+    health(state).await
+}
+
 /// Served model and server limits.
 #[utoipa::path(get, path = "/info", tag = "Text Generation Inference",
     responses((status = 200, body = Info)))]

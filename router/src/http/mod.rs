@@ -14,6 +14,7 @@ mod generate;
 mod generation;
 mod headers;
 mod info;
+mod invocations;
 mod listener;
 mod openai;
 mod openai_stream;
@@ -81,6 +82,7 @@ pub fn router(
         .route("/tokenize", post(generate::tokenize))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/invocations", post(invocations::invocations))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             extract::require_api_key,
@@ -89,6 +91,8 @@ pub fn router(
         // scrape of /metrics or probe of /health would bury theirs.
         .route_layer(middleware::from_fn(trace::request_span));
     let open_routes = Router::new()
+        // As TGI: GET / is a health probe (POST / generates, behind the key).
+        .route("/", get(info::root))
         .route("/health", get(info::health))
         .route("/ping", get(info::ping))
         .route("/info", get(info::info))

@@ -5,7 +5,7 @@ use axum::response::Html;
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{generate, info, openai, openai_types, types};
+use super::{generate, info, invocations, openai, openai_types, types};
 use crate::error::ErrorBody;
 
 #[derive(OpenApi)]
@@ -22,6 +22,8 @@ use crate::error::ErrorBody;
         generate::tokenize,
         openai::chat_completions,
         openai::completions,
+        invocations::invocations,
+        info::root,
         info::health,
         info::ping,
         info::info,

@@ -3,6 +3,7 @@
 //! tokens of a fixed text. Stop sequences, cancellation, SSE shapes and concurrency limits are
 //! thereby checked deterministically; the integration tests run the same against the model.
 mod grammar;
+mod invocations;
 mod tools;
 mod listener;
 mod openai;
