@@ -46,3 +46,19 @@ def test_completions(url):
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == reply.choices[0].text
     assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_completion_logprobs_and_chat_stream_logprobs(url):
+    openai = client(url)
+    reply = openai.completions.create(model="tgi", prompt="The sky is", max_tokens=6, temperature=0, logprobs=2)
+    logprobs = reply.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) >= 1
+    assert all(lp <= 0 for lp in logprobs.token_logprobs)
+    # Greedy: the sampled token is the most likely of its alternatives.
+    for token, chosen, alternatives in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert alternatives[token] == chosen and chosen >= max(alternatives.values()) - 1e-4
+    chunks = list(openai.chat.completions.create(
+        model="tgi", messages=[{"role": "user", "content": "Count to three."}], max_tokens=5,
+        stream=True, logprobs=True))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].delta.content]
+    assert streamed and all(lp is not None and len(lp.content) == 1 for lp in streamed)

@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::future::try_join_all;
+use serde_json::json;
 
 use super::extract::JsonBody;
 use super::generate::run_candidates;
@@ -56,7 +57,7 @@ pub(crate) async fn chat_completions(
             prompts: vec![prepared],
             add_special_tokens: false,
             include_usage,
-            identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk"),
+            identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk").with_logprobs(request.logprobs),
             arrival,
         };
         // One choice per chat request: one call to follow.
@@ -109,7 +110,8 @@ pub(crate) async fn completions(
             prompts,
             add_special_tokens: true,
             include_usage,
-            identity: ResponseIdentity::new(&state.model_id, "text_completion"),
+            identity: ResponseIdentity::new(&state.model_id, "text_completion")
+                .with_logprobs(request.logprobs.is_some()),
             arrival,
         };
         return openai_stream(state, headers, plan, Arc::new(completion_chunk));
@@ -132,7 +134,8 @@ pub(crate) async fn completions(
         // One request with one set of headers and figures: the first prompt's, as TGI's.
         let figures = log.succeeded(first, valid.max_new_tokens);
         let headers = finished_headers(&figures, first, &state.config.compute_type, 0);
-        Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs))))
+        let logprobs = request.logprobs.is_some();
+        Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs, logprobs))))
     }
     .await;
     respond(result, &log)
@@ -212,7 +215,7 @@ fn prepare_completion(
     if prompts.len() > limit {
         return Err(ValidationError::ClientBatchSize(limit, prompts.len()).into());
     }
-    let parameters = request.sampling.to_parameters(None)?;
+    let parameters = request.sampling.to_parameters(request.logprobs)?;
     Ok(prompts
         .into_iter()
         .map(|prompt| (PromptText::Text(prompt), parameters.clone()))
@@ -282,7 +285,43 @@ fn chat_completion(model: &str, output: &GenerationOutput, logprobs: bool, calls
     }
 }
 
-fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)]) -> Completion {
+/// The legacy completions API's log-probabilities: each token's text and log-probability, its
+/// alternatives (the sampled token among them, with its own log-probability), and each token's
+/// character offset in the generated text (`text_offset`, when the offsets are known).
+fn completion_logprobs(tokens: &[Token], top_tokens: &[Vec<Token>], with_offsets: bool) -> serde_json::Value {
+    let mut offset = 0;
+    let mut text_offset = Vec::with_capacity(tokens.len());
+    for token in tokens {
+        text_offset.push(offset);
+        // A special token (the end of the answer) is listed but is not in the text.
+        if !token.special {
+            offset += token.text.chars().count();
+        }
+    }
+    let top_logprobs: Vec<serde_json::Map<String, serde_json::Value>> = tokens
+        .iter()
+        .enumerate()
+        .map(|(position, token)| {
+            let mut alternatives = serde_json::Map::new();
+            for top in top_tokens.get(position).map(Vec::as_slice).unwrap_or_default() {
+                alternatives.insert(top.text.clone(), json!(top.logprob));
+            }
+            alternatives.insert(token.text.clone(), json!(token.logprob));
+            alternatives
+        })
+        .collect();
+    let mut logprobs = json!({
+        "tokens": tokens.iter().map(|t| t.text.clone()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": top_logprobs,
+    });
+    if with_offsets {
+        logprobs["text_offset"] = json!(text_offset);
+    }
+    logprobs
+}
+
+fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool) -> Completion {
     let identity = ResponseIdentity::new(model, "text_completion");
     let (prompt_tokens, completion_tokens) = outputs.iter().fold((0, 0), |(p, c), (_, output)| {
         (p + output.input_length, c + output.generated_tokens)
@@ -299,7 +338,7 @@ fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)]) -> Comp
             .map(|(index, (_, output))| CompletionChoice {
                 index: index as u32,
                 text: output.generated_text.clone(),
-                logprobs: None,
+                logprobs: logprobs.then(|| completion_logprobs(&output.tokens, &output.top_tokens, true)),
                 finish_reason: Some(finish_reason(output.finish_reason)),
             })
             .collect(),
@@ -345,7 +384,7 @@ fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, call: Optio
     });
     let logprobs = update
         .token
-        .filter(|_| !update.top_tokens.is_empty())
+        .filter(|_| identity.logprobs || !update.top_tokens.is_empty())
         .map(|token| chat_logprobs(std::slice::from_ref(token), &[update.top_tokens.to_vec()]));
     let chunk = ChatCompletionChunk {
         id: identity.id.clone(),
@@ -377,8 +416,11 @@ fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> se
         system_fingerprint: fingerprint(),
         choices: vec![CompletionChoice {
             index: update.index,
+            logprobs: update
+                .token
+                .filter(|_| identity.logprobs)
+                .map(|token| completion_logprobs(std::slice::from_ref(token), &[update.top_tokens.to_vec()], false)),
             text: update.text,
-            logprobs: None,
             finish_reason: update
                 .finish
                 .map(|output| finish_reason(output.finish_reason)),

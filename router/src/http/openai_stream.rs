@@ -28,6 +28,8 @@ pub(crate) struct ResponseIdentity {
     pub model: String,
     /// `chat.completion.chunk` or `text_completion`.
     pub chunk_object: &'static str,
+    /// The client asked for each token's log-probability (even with no alternatives).
+    pub logprobs: bool,
 }
 
 impl ResponseIdentity {
@@ -38,7 +40,12 @@ impl ResponseIdentity {
             created,
             model: model.to_string(),
             chunk_object,
+            logprobs: false,
         }
+    }
+
+    pub fn with_logprobs(self, logprobs: bool) -> Self {
+        Self { logprobs, ..self }
     }
 }
 

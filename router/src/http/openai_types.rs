@@ -210,6 +210,9 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub suffix: Option<String>,
+    /// The legacy API's log-probabilities: each token's, and this many alternatives (0–5).
+    #[serde(default)]
+    pub logprobs: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -109,3 +109,63 @@ async fn a_template_that_does_not_compile_disables_chat_only() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(text.contains("the model has no chat template"), "{text}");
 }
+
+#[tokio::test]
+async fn completions_return_the_legacy_logprobs_streamed_and_not() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"prompt": "Hi", "max_tokens": 100, "logprobs": 2});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let completion: Value = serde_json::from_str(&text).unwrap();
+    let logprobs = &completion["choices"][0]["logprobs"];
+    let tokens = logprobs["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), completion["usage"]["completion_tokens"].as_u64().unwrap() as usize);
+    // The tokens spell the text, the end-of-answer token after it (its offset the text's end).
+    let joined: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(joined.strip_suffix("<|im_end|>"), Some(SCRIPT));
+    let offsets: Vec<u64> = logprobs["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+    assert_eq!(offsets[0], 0);
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]));
+    for (position, token) in tokens.iter().enumerate() {
+        let chosen = logprobs["token_logprobs"][position].as_f64().unwrap();
+        assert!(chosen <= 0.0);
+        let alternatives = logprobs["top_logprobs"][position].as_object().unwrap();
+        // Two alternatives, and the sampled token among them (added when not one of the two).
+        assert!((2..=3).contains(&alternatives.len()), "{alternatives:?}");
+        assert_eq!(alternatives[token.as_str().unwrap()].as_f64().unwrap(), chosen);
+    }
+    // Without `logprobs`: none.
+    let (_, _, text) = send(&app, post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 5}))).await;
+    assert!(serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["logprobs"].is_null());
+
+    let streamed = json!({"prompt": "Hi", "max_tokens": 100, "logprobs": 0, "stream": true});
+    let (status, _, text) = send(&app, post("/v1/completions", &streamed)).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = sse_data(&text);
+    let chunks: Vec<&Value> = events.iter().filter(|e| e["choices"].as_array().is_some_and(|c| !c.is_empty())).collect();
+    assert!(!chunks.is_empty());
+    for chunk in chunks {
+        let logprobs = &chunk["choices"][0]["logprobs"];
+        assert_eq!(logprobs["tokens"].as_array().unwrap().len(), 1, "{chunk}");
+        // logprobs 0: the sampled token's own log-probability only.
+        assert_eq!(logprobs["top_logprobs"][0].as_object().unwrap().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn chat_streams_logprobs_when_asked_with_no_alternatives() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true, "max_tokens": 100,
+                      "logprobs": true});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = sse_data(&text);
+    let chunks: Vec<&Value> = events.iter().filter(|e| e["object"] == "chat.completion.chunk").collect();
+    assert!(!chunks.is_empty());
+    for chunk in chunks {
+        let content = &chunk["choices"][0]["logprobs"]["content"];
+        assert_eq!(content.as_array().map(Vec::len), Some(1), "{chunk}");
+        assert!(content[0]["logprob"].as_f64().unwrap() <= 0.0);
+        assert_eq!(content[0]["top_logprobs"], json!([]));
+    }
+}
