@@ -105,9 +105,10 @@ def test_tgi_client_raises_validation_error(guarded):
 def test_openai_routes_validate(guarded):
     client = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key=API_KEY, timeout=120)
     with pytest.raises(openai.UnprocessableEntityError) as raised:
-        client.chat.completions.create(model="tgi", messages=[{"role": "user", "content": "hi"}], n=2)
+        client.chat.completions.create(model="tgi", messages=[{"role": "user", "content": "hi"}], n=5)
     # The client keeps the "error" member of the body.
-    assert raised.value.body == "Input validation error: `n` must be 1. Given: 2"
+    assert raised.value.body == ("Input validation error: `n` must be between 1 and 4, and `n` times the prompts "
+                                 "at most 4. Given: 5")
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "top_p": 5}
     lines = [l for l in post(guarded, "/v1/chat/completions", body).text.splitlines() if l.startswith("data:")]
     assert json.loads(lines[0][5:]) == {

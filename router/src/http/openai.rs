@@ -50,38 +50,88 @@ pub(crate) async fn chat_completions(
         .is_some_and(|options| options.include_usage);
     let prepared = prepare_chat(&state, &request);
     let calls_tools = matches!(&prepared, Ok((PromptText::Chat { tools: Some(_), .. }, _)));
+    // `n` choices: the same conversation n times (its blocks shared through the prefix cache).
+    let prepared = prepared.and_then(|(prompt, parameters)| {
+        let n = choice_count(&state, request.sampling.choices(), 1)?;
+        if calls_tools && n > 1 {
+            return Err(HttpError::from(ValidationError::Unsupported("`n` > 1 with `tools`")));
+        }
+        Ok(choice_parameters(&parameters, n).into_iter().map(|p| (prompt.clone(), p)).collect::<Vec<_>>())
+    });
     if stream {
         let headers = stream_headers(&state.config.compute_type, 0);
+        let choices = prepared.as_ref().map_or(1, Vec::len);
         let plan = StreamPlan {
             route: CHAT_ROUTE,
-            prompts: vec![prepared],
+            prompts: match prepared {
+                Ok(choices) => choices.into_iter().map(Ok).collect(),
+                Err(error) => vec![Err(error)],
+            },
             add_special_tokens: false,
             include_usage,
             identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk").with_logprobs(request.logprobs),
             arrival,
+            choices_per_prompt: choices,
         };
-        // One choice per chat request: one call to follow.
+        // Tools come with one choice: one call to follow.
         let call = calls_tools.then(|| Mutex::new(CallStream::default()));
         let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| chat_chunk(identity, update, call.as_ref());
         return openai_stream(state, headers, plan, Arc::new(chunk));
     }
     let log = RequestLog::start(CHAT_ROUTE, arrival);
     let result = async {
-        let (prompt, parameters) = prepared?;
-        let _permit = acquire_permit(&state.permits)?;
-        let inputs = prompt.render(&state)?;
-        let valid = validate_request(&state, inputs, &parameters, false, arrival).await?;
-        let (output, _) = run_candidates(&state, &valid, &log).await?;
-        let figures = log.succeeded(&output, valid.max_new_tokens);
-        let headers = finished_headers(&figures, &output, &state.config.compute_type, 0);
+        let outputs = run_choices(&state, prepared?, false, arrival, &log).await?;
+        let (valid, first) = outputs.first().ok_or(HttpError::Incomplete)?;
+        let figures = log.succeeded(first, valid.max_new_tokens);
+        let headers = finished_headers(&figures, first, &state.config.compute_type, 0);
         let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
         Ok::<_, HttpError>((
             headers,
-            Json(chat_completion(&state.model_id, &output, logprobs, calls_tools)),
+            Json(chat_completion(&state.model_id, &outputs, logprobs, calls_tools)),
         ))
     }
     .await;
     respond(result, &log)
+}
+
+/// Choices of a request: `n` per prompt, checked against the limit on sequences per request
+/// (`--max-client-batch-size`, which also bounds the prompts).
+fn choice_count(state: &AppState, n: u32, prompts: usize) -> Result<usize, HttpError> {
+    let limit = state.config.max_client_batch_size;
+    let n = n as usize;
+    if n == 0 || n.saturating_mul(prompts) > limit {
+        return Err(ValidationError::ChoiceCount(limit, n).into());
+    }
+    Ok(n)
+}
+
+/// The parameters of `n` choices of one prompt: with a seed, choice j samples with seed + j,
+/// so that the choices differ and the response is still reproducible.
+fn choice_parameters(parameters: &GenerateParameters, n: usize) -> Vec<GenerateParameters> {
+    (0..n as u64)
+        .map(|j| GenerateParameters {
+            seed: parameters.seed.map(|seed| seed.wrapping_add(j)),
+            ..parameters.clone()
+        })
+        .collect()
+}
+
+/// Runs every choice at once (each under its own permit) and returns them in order.
+async fn run_choices(
+    state: &Arc<AppState>,
+    choices: Vec<(PromptText, GenerateParameters)>,
+    add_special_tokens: bool,
+    arrival: Instant,
+    log: &RequestLog,
+) -> Result<Vec<(ValidRequest, GenerationOutput)>, HttpError> {
+    let runs = choices.into_iter().map(|(prompt, parameters)| async move {
+        let _permit = acquire_permit(&state.permits)?;
+        let inputs = prompt.render(state)?;
+        let valid = validate_request(state, inputs, &parameters, add_special_tokens, arrival).await?;
+        let (output, _) = run_candidates(state, &valid, log).await?;
+        Ok::<_, HttpError>((valid, output))
+    });
+    try_join_all(runs).await
 }
 
 /// Text completion of one prompt or a batch of them (up to `max_client_batch_size`).
@@ -113,29 +163,20 @@ pub(crate) async fn completions(
             identity: ResponseIdentity::new(&state.model_id, "text_completion")
                 .with_logprobs(request.logprobs.is_some()),
             arrival,
+            choices_per_prompt: request.sampling.choices() as usize,
         };
         return openai_stream(state, headers, plan, Arc::new(completion_chunk));
     }
     let log = RequestLog::start(COMPLETIONS_ROUTE, arrival);
     let result = async {
-        let prompts = prepared?;
-        let runs = prompts.into_iter().map(|(prompt, parameters)| {
-            let (state, log) = (&state, &log);
-            async move {
-                let _permit = acquire_permit(&state.permits)?;
-                let inputs = prompt.render(state)?;
-                let valid = validate_request(state, inputs, &parameters, true, arrival).await?;
-                let (output, _) = run_candidates(state, &valid, log).await?;
-                Ok::<_, HttpError>((valid, output))
-            }
-        });
-        let outputs = try_join_all(runs).await?;
+        let outputs = run_choices(&state, prepared?, true, arrival, &log).await?;
         let (valid, first) = outputs.first().ok_or(HttpError::Incomplete)?;
         // One request with one set of headers and figures: the first prompt's, as TGI's.
         let figures = log.succeeded(first, valid.max_new_tokens);
         let headers = finished_headers(&figures, first, &state.config.compute_type, 0);
         let logprobs = request.logprobs.is_some();
-        Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs, logprobs))))
+        let n = request.sampling.choices() as usize;
+        Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs, logprobs, n))))
     }
     .await;
     respond(result, &log)
@@ -215,10 +256,14 @@ fn prepare_completion(
     if prompts.len() > limit {
         return Err(ValidationError::ClientBatchSize(limit, prompts.len()).into());
     }
+    let n = choice_count(state, request.sampling.choices(), prompts.len())?;
     let parameters = request.sampling.to_parameters(request.logprobs)?;
+    // OpenAI's order: prompt by prompt, each prompt's n choices together.
     Ok(prompts
         .into_iter()
-        .map(|prompt| (PromptText::Text(prompt), parameters.clone()))
+        .flat_map(|prompt| {
+            choice_parameters(&parameters, n).into_iter().map(move |p| (PromptText::Text(prompt.clone()), p))
+        })
         .collect())
 }
 
@@ -262,26 +307,41 @@ fn answer(output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Opti
     }
 }
 
-fn chat_completion(model: &str, output: &GenerationOutput, logprobs: bool, calls_tools: bool) -> ChatCompletion {
-    let (content, tool_calls, finish_reason) = answer(output, calls_tools);
+fn chat_completion(
+    model: &str,
+    outputs: &[(ValidRequest, GenerationOutput)],
+    logprobs: bool,
+    calls_tools: bool,
+) -> ChatCompletion {
     let identity = ResponseIdentity::new(model, "chat.completion.chunk");
+    let choices = outputs
+        .iter()
+        .enumerate()
+        .map(|(index, (_, output))| {
+            let (content, tool_calls, finish_reason) = answer(output, calls_tools);
+            ChatChoice {
+                index: index as u32,
+                message: AssistantMessage {
+                    role: "assistant".to_string(),
+                    content,
+                    tool_calls,
+                },
+                logprobs: logprobs.then(|| chat_logprobs(&output.tokens, &output.top_tokens)),
+                finish_reason,
+            }
+        })
+        .collect();
+    // The conversation counts once, every choice's tokens each.
+    let prompt_tokens = outputs.first().map_or(0, |(_, output)| output.input_length);
+    let completion_tokens = outputs.iter().map(|(_, output)| output.generated_tokens).sum();
     ChatCompletion {
         id: identity.id,
         object: "chat.completion".to_string(),
         created: identity.created,
         model: identity.model,
         system_fingerprint: fingerprint(),
-        choices: vec![ChatChoice {
-            index: 0,
-            message: AssistantMessage {
-                role: "assistant".to_string(),
-                content,
-                tool_calls,
-            },
-            logprobs: logprobs.then(|| chat_logprobs(&output.tokens, &output.top_tokens)),
-            finish_reason,
-        }],
-        usage: Usage::new(output.input_length, output.generated_tokens),
+        choices,
+        usage: Usage::new(prompt_tokens, completion_tokens),
     }
 }
 
@@ -321,10 +381,12 @@ fn completion_logprobs(tokens: &[Token], top_tokens: &[Vec<Token>], with_offsets
     logprobs
 }
 
-fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool) -> Completion {
+fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool, n: usize) -> Completion {
     let identity = ResponseIdentity::new(model, "text_completion");
-    let (prompt_tokens, completion_tokens) = outputs.iter().fold((0, 0), |(p, c), (_, output)| {
-        (p + output.input_length, c + output.generated_tokens)
+    // Each prompt counts once (its first choice), every choice's tokens each.
+    let (prompt_tokens, completion_tokens) = outputs.iter().enumerate().fold((0, 0), |(p, c), (index, (_, output))| {
+        let prompt = if index % n.max(1) == 0 { output.input_length } else { 0 };
+        (p + prompt, c + output.generated_tokens)
     });
     Completion {
         id: identity.id,

@@ -73,6 +73,7 @@ pub(crate) type PreparedPrompt = Result<(PromptText, GenerateParameters), HttpEr
 
 /// A prompt's text, or the conversation it is rendered from: rendering waits until the
 /// request holds its concurrency permit, as everything that costs CPU time does.
+#[derive(Clone)]
 pub(crate) enum PromptText {
     Text(String),
     /// A conversation, and the tools its template is given (OpenAI's definitions).
@@ -98,6 +99,8 @@ pub(crate) struct StreamPlan {
     pub include_usage: bool,
     pub identity: ResponseIdentity,
     pub arrival: Instant,
+    /// Consecutive prompts that are `n` choices of one prompt: its tokens count once in usage.
+    pub choices_per_prompt: usize,
 }
 
 /// Answers with SSE at once and runs every prompt as one choice of the stream.
@@ -117,6 +120,7 @@ pub(crate) fn openai_stream(
                 include_usage,
                 identity,
                 arrival,
+                choices_per_prompt,
             } = plan;
             let choices = prompts.into_iter().enumerate().map(|(index, prompt)| {
                 let choice = Choice {
@@ -135,11 +139,12 @@ pub(crate) fn openai_stream(
             });
             let results = join_all(choices).await;
             let mut usage = Usage::new(0, 0);
-            for result in results {
+            for (index, result) in results.into_iter().enumerate() {
                 match result {
                     Ok(Some(choice_usage)) => {
+                        let first_choice = index % choices_per_prompt.max(1) == 0;
                         usage = Usage::new(
-                            usage.prompt_tokens + choice_usage.prompt_tokens,
+                            usage.prompt_tokens + if first_choice { choice_usage.prompt_tokens } else { 0 },
                             usage.completion_tokens + choice_usage.completion_tokens,
                         )
                     }

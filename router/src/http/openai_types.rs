@@ -75,14 +75,16 @@ pub struct OpenAiSampling {
 }
 
 impl OpenAiSampling {
+    /// Choices per prompt (`n`, default 1).
+    pub fn choices(&self) -> u32 {
+        self.n.unwrap_or(1)
+    }
+
     /// TGI's parameters for this request; `top_n_tokens` from the logprobs options.
     pub fn to_parameters(
         &self,
         top_n_tokens: Option<u32>,
     ) -> Result<GenerateParameters, ValidationError> {
-        if let Some(n) = self.n.filter(|&n| n != 1) {
-            return Err(ValidationError::ChoiceCount(n));
-        }
         if let Some(presence) = self.presence_penalty {
             if !(-2.0..=2.0).contains(&presence) {
                 return Err(ValidationError::PresencePenalty);
@@ -400,15 +402,11 @@ mod tests {
     }
 
     #[test]
-    fn only_one_choice_is_supported() {
-        let sampling = OpenAiSampling {
-            n: Some(2),
-            ..Default::default()
-        };
-        assert_eq!(
-            sampling.to_parameters(None).unwrap_err().to_string(),
-            "`n` must be 1. Given: 2"
-        );
+    fn choices_default_to_one() {
+        assert_eq!(OpenAiSampling::default().choices(), 1);
+        let sampling = OpenAiSampling { n: Some(3), ..Default::default() };
+        assert_eq!(sampling.choices(), 3);
+        assert!(sampling.to_parameters(None).is_ok());
     }
 
     #[test]

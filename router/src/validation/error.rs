@@ -63,8 +63,8 @@ pub enum ValidationError {
     Slo(&'static str),
     #[error("`slo.{0}` must be at most {1} milliseconds. Given: {2}")]
     SloAboveLimit(&'static str, f64, f64),
-    #[error("`n` must be 1. Given: {0}")]
-    ChoiceCount(u32),
+    #[error("`n` must be between 1 and {0}, and `n` times the prompts at most {0}. Given: {1}")]
+    ChoiceCount(usize, usize),
     #[error("`prompt` supports up to {0} prompts. Given: {1}")]
     ClientBatchSize(usize, usize),
     #[error("`tools` are not valid: {0}")]

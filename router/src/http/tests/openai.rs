@@ -169,3 +169,65 @@ async fn chat_streams_logprobs_when_asked_with_no_alternatives() {
         assert_eq!(content[0]["top_logprobs"], json!([]));
     }
 }
+
+#[tokio::test]
+async fn n_choices_share_the_prompt_and_count_it_once() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100, "n": 3, "seed": 7,
+                      "temperature": 0.8});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let reply: Value = serde_json::from_str(&text).unwrap();
+    let choices = reply["choices"].as_array().unwrap();
+    assert_eq!(choices.iter().map(|c| c["index"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert!(choices.iter().all(|c| c["message"]["content"] == SCRIPT));
+    let single_prompt = reply["usage"]["prompt_tokens"].as_u64().unwrap();
+    let (_, _, one) = send(&app, post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 100}))).await;
+    let one: Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(single_prompt, one["usage"]["prompt_tokens"].as_u64().unwrap(), "the prompt counts once");
+    assert_eq!(reply["usage"]["completion_tokens"].as_u64().unwrap(), 3 * one["usage"]["completion_tokens"].as_u64().unwrap());
+    // Three engine requests, seeds 7, 8, 9: the choices sample differently yet reproducibly.
+    let seeds: Vec<u64> = log.lock().unwrap().new_requests.iter().take(3)
+        .map(|r| r.parameters.as_ref().unwrap().seed).collect();
+    assert_eq!({ let mut s = seeds.clone(); s.sort(); s }, vec![7, 8, 9]);
+
+    let streamed = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100, "n": 2,
+                          "stream": true, "stream_options": {"include_usage": true}});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = sse_data(&text);
+    for index in 0..2u64 {
+        let content: String = events.iter()
+            .filter(|e| e["choices"].as_array().is_some_and(|c| !c.is_empty()) && e["choices"][0]["index"] == index)
+            .map(|e| e["choices"][0]["delta"]["content"].as_str().unwrap_or("").to_string()).collect();
+        assert_eq!(content, SCRIPT, "choice {index}");
+    }
+    assert_eq!(events[events.len() - 2]["usage"]["prompt_tokens"].as_u64().unwrap(), single_prompt);
+
+    // Completions: prompt by prompt, each prompt's choices together.
+    let body = json!({"prompt": ["a", "b"], "max_tokens": 100, "n": 2});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let reply: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(reply["choices"].as_array().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn n_beyond_the_limits_is_422() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let chat = |n: u64| json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "n": n});
+    for n in [0, 5] {
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &chat(n))).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "n={n}: {text}");
+        assert!(text.contains("`n` must be between 1 and 4"), "{text}");
+    }
+    // Three prompts of two choices are six sequences, over the limit of four.
+    let (status, _, _) = send(&app, post("/v1/completions", &json!({"prompt": ["a", "b", "c"], "n": 2}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let tools = json!({"messages": [{"role": "user", "content": "Hi"}], "n": 2, "tools": [{"type": "function",
+        "function": {"name": "f", "parameters": {"type": "object"}}}]});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &tools)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(text.contains("`n` > 1 with `tools`"), "{text}");
+}
