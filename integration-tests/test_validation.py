@@ -107,8 +107,9 @@ def test_openai_routes_validate(guarded):
     with pytest.raises(openai.UnprocessableEntityError) as raised:
         client.chat.completions.create(model="tgi", messages=[{"role": "user", "content": "hi"}], n=5)
     # The client keeps the "error" member of the body.
-    assert raised.value.body == ("Input validation error: `n` must be between 1 and 4, and `n` times the prompts "
-                                 "at most 4. Given: 5")
+    # This server's --max-client-batch-size is 2 (LIMITS).
+    assert raised.value.body == ("Input validation error: `n` must be between 1 and 2, and `n` times the prompts "
+                                 "at most 2. Given: 5")
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "top_p": 5}
     lines = [l for l in post(guarded, "/v1/chat/completions", body).text.splitlines() if l.startswith("data:")]
     assert json.loads(lines[0][5:]) == {
