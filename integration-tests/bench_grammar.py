@@ -18,16 +18,13 @@ unconstrained step cycle: the figure to judge the target by on a shared machine.
 import argparse
 import asyncio
 import json
-import os
 import re
-import signal
-import socket
 import sys
 import time
 
 import aiohttp
 
-from bench_overhead import launch, mean_between, parse_metrics, wait_healthy
+from bench_overhead import mean_between, parse_metrics, served
 
 PROMPT = "Write a long list of short notes about the sea, as a JSON array of strings:"
 # At least 200 strings: no stream can complete it within the token limit, so each decodes to
@@ -124,15 +121,7 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
-    process, url = None, args.url
-    if url is None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        url = f"http://127.0.0.1:{port}"
-        process = launch(port)
-    try:
-        wait_healthy(url, process)
+    with served(args.url) as url:
         asyncio.run(run(url, 4, 8, constrained=True))  # warm both paths
         asyncio.run(run(url, 4, 8, constrained=False))
         free = asyncio.run(run(url, args.streams, args.max_new_tokens, constrained=False))
@@ -158,10 +147,6 @@ def main() -> int:
         print(json.dumps({"unconstrained": free, "constrained": constrained, "slowdown": slowdown,
                           "added_outside_forward_ms": added_ms, "added_share": added}))
         return 1 if free["errors"] or constrained["errors"] else 0
-    finally:
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=60)
 
 
 if __name__ == "__main__":

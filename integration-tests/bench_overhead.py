@@ -12,6 +12,7 @@ repeats with its range. Then 256 concurrent streams must all complete without er
 Target: overhead <= 1 ms per token."""
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -155,14 +157,11 @@ def wait_healthy(url: str, process: subprocess.Popen | None, timeout_s: float = 
     raise SystemExit("the server did not become healthy")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help="a running server (default: launch one)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5, help="measurements of 1 and 32 streams, alternating")
-    args = parser.parse_args()
+@contextlib.contextmanager
+def served(url: str | None) -> Iterator[str]:
+    """`url`, or the embedded model's server launched on a free loopback port (stopped at the
+    end); healthy either way."""
     process = None
-    url = args.url
     if url is None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -171,6 +170,20 @@ def main() -> int:
         process = launch(port)
     try:
         wait_healthy(url, process)
+        yield url
+    finally:
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="a running server (default: launch one)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5, help="measurements of 1 and 32 streams, alternating")
+    args = parser.parse_args()
+    with served(args.url) as url:
         measure(url, 4, 8)  # warm the path
         rows: dict[int, list[dict]] = {1: [], 32: []}
         for repeat in range(args.repeats):
@@ -184,10 +197,6 @@ def main() -> int:
               f"client gap mean {big['client_gap_mean_ms']:.1f} ms, forward mean {big['forward_mean_ms']:.1f} ms")
         print(json.dumps({"summaries": summaries, "256": big}))
         return 1 if big["errors"] or any(s["errors"] for s in summaries) else 0
-    finally:
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=60)
 
 
 if __name__ == "__main__":

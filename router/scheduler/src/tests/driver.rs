@@ -46,6 +46,28 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
     }
 }
 
+pub(crate) fn with_slo(mut spec: RequestSpec, ttft_s: f64, tbt_s: f64) -> RequestSpec {
+    spec.slo = Some(Slo { ttft_s, tbt_s });
+    spec
+}
+
+/// The burst scenario: three long generations with relaxed objectives (5 s, 1 s) hold the
+/// memory for 20 steps, then ten short interactive requests (ids 10..20) arrive at once with
+/// `ttft_s` for both objectives. Returns their arrival time.
+pub(crate) fn burst(d: &mut Driver, ttft_s: f64) -> f64 {
+    for id in 0..3 {
+        d.add(with_slo(spec(id, 40, 60, 0.0), 5.0, 1.0));
+    }
+    while d.plans.len() < 20 {
+        d.step();
+    }
+    let arrival = d.now;
+    for id in 10..20 {
+        d.add(with_slo(spec(id, 8, 4, arrival), ttft_s, ttft_s));
+    }
+    arrival
+}
+
 pub(crate) fn spec(id: u64, prompt_len: u32, max_new_tokens: u32, arrival: f64) -> RequestSpec {
     RequestSpec {
         id,

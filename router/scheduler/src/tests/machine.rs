@@ -3,18 +3,13 @@
 //! scripted scenarios feed back the prediction and acknowledge transfers on schedule; these
 //! exercise the online correction and rotation that costs time.
 
-use super::driver::{config, spec, Driver};
-use crate::config::{PolicyKind, SchedulerConfig, Slo};
-use crate::request::RequestSpec;
+use super::driver::{burst, config, spec, with_slo, Driver};
+use crate::config::{PolicyKind, SchedulerConfig};
 use crate::sim::LinkModel;
 
 /// The link the test config's cost model believes in: 1 ms per 1000-byte block each way.
 const BELIEVED: LinkModel = LinkModel { out_bytes_per_s: 1e6, in_bytes_per_s: 1e6, overhead_s: 0.0, duplex: true };
 
-fn with_slo(mut spec: RequestSpec, ttft_s: f64, tbt_s: f64) -> RequestSpec {
-    spec.slo = Some(Slo { ttft_s, tbt_s });
-    spec
-}
 
 fn swap_friendly(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig {
     let mut cfg = config(policy, device_blocks);
@@ -62,16 +57,7 @@ fn burst_ttft_met(policy: PolicyKind) -> usize {
     let link = LinkModel { out_bytes_per_s: 5e5, in_bytes_per_s: 5e5, overhead_s: 0.0005, duplex: true };
     let ttft = 0.2;
     let mut d = Driver::on_machine(swap_friendly(policy, 40), 1.1, link);
-    for id in 0..3 {
-        d.add(with_slo(spec(id, 40, 60, 0.0), 5.0, 1.0));
-    }
-    while d.plans.len() < 20 {
-        d.step();
-    }
-    let arrival = d.now;
-    for id in 10..20 {
-        d.add(with_slo(spec(id, 8, 4, arrival), ttft, ttft));
-    }
+    let arrival = burst(&mut d, ttft);
     d.run_to_completion(5000);
     d.assert_all_free();
     (10..20u64).filter(|id| d.token_times[id][0] - arrival <= ttft + 1e-9).count()

@@ -1,13 +1,8 @@
 //! Scripted RotaSched scenarios with a fake clock.
 
-use super::driver::{config, spec, Driver, BLOCK_BYTES};
-use crate::config::{PolicyKind, SchedulerConfig, Slo};
-use crate::request::RequestSpec;
+use super::driver::{burst, config, spec, with_slo, Driver, BLOCK_BYTES};
+use crate::config::{PolicyKind, SchedulerConfig};
 
-fn with_slo(mut spec: RequestSpec, ttft_s: f64, tbt_s: f64) -> RequestSpec {
-    spec.slo = Some(Slo { ttft_s, tbt_s });
-    spec
-}
 
 /// Prefill expensive enough that swapping (1 ms per block each way) beats recomputing.
 fn swap_friendly(device_blocks: u32) -> SchedulerConfig {
@@ -158,16 +153,7 @@ fn rotation_meets_a_burst_ttft_that_baselines_miss() {
         let mut cfg = swap_friendly(40);
         cfg.policy = policy;
         let mut d = Driver::new(cfg);
-        for id in 0..3 {
-            d.add(with_slo(spec(id, 40, 60, 0.0), 5.0, 1.0));
-        }
-        while d.plans.len() < 20 {
-            d.step();
-        }
-        let arrival = d.now;
-        for id in 10..20 {
-            d.add(with_slo(spec(id, 8, 4, arrival), 0.1, 0.1));
-        }
+        burst(&mut d, 0.1);
         let start = d.plans.len();
         d.run_to_completion(2000);
         let met = (10..20u64).filter(|id| {
