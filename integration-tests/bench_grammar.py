@@ -20,11 +20,10 @@ import asyncio
 import json
 import re
 import sys
-import time
 
 import aiohttp
 
-from bench_overhead import mean_between, parse_metrics, served
+from bench_overhead import mean_between, one_stream, parse_metrics, served
 
 PROMPT = "Write a long list of short notes about the sea, as a JSON array of strings:"
 # At least 200 strings: no stream can complete it within the token limit, so each decodes to
@@ -56,17 +55,6 @@ def quantile(before: dict[float, float], after: dict[float, float], q: float) ->
             return lower + (bound - lower) * (rank - below) / max(cumulative - below, 1e-12)
         lower, below = bound, cumulative
     return lower
-
-
-async def one_stream(session, url: str, parameters: dict, arrivals: list[float]) -> None:
-    async with session.post(f"{url}/generate_stream", json={"inputs": PROMPT, "parameters": parameters}) as response:
-        response.raise_for_status()
-        async for line in response.content:
-            if line.startswith(b"data:"):
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise RuntimeError(event["error"])
-                arrivals.append(time.perf_counter())
 
 
 async def run(url: str, streams: int, max_new_tokens: int, constrained: bool) -> dict:

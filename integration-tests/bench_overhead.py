@@ -42,9 +42,9 @@ def mean_between(before: dict, after: dict, name: str) -> float:
     return total / count if count else float("nan")
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, max_new_tokens: int, arrivals: list[float]) -> None:
+async def one_stream(session: aiohttp.ClientSession, url: str, parameters: dict, arrivals: list[float]) -> None:
     """Appends the arrival time (client clock) of each of the stream's tokens."""
-    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": max_new_tokens}}
+    body = {"inputs": PROMPT, "parameters": parameters}
     async with session.post(f"{url}/generate_stream", json=body) as response:
         response.raise_for_status()
         async for line in response.content:
@@ -70,7 +70,7 @@ async def run_streams(url: str, concurrency: int, max_new_tokens: int) -> dict:
                 return time.perf_counter(), parse_metrics(await response.text())
 
         arrivals = [[] for _ in range(concurrency)]
-        tasks = [asyncio.create_task(one_stream(session, url, max_new_tokens, a)) for a in arrivals]
+        tasks = [asyncio.create_task(one_stream(session, url, {"max_new_tokens": max_new_tokens}, a)) for a in arrivals]
         await wait_until(lambda: all(len(a) >= 2 for a in arrivals), tasks)
         start, before = await scrape()
         await wait_until(lambda: any(len(a) >= max_new_tokens - 2 for a in arrivals), tasks)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from superinfer import tgi_flags
-from superinfer.shard.cli import ATTENTION_BACKENDS, DTYPES
+from superinfer.shard.cli import ATTENTION_BACKENDS, DEVICE_PATTERN, DTYPES
 from superinfer.shard.config import DEFAULT_BLOCK_SIZE
 
 
@@ -206,7 +206,7 @@ def _check_shard_values(args: argparse.Namespace) -> None:
         raise ValueError(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
     if args.nnodes > 1 and args.master_port is None:
         raise ValueError("--nnodes needs --master-port (MASTER_PORT): every machine must meet at the same one")
-    if args.device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
+    if args.device is not None and not re.fullmatch(DEVICE_PATTERN, args.device):
         raise ValueError(f'--device must be "auto", "cpu", "cuda" or "cuda:N", got {args.device!r}')
     if args.attention_backend is not None and args.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "

@@ -12,6 +12,8 @@ from .config import DEFAULT_BLOCK_SIZE
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
+# What --device accepts (whether the device exists is resolve_device's question, at start-up).
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
