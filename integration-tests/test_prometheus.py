@@ -139,8 +139,10 @@ def traffic(server, prometheus) -> int:
 
 
 def quantile(prometheus: Prometheus, q: float, histogram: str) -> float:
-    """A dashboard's quantile: over the rate of the buckets, summed over every other label."""
-    value = prometheus.value(f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket[5m])))")
+    """A quantile over every observation so far (the cumulative buckets, summed over every other
+    label). Not over rate(): a series born with its final counts in one scrape has no increase
+    to rate, and the quantile would be NaN for want of a second sample, not of a value."""
+    value = prometheus.value(f"histogram_quantile({q}, sum by (le) ({histogram}_bucket))")
     assert value is not None and math.isfinite(value), (histogram, q, value)
     return value
 
@@ -191,7 +193,7 @@ def test_tgi_request_series_are_exported_for_tgis_dashboard(prometheus, traffic)
                       'tgi_batch_inference_duration{method="prefill"', 'tgi_batch_forward_duration{method="decode"'):
         name, _, selector = histogram.partition("{")
         labels = f'{{{selector}, container="{CONTAINER}"}}' if selector else f'{{container="{CONTAINER}"}}'
-        value = prometheus.value(f"histogram_quantile(0.9, sum by (le) (rate({name}_bucket{labels}[10m])))")
+        value = prometheus.value(f"histogram_quantile(0.9, sum by (le) ({name}_bucket{labels}))")
         assert value is not None and math.isfinite(value) and value > 0, (histogram, value)
     assert prometheus.value(f'sum(tgi_queue_size{{container="{CONTAINER}"}})') == 0.0
     assert prometheus.value(f'avg(tgi_batch_current_size{{container="{CONTAINER}"}})') == 0.0
