@@ -1,4 +1,6 @@
 """The `openai` client against the launched server's /v1 endpoints."""
+import uuid
+
 from openai import OpenAI
 
 
@@ -62,3 +64,20 @@ def test_completion_logprobs_and_chat_stream_logprobs(url):
         stream=True, logprobs=True))
     streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].delta.content]
     assert streamed and all(lp is not None and len(lp.content) == 1 for lp in streamed)
+
+
+def test_n_choices_compute_the_prompt_once(server):
+    """n choices are n engine requests admitted together: the first computes the prompt, the
+    others take its full KV blocks from the prefix cache in the same step; greedy, every choice
+    is the answer one request gets."""
+    openai = client(server.url)
+    prompt = f"Note {uuid.uuid4().hex}: " + " ".join(["the quick brown fox jumps over the lazy dog"] * 6)
+    queried, hits = (server.metric(f"superinfer_prefix_cache_{kind}_tokens_total") for kind in ("queried", "hit"))
+    reply = openai.completions.create(model="tgi", prompt=prompt, max_tokens=8, temperature=0, n=4)
+    prompt_tokens = reply.usage.prompt_tokens
+    full_blocks = (prompt_tokens - 1) // 16  # the last prompt token is always computed
+    assert full_blocks >= 3
+    assert server.metric("superinfer_prefix_cache_queried_tokens_total") - queried == 4 * prompt_tokens
+    assert server.metric("superinfer_prefix_cache_hit_tokens_total") - hits == 3 * full_blocks * 16
+    one = openai.completions.create(model="tgi", prompt=prompt, max_tokens=8, temperature=0)
+    assert [choice.text for choice in reply.choices] == [one.choices[0].text] * 4

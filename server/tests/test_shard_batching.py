@@ -5,6 +5,8 @@ import torch
 from conftest import make_executor, make_runner, runner_logits
 
 from superinfer.pb import shard_pb2 as pb
+from superinfer.shard.errors import PlanError
+from superinfer.shard.plan import InFlight, PlanLimits, validate_plan
 
 PROMPT_LEN = 230
 
@@ -36,8 +38,9 @@ class MiniScheduler:
         self.step_id = 0
 
     def run(self, requests: dict[int, dict]) -> dict[int, list[int]]:
-        """requests: id -> {prompt, blocks, params, joins_at}; returns id -> generated tokens."""
-        computed = {rid: 0 for rid in requests}
+        """requests: id -> {prompt, blocks, params, joins_at, cached}; returns id -> generated
+        tokens. `cached`: prompt positions whose K/V another request's blocks hold (default 0)."""
+        computed = {rid: spec.get("cached", 0) for rid, spec in requests.items()}
         tokens = {rid: [] for rid in requests}
         sent: set[int] = set()
         while any(len(tokens[rid]) < self.new_tokens for rid in requests):
@@ -85,3 +88,39 @@ def test_batch_of_eight_matches_each_alone(tiny_llama_dir):
         alone_spec = dict(spec, joins_at=0)
         alone = MiniScheduler(make_executor(tiny_llama_dir), new_tokens=12, chunk=16).run({rid: alone_spec})
         assert batched[rid] == alone[rid], f"request {rid} differs when batched"
+
+
+def test_requests_reading_blocks_written_in_the_same_step(tiny_llama_dir):
+    """The Step protocol's contract that lets n choices of one prompt compute it once: a request
+    whose block table starts with blocks another request of the same step writes (here listed
+    before the writer) reads them as written, since every layer writes the whole step's K/V
+    before any attention reads the cache."""
+    prompt = torch.randint(3, 512, (37,), generator=torch.Generator().manual_seed(3)).tolist()
+    greedy = pb.SamplingParameters(do_sample=False)
+    choices = {rid: {"prompt": prompt, "blocks": [0, 1, 2 * rid, 2 * rid + 1], "params": greedy, "cached": 32}
+               for rid in (2, 3, 4)}
+    writer = {1: {"prompt": prompt, "blocks": [0, 1, 2, 3], "params": greedy}}
+    shared = MiniScheduler(make_executor(tiny_llama_dir), new_tokens=6, chunk=64).run({**choices, **writer})
+    alone = MiniScheduler(make_executor(tiny_llama_dir), new_tokens=6, chunk=64).run(writer)
+    assert len(alone[1]) == 6
+    for rid in (1, 2, 3, 4):
+        assert shared[rid] == alone[1], f"request {rid} differs from the prompt computed alone"
+
+
+def test_a_block_written_in_a_step_is_read_at_its_own_position_only():
+    limits = PlanLimits(num_device_blocks=32, num_host_blocks=16, block_size=16, vocab_size=512, max_position_embeddings=512)
+    nothing = InFlight(frozenset(), frozenset(), frozenset(), frozenset(), frozenset())
+    prompt = list(range(3, 43))
+    new = [pb.NewRequest(id=rid, prompt_token_ids=prompt) for rid in (1, 2)]
+
+    def plan(second_table: list[int], second_start: int = 32) -> pb.StepRequest:
+        return pb.StepRequest(new_requests=new, scheduled=[
+            pb.ScheduledRequest(id=2, num_computed_tokens=second_start, num_new_tokens=40 - second_start,
+                                block_table=second_table, sample=True),
+            pb.ScheduledRequest(id=1, num_computed_tokens=0, num_new_tokens=40, block_table=[0, 1, 2], sample=True)])
+
+    assert len(validate_plan(plan([0, 1, 3]), {}, limits, nothing).scheduled) == 2
+    with pytest.raises(PlanError, match="read by request 2 as its block 1 while request 1 writes it as its block 0"):
+        validate_plan(plan([1, 0, 3]), {}, limits, nothing)
+    with pytest.raises(PlanError, match="written by requests 2 and 1"):
+        validate_plan(plan([0, 4, 5], second_start=0), {}, limits, nothing)

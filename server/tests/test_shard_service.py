@@ -68,7 +68,7 @@ def test_requests_join_and_leave_across_steps(stub):
 BAD_PLANS = {
     "unknown": pb.StepRequest(scheduled=[_schedule(99, 0, 1, [5])]),
     "out of range": pb.StepRequest(scheduled=[_schedule(1, 3, 1, [400])]),
-    "used by requests": pb.StepRequest(scheduled=[_schedule(1, 3, 1, [0]), _schedule(2, 20, 1, [0, 1])]),
+    "written by requests 1 and 2": pb.StepRequest(scheduled=[_schedule(1, 3, 1, [0]), _schedule(2, 20, 1, [1, 0])]),
     "longer than the model's context": pb.StepRequest(
         new_requests=[pb.NewRequest(id=3, prompt_token_ids=[4] * 600)], scheduled=[_schedule(1, 3, 1, [0])]),
     "too short": pb.StepRequest(scheduled=[_schedule(2, 20, 1, [1])]),

@@ -20,8 +20,6 @@ const MAX_LAG_SAMPLES: usize = 1 << 16;
 #[derive(Debug, Clone)]
 pub(crate) struct PlannedEntry {
     pub(crate) id: u64,
-    /// Positions computed once the step finishes.
-    pub(crate) end: u32,
     /// The step reaches the end of the known tokens, so a sampled token is expected.
     pub(crate) samples: bool,
 }
@@ -207,8 +205,7 @@ impl Core {
     }
 
     /// Applies one step's results: acknowledged transfers first (they change phases), then
-    /// sampled tokens, then the step's computed positions (published to the prefix cache) and
-    /// its measured time (folded into the cost model).
+    /// sampled tokens, then the step's measured time (folded into the cost model).
     fn complete(&mut self, results: &StepResults, now: f64) {
         for transfer_id in &results.completed_transfers {
             self.apply_ack(*transfer_id);
@@ -267,9 +264,6 @@ impl Core {
                 _ => {}
             }
         }
-        let request = &self.requests[&entry.id];
-        let end = entry.end.min(request.num_computed);
-        self.blocks.register_computed(entry.id, &request.tokens, end);
     }
 
     fn finish(&mut self, id: u64) {

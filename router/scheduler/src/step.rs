@@ -156,7 +156,12 @@ impl Core {
         ctx.tokens_left -= chunk;
         ctx.requests_left -= 1;
         ctx.scheduled.insert(id);
-        ctx.entries.push(PlannedEntry { id, end: computed + chunk, samples });
+        ctx.entries.push(PlannedEntry { id, samples });
+        // Published now, not when the results come back: a later step runs after this one, and
+        // a request admitted later in this same step reads what this one writes, since every
+        // layer writes the whole step's K/V before any attention reads the cache (the Step
+        // protocol's contract). So n choices of one prompt, admitted together, compute it once.
+        self.blocks.register_scheduled(id, &request.tokens, computed + chunk);
         ctx.plan.scheduled.push(ScheduledEntry {
             id,
             num_computed_tokens: computed,

@@ -65,6 +65,10 @@ pub(crate) fn describe() {
     describe_counter!("superinfer_rotations_in_total", "Requests brought back to the device");
     describe_counter!("superinfer_recomputes_total", "Requests preempted for recomputation");
     describe_counter!("superinfer_engine_failures_total", "Shard failures seen by the engine");
+    describe_counter!("superinfer_prefix_cache_queried_tokens_total",
+        "Prompt tokens looked up in the prefix cache at admission");
+    describe_counter!("superinfer_prefix_cache_hit_tokens_total",
+        "Prompt tokens whose KV the prefix cache held at admission (not computed again)");
     describe_counter!("superinfer_kv_bytes_out_total", Unit::Bytes, "KV cache bytes copied from device to host");
     describe_counter!("superinfer_kv_bytes_in_total", Unit::Bytes, "KV cache bytes copied from host to device");
     describe_histogram!(LAG_HISTOGRAM, Unit::Seconds,
@@ -175,6 +179,10 @@ pub(crate) fn record_scheduler(stats: &SchedulerStats, previous: &SchedulerStats
     metrics::counter!("superinfer_recomputes_total").increment(delta(stats.recomputes, previous.recomputes));
     metrics::counter!("superinfer_kv_bytes_out_total").increment(delta(stats.bytes_out, previous.bytes_out));
     metrics::counter!("superinfer_kv_bytes_in_total").increment(delta(stats.bytes_in, previous.bytes_in));
+    metrics::counter!("superinfer_prefix_cache_queried_tokens_total")
+        .increment(delta(stats.prefix_cache_queried_tokens, previous.prefix_cache_queried_tokens));
+    metrics::counter!("superinfer_prefix_cache_hit_tokens_total")
+        .increment(delta(stats.prefix_cache_hit_tokens, previous.prefix_cache_hit_tokens));
 }
 
 /// Lag samples (seconds, positive: late) the scheduler recorded since the last call.
@@ -309,9 +317,10 @@ mod tests {
 
     #[test]
     fn transfer_counters_advance_by_the_difference_and_pools_are_gauges() {
-        let first = SchedulerStats { bytes_out: 4096, bytes_in: 1024, rotations_out: 2, host_blocks_used: 3, ..Default::default() };
+        let first = SchedulerStats { bytes_out: 4096, bytes_in: 1024, rotations_out: 2, host_blocks_used: 3,
+            prefix_cache_queried_tokens: 40, prefix_cache_hit_tokens: 32, ..Default::default() };
         let second = SchedulerStats { bytes_out: 6144, bytes_in: 5120, rotations_out: 2, rotations_in: 1, host_blocks_used: 1,
-            ..Default::default() };
+            prefix_cache_queried_tokens: 50, prefix_cache_hit_tokens: 32, ..Default::default() };
         let text = rendered(|| {
             record_scheduler(&first, &SchedulerStats::default(), 2);
             record_scheduler(&second, &first, 2);
@@ -321,6 +330,8 @@ mod tests {
         assert_eq!(value(&text, "superinfer_rotations_out_total"), Some(2.0));
         assert_eq!(value(&text, "superinfer_rotations_in_total"), Some(1.0));
         assert_eq!(value(&text, "superinfer_kv_host_blocks_used"), Some(1.0));
+        assert_eq!(value(&text, "superinfer_prefix_cache_queried_tokens_total"), Some(50.0));
+        assert_eq!(value(&text, "superinfer_prefix_cache_hit_tokens_total"), Some(32.0));
     }
 
     #[test]

@@ -50,8 +50,8 @@ pub(crate) async fn chat_completions(
         .is_some_and(|options| options.include_usage);
     let prepared = prepare_chat(&state, &request);
     let calls_tools = matches!(&prepared, Ok((PromptText::Chat { tools: Some(_), .. }, _)));
-    // `n` choices: the same conversation n times, n engine requests. Admitted in one step they
-    // each compute the prompt: the prefix cache shares blocks only once they are computed.
+    // `n` choices: the same conversation n times, n engine requests, admitted together: the
+    // first computes the prompt, the others share its full blocks through the prefix cache.
     let prepared = prepared.and_then(|(prompt, parameters)| {
         let n = choice_count(&state, request.sampling.choices(), 1)?;
         if calls_tools && n > 1 {

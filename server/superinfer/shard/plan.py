@@ -2,9 +2,12 @@
 here or is rejected (PlanError → INVALID_ARGUMENT) with the shard's state untouched.
 
 Device-block rules for one step: a block a scheduled request *writes* (the blocks its new
-tokens land in) belongs to that request alone — no other request may read or write it and no
-transfer may touch it. Full blocks that are only read may be shared (prefix caching). A
-swap-in's destination may not be read or written by compute in the same step."""
+tokens land in) has one writer, and no transfer may touch it. Other requests of the same step
+may read it, at the same place in their block tables (the same positions): every layer writes
+the whole step's K/V before any attention reads the cache, so they read what this step wrote —
+how n choices of one prompt, admitted together, share its computation (prefix caching). Full
+blocks that are only read may be shared freely. A swap-in's destination may not be read or
+written by compute in the same step."""
 from dataclasses import dataclass
 
 from ..pb import shard_pb2
@@ -137,8 +140,8 @@ class ValidatedPlan:
 
 def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_out: set[int], device_in: set[int]):
     work: list[ScheduledWork] = []
-    writer: dict[int, int] = {}  # device block -> request writing it
-    readers: dict[int, int] = {}  # device block -> a request reading it
+    writer: dict[int, tuple[int, int]] = {}  # device block -> (request writing it, index in its table)
+    readers: dict[int, list[tuple[int, int]]] = {}  # device block -> (request only reading it, index)
     for item in step.scheduled:
         rid, start, count = item.id, item.num_computed_tokens, item.num_new_tokens
         if rid not in known_lengths:
@@ -173,20 +176,30 @@ def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_o
                 raise PlanError(f"request {rid}: device block {block} out of range (pool has {limits.num_device_blocks})")
             if block in device_in:
                 raise PlanError(f"request {rid}: device block {block} is being written by a swap-in")
-        written = table[start // limits.block_size :]
-        for block in table:
-            owner = writer.get(block)
-            if owner is not None:
-                raise PlanError(f"device block {block} is used by requests {owner} and {rid} while {owner} writes it")
-            readers.setdefault(block, rid)
-        for block in written:
-            if readers.get(block, rid) != rid or block in writer:
-                raise PlanError(f"device block {block} is used by requests {readers[block]} and {rid} while {rid} writes it")
+        first_written = start // limits.block_size
+        for index, block in enumerate(table):
+            if index < first_written:
+                _check_shared_read(block, (rid, index), writer.get(block))
+                readers.setdefault(block, []).append((rid, index))
+                continue
+            if block in writer:
+                raise PlanError(f"device block {block} is written by requests {writer[block][0]} and {rid} in one step")
+            for reader in readers.get(block, []):
+                _check_shared_read(block, reader, (rid, index))
             if block in device_out:
                 raise PlanError(f"request {rid}: device block {block} is being swapped out while written")
-            writer[block] = rid
+            writer[block] = (rid, index)
         work.append(ScheduledWork(rid, start, count, table, item.sample, item.allowed_tokens))
     return work
+
+
+def _check_shared_read(block: int, reader: tuple[int, int], writer: tuple[int, int] | None) -> None:
+    """A block read by one request while another writes it must hold the same positions for
+    both: the same index in their block tables."""
+    if writer is None or reader[1] == writer[1]:
+        return
+    raise PlanError(f"device block {block} is read by request {reader[0]} as its block {reader[1]} while request "
+                    f"{writer[0]} writes it as its block {writer[1]}")
 
 
 def validate_plan(step, known: dict[int, RequestState], limits: PlanLimits, in_flight: InFlight) -> ValidatedPlan:

@@ -205,15 +205,17 @@ impl BlockManager {
         slots.iter().map(|s| if let Slot::Device(b) = s { Some(*b) } else { None }).collect()
     }
 
-    /// Publishes the request's full blocks among its first `computed` positions (whose KV a
-    /// finished step has written) to the prefix cache.
-    pub(crate) fn register_computed(&mut self, id: u64, tokens: &[u32], computed: u32) {
+    /// Publishes the request's full blocks among its first `scheduled` positions to the prefix
+    /// cache, once a step that writes their KV is planned: whoever takes them runs in that step
+    /// or a later one, and the shard writes a step's K/V before it reads any (see
+    /// `Core::push_entry`). A step that fails loses them all: recovery rebuilds the scheduler.
+    pub(crate) fn register_scheduled(&mut self, id: u64, tokens: &[u32], scheduled: u32) {
         if !self.prefix_caching {
             return;
         }
         let Some(table) = self.tables.get_mut(&id) else { return };
         let bs = self.block_size as usize;
-        let limit = (computed as usize).min(table.slots.len() * bs);
+        let limit = (scheduled as usize).min(table.slots.len() * bs);
         let before = table.hashes.len();
         extend_chain(&mut table.hashes, tokens, limit, bs);
         for i in before..table.hashes.len() {

@@ -11,7 +11,7 @@ fn device_ids(manager: &BlockManager, id: u64) -> Vec<Option<u32>> {
 fn compute(manager: &mut BlockManager, id: u64, tokens: &[u32]) {
     manager.acquire_prefix(id, tokens);
     assert!(manager.grow(id, tokens.len() as u64));
-    manager.register_computed(id, tokens, tokens.len() as u32);
+    manager.register_scheduled(id, tokens, tokens.len() as u32);
 }
 
 #[test]

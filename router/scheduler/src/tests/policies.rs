@@ -5,6 +5,7 @@ use super::driver::{config, spec, Driver};
 use crate::config::PolicyKind;
 use crate::error::SchedulerError;
 use crate::plan::StepResults;
+use crate::request::RequestSpec;
 use crate::scheduler::Scheduler;
 
 #[test]
@@ -132,6 +133,35 @@ fn prefix_cache_hits_full_blocks_but_leaves_a_token_to_compute() {
         d.run_to_completion(50);
         d.assert_all_free();
         assert!(d.scheduler.stats().device_blocks_cached > 0, "cached blocks stay reusable");
+    }
+}
+
+#[test]
+fn choices_of_one_prompt_admitted_together_compute_it_once() {
+    // n > 1: the choices arrive together; the first computes the prompt and the others take its
+    // full blocks in the same step (the shard writes a step's K/V before any attention reads).
+    for policy in PolicyKind::ALL {
+        let mut d = Driver::new(config(policy, 32));
+        let choice = |id| RequestSpec { id, ..spec(1, 13, 2, 0.0) };
+        for id in 1..=4 {
+            d.add(choice(id));
+        }
+        let plan = d.step();
+        assert_eq!(plan.scheduled.len(), 4, "{policy}: every choice in the first step");
+        let first = plan.scheduled.iter().find(|e| e.id == 1).expect("first choice scheduled");
+        assert_eq!((first.num_computed_tokens, first.num_new_tokens), (0, 13), "{policy}");
+        for entry in plan.scheduled.iter().filter(|e| e.id != 1) {
+            // 13 tokens: 3 full blocks shared, the 13th position computed by each choice.
+            assert_eq!((entry.num_computed_tokens, entry.num_new_tokens), (12, 1), "{policy}: choice {}", entry.id);
+            assert_eq!(entry.block_table[..3], first.block_table[..3], "{policy}: shares the prompt's blocks");
+            assert_ne!(entry.block_table[3], first.block_table[3], "{policy}: its own last block");
+        }
+        let stats = d.scheduler.stats();
+        assert_eq!(stats.prefix_cache_hit_tokens, 3 * 12, "{policy}");
+        assert_eq!(stats.device_blocks_used, 3 + 4, "{policy}: the prompt's blocks once, a last block each");
+        d.run_to_completion(50);
+        assert_eq!(d.finished.len(), 4);
+        d.assert_all_free();
     }
 }
 
