@@ -1,15 +1,17 @@
 """The cost of constrained decoding per step (a benchmark, not a test).
 
-    .venv/bin/python integration-tests/bench_grammar.py [--url http://host:port] [--streams 32]
+    .venv/bin/python integration-tests/bench_grammar.py [--url http://host:port] [--streams 32] [--pairs 5]
 
-Without --url it launches `superinfer launch` on the embedded model. In one run it decodes
-`--streams` concurrent streams twice with the same prompts and length: unconstrained, then each
-under a JSON schema that cannot end within the token limit (so every stream decodes to the
-end). Over a window where every step is a decode step of every stream it reports, from
-/metrics: the router's mask computation per token per request (p50/p99 from
+Without --url it launches `superinfer launch` on the embedded model. It decodes `--streams`
+concurrent streams with the same prompts and length, unconstrained (ignoring EOS) and each under
+a JSON schema that cannot end within the token limit (so every stream decodes to the end), in
+`--pairs` interleaved pairs after one unmeasured pair (the order alternating: constrained first
+in even pairs). Over a window where every step is a decode step of every stream it reads from
+/metrics the router's mask computation per token per request (p50/p99 from
 `superinfer_grammar_mask_seconds`, mean exact), the masks' share of each step, and the step
-cycle (engine turn + Step round trip, the time between two steps) of both runs. Target: the
-constrained step is at most 5% slower.
+cycle (engine turn + Step round trip, the time between two steps) of both runs. Each figure is
+the median over the pairs with its range; each ratio the median of the per-pair ratios. Target:
+the constrained step is at most 5% slower.
 
 The forward pass does the same work in both runs (one decode per stream at the same positions)
 but varies with the machine's load between them, so the constraint's cost is also given as
@@ -24,6 +26,7 @@ import sys
 import aiohttp
 
 from bench_overhead import mean_between, one_stream, parse_metrics, served
+from superinfer.shard.bench import interleave, spread
 
 PROMPT = "Write a long list of short notes about the sea, as a JSON array of strings:"
 # At least 200 strings: no stream can complete it within the token limit, so each decodes to
@@ -103,38 +106,61 @@ async def run(url: str, streams: int, max_new_tokens: int, constrained: bool) ->
     return row
 
 
+def outside_forward(row: dict) -> float:
+    return row["step_cycle_ms"] - row["forward_ms"]
+
+
+def summarise(pairs: list[tuple[dict, dict]]) -> dict:
+    """Median [range] over the (constrained, unconstrained) pairs of each figure and ratio."""
+    figures = {
+        "mask_p50_us": [c["mask_p50_us"] for c, _ in pairs],
+        "mask_p99_us": [c["mask_p99_us"] for c, _ in pairs],
+        "mask_mean_us": [c["mask_mean_us"] for c, _ in pairs],
+        "step_masks_ms": [c["step_masks_ms"] for c, _ in pairs],
+        "mask_share": [c["step_masks_ms"] / c["step_cycle_ms"] for c, _ in pairs],
+        "unconstrained_cycle_ms": [u["step_cycle_ms"] for _, u in pairs],
+        "constrained_cycle_ms": [c["step_cycle_ms"] for c, _ in pairs],
+        "unconstrained_forward_ms": [u["forward_ms"] for _, u in pairs],
+        "constrained_forward_ms": [c["forward_ms"] for c, _ in pairs],
+        "slowdown": [c["step_cycle_ms"] / u["step_cycle_ms"] - 1 for c, u in pairs],
+        "added_outside_forward_ms": [outside_forward(c) - outside_forward(u) for c, u in pairs],
+        "added_share": [(outside_forward(c) - outside_forward(u)) / u["step_cycle_ms"] for c, u in pairs],
+    }
+    return {name: spread(values) for name, values in figures.items()}
+
+
+def _shown(figure: dict, fmt: str) -> str:
+    return f"{format(figure['median'], fmt)} [{format(figure['min'], fmt)} – {format(figure['max'], fmt)}]"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a running server (default: launch one)")
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--pairs", type=int, default=5, help="measured (constrained, unconstrained) pairs")
     args = parser.parse_args()
     with served(args.url) as url:
-        asyncio.run(run(url, 4, 8, constrained=True))  # warm both paths
-        asyncio.run(run(url, 4, 8, constrained=False))
-        free = asyncio.run(run(url, args.streams, args.max_new_tokens, constrained=False))
-        constrained = asyncio.run(run(url, args.streams, args.max_new_tokens, constrained=True))
-        slowdown = constrained["step_cycle_ms"] / free["step_cycle_ms"] - 1
-        outside_forward = lambda row: row["step_cycle_ms"] - row["forward_ms"]  # noqa: E731
-        added_ms = outside_forward(constrained) - outside_forward(free)
-        added = added_ms / free["step_cycle_ms"]
-        print(f"{args.streams} streams, {args.max_new_tokens} tokens each, decode-only window")
-        print(f"  mask per token per request: p50 {constrained['mask_p50_us']:.0f} µs, "
-              f"p99 {constrained['mask_p99_us']:.0f} µs, mean {constrained['mask_mean_us']:.0f} µs "
-              f"({constrained['masks']:.0f} masks)")
-        print(f"  masks per step: {constrained['step_masks_ms']:.2f} ms = "
-              f"{constrained['step_masks_ms'] / constrained['step_cycle_ms']:.1%} of the constrained step cycle")
-        for row in (free, constrained):
-            label = "constrained  " if row["constrained"] else "unconstrained"
-            print(f"  {label} step cycle {row['step_cycle_ms']:.2f} ms = engine turn {row['engine_turn_ms']:.2f} "
-                  f"+ Step round trip {row['step_round_trip_ms']:.2f} (forward {row['forward_ms']:.2f}); "
-                  f"{row['window_steps']:.0f} steps, errors {row['errors']}")
-        print(f"  constrained step cycle {slowdown:+.1%} against the unconstrained one (forward included)")
-        print(f"  added outside the forward: {added_ms:.2f} ms per step = {added:+.1%} of the unconstrained step "
-              f"(target <= +5%)")
-        print(json.dumps({"unconstrained": free, "constrained": constrained, "slowdown": slowdown,
-                          "added_outside_forward_ms": added_ms, "added_share": added}))
-        return 1 if free["errors"] or constrained["errors"] else 0
+        measure = lambda constrained: asyncio.run(  # noqa: E731
+            run(url, args.streams, args.max_new_tokens, constrained=constrained))
+        pairs = interleave(lambda: measure(True), lambda: measure(False), args.pairs)
+        figures = summarise(pairs)
+        errors = sum(c["errors"] + u["errors"] for c, u in pairs)
+        print(f"{args.streams} streams, {args.max_new_tokens} tokens each, decode-only window; "
+              f"median [min – max] over {args.pairs} interleaved pairs")
+        print(f"  mask per token per request: p50 {_shown(figures['mask_p50_us'], '.0f')} µs, "
+              f"p99 {_shown(figures['mask_p99_us'], '.0f')} µs, mean {_shown(figures['mask_mean_us'], '.0f')} µs")
+        print(f"  masks per step: {_shown(figures['step_masks_ms'], '.2f')} ms = "
+              f"{_shown(figures['mask_share'], '.1%')} of the constrained step cycle")
+        for label, key in (("unconstrained", "unconstrained"), ("constrained  ", "constrained")):
+            print(f"  {label} step cycle {_shown(figures[key + '_cycle_ms'], '.1f')} ms "
+                  f"(forward {_shown(figures[key + '_forward_ms'], '.1f')} ms)")
+        print(f"  constrained step cycle against the unconstrained one (forward included): "
+              f"{_shown(figures['slowdown'], '+.1%')}")
+        print(f"  added outside the forward: {_shown(figures['added_outside_forward_ms'], '.2f')} ms per step = "
+              f"{_shown(figures['added_share'], '+.1%')} of the unconstrained step (target <= +5%); errors {errors}")
+        print(json.dumps({"pairs": [{"constrained": c, "unconstrained": u} for c, u in pairs], "figures": figures}))
+        return 1 if errors else 0
 
 
 if __name__ == "__main__":
