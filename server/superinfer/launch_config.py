@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from superinfer import tgi_flags
 from superinfer.shard.cli import ATTENTION_BACKENDS, DEVICE_PATTERN, DTYPES
 from superinfer.shard.config import DEFAULT_BLOCK_SIZE
+from superinfer.shard.host_memory import DEFAULT_HOST_KV_MEMORY_FRACTION
 
 
 def _env_name(flag: str) -> str:
@@ -77,6 +78,7 @@ class LaunchConfig:
     # Given as a flag; otherwise the shard reads huggingface_hub's variables itself.
     hub_cache: str | None = None
     kv_memory_fraction: float | None = None
+    host_kv_memory_fraction: float | None = None
     # --device for the shard; None: its default, auto.
     device: str | None = None
     # --attention-backend for the shard; None: its default, auto.
@@ -124,7 +126,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag(("--device-kv-blocks",), int, "device KV pool size in blocks (default: what memory allows)")
     flag(("--max-batch-total-tokens",), int, "device KV capacity in tokens (TGI's name): sets --device-kv-blocks "
          f"to ceil(tokens / {DEFAULT_BLOCK_SIZE}), the block size")
-    flag(("--host-kv-blocks",), int, "host KV pool size in blocks (default 256)")
+    flag(("--host-kv-blocks",), int, "host KV pool size in blocks (default: CPU 256; GPU: --host-kv-memory-fraction "
+         "of the host memory available after loading the model)")
+    flag(("--host-kv-memory-fraction",), float, "GPU without --host-kv-blocks: share of the available host memory "
+         "(bounded by the container's memory limit) the host KV pool takes, pinned, split between the shards "
+         f"(default {DEFAULT_HOST_KV_MEMORY_FRACTION})")
     flag(("--kv-memory-fraction", "--cuda-memory-fraction"), float, "GPU: share of the memory free after loading the "
          "model and a worst-case forward that the KV pool takes (default 0.9). Unlike TGI's "
          "--cuda-memory-fraction, a cap on the process's share of the whole GPU, it leaves the rest free",
@@ -216,6 +222,9 @@ def _check_shard_values(args: argparse.Namespace) -> None:
     fraction = args.kv_memory_fraction
     if fraction is not None and not 0 < fraction <= 1:
         raise ValueError(f"--kv-memory-fraction (--cuda-memory-fraction) must be in (0, 1], got {fraction}")
+    host_fraction = args.host_kv_memory_fraction
+    if host_fraction is not None and not 0 < host_fraction <= 1:
+        raise ValueError(f"--host-kv-memory-fraction must be in (0, 1], got {host_fraction}")
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> LaunchConfig:
@@ -255,6 +264,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         revision=args.revision,
         hub_cache=args.huggingface_hub_cache,
         kv_memory_fraction=args.kv_memory_fraction,
+        host_kv_memory_fraction=args.host_kv_memory_fraction,
         device=args.device,
         attention_backend=args.attention_backend,
         ignored_tgi_flags=tgi_flags.warnings(args, environ),

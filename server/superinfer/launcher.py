@@ -155,6 +155,7 @@ def shard_argv(config: LaunchConfig, socket_path: Path, rank: int = 0, master_po
         "--device-kv-blocks": config.device_kv_blocks,
         "--host-kv-blocks": config.host_kv_blocks,
         "--kv-memory-fraction": config.kv_memory_fraction,
+        "--host-kv-memory-fraction": config.host_kv_memory_fraction,
         "--dtype": config.dtype,
         "--device": config.device,
         "--attention-backend": config.attention_backend,

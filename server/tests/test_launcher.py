@@ -170,6 +170,11 @@ def test_tgi_names_reach_the_router_and_the_shard(monkeypatch):
     for name, value in (("--model", "/m"), ("--revision", "v1"), ("--huggingface-hub-cache", "/hub"),
                         ("--kv-memory-fraction", "0.5"), ("--device-kv-blocks", "63")):
         assert shard[shard.index(name) + 1] == value, name
+    assert "--host-kv-blocks" not in shard and "--host-kv-memory-fraction" not in shard  # the shard's defaults
+    sized = launcher.shard_argv(parse(["--host-kv-memory-fraction", "0.25"]), Path("/tmp/s.sock"))
+    assert sized[sized.index("--host-kv-memory-fraction") + 1] == "0.25"
+    with pytest.raises(ValueError, match="--host-kv-memory-fraction"):
+        parse(["--host-kv-memory-fraction", "1.5"])
     assert parse(["--model", "/old-name"]).model == "/old-name"
 
 

@@ -1,6 +1,7 @@
 """`superinfer serve`: one shard on a unix socket. The only place that reads the environment
 and installs signal handlers; everything below gets a typed ShardConfig."""
 import argparse
+import dataclasses
 import logging
 import os
 import pathlib
@@ -9,6 +10,7 @@ import threading
 import time
 
 from .config import DEFAULT_BLOCK_SIZE
+from .host_memory import DEFAULT_HOST_KV_MEMORY_FRACTION
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
@@ -39,7 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "CPU needs TRITON_INTERPRET=1 and is slow)")
     parser.add_argument("--device-kv-blocks", type=int, default=None,
                         help="device KV pool size (CPU: default 512; GPU: an upper bound)")
-    parser.add_argument("--host-kv-blocks", type=int, default=256, help="host KV pool size (pinned on a GPU)")
+    parser.add_argument("--host-kv-blocks", type=int, default=None,
+                        help="host KV pool size in blocks, pinned on a GPU (default: CPU 256; GPU: "
+                        "--host-kv-memory-fraction of the host memory available after loading the model)")
+    parser.add_argument("--host-kv-memory-fraction", type=float, default=DEFAULT_HOST_KV_MEMORY_FRACTION,
+                        help="GPU without --host-kv-blocks: share of the available host memory (MemAvailable, "
+                        "bounded by the container's memory limit) the host KV pool takes, split between the "
+                        "ranks")
     parser.add_argument("--kv-memory-fraction", type=float, default=0.9,
                         help="GPU: share of the memory free after loading the model and a worst-case forward "
                         "that the KV pool takes")
@@ -98,7 +106,7 @@ def shard_config(args: argparse.Namespace):
     return ShardConfig(
         model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
         block_size=args.block_size, device_kv_blocks=args.device_kv_blocks, host_kv_blocks=args.host_kv_blocks,
-        kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens,
+        host_kv_memory_fraction=args.host_kv_memory_fraction, kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens,
         hub=options_from_environment(os.environ, args.revision, args.huggingface_hub_cache),
         warmup_report=args.warmup_report, parallel=parallel,
         attention_backend=None if args.attention_backend == "auto" else args.attention_backend,
@@ -115,8 +123,29 @@ def build_executor(config, group=None):
 
     source = resolve_model(config.model, config.cache_dir, config.hub)
     loaded = load_model(source, config.dtype, config.device, None if group is None else group.tensor_parallel)
-    return ShardExecutor(ModelRunner(loaded, config.device, config.dtype, config.block_size, config.attention_backend),
-                         config, group)
+    runner = ModelRunner(loaded, config.device, config.dtype, config.block_size, config.attention_backend)
+    return ShardExecutor(runner, with_host_pool_size(config, runner.geometry.block_bytes, group), group)
+
+
+def with_host_pool_size(config, block_bytes: int, group=None):
+    """`config` with its host pool's size decided (see `host_memory`): as given; 256 blocks on
+    the CPU; on a GPU, the fraction of the available host memory, the same on every rank."""
+    from .host_memory import DEFAULT_CPU_HOST_KV_BLOCKS, available_host_bytes, host_blocks_for_memory
+
+    if config.host_kv_blocks is not None:
+        return config
+    if config.device.type != "cuda":
+        return dataclasses.replace(config, host_kv_blocks=DEFAULT_CPU_HOST_KV_BLOCKS)
+    available = available_host_bytes()
+    ranks = 1 if group is None else group.world_size
+    blocks = host_blocks_for_memory(available, config.host_kv_memory_fraction, block_bytes, ranks)
+    if group is not None:  # every rank holds the same block ids
+        blocks = int(group.minimum([blocks])[0])
+    logging.getLogger("superinfer.shard").info(
+        "host KV pool: %d blocks of %.1f MiB (%.1f GiB) = %.0f%% of the %.1f GiB of host memory available, "
+        "over %d rank(s)", blocks, block_bytes / 2**20, blocks * block_bytes / 2**30,
+        100 * config.host_kv_memory_fraction, available / 2**30, ranks)
+    return dataclasses.replace(config, host_kv_blocks=blocks)
 
 
 def _stop_on_signals(shutdown: threading.Event) -> None:

@@ -6,6 +6,7 @@ import pathlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .host_memory import DEFAULT_HOST_KV_MEMORY_FRACTION
 from .hub import HubOptions
 
 if TYPE_CHECKING:
@@ -44,7 +45,11 @@ class ShardConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     # CPU: the device pool size. GPU: ignored unless set (then an upper bound).
     device_kv_blocks: int | None = None
-    host_kv_blocks: int = 0
+    # None: sized at start-up (`cli.with_host_pool_size`: 256 on the CPU, a share of the
+    # available host memory on a GPU).
+    host_kv_blocks: int | None = 0
+    # GPU without host_kv_blocks: the share of the available host memory the host pool takes.
+    host_kv_memory_fraction: float = DEFAULT_HOST_KV_MEMORY_FRACTION
     # GPU: share of the free memory (after a worst-case forward) given to the KV pool.
     kv_memory_fraction: float = 0.9
     # Used by Warmup when the router sends 0.

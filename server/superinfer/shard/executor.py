@@ -156,7 +156,11 @@ class ShardExecutor:
         transfers (each rank its own, the slowest rank's figures kept)."""
         num_device = self._device_blocks(max_tokens)
         log.info("warm-up: allocating %d device and %d host KV blocks", num_device, self.config.host_kv_blocks)
+        allocation_started = time.perf_counter()
         cache = self.runner.allocate(num_device, self.config.host_kv_blocks)
+        self.pool_allocation_s = time.perf_counter() - allocation_started
+        log.info("warm-up: KV pools allocated in %.2fs (host pool %.1f GiB%s)", self.pool_allocation_s,
+                 cache.host.numel() * cache.host.element_size() / 2**30, ", pinned" if cache.host.is_pinned() else "")
         engine = TransferEngine(cache.device, cache.host)
         started = time.perf_counter()
         collective_ns = 0 if self.group is None else self.group.tensor_parallel.collective_ns
@@ -196,6 +200,8 @@ class ShardExecutor:
             "block_bytes": self.runner.geometry.block_bytes,
             "num_device_blocks": reply.num_device_blocks,
             "num_host_blocks": reply.num_host_blocks,
+            # Allocating (and on a GPU pinning) both pools: what a large host pool costs at start.
+            "pool_allocation_s": self.pool_allocation_s,
             "max_batch_tokens": max_tokens,
             "max_batch_requests": max_requests,
         }
