@@ -283,7 +283,10 @@ class ShardExecutor:
                 for index, offsets in enumerate(work.logit_offsets) for offset in offsets]
         logits = self.runner.logits(hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]) if rows else None
         if self.runner.device.type == "cuda":
-            torch.cuda.synchronize(self.runner.device)
+            # The step's own compute only (the forward time is measured up to here): DuplexKV's
+            # copies run on their own non-blocking streams, and a transfer may outlast the step
+            # that started it — it is acknowledged in a later reply.
+            torch.cuda.current_stream(self.runner.device).synchronize()
         return logits
 
     def _compute(self, scheduled: list[ScheduledWork], work: RankWork,
