@@ -1,0 +1,189 @@
+//! Eviction: making room on device for a request that lacks blocks, by rotating out or
+//! recomputing the running requests that can best afford it. One walk (`evict_until`) serves
+//! every caller; `Walk` says how each kind of caller overrides the cost model's choice.
+
+use super::super::urgency::{Eviction, Urgency};
+use crate::cost_model::Direction;
+use crate::request::Phase;
+use crate::scheduler::Core;
+use crate::step::StepCtx;
+
+pub(super) struct Victim {
+    pub(super) id: u64,
+    slack: f64,
+    pub(super) eviction: Eviction,
+}
+
+/// How a request leaves the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Evict {
+    /// Swapped out to host (within this step's byte budget); its blocks free when the copy ends.
+    RotateOut,
+    /// Dropped and recomputed later; its blocks free at once.
+    Recompute,
+}
+
+impl From<Eviction> for Evict {
+    fn from(eviction: Eviction) -> Self {
+        match eviction {
+            Eviction::Swap { .. } => Evict::RotateOut,
+            Eviction::Recompute { .. } => Evict::Recompute,
+        }
+    }
+}
+
+/// One walk over eviction candidates: each leaves as the cost model says, except as the walk's
+/// rule overrides, until enough blocks are free or on their way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Walk {
+    /// For a requester: a swap-out that does not fit this step's byte budget is skipped, and the
+    /// requester claims what is freed (only the excess is credited to later ones).
+    ForRequester,
+    /// Under overload, for a running requester: a swap-out that does not fit, or is not worth a
+    /// round trip, becomes a recompute, so the oldest request always progresses.
+    ForRequesterUnderOverload,
+    /// The proactive reserve: swap-outs only (a recompute loses work for no one in particular),
+    /// all of them credited as free-to-be.
+    Reserve,
+}
+
+impl Core {
+    /// Evicts the running requests with the most slack until `short` blocks are free or on
+    /// their way. True when blocks were freed right away (worth retrying now).
+    pub(super) fn make_room(&mut self, ctx: &mut StepCtx, short: u64, requester: &Urgency, step_s: f64) -> bool {
+        if requester.deferred_class() {
+            return false;
+        }
+        let credit = ctx.release_credit.min(short);
+        ctx.release_credit -= credit;
+        let short = short - credit;
+        let victims = self.rotation_victims(ctx, requester.id, step_s);
+        let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
+        let (mut freed_now, mut short) = self.evict_until(ctx, short, planned, Walk::ForRequester, step_s);
+        if short > 0 && self.needs_parking(requester, step_s) {
+            // No running request has slack for a round trip: park decodes with late gaps to
+            // spend (see `parking_candidates`).
+            let parked = self.parking_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
+            let (freed, left) = self.evict_until(ctx, short, parked, Walk::ForRequester, step_s);
+            freed_now |= freed;
+            short = left;
+        }
+        let running = self.requests.get(&requester.id).is_some_and(|r| r.phase == Phase::Running);
+        if short > 0 && running {
+            let newer = self.newer_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
+            freed_now |= self.evict_until(ctx, short, newer, Walk::ForRequesterUnderOverload, step_s).0;
+        }
+        freed_now
+    }
+
+    /// Walks `candidates` in order, evicting each as `walk` says, until `short` blocks are free
+    /// or on their way. A candidate's eviction is the one planned with it, or (None) the cheaper
+    /// one when its turn comes: the host's room shrinks as the walk swaps others out. Returns
+    /// whether blocks were freed right away and how many are still short.
+    pub(super) fn evict_until(
+        &mut self,
+        ctx: &mut StepCtx,
+        mut short: u64,
+        candidates: impl IntoIterator<Item = (u64, Option<Eviction>)>,
+        walk: Walk,
+        step_s: f64,
+    ) -> (bool, u64) {
+        let mut freed_now = false;
+        for (id, planned) in candidates {
+            if short == 0 {
+                break;
+            }
+            let eviction = planned.unwrap_or_else(|| self.cheaper_eviction(id, step_s));
+            let how = match (walk, Evict::from(eviction)) {
+                (Walk::Reserve, Evict::Recompute) => continue,
+                (Walk::ForRequesterUnderOverload, Evict::RotateOut) if !self.swap_fits_now(ctx, id) => Evict::Recompute,
+                (_, how) => how,
+            };
+            let claimed = if walk == Walk::Reserve { 0 } else { short };
+            if let Some((freed, now)) = self.evict(ctx, id, how, claimed) {
+                freed_now |= now;
+                short = short.saturating_sub(freed);
+            }
+        }
+        (freed_now, short)
+    }
+
+    /// Evicts `id` the given way: a swap-out within this step's byte budget, or a recompute
+    /// preemption. Of the blocks a swap-out frees when its copy ends, `claimed` are the
+    /// requester's and the rest are credited to later requesters this step. Returns the blocks
+    /// freed or on their way and whether they are free right away; None when the swap-out does
+    /// not fit the budget.
+    fn evict(&mut self, ctx: &mut StepCtx, id: u64, how: Evict, claimed: u64) -> Option<(u64, bool)> {
+        match how {
+            Evict::Recompute => {
+                let freed = self.preempt_for_recompute(ctx, id);
+                Some((freed, freed > 0))
+            }
+            Evict::RotateOut => {
+                let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
+                if !ctx.budget.fits(Direction::Out, bytes) {
+                    return None;
+                }
+                let moved = self.rotate_out(ctx, id);
+                ctx.release_credit += moved.saturating_sub(claimed);
+                Some((moved, false))
+            }
+        }
+    }
+
+    /// Under overload every running request is late, so none has slack for a round trip and
+    /// the walks above find no victim. Without a fallback, a running request that needs one
+    /// more block waits until someone finishes while its blocks sit idle: steps shrink to the
+    /// few requests that still fit, and the run crawls. The requests admitted after the
+    /// requester are evicted instead, newest first, as the reactive policies do: the order is
+    /// total and stable, so the oldest always progresses and two requests never evict each
+    /// other in turn. Only running requests may do this: a rotated one returning by evicting a
+    /// newer one would push that one out in turn, a wave of copies every step.
+    fn newer_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+        let Some(requester_seq) = self.requests.get(&requester).map(|r| r.seq) else { return Vec::new() };
+        let candidates = self.eviction_candidates(ctx, requester);
+        candidates.into_iter().rev().filter(|id| self.requests[id].seq > requester_seq).collect()
+    }
+
+    /// Running requests that could leave the device now: not the requester, not in this step,
+    /// holding private blocks, and not swapped in within the cool-down (no thrashing).
+    pub(super) fn eviction_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+        let cooldown = self.config.rotation_cooldown_steps;
+        let recent = |id: &u64| self.requests[id].swapped_in_step.is_some_and(|s| s + cooldown > self.step_id);
+        self.running_by_seq()
+            .into_iter()
+            .filter(|id| *id != requester && self.evictable(ctx, *id))
+            .filter(|id| self.blocks.private_device_blocks(*id) > 0 && !recent(id))
+            .collect()
+    }
+
+    /// A swap-out keeps the rotation limits: it fits this step's byte budget and the request
+    /// has enough tokens left to be worth the round trip. Otherwise it is recomputed.
+    fn swap_fits_now(&self, ctx: &StepCtx, id: u64) -> bool {
+        let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
+        let worth = self.requests[&id].tokens_left() >= self.config.min_rotation_tokens_left;
+        worth && ctx.budget.fits(Direction::Out, bytes)
+    }
+
+    /// Eviction candidates that may be rotated out now, most slack first: with enough tokens
+    /// left to be worth the round trip, able to risk a late gap should the return fail, and
+    /// with more slack than the round trip takes (so they return on time).
+    pub(super) fn rotation_victims(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<Victim> {
+        let mut victims: Vec<Victim> = self
+            .eviction_candidates(ctx, requester)
+            .into_iter()
+            .filter_map(|id| {
+                let r = &self.requests[&id];
+                let eviction = self.cheaper_eviction(id, step_s);
+                let round_trip = eviction.round_trip_s();
+                let worth = r.tokens_left() >= self.config.min_rotation_tokens_left
+                    && f64::from(r.tokens_left()) * step_s >= round_trip
+                    && r.may_risk_a_late_gap(self.config.tbt_late_share());
+                let slack = self.urgency(id, ctx.now, step_s).slack;
+                (worth && slack > round_trip).then_some(Victim { id, slack, eviction })
+            })
+            .collect();
+        victims.sort_by(|a, b| b.slack.total_cmp(&a.slack).then(b.id.cmp(&a.id)));
+        victims
+    }
+}

@@ -1,0 +1,177 @@
+//! RotaSched: SLO-aware scheduling that rotates KV caches between device and host memory
+//! ahead of need. Each step:
+//!
+//! 1. **Budgets.** The step's predicted time bounds the bytes each direction may move
+//!    (`ByteBudget`), so rotation hides behind compute; a reserve of free device blocks is kept
+//!    for the arrivals expected during one swap-out (`arrival_reserve`, `keep_reserve`).
+//! 2. **Order.** Least slack first — time to a request's next deadline minus the work before
+//!    it (`urgency.rs`). Requests whose deadline is already lost form a *late class*, served
+//!    after every punctual one until they have starved for `late_starvation_s`; a rotated
+//!    request that missed its return is *parked* there (that gap is late anyway), so it comes
+//!    back with the blocks the punctual ones leave instead of evicting them.
+//! 3. **Step-time cap.** A step may not outlast the earliest next-token deadline of the running
+//!    decodes with no late gap left to spend (the TBT objective holds for `tbt_percentile` of a
+//!    request's gaps; `tbt_late_share` of them may be late): prefill chunks are cut to fit,
+//!    unless the prompt would miss its own first-token deadline by waiting one more step.
+//! 4. **Room.** When an urgent request lacks blocks, the running requests with the most slack
+//!    are evicted — rotated out within the budget, or dropped for recompute when the cost model
+//!    says that is cheaper — never one just rotated in, about to finish, unable to return
+//!    before its deadline, or without a late gap it may still risk (a return can fail under
+//!    load). A prompt about to miss its first token when nobody has slack for a round trip
+//!    parks running decodes that have late gaps to spare.
+//! 5. **Return.** Rotated requests come back a step before they are due.
+//!
+//! Under overload (no running request has slack left) it degrades to the reactive order:
+//! running requests first for blocks, evicting newer ones, so the oldest always progresses.
+//!
+//! Layout: this file holds the policy's state and the per-step loop that serves each request
+//! in order (running, waiting, rotated); `ordering.rs` the service order and the parking
+//! decisions (2), `step_cap.rs` the step-time cap (3), `eviction.rs` the one eviction walk and
+//! its candidates and victims (4), `reserve.rs` the reserve (1).
+
+mod eviction;
+mod ordering;
+mod reserve;
+mod step_cap;
+
+use super::urgency::Urgency;
+use crate::arrivals::ArrivalEstimator;
+use crate::byte_budget::ByteBudget;
+use crate::cost_model::Direction;
+use crate::request::Phase;
+use crate::scheduler::Core;
+use crate::step::{Outcome, StepCtx};
+
+/// RotaSched's own state: the arrival-rate estimate its reserve is sized from, and the
+/// reserve of free device blocks it keeps this step.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RotaSched {
+    arrivals: ArrivalEstimator,
+    reserve_blocks: u32,
+}
+
+impl RotaSched {
+    pub(crate) fn observe_arrival(&mut self, now: f64, prompt_blocks: u64, alpha: f64) {
+        self.arrivals.observe(now, prompt_blocks as f64, alpha);
+    }
+
+    pub(crate) fn reserve_blocks(&self) -> u32 {
+        self.reserve_blocks
+    }
+
+    pub(crate) fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
+        let step_s = core.step_estimate();
+        self.reserve_blocks = core.arrival_reserve(&self.arrivals, ctx.now, step_s);
+        core.plan_rotasched(ctx, step_s, self.reserve_blocks);
+    }
+}
+
+impl Core {
+    fn plan_rotasched(&mut self, ctx: &mut StepCtx, step_s: f64, reserve_blocks: u32) {
+        ctx.budget = ByteBudget::new(&self.cost, step_s);
+        let mut order = self.service_order(ctx, step_s);
+        if self.blocks_short_for_running() {
+            // Running requests come first for blocks when they cannot all grow: otherwise
+            // returning and new requests take each block a swap-out frees, and the running
+            // ones, all stuck at a block boundary, never compute.
+            order.sort_by_key(|u| self.requests[&u.id].phase != Phase::Running);
+        }
+        let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
+        ctx.decode_reserve = decodes.min(ctx.tokens_left);
+        let deadline = self.decode_deadline(&order);
+        let mut admissions_blocked = false;
+        for urgency in &order {
+            match self.requests.get(&urgency.id).map(|r| r.phase) {
+                Some(Phase::Running) => {
+                    if self.is_running_decode(urgency.id) {
+                        ctx.decode_reserve = ctx.decode_reserve.saturating_sub(1);
+                    } else {
+                        ctx.prefill_token_cap = self.prefill_token_cap(ctx, urgency, deadline.as_ref());
+                    }
+                    self.serve_running(ctx, urgency, step_s);
+                }
+                Some(Phase::Waiting) if !admissions_blocked => {
+                    ctx.prefill_token_cap = self.prefill_token_cap(ctx, urgency, deadline.as_ref());
+                    // A punctual request that does not fit keeps the blocks being freed for
+                    // itself: less urgent admissions may not take them first.
+                    admissions_blocked = !self.serve_waiting(ctx, urgency, step_s) && !urgency.deferred_class();
+                }
+                Some(Phase::Rotated) => {
+                    // A due request left on host keeps the blocks being freed for itself, as a
+                    // punctual admission does: under overload, admitting newer requests in
+                    // its place only pushes other running requests out to make room for it.
+                    let stranded = !self.serve_rotated(ctx, urgency, step_s, false, reserve_blocks);
+                    admissions_blocked |= stranded && !urgency.deferred_class();
+                }
+                _ => {}
+            }
+        }
+        ctx.prefill_token_cap = u32::MAX;
+        if !admissions_blocked {
+            // Early returns only take what the urgent ones left.
+            for urgency in &order {
+                if self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Rotated) {
+                    self.serve_rotated(ctx, urgency, step_s, true, reserve_blocks);
+                }
+            }
+        }
+        self.keep_reserve(ctx, step_s, reserve_blocks);
+    }
+
+    fn is_running_decode(&self, id: u64) -> bool {
+        let r = &self.requests[&id];
+        r.phase == Phase::Running && r.is_decode()
+    }
+
+    fn serve_running(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) {
+        loop {
+            let Outcome::NoBlocks(short) = self.schedule_running(ctx, urgency.id, 0) else { return };
+            if !self.make_room(ctx, short, urgency, step_s) {
+                return;
+            }
+        }
+    }
+
+    /// False when the request did not fit in memory.
+    fn serve_waiting(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) -> bool {
+        if ctx.plan.preempted_for_recompute.contains(&urgency.id) {
+            return true;
+        }
+        loop {
+            match self.admit(ctx, urgency.id, 0) {
+                Outcome::NoBlocks(short) => {
+                    if !self.make_room(ctx, short, urgency, step_s) {
+                        return false;
+                    }
+                }
+                _ => return true,
+            }
+        }
+    }
+
+    /// Issues the swap-in a step ahead of the deadline or, on the `early` pass, when blocks
+    /// are plentiful. False when it was due but could not be issued.
+    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool, reserve_blocks: u32) -> bool {
+        let id = urgency.id;
+        let need = self.blocks.host_slots(id);
+        let due = urgency.slack <= step_s;
+        let plentiful = self.blocks.free_device() >= need + reserve_blocks;
+        if !(if early { plentiful } else { due }) {
+            return true;
+        }
+        let bytes = u64::from(need) * self.config.block_bytes;
+        let budget = &ctx.budget;
+        // A request larger than a whole step's budget may still go alone when it is due (or
+        // it could never return) or when the step computes nothing (the link is idle anyway).
+        let alone = budget.used(Direction::In) == 0;
+        let idle = ctx.plan.scheduled.is_empty();
+        if !(budget.fits(Direction::In, bytes) || ((due || idle) && alone)) {
+            return !due;
+        }
+        let free = self.blocks.free_device();
+        if free < need && due {
+            self.make_room(ctx, u64::from(need - free), urgency, step_s);
+        }
+        (self.blocks.free_device() >= need && self.rotate_in(ctx, id)) || !due
+    }
+}

@@ -1,0 +1,72 @@
+//! The service order: least slack first, with the requests that can wait (possible victims,
+//! decodes that may park) behind the ones that cannot, and the late and parked classes last.
+
+use super::super::urgency::Urgency;
+use crate::request::Phase;
+use crate::scheduler::Core;
+use crate::step::StepCtx;
+
+impl Core {
+    /// Whether the running requests need more new blocks for their next tokens than are free.
+    pub(super) fn blocks_short_for_running(&self) -> bool {
+        let needed: u64 = self
+            .running_by_seq()
+            .into_iter()
+            .filter_map(|id| {
+                let r = &self.requests[&id];
+                let next = u64::from(r.num_computed) + u64::from(r.uncomputed().min(1));
+                r.has_work().then(|| self.blocks.new_blocks_needed(id, next))
+            })
+            .sum();
+        needed > u64::from(self.blocks.free_device())
+    }
+
+    /// Urgency order, except that running requests with slack to spare for a round trip (the
+    /// possible victims) come after the other punctual ones: the requests that cannot wait
+    /// claim memory first, and the ones that can are served with what is left — or rotated out
+    /// to make room. While a prompt is about to miss its first token, decodes that may park
+    /// (see `parking_candidates`) wait behind it the same way. The late and parked classes
+    /// still come last, so a hopeless request never takes the blocks a punctual one needs.
+    pub(super) fn service_order(&self, ctx: &StepCtx, step_s: f64) -> Vec<Urgency> {
+        let (late, punctual): (Vec<Urgency>, Vec<Urgency>) =
+            self.urgency_order(ctx.now, step_s).into_iter().partition(|u| u.deferred_class());
+        let mut spare: std::collections::BTreeSet<u64> =
+            self.rotation_victims(ctx, u64::MAX, step_s).iter().map(|v| v.id).collect();
+        if punctual.iter().any(|u| self.needs_parking(u, step_s)) {
+            spare.extend(self.parking_candidates(ctx, u64::MAX));
+        }
+        let (deferred, urgent): (Vec<Urgency>, Vec<Urgency>) =
+            punctual.into_iter().partition(|u| spare.contains(&u.id));
+        urgent.into_iter().chain(deferred).chain(late).collect()
+    }
+
+    /// A waiting prompt close enough to its first-token deadline that waiting for blocks to
+    /// free up would miss it.
+    pub(super) fn needs_parking(&self, urgency: &Urgency, step_s: f64) -> bool {
+        let waiting = self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Waiting);
+        waiting && !urgency.deferred_class() && urgency.slack < 2.0 * step_s
+    }
+
+    /// Decodes that may be parked on host, best first, for a prompt about to miss its
+    /// first-token deadline when no running request has slack for a round trip: eviction
+    /// candidates with tokens left and with two late gaps or more to spare (one for the
+    /// parking, one for the unforeseen) — most to spare first, then newest. Their next gap will
+    /// be late (the objective holds for a percentile of gaps); they come back, parked, with the
+    /// blocks punctual requests leave.
+    pub(super) fn parking_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+        let share = self.config.tbt_late_share();
+        let mut candidates: Vec<(u32, u64, u64)> = self
+            .eviction_candidates(ctx, requester)
+            .into_iter()
+            .filter(|id| self.is_running_decode(*id))
+            .filter_map(|id| {
+                let r = &self.requests[&id];
+                let spare = r.late_gaps_left(share);
+                let worth = r.tokens_left() >= self.config.min_rotation_tokens_left;
+                (spare > 1 && worth).then_some((spare, r.seq, id))
+            })
+            .collect();
+        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+        candidates.into_iter().map(|(_, _, id)| id).collect()
+    }
+}

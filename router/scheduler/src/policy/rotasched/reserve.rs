@@ -1,0 +1,33 @@
+//! The reserve: free device blocks kept for the arrivals expected during one swap-out, and
+//! the proactive rotation that keeps it.
+
+use super::eviction::Walk;
+use crate::arrivals::ArrivalEstimator;
+use crate::scheduler::Core;
+use crate::step::StepCtx;
+
+impl Core {
+    /// Free blocks to keep for arrivals expected during one swap-out latency.
+    pub(super) fn arrival_reserve(&self, arrivals: &ArrivalEstimator, now: f64, step_s: f64) -> u32 {
+        if self.blocks.free_host() == 0 {
+            return 0;
+        }
+        let latency = 2.0 * step_s + self.cost.transfer_overhead_s;
+        let expected = arrivals.expected_blocks(now, latency).ceil();
+        let cap = self.config.num_device_blocks / 4;
+        (expected as u32).min(cap)
+    }
+
+    /// Proactive rotation: when free blocks (plus those already on their way) fall below the
+    /// reserve, swap out requests with slack to spare so arrivals start prefill at once.
+    pub(super) fn keep_reserve(&mut self, ctx: &mut StepCtx, step_s: f64, reserve_blocks: u32) {
+        let have = u64::from(self.blocks.free_device()) + ctx.release_credit;
+        let short = u64::from(reserve_blocks).saturating_sub(have);
+        if short == 0 {
+            return;
+        }
+        let victims = self.rotation_victims(ctx, u64::MAX, step_s);
+        let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
+        self.evict_until(ctx, short, planned, Walk::Reserve, step_s);
+    }
+}

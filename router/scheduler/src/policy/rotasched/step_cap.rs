@@ -1,0 +1,75 @@
+//! The step-time cap: a step may not outlast the earliest next-token deadline of the running
+//! decodes with no late gap left to spend, so prefill chunks are cut to fit.
+
+use super::super::urgency::Urgency;
+use crate::cost_model::StepShape;
+use crate::scheduler::Core;
+use crate::step::StepCtx;
+
+/// The running decodes' side of the step-time cap.
+pub(super) struct DecodeDeadline {
+    /// Earliest next-token deadline among the decodes that cannot spend a late gap.
+    at: f64,
+    /// Every running decode: (id, positions it attends this step).
+    decodes: Vec<(u64, u64)>,
+}
+
+impl DecodeDeadline {
+    /// The step of the given decodes alone.
+    fn shape<'a>(decodes: impl Iterator<Item = &'a (u64, u64)>) -> StepShape {
+        decodes.fold(StepShape::default(), |mut shape, (_, context)| {
+            shape.decode_requests += 1;
+            shape.context_tokens += context;
+            shape
+        })
+    }
+}
+
+impl Core {
+    /// Deadline of the step: the earliest next-token deadline of the running decodes that
+    /// cannot spend a late gap (None when every decode can, or nothing decodes).
+    pub(super) fn decode_deadline(&self, order: &[Urgency]) -> Option<DecodeDeadline> {
+        let mut at: Option<f64> = None;
+        let mut decodes = Vec::new();
+        for urgency in order.iter().filter(|u| self.is_running_decode(u.id)) {
+            let r = &self.requests[&urgency.id];
+            decodes.push((urgency.id, u64::from(r.num_computed) + 1));
+            if r.late_gaps_left(self.config.tbt_late_share()) == 0 {
+                at = Some(at.map_or(r.next_deadline(), |t| t.min(r.next_deadline())));
+            }
+        }
+        at.map(|at| DecodeDeadline { at, decodes })
+    }
+
+    /// Prefill tokens the next chunk of `urgency` may take so that the step, with every
+    /// running decode and the chunks placed so far, ends by the decodes' earliest deadline.
+    /// No cap when nothing decodes, or for a punctual request that would miss its first-token
+    /// deadline by waiting out one more step of decodes alone.
+    pub(super) fn prefill_token_cap(&self, ctx: &StepCtx, urgency: &Urgency, deadline: Option<&DecodeDeadline>) -> u32 {
+        let Some(deadline) = deadline else { return u32::MAX };
+        let decodes_alone = DecodeDeadline::shape(deadline.decodes.iter());
+        if !urgency.late && urgency.slack < self.cost.predict_step(decodes_alone) {
+            return u32::MAX;
+        }
+        // What is placed so far, plus the decodes still to be placed.
+        let unplaced = DecodeDeadline::shape(deadline.decodes.iter().filter(|(id, _)| !ctx.scheduled.contains(id)));
+        let committed = StepShape {
+            prefill_tokens: ctx.shape.prefill_tokens,
+            decode_requests: ctx.shape.decode_requests + unplaced.decode_requests,
+            context_tokens: ctx.shape.context_tokens + unplaced.context_tokens,
+        };
+        let left = deadline.at - ctx.now - self.cost.predict_step(committed);
+        let computed = u64::from(self.requests[&urgency.id].num_computed);
+        // A chunk of c tokens adds c prefill tokens and (computed + c) attended positions.
+        let scale = self.cost.correction;
+        let per_token = (self.cost.per_prefill_token_s + self.cost.per_context_token_s) * scale;
+        let fixed = self.cost.per_context_token_s * scale * computed as f64;
+        if left <= fixed {
+            return 0;
+        }
+        if per_token <= 0.0 {
+            return u32::MAX;
+        }
+        ((left - fixed) / per_token).floor().min(f64::from(u32::MAX)) as u32
+    }
+}
