@@ -1,9 +1,9 @@
 """The shard on a GPU (skipped without one): bf16 compute, pinned host pool, the CUDA
-transfer path, and a swap round trip that continues exactly as without the swap."""
+transfer path, and a rotation round trip that continues exactly as without the rotation."""
 import pytest
 import torch
 from conftest import make_executor
-from test_shard_swap import PROMPT, Driver, _start, swap_round_trip
+from test_shard_rotation import PROMPT, Driver, _start, rotation_round_trip
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -16,8 +16,8 @@ def test_gpu_pools_and_dtype(tiny_llama_dir):
     assert executor.info().dtype == "bfloat16" and executor.info().device_type == "cuda"
 
 
-def test_gpu_swap_round_trip(tiny_llama_dir):
-    _, tokens, expected = swap_round_trip(tiny_llama_dir, "cuda", 4, 8, [3, 2, 1, 0], [9, 8, 7, 6], ids=(1, 2))
+def test_gpu_rotation_round_trip(tiny_llama_dir):
+    _, tokens, expected = rotation_round_trip(tiny_llama_dir, "cuda", 4, 8, [3, 2, 1, 0], [9, 8, 7, 6], ids=(1, 2))
     assert tokens == expected
 
 

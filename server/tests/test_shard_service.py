@@ -118,7 +118,7 @@ def test_reset_drops_every_request_and_keeps_the_pools(stub):
     stub.Warmup(pb.WarmupRequest(max_batch_tokens=64, max_batch_requests=4))
     first = stub.Step(pb.StepRequest(new_requests=[pb.NewRequest(id=1, prompt_token_ids=[5, 6, 7])],
                                      scheduled=[_schedule(1, 0, 3, [0])],
-                                     swap_out=[pb.Transfer(id=9, src_blocks=[3], dst_blocks=[0])]))
+                                     rotate_out=[pb.Transfer(id=9, src_blocks=[3], dst_blocks=[0])]))
     assert stub.Reset(pb.ResetRequest()).dropped_requests == 1
     with pytest.raises(grpc.RpcError) as err:
         stub.Step(pb.StepRequest(scheduled=[_schedule(1, 3, 1, [0])]))

@@ -39,7 +39,7 @@ def test_a_step_continues_the_callers_trace(traced_shard):
     stub.Step(pb.StepRequest(step_id=1, new_requests=[pb.NewRequest(id=1, prompt_token_ids=[5, 6, 7])],
                              scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=0, num_new_tokens=3,
                                                             block_table=[0], sample=True)],
-                             swap_out=[pb.Transfer(id=4, src_blocks=[3], dst_blocks=[0])]),
+                             rotate_out=[pb.Transfer(id=4, src_blocks=[3], dst_blocks=[0])]),
               metadata=TRACEPARENT)
     stub.Health(pb.HealthRequest())
     spans = {span.name: span for span in stop()}

@@ -37,7 +37,7 @@ fn run(policy: PolicyKind, concurrency: u64) -> f64 {
         let started = Instant::now();
         let plan = scheduler.plan(now);
         spent += started.elapsed().as_secs_f64();
-        let acks = plan.swap_out.iter().chain(&plan.swap_in).map(|t| t.id).collect();
+        let acks = plan.rotate_out.iter().chain(&plan.rotate_in).map(|t| t.id).collect();
         let sampled = plan.sampling.iter().map(|id| (*id, 1)).collect();
         now += 0.02;
         let results = StepResults { step_id: plan.step_id, sampled, completed_transfers: acks, step_time_s: Some(0.02) };

@@ -14,7 +14,7 @@ pub enum PolicyKind {
     /// vLLM V1 / SGLang: blocks on demand; on shortage the newest running request is dropped
     /// and re-prefilled later.
     Recompute,
-    /// vLLM V0: blocks on demand; on shortage the newest running request is swapped to host
+    /// vLLM V0: blocks on demand; on shortage the newest running request is rotated out to host
     /// and brought back when blocks free up.
     Swap,
     /// SLO-aware: least slack first, proactive rotation under a per-step byte budget.
@@ -79,7 +79,7 @@ pub struct SchedulerConfig {
     pub block_size: u32,
     /// Device pool size; block ids 0 .. num_device_blocks-1.
     pub num_device_blocks: u32,
-    /// Host pool size; block ids 0 .. num_host_blocks-1 (0 disables swapping).
+    /// Host pool size; block ids 0 .. num_host_blocks-1 (0 disables rotation).
     pub num_host_blocks: u32,
     /// Bytes of one KV block across all layers (the unit of transfer).
     pub block_bytes: u64,
@@ -94,7 +94,7 @@ pub struct SchedulerConfig {
     pub cost_model: CostModel,
     /// Reuse full device blocks whose token prefix matches.
     pub prefix_caching: bool,
-    /// RotaSched: a request swapped in during the last this-many steps is not rotated out
+    /// RotaSched: a request rotated in during the last this-many steps is not rotated out
     /// again (no thrashing).
     pub rotation_cooldown_steps: u64,
     /// RotaSched: a request with fewer tokens left than this is never rotated out.

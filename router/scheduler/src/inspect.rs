@@ -24,9 +24,9 @@ impl Core {
             host_blocks_used: self.blocks.num_host_blocks() - free_host,
             waiting: count(Phase::Waiting),
             running: count(Phase::Running),
-            rotated: count(Phase::Rotated) + count(Phase::SwappingOut) + count(Phase::SwappingIn),
-            swapping_out: count(Phase::SwappingOut),
-            swapping_in: count(Phase::SwappingIn),
+            rotated: count(Phase::Rotated) + count(Phase::RotatingOut) + count(Phase::RotatingIn),
+            rotating_out: count(Phase::RotatingOut),
+            rotating_in: count(Phase::RotatingIn),
             rotations_out: c.rotations_out,
             rotations_in: c.rotations_in,
             bytes_out: c.bytes_out,
@@ -81,7 +81,7 @@ impl Core {
                     && slots.iter().all(|s| matches!(s, Slot::Device(_)))
                     && slots.len() * bs >= r.num_computed as usize
             }
-            Phase::SwappingOut | Phase::SwappingIn => in_flight,
+            Phase::RotatingOut | Phase::RotatingIn => in_flight,
             Phase::Rotated => !in_flight && slots.iter().any(|s| matches!(s, Slot::Host(_))),
         };
         if r.doomed && !in_flight {

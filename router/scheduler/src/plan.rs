@@ -2,8 +2,8 @@
 //! `proto/shard.proto` (`ScheduledRequest`, `Transfer`, `StepResponse`).
 
 /// A batch of block copies in one direction: `src_blocks[i] -> dst_blocks[i]`.
-/// In `StepPlan::swap_out` the sources are device blocks and the destinations host blocks;
-/// in `StepPlan::swap_in` the reverse.
+/// In `StepPlan::rotate_out` the sources are device blocks and the destinations host blocks;
+/// in `StepPlan::rotate_in` the reverse.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transfer {
     /// Scheduler-chosen id, to be echoed back in `StepResults::completed_transfers`.
@@ -42,9 +42,9 @@ pub struct StepPlan {
     /// Monotonic, starting at 1.
     pub step_id: u64,
     /// Device -> host copies. Their source device blocks are not reused until acknowledged.
-    pub swap_out: Vec<Transfer>,
+    pub rotate_out: Vec<Transfer>,
     /// Host -> device copies. The owning request is scheduled only after acknowledgement.
-    pub swap_in: Vec<Transfer>,
+    pub rotate_in: Vec<Transfer>,
     /// The forward pass: decodes first, then prefill chunks.
     pub scheduled: Vec<ScheduledEntry>,
     /// Requests scheduled for the first time in this plan: the engine sends their prompt
@@ -59,16 +59,16 @@ pub struct StepPlan {
     /// Predicted wall time of this step (cost model), in seconds.
     pub predicted_step_s: f64,
     /// RotaSched's per-direction transfer budget for this step (None: unbudgeted policy).
-    pub swap_out_budget_bytes: Option<u64>,
-    pub swap_in_budget_bytes: Option<u64>,
+    pub rotate_out_budget_bytes: Option<u64>,
+    pub rotate_in_budget_bytes: Option<u64>,
 }
 
 impl StepPlan {
     /// True when the plan neither computes nor moves anything.
     pub fn is_empty(&self) -> bool {
         self.scheduled.is_empty()
-            && self.swap_out.is_empty()
-            && self.swap_in.is_empty()
+            && self.rotate_out.is_empty()
+            && self.rotate_in.is_empty()
             && self.preempted_for_recompute.is_empty()
     }
 

@@ -26,11 +26,11 @@ pub(crate) enum Phase {
     /// KV on device: prefilling or decoding.
     Running,
     /// Private blocks being copied to host.
-    SwappingOut,
+    RotatingOut,
     /// KV (private part) on host.
     Rotated,
     /// Host blocks being copied back to device.
-    SwappingIn,
+    RotatingIn,
 }
 
 /// The scheduler's mutable view of one request.
@@ -55,8 +55,8 @@ pub(crate) struct RequestState {
     pub(crate) last_token_at: Option<f64>,
     /// Gaps between its tokens that exceeded its TBT objective so far.
     pub(crate) late_gaps: u32,
-    /// Step in which the latest swap-in was issued (rotation cool-down).
-    pub(crate) swapped_in_step: Option<u64>,
+    /// Step in which the latest rotation in was issued (rotation cool-down).
+    pub(crate) rotated_in_step: Option<u64>,
     /// Finished or cancelled while a transfer was in flight: removed at acknowledgement.
     pub(crate) doomed: bool,
 }
@@ -77,7 +77,7 @@ impl RequestState {
             sent: false,
             last_token_at: None,
             late_gaps: 0,
-            swapped_in_step: None,
+            rotated_in_step: None,
             doomed: false,
         }
     }

@@ -231,8 +231,8 @@ impl Core {
             return;
         }
         request.phase = match request.phase {
-            Phase::SwappingOut => Phase::Rotated,
-            Phase::SwappingIn => Phase::Running,
+            Phase::RotatingOut => Phase::Rotated,
+            Phase::RotatingIn => Phase::Running,
             other => other,
         };
     }

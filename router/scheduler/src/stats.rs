@@ -18,10 +18,10 @@ pub struct SchedulerStats {
     pub waiting: u32,
     /// Requests with their KV on device.
     pub running: u32,
-    /// Requests with their KV on host (rotated or swapped out), transfers included.
+    /// Requests with their KV on host (rotated out), transfers included.
     pub rotated: u32,
-    pub swapping_out: u32,
-    pub swapping_in: u32,
+    pub rotating_out: u32,
+    pub rotating_in: u32,
     pub rotations_out: u64,
     pub rotations_in: u64,
     pub bytes_out: u64,

@@ -10,9 +10,9 @@ use crate::plan::{ScheduledEntry, StepPlan};
 use crate::request::Phase;
 use crate::scheduler::{Core, PendingStep, PlannedEntry};
 
-/// Outcome of trying to give a request its share of the step.
+/// Whether a request got its share of the step, and if not, what it lacked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Fit {
     Scheduled,
     /// The token or request budget is spent (or the request has nothing to compute).
     NoBudget,
@@ -35,7 +35,7 @@ pub(crate) struct StepCtx {
     pub(crate) shape: StepShape,
     /// Per-direction transfer budget (unlimited for the reactive policies).
     pub(crate) budget: ByteBudget,
-    /// Blocks that in-flight swap-outs will free and that no request has counted on yet.
+    /// Blocks that in-flight transfers out will free and that no request has counted on yet.
     pub(crate) release_credit: u64,
 }
 
@@ -85,27 +85,27 @@ impl Core {
 
     /// Schedules a running request's next chunk, growing its table to `reserve_tokens`
     /// positions at least (fcfs reserves the worst case; others pass 0).
-    pub(crate) fn schedule_running(&mut self, ctx: &mut StepCtx, id: u64, reserve_tokens: u64) -> Outcome {
+    pub(crate) fn schedule_running(&mut self, ctx: &mut StepCtx, id: u64, reserve_tokens: u64) -> Fit {
         let chunk = self.chunk_for(ctx, id);
         if chunk == 0 {
-            return Outcome::NoBudget;
+            return Fit::NoBudget;
         }
         let computed = self.requests[&id].num_computed;
         let target = (u64::from(computed) + u64::from(chunk)).max(reserve_tokens);
         if !self.blocks.grow(id, target) {
             let needed = self.blocks.new_blocks_needed(id, target);
-            return Outcome::NoBlocks(needed - u64::from(self.blocks.free_device()).min(needed));
+            return Fit::NoBlocks(needed - u64::from(self.blocks.free_device()).min(needed));
         }
         self.push_entry(ctx, id, chunk);
-        Outcome::Scheduled
+        Fit::Scheduled
     }
 
     /// Admits a waiting request: takes its cached prefix, reserves blocks and schedules its
     /// first chunk; nothing changes unless all of it fits.
-    pub(crate) fn admit(&mut self, ctx: &mut StepCtx, id: u64, reserve_tokens: u64) -> Outcome {
+    pub(crate) fn admit(&mut self, ctx: &mut StepCtx, id: u64, reserve_tokens: u64) -> Fit {
         let request = &self.requests[&id];
         if ctx.requests_left == 0 || !request.has_work() {
-            return Outcome::NoBudget;
+            return Fit::NoBudget;
         }
         let probe = self.blocks.probe_prefix(&request.tokens);
         let bs = u64::from(self.blocks.block_size());
@@ -113,14 +113,14 @@ impl Core {
         let available = ctx.tokens_left.saturating_sub(ctx.decode_reserve).min(ctx.prefill_token_cap);
         let chunk = (request.tokens.len() as u64 - cached_tokens).min(u64::from(available));
         if chunk == 0 {
-            return Outcome::NoBudget;
+            return Fit::NoBudget;
         }
         let target = (cached_tokens + chunk).max(reserve_tokens);
         let needed = self.blocks.blocks_for(target) - u64::from(probe.hit_blocks)
             + u64::from(probe.hits_on_free);
         let free = u64::from(self.blocks.free_device());
         if needed > free {
-            return Outcome::NoBlocks(needed - free);
+            return Fit::NoBlocks(needed - free);
         }
         let tokens = self.requests[&id].tokens.clone();
         let covered = self.blocks.acquire_prefix(id, &tokens);
@@ -137,7 +137,7 @@ impl Core {
             ctx.plan.first_scheduled.push(id);
         }
         self.push_entry(ctx, id, chunk as u32);
-        Outcome::Scheduled
+        Fit::Scheduled
     }
 
     fn push_entry(&mut self, ctx: &mut StepCtx, id: u64, chunk: u32) {
@@ -197,27 +197,27 @@ impl Core {
     /// Starts copying the request's private blocks to host. Returns the device blocks that
     /// will be freed at acknowledgement (0 = nothing issued).
     pub(crate) fn rotate_out(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
-        let Some(transfer) = self.blocks.swap_out(id) else { return 0 };
+        let Some(transfer) = self.blocks.transfer_out(id) else { return 0 };
         let moved = transfer.src_blocks.len() as u64;
         ctx.budget.take(Direction::Out, moved * self.config.block_bytes);
         self.counters.rotations_out += 1;
         self.counters.bytes_out += moved * self.config.block_bytes;
-        self.requests.get_mut(&id).expect("rotated request exists").phase = Phase::SwappingOut;
-        ctx.plan.swap_out.push(transfer);
+        self.requests.get_mut(&id).expect("rotated request exists").phase = Phase::RotatingOut;
+        ctx.plan.rotate_out.push(transfer);
         moved
     }
 
     /// Starts copying the request's host blocks back to device. False when it does not fit.
     pub(crate) fn rotate_in(&mut self, ctx: &mut StepCtx, id: u64) -> bool {
-        let Some(transfer) = self.blocks.swap_in(id) else { return false };
+        let Some(transfer) = self.blocks.transfer_in(id) else { return false };
         let bytes = transfer.src_blocks.len() as u64 * self.config.block_bytes;
         ctx.budget.take(Direction::In, bytes);
         self.counters.rotations_in += 1;
         self.counters.bytes_in += bytes;
         let request = self.requests.get_mut(&id).expect("returning request exists");
-        request.phase = Phase::SwappingIn;
-        request.swapped_in_step = Some(self.step_id);
-        ctx.plan.swap_in.push(transfer);
+        request.phase = Phase::RotatingIn;
+        request.rotated_in_step = Some(self.step_id);
+        ctx.plan.rotate_in.push(transfer);
         true
     }
 
@@ -233,8 +233,8 @@ impl Core {
         ctx.plan.sampling = sampling;
         ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
         if ctx.budget.is_limited() {
-            ctx.plan.swap_out_budget_bytes = Some(ctx.budget.limit(Direction::Out));
-            ctx.plan.swap_in_budget_bytes = Some(ctx.budget.limit(Direction::In));
+            ctx.plan.rotate_out_budget_bytes = Some(ctx.budget.limit(Direction::Out));
+            ctx.plan.rotate_in_budget_bytes = Some(ctx.budget.limit(Direction::In));
         }
         if !ctx.entries.is_empty() {
             let pending = PendingStep { entries: ctx.entries, shape: ctx.shape };

@@ -61,7 +61,7 @@ pub(crate) fn describe() {
     describe_histogram!("superinfer_engine_turn_duration", Unit::Seconds,
         "Engine time between back-to-back steps (commands, plan, request building, postprocessing)");
     describe_counter!("superinfer_steps_total", "Steps executed");
-    describe_counter!("superinfer_rotations_out_total", "Requests rotated or swapped out to host memory");
+    describe_counter!("superinfer_rotations_out_total", "Requests rotated out to host memory (rotasched or the swap policy)");
     describe_counter!("superinfer_rotations_in_total", "Requests brought back to the device");
     describe_counter!("superinfer_recomputes_total", "Requests preempted for recomputation");
     describe_counter!("superinfer_engine_failures_total", "Shard failures seen by the engine");

@@ -233,7 +233,7 @@ impl Engine {
     async fn turn(&mut self) -> Turn {
         let plan = self.scheduler.plan(self.clock());
         let stats = self.scheduler.stats();
-        let transfers_in_flight = stats.swapping_in + stats.swapping_out > 0;
+        let transfers_in_flight = stats.rotating_in + stats.rotating_out > 0;
         if plan.is_empty() && !transfers_in_flight {
             return Turn::Idle { wait: IDLE_REPLAN };
         }
@@ -249,7 +249,7 @@ impl Engine {
         }
         let deadline = self.timeouts.step_deadline(plan.predicted_step_s);
         let span = tracing::info_span!("step", step_id = plan.step_id, requests = plan.scheduled.len(),
-            tokens = plan.num_batched_tokens(), swap_out = plan.swap_out.len(), swap_in = plan.swap_in.len());
+            tokens = plan.num_batched_tokens(), swap_out = plan.rotate_out.len(), swap_in = plan.rotate_in.len());
         annotate_step(&span, &plan, &self.requests, self.scheduler.config().block_bytes);
         let response = match self.client.step(request, deadline).instrument(span).await {
             Ok(response) => response,

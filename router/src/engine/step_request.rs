@@ -39,8 +39,8 @@ pub(crate) fn build_step_request(
         step_id: plan.step_id,
         forget,
         new_requests,
-        swap_out: plan.swap_out.iter().map(transfer).collect(),
-        swap_in: plan.swap_in.iter().map(transfer).collect(),
+        rotate_out: plan.rotate_out.iter().map(transfer).collect(),
+        rotate_in: plan.rotate_in.iter().map(transfer).collect(),
         scheduled: plan
             .scheduled
             .iter()
@@ -100,7 +100,7 @@ mod tests {
         requests.insert(7, ActiveRequest::new(greedy_request(vec![1, 2, 3], 4), events));
         let plan = StepPlan {
             step_id: 3,
-            swap_out: vec![Transfer { id: 11, request_id: 9, src_blocks: vec![4], dst_blocks: vec![0] }],
+            rotate_out: vec![Transfer { id: 11, request_id: 9, src_blocks: vec![4], dst_blocks: vec![0] }],
             scheduled: vec![
                 ScheduledEntry { id: 7, num_computed_tokens: 0, num_new_tokens: 3, block_table: vec![2] },
                 ScheduledEntry { id: 8, num_computed_tokens: 0, num_new_tokens: 16, block_table: vec![3] },
@@ -115,8 +115,8 @@ mod tests {
         assert_eq!(step.forget, vec![5]);
         assert_eq!(step.new_requests.len(), 1);
         assert_eq!(step.new_requests[0].prompt_token_ids, vec![1, 2, 3]);
-        assert_eq!(step.swap_out[0].src_blocks, vec![4]);
-        assert_eq!(step.swap_out[0].dst_blocks, vec![0]);
+        assert_eq!(step.rotate_out[0].src_blocks, vec![4]);
+        assert_eq!(step.rotate_out[0].dst_blocks, vec![0]);
         assert_eq!(step.scheduled[0].block_table, vec![2]);
         assert_eq!(step.scheduled[0].num_new_tokens, 3);
         // The scheduler's sampling decision travels with each entry.

@@ -15,7 +15,7 @@ pub(super) fn annotate_step(span: &tracing::Span, plan: &StepPlan, requests: &Ac
         return;
     }
     let mut served: Vec<u64> = plan.scheduled.iter().map(|entry| entry.id).collect();
-    served.extend(plan.swap_out.iter().chain(&plan.swap_in).map(|transfer| transfer.request_id));
+    served.extend(plan.rotate_out.iter().chain(&plan.rotate_in).map(|transfer| transfer.request_id));
     served.sort_unstable();
     served.dedup();
     for id in served {
@@ -23,7 +23,7 @@ pub(super) fn annotate_step(span: &tracing::Span, plan: &StepPlan, requests: &Ac
             span.add_link_with_attributes(active.span_context().clone(), vec![KeyValue::new("request_id", id as i64)]);
         }
     }
-    for (name, transfers) in [("rotate_out", &plan.swap_out), ("rotate_in", &plan.swap_in)] {
+    for (name, transfers) in [("rotate_out", &plan.rotate_out), ("rotate_in", &plan.rotate_in)] {
         for transfer in transfers {
             span.add_event(name, rotation(transfer, block_bytes));
         }
@@ -97,8 +97,8 @@ mod tests {
                 ScheduledEntry { id: 1, num_computed_tokens: 0, num_new_tokens: 3, block_table: vec![0] },
                 ScheduledEntry { id: 2, num_computed_tokens: 3, num_new_tokens: 1, block_table: vec![1] },
             ],
-            swap_out: vec![Transfer { id: 9, request_id: 2, src_blocks: vec![1, 4], dst_blocks: vec![0, 1] }],
-            swap_in: vec![Transfer { id: 10, request_id: 3, src_blocks: vec![7], dst_blocks: vec![5] }],
+            rotate_out: vec![Transfer { id: 9, request_id: 2, src_blocks: vec![1, 4], dst_blocks: vec![0, 1] }],
+            rotate_in: vec![Transfer { id: 10, request_id: 3, src_blocks: vec![7], dst_blocks: vec![5] }],
             ..StepPlan::default()
         };
         let spans = exported(|| {

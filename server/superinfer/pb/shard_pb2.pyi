@@ -155,20 +155,20 @@ class Transfer(_message.Message):
     def __init__(self, id: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "forget", "new_requests", "swap_out", "swap_in", "scheduled")
+    __slots__ = ("step_id", "forget", "new_requests", "rotate_out", "rotate_in", "scheduled")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     FORGET_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
-    SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
-    SWAP_IN_FIELD_NUMBER: _ClassVar[int]
+    ROTATE_OUT_FIELD_NUMBER: _ClassVar[int]
+    ROTATE_IN_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     forget: _containers.RepeatedScalarFieldContainer[int]
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
-    swap_out: _containers.RepeatedCompositeFieldContainer[Transfer]
-    swap_in: _containers.RepeatedCompositeFieldContainer[Transfer]
+    rotate_out: _containers.RepeatedCompositeFieldContainer[Transfer]
+    rotate_in: _containers.RepeatedCompositeFieldContainer[Transfer]
     scheduled: _containers.RepeatedCompositeFieldContainer[ScheduledRequest]
-    def __init__(self, step_id: _Optional[int] = ..., forget: _Optional[_Iterable[int]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., swap_out: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., scheduled: _Optional[_Iterable[_Union[ScheduledRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., forget: _Optional[_Iterable[int]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., rotate_out: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., rotate_in: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., scheduled: _Optional[_Iterable[_Union[ScheduledRequest, _Mapping]]] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("id", "logprob")

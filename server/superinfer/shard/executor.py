@@ -223,10 +223,10 @@ class ShardExecutor:
             transfer_start = time.perf_counter_ns()
             with tracer.start_as_current_span("transfers") as span:
                 if span.is_recording():
-                    span.set_attributes({"swap_out": len(request.swap_out), "swap_in": len(request.swap_in),
-                                         "blocks_out": sum(len(t.src_blocks) for t in request.swap_out),
-                                         "blocks_in": sum(len(t.src_blocks) for t in request.swap_in)})
-                self.tracker.submit(work.swap_out, work.swap_in)
+                    span.set_attributes({"swap_out": len(request.rotate_out), "swap_in": len(request.rotate_in),
+                                         "blocks_out": sum(len(t.src_blocks) for t in request.rotate_out),
+                                         "blocks_in": sum(len(t.src_blocks) for t in request.rotate_in)})
+                self.tracker.submit(work.rotate_out, work.rotate_in)
             transfer_ns = time.perf_counter_ns() - transfer_start
             outputs, forward_ns, sampling_ns = self._compute(plan.scheduled, work, tracer)
             completed = self.tracker.poll()
@@ -247,7 +247,7 @@ class ShardExecutor:
 
     def run_work(self, work: RankWork) -> None:
         """Ranks > 0: their share of a step (rank 0 runs the same in `step`)."""
-        self.tracker.submit(work.swap_out, work.swap_in)
+        self.tracker.submit(work.rotate_out, work.rotate_in)
         if work.chunks:
             self.forward_work(work)
         self.tracker.poll()
@@ -267,7 +267,7 @@ class ShardExecutor:
             if work.sample:
                 needed.append(work.num_new - 1)
             offsets.append(needed)
-        return RankWork([TransferOrder.of(t) for t in request.swap_out], [TransferOrder.of(t) for t in request.swap_in],
+        return RankWork([TransferOrder.of(t) for t in request.rotate_out], [TransferOrder.of(t) for t in request.rotate_in],
                         chunks, offsets)
 
     def forward_work(self, work: RankWork) -> torch.Tensor | None:

@@ -6,7 +6,7 @@ tokens land in) has one writer, and no transfer may touch it. Other requests of 
 may read it, at the same place in their block tables (the same positions): every layer writes
 the whole step's K/V before any attention reads the cache, so they read what this step wrote —
 how n choices of one prompt, admitted together, share its computation (prefix caching). Full
-blocks that are only read may be shared freely. A swap-in's destination may not be read or
+blocks that are only read may be shared freely. A transfer in's destination may not be read or
 written by compute in the same step."""
 from dataclasses import dataclass
 
@@ -30,10 +30,10 @@ class InFlight:
     """Blocks held by transfers submitted in earlier steps and not yet acknowledged."""
 
     transfer_ids: frozenset[int]
-    host_written: frozenset[int]  # swap-out destinations
-    host_read: frozenset[int]  # swap-in sources
-    device_written: frozenset[int]  # swap-in destinations
-    device_read: frozenset[int]  # swap-out sources
+    host_written: frozenset[int]  # rotate-out destinations
+    host_read: frozenset[int]  # rotate-in sources
+    device_written: frozenset[int]  # rotate-in destinations
+    device_read: frozenset[int]  # rotate-out sources
 
 
 def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limits: PlanLimits) -> SamplingParams:
@@ -92,19 +92,19 @@ def _check_ids(blocks, limit: int, what: str, transfer_id: int) -> None:
 
 
 def _transfers(step, limits: PlanLimits, in_flight: InFlight) -> tuple[set[int], set[int]]:
-    """Checks swap_out / swap_in; returns (device blocks swapped out, device blocks swapped in)."""
+    """Checks rotate_out / rotate_in; returns (device blocks rotated out, device blocks rotated in)."""
     ids: set[int] = set()
     host_written, host_read = set(in_flight.host_written), set(in_flight.host_read)
     device_in, device_out = set(in_flight.device_written), set()
     device_read_in_flight = in_flight.device_read
-    for direction, transfers in (("swap_out", step.swap_out), ("swap_in", step.swap_in)):
+    for direction, transfers in (("rotate_out", step.rotate_out), ("rotate_in", step.rotate_in)):
         for transfer in transfers:
             if transfer.id in ids or transfer.id in in_flight.transfer_ids:
                 raise PlanError(f"transfer id {transfer.id} is used twice")
             ids.add(transfer.id)
             if len(transfer.src_blocks) != len(transfer.dst_blocks):
                 raise PlanError(f"transfer {transfer.id}: {len(transfer.src_blocks)} sources but {len(transfer.dst_blocks)} destinations")
-            out = direction == "swap_out"
+            out = direction == "rotate_out"
             device_blocks, host_blocks = (transfer.src_blocks, transfer.dst_blocks) if out else (transfer.dst_blocks, transfer.src_blocks)
             _check_ids(device_blocks, limits.num_device_blocks, "device", transfer.id)
             _check_ids(host_blocks, limits.num_host_blocks, "host", transfer.id)
@@ -175,7 +175,7 @@ def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_o
             if block >= limits.num_device_blocks:
                 raise PlanError(f"request {rid}: device block {block} out of range (pool has {limits.num_device_blocks})")
             if block in device_in:
-                raise PlanError(f"request {rid}: device block {block} is being written by a swap-in")
+                raise PlanError(f"request {rid}: device block {block} is being written by a transfer in")
         first_written = start // limits.block_size
         for index, block in enumerate(table):
             if index < first_written:
@@ -187,7 +187,7 @@ def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_o
             for reader in readers.get(block, []):
                 _check_shared_read(block, reader, (rid, index))
             if block in device_out:
-                raise PlanError(f"request {rid}: device block {block} is being swapped out while written")
+                raise PlanError(f"request {rid}: device block {block} is being rotated out while written")
             writer[block] = (rid, index)
         work.append(ScheduledWork(rid, start, count, table, item.sample, item.allowed_tokens))
     return work

@@ -25,8 +25,8 @@ class RankWork:
     """One step's share of every rank: the same transfers on each rank's own KV slice, then one
     forward pass over the chunks."""
 
-    swap_out: list[TransferOrder]
-    swap_in: list[TransferOrder]
+    rotate_out: list[TransferOrder]
+    rotate_in: list[TransferOrder]
     chunks: list[Chunk]
     # Per chunk, the positions within it (0 = its first token) whose logits are needed, in
     # the order the logits' rows come out.

@@ -1,4 +1,4 @@
-"""Tracks the KV transfers the router ordered: submits each step's swaps to the DuplexKV
+"""Tracks the KV transfers the router ordered: submits each step's transfers to the DuplexKV
 engine in one call and reports each transfer id exactly once when its copy has landed.
 Owns the in-flight handles.
 
@@ -17,12 +17,12 @@ from .plan import InFlight
 @dataclass
 class _Pending:
     handle: TransferHandle
-    swap_out: bool
+    is_out: bool
     device_blocks: frozenset[int]
     host_blocks: frozenset[int]
 
     def done(self) -> bool:
-        return self.handle.out_done() if self.swap_out else self.handle.in_done()
+        return self.handle.out_done() if self.is_out else self.handle.in_done()
 
 
 class TransferTracker:
@@ -34,10 +34,10 @@ class TransferTracker:
         self.agree = agree
         self._pending: dict[int, _Pending] = {}
 
-    def submit(self, swap_out, swap_in) -> None:
-        """swap_out / swap_in: Transfer messages (validated). One engine submit for the step."""
-        out_pairs = ([b for t in swap_out for b in t.src_blocks], [b for t in swap_out for b in t.dst_blocks])
-        in_pairs = ([b for t in swap_in for b in t.src_blocks], [b for t in swap_in for b in t.dst_blocks])
+    def submit(self, rotate_out, rotate_in) -> None:
+        """rotate_out / rotate_in: Transfer messages (validated). One engine submit for the step."""
+        out_pairs = ([b for t in rotate_out for b in t.src_blocks], [b for t in rotate_out for b in t.dst_blocks])
+        in_pairs = ([b for t in rotate_in for b in t.src_blocks], [b for t in rotate_in for b in t.dst_blocks])
         if not out_pairs[0] and not in_pairs[0]:
             # Nothing to copy: empty transfers complete at once.
             handle = None
@@ -45,7 +45,7 @@ class TransferTracker:
             handle = self.engine.submit(
                 swap_out=out_pairs if out_pairs[0] else None, swap_in=in_pairs if in_pairs[0] else None
             )
-        for transfers, is_out in ((swap_out, True), (swap_in, False)):
+        for transfers, is_out in ((rotate_out, True), (rotate_in, False)):
             for transfer in transfers:
                 device_blocks = transfer.src_blocks if is_out else transfer.dst_blocks
                 host_blocks = transfer.dst_blocks if is_out else transfer.src_blocks
@@ -57,9 +57,9 @@ class TransferTracker:
         The router should never schedule such a request, so this costs nothing in normal
         operation; it keeps a misbehaving plan from reading a half-copied block."""
         for pending in self._pending.values():
-            if pending.swap_out and pending.device_blocks & written_blocks:
+            if pending.is_out and pending.device_blocks & written_blocks:
                 pending.handle.wait()
-            elif not pending.swap_out and pending.device_blocks & (read_blocks | written_blocks):
+            elif not pending.is_out and pending.device_blocks & (read_blocks | written_blocks):
                 if self.device.type == "cuda":
                     pending.handle.order_compute_after_in()
                 else:
@@ -80,10 +80,10 @@ class TransferTracker:
         pending = self._pending.values()
         return InFlight(
             transfer_ids=frozenset(self._pending),
-            host_written=frozenset(b for p in pending if p.swap_out for b in p.host_blocks),
-            host_read=frozenset(b for p in pending if not p.swap_out for b in p.host_blocks),
-            device_written=frozenset(b for p in pending if not p.swap_out for b in p.device_blocks),
-            device_read=frozenset(b for p in pending if p.swap_out for b in p.device_blocks),
+            host_written=frozenset(b for p in pending if p.is_out for b in p.host_blocks),
+            host_read=frozenset(b for p in pending if not p.is_out for b in p.host_blocks),
+            device_written=frozenset(b for p in pending if not p.is_out for b in p.device_blocks),
+            device_read=frozenset(b for p in pending if p.is_out for b in p.device_blocks),
         )
 
     def drain(self) -> None:

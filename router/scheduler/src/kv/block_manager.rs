@@ -2,14 +2,14 @@
 //! transfers in flight between them.
 //!
 //! Ownership: a device block's reference count equals the number of tables naming it plus one
-//! while an unacknowledged swap-out reads it; a host block belongs to one table or to one
-//! unacknowledged swap-in. Freeing is therefore always "drop a reference", and a block whose
+//! while an unacknowledged transfer out reads it; a host block belongs to one table or to one
+//! unacknowledged transfer in. Freeing is therefore always "drop a reference", and a block whose
 //! copy is in flight cannot be allocated because its transfer still holds it.
 //!
-//! Prefix sharing under rotation: a swap-out moves only the request's *private* device blocks
+//! Prefix sharing under rotation: rotating out moves only the request's *private* device blocks
 //! (reference count 1). Blocks shared with other requests stay on device, still referenced by
-//! the rotated request's table: swapping them would free nothing (the others keep them) and
-//! would cost bandwidth twice. A swap-in brings back exactly the host slots.
+//! the rotated request's table: moving them would free nothing (the others keep them) and
+//! would cost bandwidth twice. Rotating in brings back exactly the host slots.
 
 use std::collections::BTreeMap;
 
@@ -120,7 +120,7 @@ impl BlockManager {
         self.tables.get(&id).map_or(&[], |t| &t.slots)
     }
 
-    /// Device blocks that become free once every in-flight swap-out is acknowledged.
+    /// Device blocks that become free once every in-flight transfer out is acknowledged.
     pub(crate) fn pending_release(&self) -> u32 {
         let out = self.transfers.values().filter(|t| t.direction == Direction::Out);
         out.flat_map(|t| &t.device_blocks).filter(|b| self.device.ref_count(**b) == 1).count() as u32
@@ -239,7 +239,7 @@ impl BlockManager {
         }
     }
 
-    /// Device blocks a swap-out of this request would move (and eventually free).
+    /// Device blocks rotating this request out would move (and eventually free).
     pub(crate) fn private_device_blocks(&self, id: u64) -> u32 {
         let private = |s: &&Slot| matches!(s, Slot::Device(b) if self.device.ref_count(*b) == 1);
         self.slots(id).iter().filter(private).count() as u32

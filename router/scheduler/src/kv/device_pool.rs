@@ -1,6 +1,6 @@
 //! Device KV blocks: reference counts, the LRU free list and the prefix-cache registry.
 //!
-//! A block with a non-zero count is owned (by request tables and/or an in-flight swap-out) and
+//! A block with a non-zero count is owned (by request tables and/or an in-flight transfer out) and
 //! never allocatable. A block at zero is free; if it still holds a cached full block it stays
 //! findable by its prefix hash until allocation evicts it. Allocation takes never-cached blocks
 //! first, then the least recently released cached one.
@@ -18,7 +18,7 @@ struct CachedKey {
 #[derive(Debug)]
 pub(crate) struct DevicePool {
     ref_counts: Vec<u32>,
-    /// Source of an unacknowledged swap-out: its content is being read by a copy, so it is
+    /// Source of an unacknowledged transfer out: its content is being read by a copy, so it is
     /// neither allocatable nor handed out as a prefix hit.
     in_flight: Vec<bool>,
     cached: Vec<Option<CachedKey>>,

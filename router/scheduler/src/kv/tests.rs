@@ -25,13 +25,13 @@ fn rotation_moves_private_blocks_only_and_keeps_shared_prefix() {
     assert!(m.grow(2, 12));
     let shared = device_ids(&m, 2)[..2].to_vec();
     assert_eq!(m.private_device_blocks(2), 1);
-    let out = m.swap_out(2).expect("host has room");
+    let out = m.transfer_out(2).expect("host has room");
     assert_eq!(out.src_blocks.len(), 1, "only the private block moves");
     assert_eq!(device_ids(&m, 2)[..2], shared[..], "shared blocks stay referenced on device");
     let free_before_ack = m.free_device();
     m.ack(out.id).expect("known transfer");
     assert_eq!(m.free_device(), free_before_ack + 1, "freed at acknowledgement, not before");
-    let back = m.swap_in(2).expect("device has room");
+    let back = m.transfer_in(2).expect("device has room");
     assert_eq!(back.src_blocks, out.dst_blocks);
     m.ack(back.id).unwrap();
     assert_eq!(device_ids(&m, 2)[..2], shared[..]);
@@ -44,11 +44,11 @@ fn rotation_moves_private_blocks_only_and_keeps_shared_prefix() {
 }
 
 #[test]
-fn swap_out_sources_are_neither_allocatable_nor_prefix_hits() {
+fn transfer_out_sources_are_neither_allocatable_nor_prefix_hits() {
     let mut m = BlockManager::new(2, 4, 4, true);
     let tokens = vec![1, 2, 3, 4, 5];
     compute(&mut m, 1, &tokens);
-    let out = m.swap_out(1).unwrap();
+    let out = m.transfer_out(1).unwrap();
     assert_eq!(out.src_blocks.len(), 3);
     assert_eq!(m.free_device(), 1);
     assert_eq!(m.probe_prefix(&tokens).hit_blocks, 0, "content being copied is not handed out");
@@ -68,6 +68,6 @@ fn prefix_caching_off_never_shares() {
     let tokens: Vec<u32> = (0..9).collect();
     compute(&mut m, 1, &tokens);
     assert_eq!(m.acquire_prefix(2, &tokens), 0);
-    assert_eq!(m.swap_out(1), None, "no host pool");
+    assert_eq!(m.transfer_out(1), None, "no host pool");
     m.check().unwrap();
 }

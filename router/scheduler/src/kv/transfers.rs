@@ -1,9 +1,9 @@
-//! Swap-out, swap-in and their acknowledgement, over the block manager's tables.
+//! Transfers out and in, and their acknowledgement, over the block manager's tables.
 //!
 //! Table slots flip to their destination when a transfer is issued, and the transfer keeps the
-//! source blocks referenced until the shard acknowledges the copy: a swap-out's device sources
-//! stay allocated (and out of the prefix cache) so nobody writes them mid-copy; a swap-in's
-//! host sources stay owned so no other swap-out overwrites them mid-copy.
+//! source blocks referenced until the shard acknowledges the copy: a transfer out's device sources
+//! stay allocated (and out of the prefix cache) so nobody writes them mid-copy; a transfer in's
+//! host sources stay owned so no other transfer out overwrites them mid-copy.
 
 use super::block_manager::{BlockManager, InFlight, Slot, TransferDone};
 use crate::cost_model::Direction;
@@ -12,7 +12,7 @@ use crate::plan::Transfer;
 impl BlockManager {
     /// Moves the request's private device blocks to host. `None` (and no change) when it has
     /// nothing private or the host pool lacks room.
-    pub(crate) fn swap_out(&mut self, id: u64) -> Option<Transfer> {
+    pub(crate) fn transfer_out(&mut self, id: u64) -> Option<Transfer> {
         let moved = self.private_device_blocks(id);
         if moved == 0 || moved > self.host.num_free() {
             return None;
@@ -44,7 +44,7 @@ impl BlockManager {
 
     /// Brings the request's host blocks back into fresh device blocks. `None` (and no change)
     /// when it has nothing on host or the device pool lacks room.
-    pub(crate) fn swap_in(&mut self, id: u64) -> Option<Transfer> {
+    pub(crate) fn transfer_in(&mut self, id: u64) -> Option<Transfer> {
         let moved = self.host_slots(id);
         if moved == 0 || moved > self.device.num_free() {
             return None;
@@ -88,8 +88,8 @@ impl BlockManager {
         Some(TransferDone { request: done.request, direction: done.direction })
     }
 
-    /// Whether `block` is being written or read by an unacknowledged transfer (a swap-out
-    /// source or a swap-in destination).
+    /// Whether `block` is being written or read by an unacknowledged transfer (a transfer out's
+    /// source or a transfer in's destination).
     #[cfg(test)]
     pub(crate) fn device_block_busy(&self, block: u32) -> bool {
         self.device.is_in_flight(block)
@@ -98,7 +98,7 @@ impl BlockManager {
             })
     }
 
-    /// Every ownership invariant: reference counts equal table mentions plus swap-out holds,
+    /// Every ownership invariant: reference counts equal table mentions plus transfer-out holds,
     /// no host block has two owners, nothing owned is free, nothing is leaked.
     pub(crate) fn check(&self) -> Result<(), String> {
         self.device.check()?;
@@ -130,13 +130,13 @@ impl BlockManager {
                     for b in &transfer.device_blocks {
                         device_refs[*b as usize] += 1;
                         if !self.device.is_in_flight(*b) {
-                            return Err(format!("swap-out {tid} source {b} not marked in flight"));
+                            return Err(format!("transfer out {tid} source {b} not marked in flight"));
                         }
                     }
                 }
                 Direction::In => {
                     for b in &transfer.host_blocks {
-                        claim_host(*b, format!("swap-in {tid}"))?;
+                        claim_host(*b, format!("transfer in {tid}"))?;
                     }
                 }
             }
@@ -155,7 +155,7 @@ impl BlockManager {
         if self.device.num_in_flight() as usize
             != self.transfers.values().filter(|t| t.direction == Direction::Out).map(|t| t.device_blocks.len()).sum::<usize>()
         {
-            return Err("in-flight device marks disagree with swap-outs".into());
+            return Err("in-flight device marks disagree with transfers out".into());
         }
         Ok(())
     }

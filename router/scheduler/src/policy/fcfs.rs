@@ -2,7 +2,7 @@
 //! stop at the first request that does not fit; never preempt.
 
 use crate::scheduler::Core;
-use crate::step::{Outcome, StepCtx};
+use crate::step::{Fit, StepCtx};
 
 impl Core {
     pub(crate) fn plan_fcfs(&mut self, ctx: &mut StepCtx) {
@@ -18,7 +18,7 @@ impl Core {
         let queue: Vec<u64> = self.waiting.iter().copied().collect();
         for id in queue {
             let worst_case = self.requests[&id].max_kv_tokens();
-            if self.admit(ctx, id, worst_case) != Outcome::Scheduled {
+            if self.admit(ctx, id, worst_case) != Fit::Scheduled {
                 break;
             }
         }

@@ -3,9 +3,9 @@
 //!
 //! - `fcfs`: worst-case reservation at admission, head-of-line, never preempts.
 //! - `reactive`: blocks on demand; on shortage the newest running request is preempted —
-//!   recomputed later (`recompute`) or swapped to host and brought back (`swap`).
+//!   recomputed later (`recompute`) or rotated out to host and brought back (`swap`).
 //! - `rotasched`: least slack first with a late class, proactive rotation under a per-step
-//!   byte budget, swap or recompute by the cost model (`urgency` computes slack).
+//!   byte budget, rotate out or recompute by the cost model (`urgency` computes slack).
 
 mod fcfs;
 mod reactive;
@@ -16,7 +16,7 @@ use crate::config::PolicyKind;
 use crate::plan::StepPlan;
 use crate::request::Phase;
 use crate::scheduler::Core;
-use crate::step::{Outcome, StepCtx};
+use crate::step::{Fit, StepCtx};
 
 pub(crate) use rotasched::RotaSched;
 
@@ -25,7 +25,7 @@ pub(crate) use rotasched::RotaSched;
 #[derive(Debug)]
 pub(crate) enum Policy {
     Fcfs,
-    /// Preempts the newest running request on shortage: swapped to host and back when `swap`,
+    /// Preempts the newest running request on shortage: rotated out to host and back when `swap`,
     /// else recomputed later.
     Reactive { swap: bool },
     RotaSched(RotaSched),
@@ -42,7 +42,7 @@ impl Policy {
     }
 
     /// Decides the next step: what to compute, what to move, whom to preempt. Requests whose
-    /// swap-in has not been acknowledged are never scheduled; blocks whose swap-out has not
+    /// transfer in has not been acknowledged are never scheduled; blocks whose transfer out has not
     /// been acknowledged are never handed out.
     pub(crate) fn plan(&mut self, core: &mut Core, now: f64) -> StepPlan {
         let mut ctx = core.new_ctx(now);
@@ -98,7 +98,7 @@ impl Core {
             return;
         }
         let settling = self.requests.values().any(|r| {
-            r.pending_steps > 0 || matches!(r.phase, Phase::SwappingOut | Phase::SwappingIn)
+            r.pending_steps > 0 || matches!(r.phase, Phase::RotatingOut | Phase::RotatingIn)
         });
         let oldest = self
             .requests
@@ -114,11 +114,11 @@ impl Core {
             self.preempt_for_recompute(ctx, rotated);
         }
         loop {
-            let outcome = match self.requests[&oldest].phase {
+            let fit = match self.requests[&oldest].phase {
                 Phase::Running => self.schedule_running(ctx, oldest, 0),
                 _ => self.admit(ctx, oldest, 0),
             };
-            if !matches!(outcome, Outcome::NoBlocks(_)) {
+            if !matches!(fit, Fit::NoBlocks(_)) {
                 return;
             }
             match self.newest(ctx, Phase::Running).filter(|id| *id != oldest) {

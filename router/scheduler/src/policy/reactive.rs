@@ -5,7 +5,7 @@
 
 use crate::request::Phase;
 use crate::scheduler::Core;
-use crate::step::{Outcome, StepCtx};
+use crate::step::{Fit, StepCtx};
 
 impl Core {
     pub(crate) fn plan_reactive(&mut self, ctx: &mut StepCtx, swap: bool) {
@@ -18,7 +18,7 @@ impl Core {
                 }
             }
         }
-        if swap && !self.swap_in_oldest(ctx) {
+        if swap && !self.rotate_in_oldest(ctx) {
             return;
         }
         if !ctx.plan.preempted_for_recompute.is_empty() {
@@ -26,7 +26,7 @@ impl Core {
         }
         let queue: Vec<u64> = self.waiting.iter().copied().collect();
         for id in queue {
-            if self.admit(ctx, id, 0) != Outcome::Scheduled {
+            if self.admit(ctx, id, 0) != Fit::Scheduled {
                 break;
             }
         }
@@ -34,9 +34,9 @@ impl Core {
 
     fn schedule_or_preempt(&mut self, ctx: &mut StepCtx, id: u64, swap: bool) {
         loop {
-            let Outcome::NoBlocks(short) = self.schedule_running(ctx, id, 0) else { return };
+            let Fit::NoBlocks(short) = self.schedule_running(ctx, id, 0) else { return };
             if swap && ctx.release_credit >= short {
-                // Swap-outs already issued will free enough once acknowledged: wait.
+                // Transfers out already issued will free enough once acknowledged: wait.
                 ctx.release_credit -= short;
                 return;
             }
@@ -58,9 +58,9 @@ impl Core {
         running.into_iter().rev().find(|id| self.evictable(ctx, *id))
     }
 
-    /// Brings swapped requests back oldest first while they fit; true when none is left out
+    /// Brings rotated requests back oldest first while they fit; true when none is left out
     /// (only then may new requests be admitted).
-    fn swap_in_oldest(&mut self, ctx: &mut StepCtx) -> bool {
+    fn rotate_in_oldest(&mut self, ctx: &mut StepCtx) -> bool {
         let mut rotated: Vec<(u64, u64)> = self
             .requests
             .values()
@@ -73,6 +73,6 @@ impl Core {
                 return false;
             }
         }
-        !self.requests.values().any(|r| r.phase == Phase::SwappingOut)
+        !self.requests.values().any(|r| r.phase == Phase::RotatingOut)
     }
 }

@@ -32,14 +32,14 @@ impl Urgency {
 /// How a victim would leave the device, with the time until it could compute again.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Eviction {
-    Swap { round_trip_s: f64 },
+    RotateOut { round_trip_s: f64 },
     Recompute { round_trip_s: f64 },
 }
 
 impl Eviction {
     pub(crate) fn round_trip_s(self) -> f64 {
         match self {
-            Eviction::Swap { round_trip_s } | Eviction::Recompute { round_trip_s } => round_trip_s,
+            Eviction::RotateOut { round_trip_s } | Eviction::Recompute { round_trip_s } => round_trip_s,
         }
     }
 }
@@ -70,7 +70,7 @@ impl Core {
                 self.cost.predict_prefill(u64::from(r.uncomputed())).max(step_s)
             }
             Phase::Rotated => self.transfer_s(self.blocks.host_slots(id), Direction::In) + 2.0 * step_s,
-            Phase::SwappingIn | Phase::SwappingOut => 2.0 * step_s,
+            Phase::RotatingIn | Phase::RotatingOut => 2.0 * step_s,
         };
         let deadline = r.next_deadline();
         let slack = deadline - (now + service);
@@ -108,7 +108,7 @@ impl Core {
 
     /// The cheaper way to evict `id` by the cost model: copying its private blocks out and
     /// back, or the marginal prefill time of its context (the step's base cost is paid anyway).
-    /// Swap needs host room. The returned round trip — time until it could compute again,
+    /// Rotating out needs host room. The returned round trip — time until it could compute again,
     /// including the step boundaries at which acknowledgements arrive — is what its slack must
     /// cover.
     pub(crate) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
@@ -116,10 +116,10 @@ impl Core {
         let copy_s = self.transfer_s(private, Direction::Out) + self.transfer_s(private, Direction::In);
         let computed = u64::from(self.requests[&id].num_computed);
         let marginal_prefill_s = self.cost.predict_prefill(computed) - self.cost.predict_prefill(0);
-        let swap_s = copy_s + 2.0 * step_s;
+        let rotate_s = copy_s + 2.0 * step_s;
         let recompute_s = self.cost.predict_prefill(computed) + step_s;
         if private <= self.blocks.free_host() && copy_s <= marginal_prefill_s {
-            Eviction::Swap { round_trip_s: swap_s }
+            Eviction::RotateOut { round_trip_s: rotate_s }
         } else {
             Eviction::Recompute { round_trip_s: recompute_s }
         }
@@ -159,10 +159,10 @@ mod tests {
     }
 
     #[test]
-    fn swap_or_recompute_by_the_cost_model() {
+    fn rotate_out_or_recompute_by_the_cost_model() {
         // 1 MiB blocks of 16 tokens: recomputing a block costs 1.6 ms; copying it both ways
         // costs 0.17 ms at 12 GB/s but 21 ms at 100 MB/s.
-        assert!(matches!(eviction(512, 12e9), Eviction::Swap { .. }));
+        assert!(matches!(eviction(512, 12e9), Eviction::RotateOut { .. }));
         assert!(matches!(eviction(512, 1e8), Eviction::Recompute { .. }));
     }
 }

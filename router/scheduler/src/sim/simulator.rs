@@ -17,7 +17,7 @@ use crate::sim::link::Link;
 use crate::sim::report::{summarize_gaps, RequestOutcome, SimReport, Timeline};
 use crate::sim::timing::step_shape;
 
-/// Plans that change state without computing (swaps, preemptions) are re-planned at the same
+/// Plans that change state without computing (rotations, preemptions) are re-planned at the same
 /// instant at most this many times in a row before the clock moves to the next event.
 const MAX_IDLE_REPLANS: u32 = 8;
 /// Synthetic token ids stay within a typical vocabulary.
@@ -133,7 +133,7 @@ impl<'a> Simulation<'a> {
                 self.now += planning_s;
             }
             let mut link_s = 0.0;
-            for (transfers, direction) in [(&plan.swap_out, Direction::Out), (&plan.swap_in, Direction::In)] {
+            for (transfers, direction) in [(&plan.rotate_out, Direction::Out), (&plan.rotate_in, Direction::In)] {
                 for transfer in transfers {
                     link_s += self.link.seconds(transfer, direction);
                     self.link.issue(transfer, direction, self.now);

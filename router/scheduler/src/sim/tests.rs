@@ -176,7 +176,7 @@ fn a_per_step_charge_lengthens_every_step() {
     assert_eq!((report.charged_transfer_stall_s, report.charged_planning_s), (0.0, 0.0));
 }
 
-/// Under memory pressure a policy that swaps pays for its copies when they stall compute:
+/// Under memory pressure a policy that rotates pays for its copies when they stall compute:
 /// with the stall at 1 every byte moved lengthens the run by its link time, never shortens it.
 #[test]
 fn transfers_that_stall_compute_cost_the_steps_they_ride_with() {

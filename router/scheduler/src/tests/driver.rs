@@ -100,14 +100,14 @@ pub(crate) struct Driver {
     pub(crate) step_s: f64,
     /// Steps a transfer waits before its acknowledgement (0 = with its own step's results).
     pub(crate) ack_delay: u64,
-    /// transfer id -> (step at which it is acknowledged, is swap-in, request)
+    /// transfer id -> (step at which it is acknowledged, is a transfer in, request)
     unacked: BTreeMap<u64, (u64, bool, u64)>,
-    /// Device blocks read by unacknowledged swap-outs / written by unacknowledged swap-ins.
+    /// Device blocks read by unacknowledged transfers out / written by unacknowledged transfers in.
     busy_blocks: BTreeMap<u64, Vec<u32>>,
-    /// Host blocks written by unacknowledged swap-outs / read by unacknowledged swap-ins.
+    /// Host blocks written by unacknowledged transfers out / read by unacknowledged transfers in.
     busy_host: BTreeMap<u64, Vec<u32>>,
-    /// request -> step of its latest swap-in.
-    swapped_in_at: BTreeMap<u64, u64>,
+    /// request -> step of its latest rotation in.
+    rotated_in_at: BTreeMap<u64, u64>,
     pub(crate) plans: Vec<StepPlan>,
     pub(crate) finished: BTreeSet<u64>,
     /// Whether to finish requests that reach their length limit (the engine's job).
@@ -129,7 +129,7 @@ impl Driver {
             unacked: BTreeMap::new(),
             busy_blocks: BTreeMap::new(),
             busy_host: BTreeMap::new(),
-            swapped_in_at: BTreeMap::new(),
+            rotated_in_at: BTreeMap::new(),
             plans: Vec::new(),
             finished: BTreeSet::new(),
             auto_finish: true,
@@ -162,23 +162,23 @@ impl Driver {
             Timing::Machine { .. } => u64::MAX,
         };
         if let Some(link) = self.link.as_mut() {
-            for t in &plan.swap_out {
+            for t in &plan.rotate_out {
                 link.issue(t, Direction::Out, self.now);
             }
-            for t in &plan.swap_in {
+            for t in &plan.rotate_in {
                 link.issue(t, Direction::In, self.now);
             }
         }
-        for t in &plan.swap_out {
+        for t in &plan.rotate_out {
             self.unacked.insert(t.id, (ack_step, false, t.request_id));
             self.busy_blocks.insert(t.id, t.src_blocks.clone());
             self.busy_host.insert(t.id, t.dst_blocks.clone());
         }
-        for t in &plan.swap_in {
+        for t in &plan.rotate_in {
             self.unacked.insert(t.id, (ack_step, true, t.request_id));
             self.busy_blocks.insert(t.id, t.dst_blocks.clone());
             self.busy_host.insert(t.id, t.src_blocks.clone());
-            self.swapped_in_at.insert(t.request_id, plan.step_id);
+            self.rotated_in_at.insert(t.request_id, plan.step_id);
         }
         let sampled = plan
             .sampling
@@ -248,24 +248,24 @@ impl Driver {
     }
 
     /// The ordering rules: no scheduled table holds a block a transfer is reading or writing,
-    /// no request is scheduled before its swap-in is acknowledged, every table covers its
+    /// no request is scheduled before its transfer in is acknowledged, every table covers its
     /// tokens, and the budgets hold.
     fn check_plan(&self, plan: &StepPlan) {
         let config = self.scheduler.config();
         let bs = config.block_size as usize;
         let mut busy: BTreeSet<u32> = self.busy_blocks.values().flatten().copied().collect();
-        busy.extend(plan.swap_out.iter().flat_map(|t| t.src_blocks.iter().copied()));
-        busy.extend(plan.swap_in.iter().flat_map(|t| t.dst_blocks.iter().copied()));
+        busy.extend(plan.rotate_out.iter().flat_map(|t| t.src_blocks.iter().copied()));
+        busy.extend(plan.rotate_in.iter().flat_map(|t| t.dst_blocks.iter().copied()));
         let returning: BTreeSet<u64> = self
             .unacked
             .values()
             .filter(|(_, is_in, _)| *is_in)
             .map(|(_, _, r)| *r)
-            .chain(plan.swap_in.iter().map(|t| t.request_id))
+            .chain(plan.rotate_in.iter().map(|t| t.request_id))
             .collect();
         let mut tokens = 0u64;
         for entry in &plan.scheduled {
-            assert!(!returning.contains(&entry.id), "request {} scheduled before its swap-in ack", entry.id);
+            assert!(!returning.contains(&entry.id), "request {} scheduled before its transfer in ack", entry.id);
             let end = (entry.num_computed_tokens + entry.num_new_tokens) as usize;
             assert!(entry.num_new_tokens > 0);
             assert!(entry.block_table.len() * bs >= end, "table of {} does not cover {end}", entry.id);
@@ -283,32 +283,32 @@ impl Driver {
         let ids: BTreeSet<u64> = plan.scheduled.iter().map(|e| e.id).collect();
         assert_eq!(ids.len(), plan.scheduled.len(), "a request scheduled twice in one step");
         let pending_out: Vec<u32> = self.busy_blocks.values().flatten().copied().collect();
-        for t in &plan.swap_in {
+        for t in &plan.rotate_in {
             for block in &t.dst_blocks {
-                assert!(!pending_out.contains(block), "swap-in into in-flight block {block}");
+                assert!(!pending_out.contains(block), "transfer in into in-flight block {block}");
             }
         }
         let pending_host: BTreeSet<u32> = self.busy_host.values().flatten().copied().collect();
-        for t in plan.swap_out.iter() {
+        for t in plan.rotate_out.iter() {
             for block in &t.dst_blocks {
-                assert!(!pending_host.contains(block), "swap-out into in-flight host block {block}");
+                assert!(!pending_host.contains(block), "transfer out into in-flight host block {block}");
             }
         }
         match config.policy {
             crate::config::PolicyKind::Fcfs => {
                 assert!(plan.preempted_for_recompute.is_empty(), "fcfs never preempts");
-                assert!(plan.swap_out.is_empty() && plan.swap_in.is_empty(), "fcfs never swaps");
+                assert!(plan.rotate_out.is_empty() && plan.rotate_in.is_empty(), "fcfs never rotates");
             }
             crate::config::PolicyKind::Recompute => {
-                assert!(plan.swap_out.is_empty() && plan.swap_in.is_empty(), "recompute never swaps");
+                assert!(plan.rotate_out.is_empty() && plan.rotate_in.is_empty(), "recompute never rotates");
             }
             _ => {}
         }
         self.check_rotation_rules(plan);
     }
 
-    /// RotaSched's rotation limits: the per-step byte budget (a due swap-in larger than a
-    /// whole budget may go alone), the cool-down after a swap-in, the tokens-left floor.
+    /// RotaSched's rotation limits: the per-step byte budget (a due rotation in larger than a
+    /// whole budget may go alone), the cool-down after a rotation in, the tokens-left floor.
     fn check_rotation_rules(&self, plan: &StepPlan) {
         let config = self.scheduler.config();
         if config.policy != crate::config::PolicyKind::RotaSched {
@@ -317,12 +317,12 @@ impl Driver {
         let bytes = |ts: &[crate::plan::Transfer]| -> u64 {
             ts.iter().map(|t| t.src_blocks.len() as u64 * config.block_bytes).sum()
         };
-        let (out_limit, in_limit) = (plan.swap_out_budget_bytes, plan.swap_in_budget_bytes);
-        assert!(bytes(&plan.swap_out) <= out_limit.expect("rotasched reports its budget"));
-        let into = bytes(&plan.swap_in);
-        assert!(into <= in_limit.expect("budget") || plan.swap_in.len() == 1, "swap-in budget");
-        for t in &plan.swap_out {
-            if let Some(at) = self.swapped_in_at.get(&t.request_id) {
+        let (out_limit, in_limit) = (plan.rotate_out_budget_bytes, plan.rotate_in_budget_bytes);
+        assert!(bytes(&plan.rotate_out) <= out_limit.expect("rotasched reports its budget"));
+        let into = bytes(&plan.rotate_in);
+        assert!(into <= in_limit.expect("budget") || plan.rotate_in.len() == 1, "rotate-in budget");
+        for t in &plan.rotate_out {
+            if let Some(at) = self.rotated_in_at.get(&t.request_id) {
                 let since = plan.step_id - at;
                 assert!(since >= config.rotation_cooldown_steps, "{} rotated {since} steps after returning", t.request_id);
             }

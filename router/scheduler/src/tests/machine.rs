@@ -11,7 +11,7 @@ use crate::sim::LinkModel;
 const BELIEVED: LinkModel = LinkModel { out_bytes_per_s: 1e6, in_bytes_per_s: 1e6, overhead_s: 0.0, duplex: true };
 
 
-fn swap_friendly(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig {
+fn rotation_friendly(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig {
     let mut cfg = config(policy, device_blocks);
     cfg.cost_model.per_prefill_token_s = 0.002;
     cfg
@@ -35,7 +35,7 @@ fn every_policy_finishes_under_memory_pressure_on_a_slow_link() {
     // to land, and nothing may be scheduled on its blocks until it has.
     let slow = LinkModel { out_bytes_per_s: 2e5, in_bytes_per_s: 2e5, overhead_s: 0.002, duplex: false };
     for policy in [PolicyKind::Fcfs, PolicyKind::Recompute, PolicyKind::Swap, PolicyKind::RotaSched] {
-        let mut d = Driver::on_machine(swap_friendly(policy, 24), 1.2, slow);
+        let mut d = Driver::on_machine(rotation_friendly(policy, 24), 1.2, slow);
         for id in 0..8 {
             d.add(with_slo(spec(id, 16, 30, 0.0), 0.5 + 0.1 * id as f64, 0.2));
         }
@@ -56,7 +56,7 @@ fn every_policy_finishes_under_memory_pressure_on_a_slow_link() {
 fn burst_ttft_met(policy: PolicyKind) -> usize {
     let link = LinkModel { out_bytes_per_s: 5e5, in_bytes_per_s: 5e5, overhead_s: 0.0005, duplex: true };
     let ttft = 0.2;
-    let mut d = Driver::on_machine(swap_friendly(policy, 40), 1.1, link);
+    let mut d = Driver::on_machine(rotation_friendly(policy, 40), 1.1, link);
     let arrival = burst(&mut d, ttft);
     d.run_to_completion(5000);
     d.assert_all_free();

@@ -21,7 +21,7 @@ fn fcfs_never_preempts_and_blocks_head_of_line() {
     assert_eq!(first.scheduled[0].block_table.len(), 8, "worst case reserved up front");
     while d.scheduler.has_work() {
         let plan = d.step();
-        assert!(plan.preempted_for_recompute.is_empty() && plan.swap_out.is_empty());
+        assert!(plan.preempted_for_recompute.is_empty() && plan.rotate_out.is_empty());
         if !d.finished.contains(&1) {
             assert!(plan.first_scheduled.is_empty(), "nothing passes the blocked head");
         }
@@ -42,7 +42,7 @@ fn recompute_preempts_the_newest_running_request() {
     while d.scheduler.has_work() && d.plans.len() < 300 {
         let plan = d.step();
         preempted.extend(plan.preempted_for_recompute.iter().copied());
-        assert!(plan.swap_out.is_empty());
+        assert!(plan.rotate_out.is_empty());
     }
     assert_eq!(preempted.first(), Some(&3), "the newest goes first");
     assert!(d.scheduler.stats().recomputes >= 1);
@@ -56,7 +56,7 @@ fn recompute_preempts_the_newest_running_request() {
 }
 
 #[test]
-fn swap_swaps_the_newest_out_and_brings_it_back_first() {
+fn swap_rotates_the_newest_out_and_brings_it_back_first() {
     let mut d = Driver::new(config(PolicyKind::Swap, 9));
     d.ack_delay = 1;
     for id in 1..=3 {
@@ -66,20 +66,20 @@ fn swap_swaps_the_newest_out_and_brings_it_back_first() {
     let mut first_in_candidates = Vec::new();
     while d.scheduler.has_work() && d.plans.len() < 300 {
         let plan = d.step();
-        outs.extend(plan.swap_out.iter().map(|t| t.request_id));
-        if ins.is_empty() && !plan.swap_in.is_empty() {
+        outs.extend(plan.rotate_out.iter().map(|t| t.request_id));
+        if ins.is_empty() && !plan.rotate_in.is_empty() {
             first_in_candidates = outs.clone();
         }
-        ins.extend(plan.swap_in.iter().map(|t| t.request_id));
+        ins.extend(plan.rotate_in.iter().map(|t| t.request_id));
         if outs.len() == 1 && ins.is_empty() && !d.scheduler.core.requests.contains_key(&4) {
             d.add(spec(4, 4, 4, d.now));
         }
         if plan.first_scheduled.contains(&4) {
-            assert_eq!(outs.len(), ins.len(), "swapped requests come back before admissions");
+            assert_eq!(outs.len(), ins.len(), "rotated requests come back before admissions");
         }
     }
     assert_eq!(outs.first(), Some(&3));
-    assert_eq!(ins.first(), first_in_candidates.iter().min(), "the oldest swapped comes back first");
+    assert_eq!(ins.first(), first_in_candidates.iter().min(), "the oldest rotated request comes back first");
     assert!(ins.contains(&3));
     assert_eq!(d.scheduler.stats().recomputes, 0);
     assert_eq!(d.finished.len(), 4);
@@ -183,7 +183,7 @@ fn rejects_requests_that_can_never_fit_and_bad_input() {
 }
 
 #[test]
-fn cancel_during_swap_out_is_deferred_until_the_ack() {
+fn cancel_during_rotation_out_is_deferred_until_the_ack() {
     let mut d = Driver::new(config(PolicyKind::Swap, 9));
     d.ack_delay = 3;
     for id in 1..=3 {
@@ -191,10 +191,10 @@ fn cancel_during_swap_out_is_deferred_until_the_ack() {
     }
     let out = loop {
         let plan = d.step();
-        if let Some(t) = plan.swap_out.first() {
+        if let Some(t) = plan.rotate_out.first() {
             break t.clone();
         }
-        assert!(d.plans.len() < 50, "no swap-out happened");
+        assert!(d.plans.len() < 50, "no rotation out happened");
     };
     d.scheduler.cancel(out.request_id);
     let before = d.scheduler.stats();

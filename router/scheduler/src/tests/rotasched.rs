@@ -4,18 +4,18 @@ use super::driver::{burst, config, spec, with_slo, Driver, BLOCK_BYTES};
 use crate::config::{PolicyKind, SchedulerConfig};
 
 
-/// Prefill expensive enough that swapping (1 ms per block each way) beats recomputing.
-fn swap_friendly(device_blocks: u32) -> SchedulerConfig {
+/// Prefill expensive enough that rotating out (1 ms per block each way) beats recomputing.
+fn rotation_friendly(device_blocks: u32) -> SchedulerConfig {
     let mut cfg = config(PolicyKind::RotaSched, device_blocks);
     cfg.cost_model.per_prefill_token_s = 0.002;
     cfg
 }
 
-/// Steps until a plan swaps something out; returns that plan's victims.
+/// Steps until a plan rotates something out; returns that plan's victims.
 fn first_rotation(d: &mut Driver) -> Vec<u64> {
     for _ in 0..20 {
         let plan = d.step();
-        let mut victims: Vec<u64> = plan.swap_out.iter().map(|t| t.request_id).collect();
+        let mut victims: Vec<u64> = plan.rotate_out.iter().map(|t| t.request_id).collect();
         victims.extend(plan.preempted_for_recompute.iter().copied());
         if !victims.is_empty() {
             return victims;
@@ -26,7 +26,7 @@ fn first_rotation(d: &mut Driver) -> Vec<u64> {
 
 #[test]
 fn rotates_out_the_request_with_most_slack_and_brings_it_back() {
-    let mut d = Driver::new(swap_friendly(14));
+    let mut d = Driver::new(rotation_friendly(14));
     d.add(with_slo(spec(1, 15, 40, 0.0), 1.0, 0.1));
     d.add(with_slo(spec(2, 15, 40, 0.0), 1.0, 0.5));
     d.step();
@@ -34,11 +34,11 @@ fn rotates_out_the_request_with_most_slack_and_brings_it_back() {
     // 8 blocks held, 6 free; request 3 needs 7 for its prompt.
     d.add(with_slo(spec(3, 26, 4, d.now), 1.0, 0.1));
     assert_eq!(first_rotation(&mut d), vec![2], "request 2 has the most slack");
-    assert_eq!(d.plans.last().unwrap().swap_out.len(), 1, "swap beats recompute here");
+    assert_eq!(d.plans.last().unwrap().rotate_out.len(), 1, "rotating out beats recomputing here");
     let admitted = (0..5).map(|_| d.step()).position(|p| p.first_scheduled.contains(&3));
-    assert!(admitted.is_some(), "the arrival is admitted once the swap-out is acknowledged");
+    assert!(admitted.is_some(), "the arrival is admitted once the transfer out is acknowledged");
     d.run_to_completion(400);
-    let returned = d.plans.iter().any(|p| p.swap_in.iter().any(|t| t.request_id == 2));
+    let returned = d.plans.iter().any(|p| p.rotate_in.iter().any(|t| t.request_id == 2));
     assert!(returned, "the rotated request comes back");
     // ... before its 0.5 s TBT deadline: no gap between its tokens exceeds it (10 ms steps).
     let widest = sampled_at(&d, 2).windows(2).map(|w| w[1] - w[0]).max().unwrap();
@@ -62,18 +62,18 @@ fn victims_over_the_byte_budget_are_skipped_not_stopped_at() {
     for _ in 0..8 {
         d.step();
     }
-    assert!(d.plans.iter().all(|p| p.swap_out.is_empty()), "decode steps have no budget");
+    assert!(d.plans.iter().all(|p| p.rotate_out.is_empty()), "decode steps have no budget");
     d.add(with_slo(spec(3, 8, 2, d.now), 5.0, 0.1));
     let victims = first_rotation(&mut d);
     assert_eq!(victims, vec![2]);
-    assert_eq!(d.plans.last().unwrap().swap_out.len(), 1);
+    assert_eq!(d.plans.last().unwrap().rotate_out.len(), 1);
     d.run_to_completion(600);
-    assert!(d.plans.iter().all(|p| p.swap_out.iter().all(|t| t.request_id != 1)));
+    assert!(d.plans.iter().all(|p| p.rotate_out.iter().all(|t| t.request_id != 1)));
     for plan in &d.plans {
-        let out: u64 = plan.swap_out.iter().map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES).sum();
-        assert!(out <= plan.swap_out_budget_bytes.unwrap(), "step {} moved {out} bytes out", plan.step_id);
-        let into: u64 = plan.swap_in.iter().map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES).sum();
-        assert!(into <= plan.swap_in_budget_bytes.unwrap() || plan.swap_in.len() == 1);
+        let out: u64 = plan.rotate_out.iter().map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES).sum();
+        assert!(out <= plan.rotate_out_budget_bytes.unwrap(), "step {} moved {out} bytes out", plan.step_id);
+        let into: u64 = plan.rotate_in.iter().map(|t| t.src_blocks.len() as u64 * BLOCK_BYTES).sum();
+        assert!(into <= plan.rotate_in_budget_bytes.unwrap() || plan.rotate_in.len() == 1);
     }
     assert_eq!(d.finished.len(), 3);
     d.assert_all_free();
@@ -87,7 +87,7 @@ fn a_hopeless_request_does_not_displace_a_punctual_one() {
     d.add(with_slo(spec(2, 20, 4, 0.0), 1.0, 0.1));
     let plan = d.step();
     assert_eq!(plan.first_scheduled, vec![2]);
-    assert!(plan.swap_out.is_empty() && plan.preempted_for_recompute.is_empty());
+    assert!(plan.rotate_out.is_empty() && plan.preempted_for_recompute.is_empty());
     d.run_to_completion(200);
     assert!(d.finished.contains(&1), "the late request is still served");
     // fcfs, for contrast, serves the hopeless one first.
@@ -128,7 +128,7 @@ fn nothing_starves_under_sustained_overload() {
 
 #[test]
 fn keeps_a_reserve_for_steady_arrivals() {
-    let mut d = Driver::new(swap_friendly(36));
+    let mut d = Driver::new(rotation_friendly(36));
     d.add(with_slo(spec(100, 30, 100, 0.0), 1.0, 5.0));
     d.add(with_slo(spec(101, 30, 100, 0.0), 1.0, 5.0));
     d.add(with_slo(spec(102, 30, 100, 0.0), 1.0, 5.0));
@@ -150,7 +150,7 @@ fn keeps_a_reserve_for_steady_arrivals() {
 #[test]
 fn rotation_meets_a_burst_ttft_that_baselines_miss() {
     let ttft_met = |policy: PolicyKind| {
-        let mut cfg = swap_friendly(40);
+        let mut cfg = rotation_friendly(40);
         cfg.policy = policy;
         let mut d = Driver::new(cfg);
         burst(&mut d, 0.1);
@@ -278,7 +278,7 @@ fn sampled_at(d: &Driver, id: u64) -> Vec<usize> {
 /// comes back when blocks free up, having spent no more late gaps than it may.
 #[test]
 fn a_prompt_about_to_miss_its_first_token_parks_a_decode_with_late_gaps_to_spare() {
-    let mut cfg = swap_friendly(12);
+    let mut cfg = rotation_friendly(12);
     cfg.tbt_percentile = 90.0;
     let mut d = Driver::new(cfg);
     // 40 tokens: 39 gaps, 3 of which may be late.
@@ -287,14 +287,14 @@ fn a_prompt_about_to_miss_its_first_token_parks_a_decode_with_late_gaps_to_spare
     for _ in 0..9 {
         d.step();
     }
-    assert!(d.plans.iter().all(|p| p.swap_out.is_empty()), "no slack for a round trip: nothing rotates");
+    assert!(d.plans.iter().all(|p| p.rotate_out.is_empty()), "no slack for a round trip: nothing rotates");
     // 8 blocks held, 4 free; the prompt needs 7 and is due in 30 ms (3 steps).
     let arrival = d.now;
     let start = d.plans.len();
     // Its prefill is predicted at 58 ms: 17 ms of slack, less than two steps.
     d.add(with_slo(spec(3, 24, 4, arrival), 0.075, 0.015));
     let plan = d.step();
-    let parked: Vec<u64> = plan.swap_out.iter().map(|t| t.request_id).collect();
+    let parked: Vec<u64> = plan.rotate_out.iter().map(|t| t.request_id).collect();
     assert_eq!(parked, vec![2], "the newest of the equally spare decodes is parked");
     for _ in 0..3 {
         d.step();
@@ -302,7 +302,7 @@ fn a_prompt_about_to_miss_its_first_token_parks_a_decode_with_late_gaps_to_spare
     let first = *sampled_at(&d, 3).first().expect("the prompt ran");
     assert!(first - start < 3, "first token after {} steps", first - start + 1);
     d.run_to_completion(400);
-    assert!(d.plans.iter().any(|p| p.swap_in.iter().any(|t| t.request_id == 2)), "the parked decode returns");
+    assert!(d.plans.iter().any(|p| p.rotate_in.iter().any(|t| t.request_id == 2)), "the parked decode returns");
     for id in [1, 2] {
         let at = sampled_at(&d, id);
         let late = at.windows(2).filter(|w| (w[1] - w[0]) as f64 * d.step_s > 0.015 + 1e-9).count();
@@ -318,7 +318,7 @@ fn a_prompt_about_to_miss_its_first_token_parks_a_decode_with_late_gaps_to_spare
 fn a_request_already_late_is_not_rotated_out_again() {
     let rotations = |clock_jump: f64| {
         // Both decodes fit to their end (6 blocks each), leaving too few for the arrival.
-        let mut d = Driver::new(swap_friendly(14));
+        let mut d = Driver::new(rotation_friendly(14));
         d.add(with_slo(spec(1, 15, 8, 0.0), 1.0, 0.5));
         d.add(with_slo(spec(2, 15, 8, 0.0), 1.0, 0.5));
         d.step();
@@ -327,7 +327,7 @@ fn a_request_already_late_is_not_rotated_out_again() {
         d.now += clock_jump;
         d.step();
         d.add(with_slo(spec(3, 26, 4, d.now), 1.0, 0.1));
-        (0..20).map(|_| d.step().swap_out.len()).sum::<usize>()
+        (0..20).map(|_| d.step().rotate_out.len()).sum::<usize>()
     };
     assert!(rotations(0.0) > 0, "punctual decodes with slack make room");
     assert_eq!(rotations(1.0), 0, "late ones are not put at risk again");

@@ -229,9 +229,9 @@ impl Shard for ScriptedShard {
             outputs.push(self.output(scheduled, sequence));
         }
         let completed_transfers = step
-            .swap_out
+            .rotate_out
             .iter()
-            .chain(&step.swap_in)
+            .chain(&step.rotate_in)
             .map(|transfer| transfer.id)
             .collect();
         Ok(Response::new(pb::StepResponse {

@@ -17,7 +17,7 @@ pub(super) struct Victim {
 /// How a request leaves the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Evict {
-    /// Swapped out to host (within this step's byte budget); its blocks free when the copy ends.
+    /// Rotated out to host (within this step's byte budget); its blocks free when the copy ends.
     RotateOut,
     /// Dropped and recomputed later; its blocks free at once.
     Recompute,
@@ -26,7 +26,7 @@ enum Evict {
 impl From<Eviction> for Evict {
     fn from(eviction: Eviction) -> Self {
         match eviction {
-            Eviction::Swap { .. } => Evict::RotateOut,
+            Eviction::RotateOut { .. } => Evict::RotateOut,
             Eviction::Recompute { .. } => Evict::Recompute,
         }
     }
@@ -36,13 +36,13 @@ impl From<Eviction> for Evict {
 /// rule overrides, until enough blocks are free or on their way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Walk {
-    /// For a requester: a swap-out that does not fit this step's byte budget is skipped, and the
+    /// For a requester: a rotation out that does not fit this step's byte budget is skipped, and the
     /// requester claims what is freed (only the excess is credited to later ones).
     ForRequester,
-    /// Under overload, for a running requester: a swap-out that does not fit, or is not worth a
+    /// Under overload, for a running requester: a rotation out that does not fit, or is not worth a
     /// round trip, becomes a recompute, so the oldest request always progresses.
     ForRequesterUnderOverload,
-    /// The proactive reserve: swap-outs only (a recompute loses work for no one in particular),
+    /// The proactive reserve: rotations out only (a recompute loses work for no one in particular),
     /// all of them credited as free-to-be.
     Reserve,
 }
@@ -78,7 +78,7 @@ impl Core {
 
     /// Walks `candidates` in order, evicting each as `walk` says, until `short` blocks are free
     /// or on their way. A candidate's eviction is the one planned with it, or (None) the cheaper
-    /// one when its turn comes: the host's room shrinks as the walk swaps others out. Returns
+    /// one when its turn comes: the host's room shrinks as the walk rotates others out. Returns
     /// whether blocks were freed right away and how many are still short.
     pub(super) fn evict_until(
         &mut self,
@@ -96,7 +96,7 @@ impl Core {
             let eviction = planned.unwrap_or_else(|| self.cheaper_eviction(id, step_s));
             let how = match (walk, Evict::from(eviction)) {
                 (Walk::Reserve, Evict::Recompute) => continue,
-                (Walk::ForRequesterUnderOverload, Evict::RotateOut) if !self.swap_fits_now(ctx, id) => Evict::Recompute,
+                (Walk::ForRequesterUnderOverload, Evict::RotateOut) if !self.rotate_out_fits_now(ctx, id) => Evict::Recompute,
                 (_, how) => how,
             };
             let claimed = if walk == Walk::Reserve { 0 } else { short };
@@ -108,10 +108,10 @@ impl Core {
         (freed_now, short)
     }
 
-    /// Evicts `id` the given way: a swap-out within this step's byte budget, or a recompute
-    /// preemption. Of the blocks a swap-out frees when its copy ends, `claimed` are the
+    /// Evicts `id` the given way: a rotation out within this step's byte budget, or a recompute
+    /// preemption. Of the blocks a rotation out frees when its copy ends, `claimed` are the
     /// requester's and the rest are credited to later requesters this step. Returns the blocks
-    /// freed or on their way and whether they are free right away; None when the swap-out does
+    /// freed or on their way and whether they are free right away; None when the rotation out does
     /// not fit the budget.
     fn evict(&mut self, ctx: &mut StepCtx, id: u64, how: Evict, claimed: u64) -> Option<(u64, bool)> {
         match how {
@@ -146,10 +146,10 @@ impl Core {
     }
 
     /// Running requests that could leave the device now: not the requester, not in this step,
-    /// holding private blocks, and not swapped in within the cool-down (no thrashing).
+    /// holding private blocks, and not rotated in within the cool-down (no thrashing).
     pub(super) fn eviction_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
         let cooldown = self.config.rotation_cooldown_steps;
-        let recent = |id: &u64| self.requests[id].swapped_in_step.is_some_and(|s| s + cooldown > self.step_id);
+        let recent = |id: &u64| self.requests[id].rotated_in_step.is_some_and(|s| s + cooldown > self.step_id);
         self.running_by_seq()
             .into_iter()
             .filter(|id| *id != requester && self.evictable(ctx, *id))
@@ -157,9 +157,9 @@ impl Core {
             .collect()
     }
 
-    /// A swap-out keeps the rotation limits: it fits this step's byte budget and the request
+    /// A rotation out keeps the rotation limits: it fits this step's byte budget and the request
     /// has enough tokens left to be worth the round trip. Otherwise it is recomputed.
-    fn swap_fits_now(&self, ctx: &StepCtx, id: u64) -> bool {
+    fn rotate_out_fits_now(&self, ctx: &StepCtx, id: u64) -> bool {
         let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
         let worth = self.requests[&id].tokens_left() >= self.config.min_rotation_tokens_left;
         worth && ctx.budget.fits(Direction::Out, bytes)

@@ -3,7 +3,7 @@
 //!
 //! 1. **Budgets.** The step's predicted time bounds the bytes each direction may move
 //!    (`ByteBudget`), so rotation hides behind compute; a reserve of free device blocks is kept
-//!    for the arrivals expected during one swap-out (`arrival_reserve`, `keep_reserve`).
+//!    for the arrivals expected during one rotation out (`arrival_reserve`, `keep_reserve`).
 //! 2. **Order.** Least slack first — time to a request's next deadline minus the work before
 //!    it (`urgency.rs`). Requests whose deadline is already lost form a *late class*, served
 //!    after every punctual one until they have starved for `late_starvation_s`; a rotated
@@ -40,7 +40,7 @@ use crate::byte_budget::ByteBudget;
 use crate::cost_model::Direction;
 use crate::request::Phase;
 use crate::scheduler::Core;
-use crate::step::{Outcome, StepCtx};
+use crate::step::{Fit, StepCtx};
 
 /// RotaSched's own state: the arrival-rate estimate its reserve is sized from, and the
 /// reserve of free device blocks it keeps this step.
@@ -72,7 +72,7 @@ impl Core {
         let mut order = self.service_order(ctx, step_s);
         if self.blocks_short_for_running() {
             // Running requests come first for blocks when they cannot all grow: otherwise
-            // returning and new requests take each block a swap-out frees, and the running
+            // returning and new requests take each block a rotation out frees, and the running
             // ones, all stuck at a block boundary, never compute.
             order.sort_by_key(|u| self.requests[&u.id].phase != Phase::Running);
         }
@@ -125,7 +125,7 @@ impl Core {
 
     fn serve_running(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) {
         loop {
-            let Outcome::NoBlocks(short) = self.schedule_running(ctx, urgency.id, 0) else { return };
+            let Fit::NoBlocks(short) = self.schedule_running(ctx, urgency.id, 0) else { return };
             if !self.make_room(ctx, short, urgency, step_s) {
                 return;
             }
@@ -139,7 +139,7 @@ impl Core {
         }
         loop {
             match self.admit(ctx, urgency.id, 0) {
-                Outcome::NoBlocks(short) => {
+                Fit::NoBlocks(short) => {
                     if !self.make_room(ctx, short, urgency, step_s) {
                         return false;
                     }
@@ -149,7 +149,7 @@ impl Core {
         }
     }
 
-    /// Issues the swap-in a step ahead of the deadline or, on the `early` pass, when blocks
+    /// Issues the rotation in a step ahead of the deadline or, on the `early` pass, when blocks
     /// are plentiful. False when it was due but could not be issued.
     fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool, reserve_blocks: u32) -> bool {
         let id = urgency.id;

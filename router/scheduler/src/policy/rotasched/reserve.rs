@@ -1,4 +1,4 @@
-//! The reserve: free device blocks kept for the arrivals expected during one swap-out, and
+//! The reserve: free device blocks kept for the arrivals expected during one rotation out, and
 //! the proactive rotation that keeps it.
 
 use super::eviction::Walk;
@@ -7,7 +7,7 @@ use crate::scheduler::Core;
 use crate::step::StepCtx;
 
 impl Core {
-    /// Free blocks to keep for arrivals expected during one swap-out latency.
+    /// Free blocks to keep for arrivals expected during one rotation out's latency.
     pub(super) fn arrival_reserve(&self, arrivals: &ArrivalEstimator, now: f64, step_s: f64) -> u32 {
         if self.blocks.free_host() == 0 {
             return 0;
@@ -19,7 +19,7 @@ impl Core {
     }
 
     /// Proactive rotation: when free blocks (plus those already on their way) fall below the
-    /// reserve, swap out requests with slack to spare so arrivals start prefill at once.
+    /// reserve, rotate out requests with slack to spare so arrivals start prefill at once.
     pub(super) fn keep_reserve(&mut self, ctx: &mut StepCtx, step_s: f64, reserve_blocks: u32) {
         let have = u64::from(self.blocks.free_device()) + ctx.release_credit;
         let short = u64::from(reserve_blocks).saturating_sub(have);

@@ -1,5 +1,5 @@
-"""KV swaps through the DuplexKV engine, driven by Step plans: a request swapped out to the
-host, its device blocks overwritten by another request, and swapped back into different
+"""KV rotation through the DuplexKV engine, driven by Step plans: a request rotated out to the
+host, its device blocks overwritten by another request, and rotated back into different
 device blocks continues exactly as if it had never left."""
 import pytest
 import torch
@@ -47,11 +47,11 @@ def _start(driver: Driver, rid: int, blocks: list[int], prompt=PROMPT) -> list[i
     return [reply.outputs[0].token.id]
 
 
-def swap_round_trip(directory, device: str, before: int, after: int, host_blocks: list[int],
-                    new_blocks: list[int], ids=(7, 8)) -> tuple[Driver, list[int], list[int]]:
-    """Request 1 decodes `before` tokens in blocks 0-3, is swapped out to `host_blocks`, has its
+def rotation_round_trip(directory, device: str, before: int, after: int, host_blocks: list[int],
+                        new_blocks: list[int], ids=(7, 8)) -> tuple[Driver, list[int], list[int]]:
+    """Request 1 decodes `before` tokens in blocks 0-3, is rotated out to `host_blocks`, has its
     device blocks overwritten by another request, comes back into `new_blocks` and decodes
-    `after` more. Returns the driver, its tokens, and those of a run without the swap."""
+    `after` more. Returns the driver, its tokens, and those of a run without the rotation."""
     reference = Driver(make_executor(directory, device=device))
     expected = _start(reference, 1, [0, 1, 2, 3])
     reference.decode(1, expected, len(PROMPT), [0, 1, 2, 3], before + after)
@@ -60,33 +60,33 @@ def swap_round_trip(directory, device: str, before: int, after: int, host_blocks
     tokens = _start(driver, 1, [0, 1, 2, 3])
     driver.decode(1, tokens, len(PROMPT), [0, 1, 2, 3], before)
     out_id, in_id = ids
-    driver.step(swap_out=[pb.Transfer(id=out_id, src_blocks=[0, 1, 2, 3], dst_blocks=host_blocks)])
+    driver.step(rotate_out=[pb.Transfer(id=out_id, src_blocks=[0, 1, 2, 3], dst_blocks=host_blocks)])
     driver.wait_for(out_id)
     # Another request now fills the same device blocks with its own K/V.
     _start(driver, 2, [0, 1, 2, 3], prompt=list(range(100, 160)))
-    driver.step(forget=[2], swap_in=[pb.Transfer(id=in_id, src_blocks=host_blocks, dst_blocks=new_blocks)])
+    driver.step(forget=[2], rotate_in=[pb.Transfer(id=in_id, src_blocks=host_blocks, dst_blocks=new_blocks)])
     driver.wait_for(in_id)
     driver.decode(1, tokens, len(PROMPT), new_blocks, after)
     return driver, tokens, expected
 
 
-def test_swap_round_trip_into_other_blocks_continues_identically(tiny_llama_dir):
-    driver, tokens, expected = swap_round_trip(tiny_llama_dir, "cpu", 5, 10, [9, 4, 11, 2], [20, 31, 22, 25])
+def test_rotation_round_trip_into_other_blocks_continues_identically(tiny_llama_dir):
+    driver, tokens, expected = rotation_round_trip(tiny_llama_dir, "cpu", 5, 10, [9, 4, 11, 2], [20, 31, 22, 25])
     assert driver.completed.count(7) == 1 and driver.completed.count(8) == 1
     assert tokens == expected
 
 
-def test_compute_on_a_block_being_swapped_in_is_rejected(tiny_llama_dir):
+def test_compute_on_a_block_being_rotated_in_is_rejected(tiny_llama_dir):
     driver = Driver(make_executor(tiny_llama_dir))
     _start(driver, 1, [0, 1, 2])
-    with pytest.raises(PlanError, match="swap-in"):
+    with pytest.raises(PlanError, match="transfer in"):
         driver.step(
-            swap_in=[pb.Transfer(id=3, src_blocks=[0], dst_blocks=[5])],
+            rotate_in=[pb.Transfer(id=3, src_blocks=[0], dst_blocks=[5])],
             scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=40, num_new_tokens=1, block_table=[5, 1, 2], sample=True)],
         )
-    with pytest.raises(PlanError, match="swapped out"):
+    with pytest.raises(PlanError, match="rotated out"):
         driver.step(
-            swap_out=[pb.Transfer(id=4, src_blocks=[2], dst_blocks=[1])],
+            rotate_out=[pb.Transfer(id=4, src_blocks=[2], dst_blocks=[1])],
             scheduled=[pb.ScheduledRequest(id=1, num_computed_tokens=40, num_new_tokens=1, block_table=[0, 1, 2], sample=True)],
         )
 
@@ -96,24 +96,24 @@ def test_blocks_of_transfers_in_flight_are_protected():
                          device_written=frozenset({5}), device_read=frozenset({0}))
     limits = PlanLimits(num_device_blocks=32, num_host_blocks=16, block_size=16, vocab_size=512, max_position_embeddings=512)
     cases = {
-        "host block 3": pb.StepRequest(swap_out=[pb.Transfer(id=2, src_blocks=[1], dst_blocks=[3])]),
-        "host block 8": pb.StepRequest(swap_out=[pb.Transfer(id=2, src_blocks=[1], dst_blocks=[8])]),
-        "used twice": pb.StepRequest(swap_in=[pb.Transfer(id=1, src_blocks=[4], dst_blocks=[4])]),
-        "device block 0": pb.StepRequest(swap_in=[pb.Transfer(id=2, src_blocks=[4], dst_blocks=[0])]),
-        "device block 5": pb.StepRequest(swap_in=[pb.Transfer(id=2, src_blocks=[4], dst_blocks=[5])]),
+        "host block 3": pb.StepRequest(rotate_out=[pb.Transfer(id=2, src_blocks=[1], dst_blocks=[3])]),
+        "host block 8": pb.StepRequest(rotate_out=[pb.Transfer(id=2, src_blocks=[1], dst_blocks=[8])]),
+        "used twice": pb.StepRequest(rotate_in=[pb.Transfer(id=1, src_blocks=[4], dst_blocks=[4])]),
+        "device block 0": pb.StepRequest(rotate_in=[pb.Transfer(id=2, src_blocks=[4], dst_blocks=[0])]),
+        "device block 5": pb.StepRequest(rotate_in=[pb.Transfer(id=2, src_blocks=[4], dst_blocks=[5])]),
     }
     for message, step in cases.items():
         with pytest.raises(PlanError, match=message):
             validate_plan(step, {}, limits, in_flight)
     # Reading host block 8 again, or a disjoint copy, is fine.
-    validate_plan(pb.StepRequest(swap_in=[pb.Transfer(id=2, src_blocks=[8], dst_blocks=[6])]), {}, limits, in_flight)
+    validate_plan(pb.StepRequest(rotate_in=[pb.Transfer(id=2, src_blocks=[8], dst_blocks=[6])]), {}, limits, in_flight)
 
 
-def test_device_pool_holds_swapped_data(tiny_llama_dir):
+def test_device_pool_holds_rotated_data(tiny_llama_dir):
     executor = make_executor(tiny_llama_dir)
     cache = executor.runner.cache
     cache.device[6].copy_(torch.randn_like(cache.device[6]))
     driver = Driver(executor)
-    driver.step(swap_out=[pb.Transfer(id=1, src_blocks=[6], dst_blocks=[0])])
+    driver.step(rotate_out=[pb.Transfer(id=1, src_blocks=[6], dst_blocks=[0])])
     driver.wait_for(1)
     assert torch.equal(cache.host[0], cache.device[6])
