@@ -27,7 +27,7 @@
 //! Decisions never depend on hash-map iteration order, so identical inputs give identical plans
 //! (the simulator relies on it).
 
-mod arrivals;
+mod arrival_rate;
 pub mod attainment;
 mod byte_budget;
 mod config;

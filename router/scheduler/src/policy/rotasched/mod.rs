@@ -35,7 +35,7 @@ mod reserve;
 mod step_cap;
 
 use super::urgency::Urgency;
-use crate::arrivals::ArrivalEstimator;
+use crate::arrival_rate::ArrivalEstimator;
 use crate::byte_budget::ByteBudget;
 use crate::cost_model::Direction;
 use crate::request::Phase;
@@ -46,13 +46,13 @@ use crate::step::{Fit, StepCtx};
 /// reserve of free device blocks it keeps this step.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RotaSched {
-    arrivals: ArrivalEstimator,
+    arrival_rate: ArrivalEstimator,
     reserve_blocks: u32,
 }
 
 impl RotaSched {
     pub(crate) fn observe_arrival(&mut self, now: f64, prompt_blocks: u64, alpha: f64) {
-        self.arrivals.observe(now, prompt_blocks as f64, alpha);
+        self.arrival_rate.observe(now, prompt_blocks as f64, alpha);
     }
 
     pub(crate) fn reserve_blocks(&self) -> u32 {
@@ -61,7 +61,7 @@ impl RotaSched {
 
     pub(crate) fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
         let step_s = core.step_estimate();
-        self.reserve_blocks = core.arrival_reserve(&self.arrivals, ctx.now, step_s);
+        self.reserve_blocks = core.arrival_reserve(&self.arrival_rate, ctx.now, step_s);
         core.plan_rotasched(ctx, step_s, self.reserve_blocks);
     }
 }

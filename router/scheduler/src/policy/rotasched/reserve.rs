@@ -2,18 +2,18 @@
 //! the proactive rotation that keeps it.
 
 use super::eviction::Walk;
-use crate::arrivals::ArrivalEstimator;
+use crate::arrival_rate::ArrivalEstimator;
 use crate::scheduler::Core;
 use crate::step::StepCtx;
 
 impl Core {
     /// Free blocks to keep for arrivals expected during one rotation out's latency.
-    pub(super) fn arrival_reserve(&self, arrivals: &ArrivalEstimator, now: f64, step_s: f64) -> u32 {
+    pub(super) fn arrival_reserve(&self, arrival_rate: &ArrivalEstimator, now: f64, step_s: f64) -> u32 {
         if self.blocks.free_host() == 0 {
             return 0;
         }
         let latency = 2.0 * step_s + self.cost.transfer_overhead_s;
-        let expected = arrivals.expected_blocks(now, latency).ceil();
+        let expected = arrival_rate.expected_blocks(now, latency).ceil();
         let cap = self.config.num_device_blocks / 4;
         (expected as u32).min(cap)
     }
