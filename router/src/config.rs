@@ -104,6 +104,11 @@ pub struct RouterConfig {
     /// Refuse `grammar`, `response_format` and `tools` (422), as TGI's flag does.
     #[arg(long, env = "DISABLE_GRAMMAR_SUPPORT")]
     pub disable_grammar_support: bool,
+    /// One step in flight: send step N+1 while the shard computes step N (decodes take the
+    /// token N samples from the shard); stops apply one step late, the extra token is never
+    /// returned. Requests with a grammar wait for each result.
+    #[arg(long, env = "ASYNC_SCHEDULING")]
+    pub async_scheduling: bool,
     /// Largest request body, in bytes.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,

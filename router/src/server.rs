@@ -175,7 +175,8 @@ pub async fn start_engine(
     // no-op recorder `metrics` has until one is installed.
     install_recorder_with_limits(&metric_limits(config, &model, &engine_timeouts))?;
     let engine_config =
-        EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone(), timeouts: engine_timeouts };
+        EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone(), timeouts: engine_timeouts,
+            async_scheduling: config.async_scheduling };
     let engine = spawn_engine(engine_config, client, tracker, shutdown.child_token())?;
     Ok((engine, model))
 }

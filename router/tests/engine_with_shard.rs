@@ -195,9 +195,21 @@ async fn a_dead_shard_fails_running_requests_then_the_engine_gives_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_shard_fails_the_step_in_time_and_the_engine_recovers() {
-    let shard = start_shard("stall");
+    stalled_shard_recovers("stall", &[]).await;
+}
+
+/// With one step in flight two steps are outstanding when the shard stops: the failure of the
+/// first abandons the second, and recovery is the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_shard_with_one_step_in_flight_recovers_the_same_way() {
+    stalled_shard_recovers("stall-async", &["--async-scheduling"]).await;
+}
+
+async fn stalled_shard_recovers(name: &str, extra_flags: &[&str]) {
+    let shard = start_shard(name);
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let flags = ["--scheduler", "rotasched", "--step-timeout-s", "2", "--shard-recovery-timeout-s", "120"];
+    let mut flags = vec!["--scheduler", "rotasched", "--step-timeout-s", "2", "--shard-recovery-timeout-s", "120"];
+    flags.extend_from_slice(extra_flags);
     let engine = engine_with(&shard, &flags, &tracker, &shutdown).await;
     let expected = collect(engine.submit(request(prompt(3, 40), 8)).unwrap()).await.0;
 
@@ -226,4 +238,66 @@ async fn a_stalled_shard_fails_the_step_in_time_and_the_engine_recovers() {
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
+}
+
+/// A workload of concurrent greedy requests: prompts of 5 to 150 tokens, limits of 1 to 40
+/// tokens, half of them stopping at EOS; every fifth is cancelled after its second token.
+async fn mixed_workload(engine: &EngineHandle) -> Vec<(Vec<u32>, String)> {
+    let streams: Vec<_> = (0..24u32)
+        .map(|i| {
+            let mut r = request(prompt(i, 5 + (i * 29) % 146), 1 + (i * 13) % 40);
+            r.ignore_eos = i % 2 == 0;
+            engine.submit(r).unwrap()
+        })
+        .collect();
+    let runs = streams.into_iter().enumerate().map(|(i, mut stream)| async move {
+        if i % 5 == 4 {
+            let mut tokens = Vec::new();
+            while tokens.len() < 2 {
+                match stream.recv().await {
+                    Some(EngineEvent::Token(token)) => tokens.push(token.id),
+                    Some(EngineEvent::PromptLogprobs(_)) => {}
+                    other => return (tokens, format!("{other:?}")),
+                }
+            }
+            drop(stream); // cancelled
+            return (tokens, "cancelled".to_string());
+        }
+        let (tokens, last) = collect(stream).await;
+        let end = match last {
+            EngineEvent::Finished { reason, .. } => format!("{reason:?}"),
+            other => panic!("request {i} ended with {other:?}"),
+        };
+        (tokens, end)
+    });
+    futures::future::join_all(runs).await
+}
+
+/// One step in flight (`--async-scheduling`) changes no greedy token: the same workload with
+/// and without it, under memory pressure (48 blocks of 16 for 24 requests: rotasched rotates
+/// and recomputes), EOS stops applied one step late, cancellations, max_new_tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_step_in_flight_gives_the_same_greedy_tokens() {
+    let (sync_shard, async_shard) = (start_shard("sync"), start_shard("async"));
+    let mut outputs = Vec::new();
+    for (shard, extra) in [(&sync_shard, None), (&async_shard, Some("--async-scheduling"))] {
+        let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+        let mut flags = vec!["--scheduler", "rotasched"];
+        flags.extend(extra);
+        let engine = engine_with(shard, &flags, &tracker, &shutdown).await;
+        let first = tokio::time::timeout(Duration::from_secs(300), mixed_workload(&engine)).await.expect("no hang");
+        // Every block came back: a request needing the whole pool runs.
+        let whole = request(prompt(77, 300), 300);
+        let (tokens, _) = tokio::time::timeout(Duration::from_secs(300), collect(engine.submit(whole).unwrap())).await.expect("blocks returned");
+        assert_eq!(tokens.len(), 300);
+        outputs.push(first);
+        shutdown.cancel();
+        tracker.close();
+        tracker.wait().await;
+    }
+    let (sync, ahead) = (&outputs[0], &outputs[1]);
+    for (i, (one, other)) in sync.iter().zip(ahead).enumerate() {
+        assert_eq!(one, other, "request {i} differs with one step in flight");
+    }
+    assert!(sync.iter().filter(|(_, end)| end == "Length").count() >= 10, "{sync:?}");
 }

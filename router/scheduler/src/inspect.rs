@@ -70,8 +70,23 @@ impl Core {
     fn check_request(&self, id: u64, r: &crate::request::RequestState, queued: bool) -> Result<(), String> {
         let in_flight = self.blocks.has_transfer_for(id);
         let slots = self.blocks.slots(id);
-        if r.num_computed as usize > r.tokens.len() {
-            return Err(format!("request {id} computed beyond its tokens"));
+        if r.num_computed > r.num_positions() {
+            return Err(format!("request {id} computed beyond its tokens and placeholders"));
+        }
+        // Placeholders are tokens planned steps sample: at most one per pending step, only on
+        // device, never for a request that waits for its results; and a position past the
+        // known tokens is computed only on top of the oldest placeholder (one step ahead).
+        if r.placeholders > r.pending_steps {
+            return Err(format!("request {id} has {} placeholders but {} pending steps", r.placeholders, r.pending_steps));
+        }
+        if r.placeholders > 0 && r.phase != Phase::Running && !r.doomed {
+            return Err(format!("request {id} has placeholders in phase {:?}", r.phase));
+        }
+        if r.num_computed as usize > r.tokens.len() && r.placeholders == 0 {
+            return Err(format!("request {id} computed past its known tokens without a placeholder"));
+        }
+        if r.waits_for_results && r.num_computed as usize > r.tokens.len() {
+            return Err(format!("request {id} waits for its results but was scheduled past them"));
         }
         let bs = self.blocks.block_size() as usize;
         let ok = match r.phase {

@@ -56,6 +56,10 @@ pub struct StepPlan {
     /// Ids of the scheduled requests whose step reaches the end of their known tokens, so the
     /// shard samples a token for them (sorted).
     pub sampling: Vec<u64>,
+    /// Ids of the scheduled requests (sorted) whose last input token is a placeholder: the
+    /// token an earlier step samples, whose result had not come back when this step was
+    /// planned. The shard feeds them the token it sampled and kept (one step in flight).
+    pub input_from_shard: Vec<u64>,
     /// Predicted wall time of this step (cost model), in seconds.
     pub predicted_step_s: f64,
     /// RotaSched's per-direction transfer budget for this step (None: unbudgeted policy).

@@ -50,6 +50,13 @@ pub(crate) struct RequestState {
     pub(crate) num_computed: u32,
     /// Planned steps of this request whose results have not come back yet.
     pub(crate) pending_steps: u32,
+    /// Tokens that planned steps sample and whose results have not come back yet: positions
+    /// past `tokens` whose token only the shard knows. A later step may compute such a position
+    /// (one step in flight): its input is the token the shard sampled and kept.
+    pub(crate) placeholders: u32,
+    /// Never scheduled past a placeholder: its next step needs the previous result in the
+    /// router (a grammar's mask).
+    pub(crate) waits_for_results: bool,
     /// Whether the shard has been sent the prompt (first scheduled).
     pub(crate) sent: bool,
     pub(crate) last_token_at: Option<f64>,
@@ -74,6 +81,8 @@ impl RequestState {
             phase: Phase::Waiting,
             num_computed: 0,
             pending_steps: 0,
+            placeholders: 0,
+            waits_for_results: false,
             sent: false,
             last_token_at: None,
             late_gaps: 0,
@@ -82,13 +91,20 @@ impl RequestState {
         }
     }
 
-    pub(crate) fn generated(&self) -> u32 {
-        self.tokens.len() as u32 - self.prompt_len
+    /// Positions the request will have once its planned steps come back: known tokens and
+    /// placeholders.
+    pub(crate) fn num_positions(&self) -> u32 {
+        self.tokens.len() as u32 + self.placeholders
     }
 
-    /// Known tokens whose KV is not computed yet (1 = a decode).
+    /// Tokens generated, placeholders included (they count against `max_new_tokens`).
+    pub(crate) fn generated(&self) -> u32 {
+        self.num_positions() - self.prompt_len
+    }
+
+    /// Positions (known tokens or a placeholder) whose KV is not computed yet (1 = a decode).
     pub(crate) fn uncomputed(&self) -> u32 {
-        self.tokens.len() as u32 - self.num_computed
+        self.num_positions() - self.num_computed
     }
 
     /// Whether the generation limit is reached (the engine will call `finish`).
@@ -98,7 +114,10 @@ impl RequestState {
 
     /// Whether a step can compute something for it now (phase aside).
     pub(crate) fn has_work(&self) -> bool {
-        !self.doomed && !self.exhausted() && self.uncomputed() > 0
+        !self.doomed
+            && !self.exhausted()
+            && self.uncomputed() > 0
+            && !(self.waits_for_results && self.placeholders > 0)
     }
 
     pub(crate) fn is_decode(&self) -> bool {

@@ -92,6 +92,15 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Marks a request that must not be scheduled past a token the router has not seen (a
+    /// grammar's next mask needs it): with one step in flight it waits for its result.
+    /// Unknown ids are ignored.
+    pub fn wait_for_results(&mut self, id: u64) {
+        if let Some(request) = self.core.requests.get_mut(&id) {
+            request.waits_for_results = true;
+        }
+    }
+
     /// Decides the next step: what to compute, what to move, whom to preempt (see `policy`).
     pub fn plan(&mut self, now: f64) -> StepPlan {
         self.policy.plan(&mut self.core, now)
@@ -240,29 +249,34 @@ impl Core {
     fn apply_entry(&mut self, entry: &PlannedEntry, token: Option<u32>, now: f64) {
         let Some(request) = self.requests.get_mut(&entry.id) else { return };
         request.pending_steps = request.pending_steps.saturating_sub(1);
-        if request.doomed || request.phase == Phase::Waiting {
+        // Steps come back in order, so this entry's token is the oldest placeholder, at
+        // position `tokens.len()` (a later step may be computing that position already).
+        let known = request.tokens.len() as u32;
+        if entry.samples {
+            request.placeholders = request.placeholders.saturating_sub(1);
+        }
+        if request.doomed || request.phase == Phase::Waiting || !entry.samples {
             return;
         }
-        if entry.samples {
-            match token {
-                Some(token) if request.num_computed as usize == request.tokens.len() => {
-                    let lag = now - request.next_deadline();
-                    if lag > 0.0 && request.last_token_at.is_some() {
-                        request.late_gaps += 1;
-                    }
-                    request.tokens.push(token);
-                    request.last_token_at = Some(now);
-                    if self.lag_samples.len() >= MAX_LAG_SAMPLES {
-                        self.lag_samples.drain(..MAX_LAG_SAMPLES / 2);
-                    }
-                    self.lag_samples.push(lag);
+        match token {
+            Some(token) if request.num_computed >= known => {
+                let lag = now - request.next_deadline();
+                if lag > 0.0 && request.last_token_at.is_some() {
+                    request.late_gaps += 1;
                 }
-                // No token came back: recompute the last position so the next step samples.
-                None if request.num_computed as usize == request.tokens.len() => {
-                    request.num_computed -= 1;
+                request.tokens.push(token);
+                request.last_token_at = Some(now);
+                if self.lag_samples.len() >= MAX_LAG_SAMPLES {
+                    self.lag_samples.drain(..MAX_LAG_SAMPLES / 2);
                 }
-                _ => {}
+                self.lag_samples.push(lag);
             }
+            // No token came back: recompute the last position so the next step samples. A
+            // later step that already computes the missing token's position is answered by
+            // the shard with the request's error (the engine cancels it); until then the
+            // position stays planned.
+            None if request.num_computed == known => request.num_computed -= 1,
+            _ => {}
         }
     }
 

@@ -144,7 +144,12 @@ impl Core {
         let block_table = self.blocks.device_table(id).unwrap_or_default();
         let request = self.requests.get_mut(&id).expect("scheduled request exists");
         let computed = request.num_computed;
-        let samples = (computed + chunk) as usize == request.tokens.len();
+        let known = request.tokens.len() as u32;
+        let samples = computed + chunk == request.num_positions();
+        // Past the known tokens only a placeholder can be: a decode whose input is the token
+        // an earlier step, still in flight, sampled on the shard.
+        let input_from_shard = computed + chunk > known;
+        debug_assert!(!input_from_shard || chunk == 1, "a placeholder is computed alone");
         if request.is_decode() {
             ctx.shape.decode_requests += 1;
         } else {
@@ -156,12 +161,20 @@ impl Core {
         ctx.tokens_left -= chunk;
         ctx.requests_left -= 1;
         ctx.scheduled.insert(id);
+        if samples {
+            request.placeholders += 1;
+        }
+        if input_from_shard {
+            ctx.plan.input_from_shard.push(id);
+        }
         ctx.entries.push(PlannedEntry { id, samples });
         // Published now, not when the results come back: a later step runs after this one, and
         // a request admitted later in this same step reads what this one writes, since every
         // layer writes the whole step's K/V before any attention reads the cache (the Step
         // protocol's contract). So n choices of one prompt, admitted together, compute it once.
-        self.blocks.register_scheduled(id, &request.tokens, computed + chunk);
+        // Only positions whose tokens are known: a placeholder's block is published by a later
+        // step, once the token is known.
+        self.blocks.register_scheduled(id, &request.tokens, (computed + chunk).min(known));
         ctx.plan.scheduled.push(ScheduledEntry {
             id,
             num_computed_tokens: computed,
@@ -231,6 +244,7 @@ impl Core {
         let mut sampling: Vec<u64> = ctx.entries.iter().filter(|e| e.samples).map(|e| e.id).collect();
         sampling.sort_unstable();
         ctx.plan.sampling = sampling;
+        ctx.plan.input_from_shard.sort_unstable();
         ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
         if ctx.budget.is_limited() {
             ctx.plan.rotate_out_budget_bytes = Some(ctx.budget.limit(Direction::Out));

@@ -76,6 +76,8 @@ pub(super) enum RecoveryTurn {
 impl Engine {
     /// A Step or a probe failed: fail what the shard held, refuse new work, start probing.
     pub(super) fn on_shard_failure(&mut self, error: ClientError) {
+        // A step still in flight is moot: Reset drops everything on the shard.
+        self.abandon_in_flight();
         let message = error.to_string();
         ::metrics::counter!("superinfer_engine_failures_total").increment(1);
         if !error.is_transient() {
@@ -158,8 +160,8 @@ impl Engine {
         waiting.sort_by_key(|&(id, arrival)| (arrival, id));
         for (id, _) in &waiting {
             let Some(active) = self.requests.get(*id) else { continue };
-            let spec = self.spec(*id, &active.request);
-            if let Err(error) = self.scheduler.add(spec, self.clock()) {
+            let (spec, constrained) = (self.spec(*id, &active.request), active.constraint.is_some());
+            if let Err(error) = self.admit(spec, constrained) {
                 if let Some(active) = self.requests.remove(*id) {
                     active.send(EngineEvent::Failed(refusal(error)));
                 }

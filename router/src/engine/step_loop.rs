@@ -3,10 +3,21 @@
 //! blocks before the next plan), then schedule → run → postprocess. It sleeps on its command
 //! channel when there is nothing to compute. A failed or late step puts it into recovery
 //! (`recovery.rs`); a shard that does not come back ends it for good.
+//!
+//! With `async_scheduling` (one step in flight) the engine plans and sends step N+1 before it
+//! awaits step N's reply, so its own work (postprocessing, planning, the RPC) overlaps the
+//! shard's compute; the shard runs N+1 right after N (`previous_step_id`) and feeds the tokens
+//! N sampled to the decodes N+1 planned on placeholders. Stops are therefore applied one step
+//! late: a request that ends in N may have one more token computed in N+1, whose output is
+//! dropped (the request is gone from `requests`) — never streamed; its blocks are freed at
+//! once, which is safe because the shard runs the steps in order, so N+1 is done with them
+//! before any later step reuses them.
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats};
+use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats, StepPlan};
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -20,7 +31,8 @@ use super::postprocess::apply_step_response;
 use super::recovery::{EngineTimeouts, Recovery, RecoveryTurn};
 use super::step_request::build_step_request;
 use super::step_trace::annotate_step;
-use crate::client::ShardClient;
+use crate::client::{ClientError, ShardClient};
+use crate::pb;
 
 /// While transfers are in flight and nothing can be computed, the engine polls the shard for
 /// their completion this often (completions only come back with Step replies).
@@ -35,6 +47,9 @@ pub struct EngineConfig {
     /// Tokens that end a generation (unless the request ignores EOS).
     pub eos_token_ids: Vec<u32>,
     pub timeouts: EngineTimeouts,
+    /// One step in flight: plan and send the next step before the previous reply is applied
+    /// (`--async-scheduling`).
+    pub async_scheduling: bool,
 }
 
 /// Starts the engine task on `tracker`; it stops when `shutdown` is cancelled, failing the
@@ -64,6 +79,8 @@ pub fn spawn_engine(
         drain_waiters: Vec::new(),
         last_stats: SchedulerStats::default(),
         previous_step_end: None,
+        async_scheduling: config.async_scheduling,
+        in_flight: VecDeque::new(),
     };
     tracker.spawn(engine.run(commands, shutdown));
     Ok(EngineHandle::new(commands_tx, status))
@@ -89,6 +106,18 @@ pub(super) struct Engine {
     pub(super) last_stats: SchedulerStats,
     /// When the previous step's reply was applied, while steps follow back to back.
     previous_step_end: Option<Instant>,
+    /// See `EngineConfig::async_scheduling`.
+    async_scheduling: bool,
+    /// Steps sent and not yet applied, oldest first: at most one, or two with
+    /// `async_scheduling`.
+    pub(super) in_flight: VecDeque<InFlight>,
+}
+
+/// A step sent to the shard whose reply the engine has not applied yet.
+pub(super) struct InFlight {
+    plan: StepPlan,
+    started: Instant,
+    reply: JoinHandle<Result<pb::StepResponse, ClientError>>,
 }
 
 /// What the loop does after planning.
@@ -143,7 +172,7 @@ impl Engine {
                 RecoveryTurn::GiveUp => Turn::Stop,
             };
         }
-        if !self.scheduler.has_work() {
+        if !self.scheduler.has_work() && self.in_flight.is_empty() {
             return Turn::Idle { wait: Duration::MAX / 4 };
         }
         self.turn().await
@@ -187,13 +216,24 @@ impl Engine {
             let _ = events.send(EngineEvent::Failed(refusal));
             return;
         }
-        match self.scheduler.add(self.spec(id, &request), self.clock()) {
+        match self.admit(self.spec(id, &request), request.constraint.is_some()) {
             Ok(()) => self.requests.insert(id, ActiveRequest::new(request, events)),
             Err(error) => {
                 tracing::debug!(id, %error, "request refused by the scheduler");
                 let _ = events.send(EngineEvent::Failed(refusal(error)));
             }
         }
+    }
+
+    /// Hands a request to the scheduler. A request under a grammar is never scheduled past a
+    /// token the engine has not seen: its next mask needs that token.
+    pub(super) fn admit(&mut self, spec: RequestSpec, constrained: bool) -> Result<(), SchedulerError> {
+        let id = spec.id;
+        self.scheduler.add(spec, self.clock())?;
+        if constrained {
+            self.scheduler.wait_for_results(id);
+        }
+        Ok(())
     }
 
     fn refusal(&self) -> Option<EngineError> {
@@ -229,37 +269,41 @@ impl Engine {
         }
     }
 
-    /// Plans one step and runs it on the shard.
+    /// Plans and sends steps until the pipeline is full (one step, or two with
+    /// `async_scheduling`), then applies the oldest step's reply.
     async fn turn(&mut self) -> Turn {
-        let plan = self.scheduler.plan(self.clock());
-        let stats = self.scheduler.stats();
-        let transfers_in_flight = stats.rotating_in + stats.rotating_out > 0;
-        if plan.is_empty() && !transfers_in_flight {
-            return Turn::Idle { wait: IDLE_REPLAN };
-        }
-        if plan.is_empty() {
+        let depth = if self.async_scheduling { 2 } else { 1 };
+        while self.in_flight.len() < depth {
+            let plan = self.scheduler.plan(self.clock());
+            if !plan.is_empty() {
+                self.send(plan);
+                continue;
+            }
+            if !self.in_flight.is_empty() {
+                break; // its reply is what the requests wait for
+            }
+            let stats = self.scheduler.stats();
+            if stats.rotating_in + stats.rotating_out == 0 {
+                return Turn::Idle { wait: IDLE_REPLAN };
+            }
             // Only an acknowledgement can unblock the scheduler; ask for it after a pause.
             tokio::time::sleep(TRANSFER_POLL).await;
+            self.send(plan);
         }
-        let masks = allowed_tokens(&plan.sampling, &mut self.requests);
-        let request = build_step_request(&plan, std::mem::take(&mut self.forget), &mut self.requests, masks, Instant::now());
-        let started = Instant::now();
-        if let Some(previous) = self.previous_step_end.take() {
-            metrics::record_turn(started.saturating_duration_since(previous));
-        }
-        let deadline = self.timeouts.step_deadline(plan.predicted_step_s);
-        let span = tracing::info_span!("step", step_id = plan.step_id, requests = plan.scheduled.len(),
-            tokens = plan.num_batched_tokens(), swap_out = plan.rotate_out.len(), swap_in = plan.rotate_in.len());
-        annotate_step(&span, &plan, &self.requests, self.scheduler.config().block_bytes);
-        let response = match self.client.step(request, deadline).instrument(span).await {
-            Ok(response) => response,
-            Err(error) => {
+        let Some(step) = self.in_flight.pop_front() else { return Turn::Stepped };
+        let response = match step.reply.await {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
                 self.on_shard_failure(error);
+                return Turn::Stepped;
+            }
+            Err(join) => {
+                self.on_shard_failure(ClientError::Unavailable(format!("the step's task ended: {join}")));
                 return Turn::Stepped;
             }
         };
         let correction = self.scheduler.cost_model().correction;
-        metrics::record_step(&plan, started.elapsed(), response.timings.as_ref(), correction);
+        metrics::record_step(&step.plan, step.started.elapsed(), response.timings.as_ref(), correction);
         let outcome = apply_step_response(response, &mut self.requests, &self.eos_token_ids, Instant::now());
         self.scheduler.complete(&outcome.results, self.clock());
         for (id, _reason) in outcome.finished {
@@ -275,6 +319,33 @@ impl Engine {
         Turn::Stepped
     }
 
+    /// Sends `plan` to the shard; its reply is awaited by a later `turn`.
+    fn send(&mut self, plan: StepPlan) {
+        let masks = allowed_tokens(&plan.sampling, &mut self.requests);
+        let mut request = build_step_request(&plan, std::mem::take(&mut self.forget), &mut self.requests, masks, Instant::now());
+        // The shard runs this step right after the one still outstanding.
+        request.previous_step_id = self.in_flight.back().map_or(0, |step| step.plan.step_id);
+        let started = Instant::now();
+        if let Some(previous) = self.previous_step_end.take() {
+            metrics::record_turn(started.saturating_duration_since(previous));
+        }
+        let deadline = self.timeouts.step_deadline(plan.predicted_step_s);
+        let span = tracing::info_span!("step", step_id = plan.step_id, requests = plan.scheduled.len(),
+            tokens = plan.num_batched_tokens(), swap_out = plan.rotate_out.len(), swap_in = plan.rotate_in.len());
+        annotate_step(&span, &plan, &self.requests, self.scheduler.config().block_bytes);
+        let mut client = self.client.clone();
+        let reply = tokio::spawn(async move { client.step(request, deadline).await }.instrument(span));
+        self.in_flight.push_back(InFlight { plan, started, reply });
+    }
+
+    /// Drops the steps still in flight after a failure (their RPCs are cancelled; the shard
+    /// is reset before serving again).
+    pub(super) fn abandon_in_flight(&mut self) {
+        for step in self.in_flight.drain(..) {
+            step.reply.abort();
+        }
+    }
+
     /// Forgets a finished or cancelled request; the shard drops its state with the next step.
     pub(super) fn release(&mut self, id: u64) {
         if let Some(active) = self.requests.remove(id) {
@@ -285,6 +356,7 @@ impl Engine {
     }
 
     pub(super) fn fail_all(&mut self, error: EngineError) {
+        self.abandon_in_flight();
         for (id, active) in self.requests.drain() {
             self.scheduler.cancel(id);
             active.send(EngineEvent::Failed(error.clone()));

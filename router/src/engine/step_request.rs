@@ -41,13 +41,16 @@ pub(crate) fn build_step_request(
         new_requests,
         rotate_out: plan.rotate_out.iter().map(transfer).collect(),
         rotate_in: plan.rotate_in.iter().map(transfer).collect(),
+        // The engine sets it when another step is still in flight.
+        previous_step_id: 0,
         scheduled: plan
             .scheduled
             .iter()
             .map(|entry| {
                 let sample = plan.sampling.binary_search(&entry.id).is_ok();
                 let allowed_tokens = if sample { masks.remove(&entry.id).unwrap_or_default() } else { Vec::new() };
-                scheduled(entry, sample, allowed_tokens)
+                let input_from_shard = plan.input_from_shard.binary_search(&entry.id).is_ok();
+                scheduled(entry, sample, allowed_tokens, input_from_shard)
             })
             .collect(),
     }
@@ -75,8 +78,9 @@ fn transfer(transfer: &Transfer) -> pb::Transfer {
     }
 }
 
-/// `sample`: the scheduler's decision (`StepPlan::sampling`, sorted), which the shard checks.
-fn scheduled(entry: &ScheduledEntry, sample: bool, allowed_tokens: Vec<u8>) -> pb::ScheduledRequest {
+/// `sample` and `input_from_shard`: the scheduler's decisions (`StepPlan::sampling` and
+/// `StepPlan::input_from_shard`, sorted), which the shard checks.
+fn scheduled(entry: &ScheduledEntry, sample: bool, allowed_tokens: Vec<u8>, input_from_shard: bool) -> pb::ScheduledRequest {
     pb::ScheduledRequest {
         id: entry.id,
         num_computed_tokens: entry.num_computed_tokens,
@@ -84,6 +88,7 @@ fn scheduled(entry: &ScheduledEntry, sample: bool, allowed_tokens: Vec<u8>) -> p
         block_table: entry.block_table.clone(),
         sample,
         allowed_tokens,
+        input_from_shard,
     }
 }
 
@@ -107,6 +112,7 @@ mod tests {
             ],
             first_scheduled: vec![7],
             sampling: vec![7],
+            input_from_shard: vec![8],
             ..StepPlan::default()
         };
         let now = Instant::now();
@@ -121,6 +127,8 @@ mod tests {
         assert_eq!(step.scheduled[0].num_new_tokens, 3);
         // The scheduler's sampling decision travels with each entry.
         assert!(step.scheduled[0].sample && !step.scheduled[1].sample);
+        // So does its placeholder decision.
+        assert!(!step.scheduled[0].input_from_shard && step.scheduled[1].input_from_shard);
         // A mask travels only with an entry that samples.
         assert_eq!(step.scheduled[0].allowed_tokens, vec![0b101]);
         assert!(step.scheduled[1].allowed_tokens.is_empty());

@@ -129,20 +129,22 @@ class NewRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ...) -> None: ...
 
 class ScheduledRequest(_message.Message):
-    __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table", "sample", "allowed_tokens")
+    __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table", "sample", "allowed_tokens", "input_from_shard")
     ID_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TABLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FROM_SHARD_FIELD_NUMBER: _ClassVar[int]
     id: int
     num_computed_tokens: int
     num_new_tokens: int
     block_table: _containers.RepeatedScalarFieldContainer[int]
     sample: bool
     allowed_tokens: bytes
-    def __init__(self, id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., allowed_tokens: _Optional[bytes] = ...) -> None: ...
+    input_from_shard: bool
+    def __init__(self, id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., allowed_tokens: _Optional[bytes] = ..., input_from_shard: _Optional[bool] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("id", "src_blocks", "dst_blocks")
@@ -155,20 +157,22 @@ class Transfer(_message.Message):
     def __init__(self, id: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "forget", "new_requests", "rotate_out", "rotate_in", "scheduled")
+    __slots__ = ("step_id", "forget", "new_requests", "rotate_out", "rotate_in", "scheduled", "previous_step_id")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     FORGET_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     ROTATE_OUT_FIELD_NUMBER: _ClassVar[int]
     ROTATE_IN_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     forget: _containers.RepeatedScalarFieldContainer[int]
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     rotate_out: _containers.RepeatedCompositeFieldContainer[Transfer]
     rotate_in: _containers.RepeatedCompositeFieldContainer[Transfer]
     scheduled: _containers.RepeatedCompositeFieldContainer[ScheduledRequest]
-    def __init__(self, step_id: _Optional[int] = ..., forget: _Optional[_Iterable[int]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., rotate_out: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., rotate_in: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., scheduled: _Optional[_Iterable[_Union[ScheduledRequest, _Mapping]]] = ...) -> None: ...
+    previous_step_id: int
+    def __init__(self, step_id: _Optional[int] = ..., forget: _Optional[_Iterable[int]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., rotate_out: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., rotate_in: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., scheduled: _Optional[_Iterable[_Union[ScheduledRequest, _Mapping]]] = ..., previous_step_id: _Optional[int] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("id", "logprob")

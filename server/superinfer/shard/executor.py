@@ -228,8 +228,9 @@ class ShardExecutor:
                                          "blocks_in": sum(len(t.src_blocks) for t in request.rotate_in)})
                 self.tracker.submit(work.rotate_out, work.rotate_in)
             transfer_ns = time.perf_counter_ns() - transfer_start
-            outputs, forward_ns, sampling_ns = self._compute(plan.scheduled, work, tracer)
+            outputs, forward_ns, sampling_ns = self._compute(plan.scheduled, work, tracer, request.step_id)
             completed = self.tracker.poll()
+        outputs.extend(shard_pb2.RequestOutput(request_id=rid, error=error) for rid, error in plan.failed)
         step_span = trace.get_current_span()
         if step_span.is_recording():
             step_span.set_attributes({"step_id": request.step_id, "scheduled": len(plan.scheduled),
@@ -289,8 +290,8 @@ class ShardExecutor:
             torch.cuda.current_stream(self.runner.device).synchronize()
         return logits
 
-    def _compute(self, scheduled: list[ScheduledWork], work: RankWork,
-                 tracer: trace.Tracer) -> tuple[list[shard_pb2.RequestOutput], int, int]:
+    def _compute(self, scheduled: list[ScheduledWork], work: RankWork, tracer: trace.Tracer,
+                 step_id: int) -> tuple[list[shard_pb2.RequestOutput], int, int]:
         """Outputs, forward time and sampling time (ns) of the scheduled work."""
         if not scheduled:
             return [], 0, 0
@@ -301,7 +302,7 @@ class ShardExecutor:
         sample_rows, prompt_rows = self._logit_rows(scheduled, work)
         sampling_start = time.perf_counter_ns()
         with tracer.start_as_current_span("sampling", attributes={"sampled": len(sample_rows)}):
-            outputs = self._sample(scheduled, logits, sample_rows, prompt_rows)
+            outputs = self._sample(scheduled, logits, sample_rows, prompt_rows, step_id)
         return outputs, sampling_start - forward_start, time.perf_counter_ns() - sampling_start
 
     def _logit_rows(self, scheduled: list[ScheduledWork], work: RankWork):
@@ -321,7 +322,9 @@ class ShardExecutor:
         return sample_rows, prompt_rows
 
     def _sample(self, scheduled: list[ScheduledWork], logits, sample_rows: list[tuple[int, int]],
-                prompt_rows: dict[int, tuple[int, list[int]]]) -> list[shard_pb2.RequestOutput]:
+                prompt_rows: dict[int, tuple[int, list[int]]], step_id: int) -> list[shard_pb2.RequestOutput]:
+        """Samples where the plan says so; each sampled token is kept in the request's state
+        (the next step's input, whether or not the router has seen it yet)."""
         outputs = [shard_pb2.RequestOutput(request_id=work.request_id) for work in scheduled]
         if sample_rows:
             sampled_states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
@@ -332,8 +335,10 @@ class ShardExecutor:
             for (index, _), state, token in zip(sample_rows, sampled_states, tokens):
                 if isinstance(token, SamplingFailure):
                     outputs[index].error = token.message
+                    state.failure = token.message
                     continue
                 state.token_ids.append(token.token_id)
+                state.sampled_in_step = step_id
                 outputs[index].token.CopyFrom(shard_pb2.SampledToken(
                     id=token.token_id, logprob=token.logprob,
                     top_tokens=[shard_pb2.TokenLogprob(id=i, logprob=lp) for i, lp in token.top_tokens],

@@ -136,29 +136,49 @@ class ValidatedPlan:
     forget: list[int]
     new_requests: list[RequestState]
     scheduled: list[ScheduledWork]
+    # Scheduled requests whose sampling failed in an earlier step: answered with that error,
+    # not computed (the router planned them before it read the failure).
+    failed: list[tuple[int, str]] = ()
 
 
-def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_out: set[int], device_in: set[int]):
+def _scheduled(step, states: dict[int, RequestState], limits: PlanLimits, device_out: set[int], device_in: set[int]):
     work: list[ScheduledWork] = []
+    failed: list[tuple[int, str]] = []
     writer: dict[int, tuple[int, int]] = {}  # device block -> (request writing it, index in its table)
     readers: dict[int, list[tuple[int, int]]] = {}  # device block -> (request only reading it, index)
+    seen: set[int] = set()
     for item in step.scheduled:
         rid, start, count = item.id, item.num_computed_tokens, item.num_new_tokens
-        if rid not in known_lengths:
+        if rid not in states:
             raise PlanError(f"scheduled request {rid} is unknown (never registered, or forgotten)")
-        if any(w.request_id == rid for w in work):
+        if rid in seen:
             raise PlanError(f"request {rid} is scheduled twice in one step")
+        seen.add(rid)
+        state = states[rid]
+        if state.failure:
+            failed.append((rid, state.failure))
+            continue
+        known = len(state.token_ids)
         if count < 1:
             raise PlanError(f"request {rid}: num_new_tokens must be at least 1")
         end = start + count
-        if end > known_lengths[rid]:
-            raise PlanError(f"request {rid}: computing up to position {end} but only {known_lengths[rid]} tokens are known")
+        if end > known:
+            raise PlanError(f"request {rid}: computing up to position {end} but only {known} tokens are known")
         if end > limits.max_position_embeddings:
             raise PlanError(f"request {rid}: {end} tokens exceed the model's context of {limits.max_position_embeddings}")
-        reaches_end = end == known_lengths[rid]
+        reaches_end = end == known
         if item.sample != reaches_end:
             raise PlanError(f"request {rid}: sample={item.sample} disagrees with the chunk, which ends at position {end} "
-                            f"of {known_lengths[rid]} known tokens")
+                            f"of {known} known tokens")
+        # The router cannot know a token the outstanding step sampled: the chunk's last input
+        # is that token exactly when the request sampled in that step and the chunk ends there.
+        from_shard = bool(step.previous_step_id) and state.sampled_in_step == step.previous_step_id and reaches_end
+        if item.input_from_shard != from_shard:
+            raise PlanError(f"request {rid}: input_from_shard={item.input_from_shard} disagrees with the shard, whose last "
+                            f"token for it was sampled in step {state.sampled_in_step or 'none'} (previous step "
+                            f"{step.previous_step_id or 'none'}; the chunk ends at position {end} of {known})")
+        if item.input_from_shard and item.allowed_tokens:
+            raise PlanError(f"request {rid}: a grammar's mask for a chunk whose input the router has not seen")
         if item.allowed_tokens and not item.sample:
             raise PlanError(f"request {rid}: allowed_tokens given for a chunk that does not sample")
         if len(item.allowed_tokens) > -(-limits.vocab_size // 8):
@@ -190,7 +210,7 @@ def _scheduled(step, known_lengths: dict[int, int], limits: PlanLimits, device_o
                 raise PlanError(f"request {rid}: device block {block} is being rotated out while written")
             writer[block] = (rid, index)
         work.append(ScheduledWork(rid, start, count, table, item.sample, item.allowed_tokens))
-    return work
+    return work, failed
 
 
 def _check_shared_read(block: int, reader: tuple[int, int], writer: tuple[int, int] | None) -> None:
@@ -206,8 +226,8 @@ def validate_plan(step, known: dict[int, RequestState], limits: PlanLimits, in_f
     """Checks `step` (a StepRequest) against the shard's state; raises PlanError, changing nothing."""
     new_requests = _new_requests(step, known, limits)
     forgotten = set(step.forget)
-    known_lengths = {rid: len(r.token_ids) for rid, r in known.items() if rid not in forgotten}
-    known_lengths.update({r.request_id: len(r.token_ids) for r in new_requests})
+    states = {rid: r for rid, r in known.items() if rid not in forgotten}
+    states.update({r.request_id: r for r in new_requests})
     device_out, device_in = _transfers(step, limits, in_flight)
-    scheduled = _scheduled(step, known_lengths, limits, device_out, device_in)
-    return ValidatedPlan(list(dict.fromkeys(step.forget)), new_requests, scheduled)
+    scheduled, failed = _scheduled(step, states, limits, device_out, device_in)
+    return ValidatedPlan(list(dict.fromkeys(step.forget)), new_requests, scheduled, failed)

@@ -29,6 +29,12 @@ class RequestState:
     prompt_len: int
     params: SamplingParams
     prompt_logprobs: bool = False
+    # The step that sampled the last of `token_ids` (0: none did): with one step in flight the
+    # next step may feed that token before the router has seen it (`input_from_shard`).
+    sampled_in_step: int = 0
+    # Why sampling failed for it (the router fails it on reading the reply); a later step the
+    # router planned before that reply gets the same error instead of computing.
+    failure: str = ""
     _generator: torch.Generator | None = field(default=None, repr=False)
 
     @property

@@ -1,6 +1,7 @@
 //! Scenario and property tests of the whole scheduler, driven through a fake shard that checks
 //! the ordering rules of `proto/shard.proto` on every plan.
 
+mod ahead;
 mod driver;
 mod machine;
 mod policies;
