@@ -1,7 +1,7 @@
 """`superinfer simulate` through the real Rust simulator (the built `superinfer._router`):
 closed form on a lone request, determinism, derived profiles, and the command's report."""
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -142,3 +142,64 @@ def test_kv_demand_counts_the_requests_in_the_system_against_the_pool():
     assert found["window_s"] == pytest.approx(10.0)
     # The pool it is measured against, not the profile's own, is the unit.
     assert demand(linear_profile(device_blocks=10), specs, device_blocks=30)["peak"] == pytest.approx(1.0)
+
+
+def test_validate_analyses_an_existing_bench_compare_directory(tmp_path, monkeypatch):
+    """`--measured DIR` reads a `bench compare` output (workload, seeds, objectives and unloaded
+    latencies from compare.json, each server's fit, pools and limits from warmup-<policy>.json,
+    a trace workload's trace from --trace) and launches nothing. Its "measured" runs here are the
+    simulator's own on the warm-up fit, so that profile must match them exactly."""
+    from superinfer.bench import report
+    from superinfer.bench.prompts import LengthLimits
+    from superinfer.bench.trace import load_trace
+    from superinfer.simulate import validate
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:00:{i * 2:02d}.0000000,{40 + i},{30 + i}\n" for i in range(12)))
+    measured = tmp_path / "compare"
+    measured.mkdir()
+    warmup = {"cost_model": COST, "block_size": 16, "block_bytes": 65536, "num_device_blocks": 6,
+              "num_host_blocks": 64, "max_batch_tokens": 256, "max_batch_requests": 8}
+    config = WorkloadConfig(arrival="trace", lengths="trace", num_requests=10, limits=LengthLimits(48, 160),
+                            ignore_eos=True, seed=0)
+    slo = Slo(300, 50)
+    runs = []
+    for policy in ("fcfs", "rotasched"):
+        (measured / f"warmup-{policy}.json").write_text(json.dumps(warmup))
+        fitted = resolve(f"measured:{measured / f'warmup-{policy}.json'}")
+        for repetition, rate in ((0, 2.0), (1, 2.0), (0, 4.0)):
+            specs = plan(replace(config, rate=rate, seed=repetition), load_trace(trace))
+            run = simulate(fitted, specs, SimOptions(policy, slo), policy, rate)
+            run.repetition, run.seed = repetition, repetition
+            runs.append(run)
+    # Unloaded: a 20 ms gap (8 ms above the fit's lone decode step) and 80 ms to the first token.
+    header = {"workload": asdict(config), "rates": [2.0, 4.0], "repeats": 2,
+              "slo": {"ttft_ms": 300, "tbt_ms": 50, "tbt_percentile": 90.0},
+              "unloaded": {"requests": 3, "ttft_s": 0.08, "tbt_s": 0.02}}
+    report.write_json(measured / "compare.json", header, runs)
+    monkeypatch.setattr(validate, "superinfer_main", lambda argv: pytest.fail(f"launched {argv}"))
+
+    out = tmp_path / "validation"
+    assert validate.main(["--measured", str(measured), "--out", str(out), "--trace", str(trace),
+                          "--step-overhead-from-unloaded"]) == 0
+    document = json.loads((out / "validation.json").read_text())
+    assert len(document["runs"]) == 2 * 6
+    # Calibration prompts are the trace's first three (40, 41, 42 tokens): median context 41 + 31/2.
+    assert document["charges"]["fcfs"]["warm-up"]["per_step_s"] == pytest.approx(0.02 - 0.012)
+    assert "per_step_s" not in document["charges"]["fcfs"]["unloaded"]
+
+    assert validate.main(["--measured", str(measured), "--out", str(out), "--trace", str(trace)]) == 0
+    document = json.loads((out / "validation.json").read_text())
+    for entry in document["runs"]:
+        if entry["profile"] == "warm-up":
+            assert all(error in (0.0, None) for _m, _s, error in entry["figures"].values()), entry
+    assert document["tally"]["warm-up"]["figures"] == 6 * 5
+    assert document["tally_by_policy"]["rotasched"]["warm-up"]["figures"] == 3 * 5
+
+    # The unloaded model spreads the first token's cost over the calibration prompts, not over
+    # the workload's unused fixed prompt_tokens (128), and takes the server's pools and limits.
+    calibration = plan(replace(config, rate=2.0), load_trace(trace))[:3]
+    profile = validate.unloaded_profile(measured / "compare.json", calibration, fitted)
+    assert profile.cost_model["per_prefill_token_s"] == pytest.approx((0.08 - 0.02) / 41)
+    assert (profile.num_device_blocks, profile.max_batch_tokens, profile.max_batch_requests) == (6, 256, 8)

@@ -9,18 +9,29 @@ every figure, counts those within 15% apart from the trivial ones (an attainment
 measured and simulated), and writes `validation.json`.
 
     python -m superinfer.simulate.validate --out runs/validate --rates 1,2,4
+
+`--measured DIR` analyses an existing `superinfer bench compare --out DIR` instead of launching
+one: its `compare.json` gives the workload, the seeds, the objectives and the unloaded
+latencies, its `warmup-<policy>.json` each server's warm-up fit and the pools and batch limits
+it ran with (trace workloads read the trace from `--trace`). `--step-overhead-from-unloaded`
+charges every step the unloaded gap between tokens less the warm-up fit's lone decode step:
+a per-step cost measured by the bench before its runs.
+
+    python -m superinfer.simulate.validate --measured runs/compare --out runs/validate
 """
 import argparse
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
 from superinfer.bench.metrics import Slo
 from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.report import read_json
-from superinfer.bench.workload import WorkloadConfig, plan
+from superinfer.bench.trace import DEFAULT_TRACE, Trace, load_trace
+from superinfer.bench.workload import RequestSpec, WorkloadConfig, plan
 from superinfer.cli import main as superinfer_main
-from superinfer.simulate.profiles import from_bench, measured as measured_profile
+from superinfer.simulate.profiles import Profile, from_bench, measured as measured_profile
 from superinfer.simulate.cli import add_charge_arguments, with_charges
 from superinfer.simulate.runner import SimOptions, simulate
 
@@ -69,6 +80,101 @@ def tally(report: list[dict], within: float = 0.15) -> dict:
     return counts
 
 
+def lone_decode_s(cost: dict, context_tokens: float) -> float:
+    """A cost model's step time for one decode at the given context."""
+    return cost["step_base_s"] + cost["per_decode_request_s"] + cost["per_context_token_s"] * context_tokens
+
+
+def unloaded_profile(compare_json: Path, calibration: list[RequestSpec], like: Profile) -> Profile:
+    """The two-term model from the unloaded latencies (`profiles.from_bench`), its prefill cost
+    spread over the calibration requests' own prompts (`from_bench` reads the fixed
+    `prompt_tokens` of the workload, which trace or ShareGPT lengths do not use), with the
+    pools and batch limits of `like`."""
+    profile = from_bench(compare_json)
+    written = max(int(json.loads(compare_json.read_text())["workload"].get("prompt_tokens", 1)), 1)
+    actual = statistics.median(s.prompt_tokens for s in calibration) if calibration else written
+    scale = written / actual
+    step_time = {**profile.step_time, "per_prefill_token_s": profile.step_time["per_prefill_token_s"] * scale}
+    cost_model = {**profile.cost_model, "per_prefill_token_s": profile.cost_model["per_prefill_token_s"] * scale}
+    return replace(profile, step_time=step_time, cost_model=cost_model, num_device_blocks=like.num_device_blocks,
+                   num_host_blocks=like.num_host_blocks, max_batch_tokens=like.max_batch_tokens,
+                   max_batch_requests=like.max_batch_requests)
+
+
+def _trace_for(config: WorkloadConfig, path: Path | None) -> Trace | None:
+    if "trace" not in (config.arrival, config.lengths):
+        return None
+    return load_trace(path or DEFAULT_TRACE)
+
+
+def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
+    """Simulates every measured run of `measured_dir` (a `bench compare` output) twice, from the
+    warm-up fit and from the unloaded latencies, and compares; returns the validation document."""
+    compare_json = measured_dir / "compare.json"
+    document = json.loads(compare_json.read_text())
+    slo = Slo(**document["slo"])
+    config = WorkloadConfig(**{**document["workload"], "limits": LengthLimits(**document["workload"]["limits"])})
+    if config.lengths == "sharegpt":
+        raise SystemExit("simulate validate: ShareGPT lengths need the conversations and tokenizer; not supported")
+    trace = _trace_for(config, args.trace)
+    runs = read_json(compare_json)
+    rates = document.get("rates") or sorted({r.rate for r in runs})
+    # What `bench compare` calibrated on: the first requests of the first workload at the lowest rate.
+    unloaded_latency = document.get("unloaded") or {}
+    calibration = plan(replace(config, rate=min(rates)), trace)[:int(unloaded_latency.get("requests", 0))]
+    context = statistics.median(s.prompt_tokens + s.max_new_tokens / 2 for s in calibration) if calibration else 0.0
+    profiles: dict[str, dict[str, Profile]] = {}
+    overheads: dict[str, float] = {}
+    for policy in dict.fromkeys(r.series for r in runs):
+        # The linear model the shard fitted at warm-up, as the scheduler uses it; its pools and
+        # batch limits are the ones that server ran with.
+        fitted = measured_profile(measured_dir / f"warmup-{policy}.json")
+        if args.step_overhead_from_unloaded:
+            if not unloaded_latency:
+                raise SystemExit("simulate validate: the bench measured no unloaded latency")
+            gap = unloaded_latency["tbt_s"] - lone_decode_s(fitted.cost_model, context)
+            overheads[policy] = max(gap, 0.0)
+            fitted = replace(fitted, charges={**fitted.charges, "per_step_s": overheads[policy]})
+        warm_up = with_charges(fitted, args)
+        profiles[policy] = {"warm-up": warm_up, "unloaded": with_charges(unloaded_profile(compare_json, calibration,
+                                                                                          fitted), args)}
+    for policy, overhead in overheads.items():
+        print(f"{policy}: per-step charge {overhead * 1e3:.1f} ms = unloaded gap {unloaded_latency['tbt_s'] * 1e3:.1f} ms "
+              f"- warm-up lone decode {lone_decode_s(profiles[policy]['warm-up'].cost_model, context) * 1e3:.1f} ms "
+              f"(context {context:.0f})")
+    report = []
+    for run in sorted(runs, key=lambda r: (r.series, r.rate, r.repetition)):
+        policy, rate = run.series, run.rate
+        seed = run.seed if run.seed is not None else config.seed
+        specs = plan(replace(config, rate=rate, seed=seed), trace)
+        if run.summary.get("requests") not in (None, len(specs)):
+            raise SystemExit(f"simulate validate: {policy} @ {rate:g} measured {run.summary['requests']} requests, "
+                             f"the workload plans {len(specs)} (another trace?)")
+        for source, profile in profiles[policy].items():
+            simulated = simulate(profile, specs, SimOptions(policy, slo), policy, rate)
+            rows = compare_runs(run.summary, simulated.summary)
+            report.append({"policy": policy, "rate": rate, "repetition": run.repetition, "profile": source,
+                           "load_factor": run.summary.get("step_load_factor"), "figures": rows})
+            for name, (m, s, error) in rows.items():
+                shown = "-" if error is None else f"{error * 100:+.0f}%"
+                mark = " (trivial)" if trivial(name, m, s) else ""
+                print(f"{policy:>10} @ {rate:g} req/s #{run.repetition} [{source:>8}] {name:<16} measured {_fmt(m):>8} "
+                      f"simulated {_fmt(s):>8} error {shown}{mark}")
+    counts = tally(report)
+    by_policy = {policy: tally([e for e in report if e["policy"] == policy]) for policy in profiles}
+    for policy, rows in by_policy.items():
+        for source, row in rows.items():
+            print(f"{policy:>10} [{source:>8}] {row['within']} of {row['figures'] - row['trivial']} non-trivial "
+                  f"figures within 15% ({row['trivial']} trivial, {row['missing']} not comparable)")
+    for source, row in counts.items():
+        print(f"[{source}] {row['within']} of {row['figures'] - row['trivial']} non-trivial figures within 15% "
+              f"({row['trivial']} trivial, {row['missing']} not comparable)")
+    return {"measured": str(measured_dir), "slo": document["slo"], "trace": None if trace is None else
+            str(args.trace or DEFAULT_TRACE), "charges": {policy: {k: p.charges for k, p in both.items()}
+                                                          for policy, both in profiles.items()},
+            "tally": counts, "tally_by_policy": by_policy, "runs": report}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -84,50 +190,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tbt-slo-scale", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=1, help="bench repetitions (seeds) per point")
     parser.add_argument("--reuse", action="store_true", help="analyse an earlier measured run in --out again")
+    parser.add_argument("--measured", type=Path, default=None,
+                        help="analyse this `bench compare --out` directory (compare.json, warmup-<policy>.json) "
+                        "instead of measuring; the workload options above are then ignored")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="the trace a trace workload was built from (default: the repository's Azure trace)")
+    parser.add_argument("--step-overhead-from-unloaded", action="store_true",
+                        help="charge every step the unloaded gap between tokens less the warm-up fit's lone "
+                        "decode step (per policy; an explicit --step-overhead-ms overrides it)")
     add_charge_arguments(parser)
     args = parser.parse_args(argv)
-    measured_dir = args.out / "measured"
-    code = 0 if args.reuse and (measured_dir / "compare.json").is_file() else superinfer_main([
-        "bench", "compare", "--policies", args.policies, "--rates", args.rates, "--num-requests", str(args.num_requests),
-        "--prompt-tokens", str(args.prompt_tokens), "--output-tokens", str(args.output_tokens), "--ignore-eos",
-        "--ttft-slo-scale", str(args.ttft_slo_scale), "--tbt-slo-scale", str(args.tbt_slo_scale),
-        "--device-kv-blocks", str(args.device_kv_blocks), "--host-kv-blocks", str(args.host_kv_blocks),
-        "--launch-args", f"--max-batch-tokens {args.max_batch_tokens}", "--out", str(measured_dir), "--no-progress",
-        "--repeats", str(args.repeats),
-    ])
+    if args.measured is not None:
+        measured_dir = args.measured
+        if not (measured_dir / "compare.json").is_file():
+            raise SystemExit(f"simulate validate: no compare.json in {measured_dir}")
+        code = 0
+    else:
+        measured_dir = args.out / "measured"
+        code = 0 if args.reuse and (measured_dir / "compare.json").is_file() else superinfer_main([
+            "bench", "compare", "--policies", args.policies, "--rates", args.rates,
+            "--num-requests", str(args.num_requests), "--prompt-tokens", str(args.prompt_tokens),
+            "--output-tokens", str(args.output_tokens), "--ignore-eos",
+            "--ttft-slo-scale", str(args.ttft_slo_scale), "--tbt-slo-scale", str(args.tbt_slo_scale),
+            "--device-kv-blocks", str(args.device_kv_blocks), "--host-kv-blocks", str(args.host_kv_blocks),
+            "--launch-args", f"--max-batch-tokens {args.max_batch_tokens}", "--out", str(measured_dir),
+            "--no-progress", "--repeats", str(args.repeats),
+        ])
     if code:
         return code
-    document = json.loads((measured_dir / "compare.json").read_text())
-    slo = Slo(**document["slo"])
-    config = WorkloadConfig(**{**document["workload"], "limits": LengthLimits(**document["workload"]["limits"])})
-    runs = read_json(measured_dir / "compare.json")
-    report = []
-    # The unloaded latencies the bench measured just before the runs (the same for all).
-    unloaded = with_charges(from_bench(measured_dir / "compare.json"), args)
-    for run in sorted(runs, key=lambda r: (r.series, r.rate, r.repetition)):
-        policy, rate = run.series, run.rate
-        seed = run.seed if run.seed is not None else config.seed
-        specs = plan(replace(config, rate=rate, seed=seed))
-        # The linear model the shard fitted at warm-up, as the scheduler uses it.
-        warm_up = with_charges(measured_profile(measured_dir / f"warmup-{policy}.json"), args)
-        for source, profile in {"warm-up": warm_up, "unloaded": unloaded}.items():
-            profile = replace(profile, num_device_blocks=args.device_kv_blocks,
-                              num_host_blocks=args.host_kv_blocks, max_batch_tokens=args.max_batch_tokens)
-            simulated = simulate(profile, specs, SimOptions(policy, slo), policy, rate)
-            rows = compare_runs(run.summary, simulated.summary)
-            report.append({"policy": policy, "rate": rate, "repetition": run.repetition, "profile": source,
-                           "figures": rows})
-            for name, (m, s, error) in rows.items():
-                shown = "-" if error is None else f"{error * 100:+.0f}%"
-                mark = " (trivial)" if trivial(name, m, s) else ""
-                print(f"{policy:>10} @ {rate:g} req/s #{run.repetition} [{source:>8}] {name:<16} measured {_fmt(m):>8} "
-                      f"simulated {_fmt(s):>8} error {shown}{mark}")
-    counts = tally(report)
-    for source, row in counts.items():
-        print(f"[{source}] {row['within']} of {row['figures'] - row['trivial']} non-trivial figures within 15% "
-              f"({row['trivial']} trivial, {row['missing']} not comparable)")
-    (args.out / "validation.json").write_text(json.dumps({"slo": document["slo"], "tally": counts, "runs": report},
-                                                         indent=1))
+    validation = analyse(measured_dir, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "validation.json").write_text(json.dumps(validation, indent=1))
     return 0
 
 
