@@ -26,7 +26,7 @@ import sys
 import aiohttp
 
 from bench_overhead import mean_between, one_stream, parse_metrics, served
-from superinfer.shard.bench import interleave, spread
+from superinfer.shard.throughput_bench import interleave, spread
 
 PROMPT = "Write a long list of short notes about the sea, as a JSON array of strings:"
 # At least 200 strings: no stream can complete it within the token limit, so each decodes to

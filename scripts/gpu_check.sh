@@ -65,7 +65,7 @@ tokenizer.save(str(target / "tokenizer.json"))
 (target / "tokenizer_config.json").write_text(json.dumps({"bos_token": "t1", "eos_token": "t2"}))
 print("random model written to", target)
 PY
-timeout 240 "$PYTHON" -m superinfer.shard.bench --device cuda --model "$MODEL" --decode-steps 32 \
+timeout 240 "$PYTHON" -m superinfer.shard.throughput_bench --device cuda --model "$MODEL" --decode-steps 32 \
   >"$OUT/shard_gpu_bench.json" 2>>"$OUT/shard_gpu_bench.log"
 echo "shard bench rc=$? $((SECONDS - start))s"; tail -n 8 "$OUT/shard_gpu_bench.log"
 cat "$OUT/shard_gpu_bench.json"

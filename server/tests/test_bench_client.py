@@ -10,10 +10,10 @@ import pytest
 from aiohttp import web
 
 from superinfer.bench.client import send
-from superinfer.bench.metrics import Slo
+from superinfer.bench.outcomes import Slo
 from superinfer.bench.runner import Target, reduce, replay
 from superinfer.bench.tokenizer import HttpTokenizer
-from superinfer.bench.workload import RequestSpec
+from superinfer.bench.workload import WorkloadRequest
 from superinfer.cli import main
 
 FIRST_TOKEN_S = 0.06
@@ -118,8 +118,8 @@ def server():
         yield running
 
 
-def spec(index: int, tokens: int, arrival: float = 0.0, prompt: str = "hello there") -> RequestSpec:
-    return RequestSpec(index, arrival, 2, tokens, True, prompt)
+def spec(index: int, tokens: int, arrival: float = 0.0, prompt: str = "hello there") -> WorkloadRequest:
+    return WorkloadRequest(index, arrival, 2, tokens, True, prompt)
 
 
 @pytest.mark.parametrize("api", ["tgi", "openai"])

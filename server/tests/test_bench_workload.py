@@ -10,7 +10,7 @@ from superinfer.bench.arrivals import gamma_arrivals
 from superinfer.bench.prompts import LengthLimits, PromptBuilder
 from superinfer.bench.sharegpt import Conversation, load_conversations
 from superinfer.bench.trace import DEFAULT_TRACE, load_trace
-from superinfer.bench.workload import WorkloadConfig, attach_prompts, plan
+from superinfer.bench.workload import WorkloadConfig, attach_prompts, requests_for
 
 
 
@@ -56,7 +56,7 @@ def test_trace_arrivals_with_clipped_trace_lengths(tmp_path):
     trace = load_trace(write_trace(tmp_path / "t.csv"))
     config = WorkloadConfig(arrival="trace", rate=3.0, num_requests=None, duration_s=5.0, lengths="trace",
                             limits=LengthLimits(max_prompt_tokens=1024, max_total_tokens=1050))
-    specs = plan(config, trace)
+    specs = requests_for(config, trace)
     assert [s.arrival_s for s in specs] == pytest.approx([0.0, 0.15, 0.4, 1.0])
     assert [(s.prompt_tokens, s.max_new_tokens) for s in specs] == [(100, 10), (200, 20), (1024, 26), (400, 40)]
 
@@ -88,9 +88,9 @@ def test_gamma_arrivals_keep_the_rate_and_burstiness_raises_variance():
 
 def test_same_seed_same_workload_and_duration_bound():
     config = WorkloadConfig(arrival="gamma", rate=20.0, burstiness=0.5, num_requests=None, duration_s=3.0, seed=5)
-    first, second = plan(config), plan(config)
+    first, second = requests_for(config), requests_for(config)
     assert first == second and all(s.arrival_s < 3.0 for s in first)
-    assert plan(WorkloadConfig(seed=6, num_requests=10)) != plan(WorkloadConfig(seed=5, num_requests=10))
+    assert requests_for(WorkloadConfig(seed=6, num_requests=10)) != requests_for(WorkloadConfig(seed=5, num_requests=10))
     with pytest.raises(ValueError):
         WorkloadConfig(num_requests=None, duration_s=None)
 
@@ -100,7 +100,7 @@ def test_prompts_are_cut_at_an_exact_token_count():
     builder = PromptBuilder(conversations, WordTokenizer(), np.random.default_rng(0))
     for tokens in (1, 5, 37):
         assert len(WordTokenizer().spans(builder.build(tokens))) == tokens
-    specs = attach_prompts(plan(WorkloadConfig(num_requests=3, prompt_tokens=9)), builder)
+    specs = attach_prompts(requests_for(WorkloadConfig(num_requests=3, prompt_tokens=9)), builder)
     assert all(len(WordTokenizer().spans(s.prompt)) == 9 for s in specs)
 
 
@@ -113,7 +113,7 @@ def test_sharegpt_lengths_follow_the_filter(tmp_path):
     )
     conversations = load_conversations(path)
     assert len(conversations) == 2
-    specs = plan(WorkloadConfig(num_requests=3, lengths="sharegpt"), None, conversations, WordTokenizer())
+    specs = requests_for(WorkloadConfig(num_requests=3, lengths="sharegpt"), None, conversations, WordTokenizer())
     assert [(s.prompt_tokens, s.max_new_tokens, s.prompt) for s in specs] == [(5, 6, "w w w w w")] * 3
 
 

@@ -5,8 +5,8 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from superinfer.bench.metrics import Slo
-from superinfer.bench.workload import RequestSpec, WorkloadConfig, plan
+from superinfer.bench.outcomes import Slo
+from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, requests_for
 from superinfer.cli import main
 from superinfer.simulate.profiles import MODELS, Profile, derived, resolve
 from superinfer.simulate.runner import SimOptions, run_raw, simulate, unloaded_latency
@@ -33,7 +33,7 @@ def write_measured(tmp_path) -> str:
 def test_lone_request_matches_the_closed_form(policy):
     # TTFT = one prefill step of 100 tokens; end-to-end adds one decode step per further token.
     prefill, decode = 0.01 + 100 * 0.001, 0.01 + 0.002
-    result = simulate(linear_profile(), [RequestSpec(0, 1.0, 100, 6, True)], SimOptions(policy, Slo(1000, 100)), policy, 1.0)
+    result = simulate(linear_profile(), [WorkloadRequest(0, 1.0, 100, 6, True)], SimOptions(policy, Slo(1000, 100)), policy, 1.0)
     (outcome,) = result.outcomes
     assert outcome.ok and outcome.output_tokens == 6
     assert outcome.ttft_s == pytest.approx(prefill, abs=1e-9)
@@ -43,13 +43,13 @@ def test_lone_request_matches_the_closed_form(policy):
 
 
 def test_same_seed_same_result():
-    specs = plan(WorkloadConfig(arrival="gamma", burstiness=0.5, rate=30.0, num_requests=60, prompt_tokens=200,
+    specs = requests_for(WorkloadConfig(arrival="gamma", burstiness=0.5, rate=30.0, num_requests=60, prompt_tokens=200,
                                 output_tokens=30, seed=3))
     options = SimOptions("swap", Slo(500, 60))
     first, second = run_raw(linear_profile(64), specs, options), run_raw(linear_profile(64), specs, options)
     first.pop("wall_s"), second.pop("wall_s")
     assert first == second
-    other = plan(WorkloadConfig(arrival="gamma", burstiness=0.5, rate=30.0, num_requests=60, prompt_tokens=200,
+    other = requests_for(WorkloadConfig(arrival="gamma", burstiness=0.5, rate=30.0, num_requests=60, prompt_tokens=200,
                                 output_tokens=30, seed=4))
     assert run_raw(linear_profile(64), other, options)["requests"] != first["requests"]
 
@@ -102,7 +102,7 @@ def test_charges_lengthen_the_steps_they_apply_to():
     from dataclasses import replace
 
     policy = "fcfs"
-    spec = [RequestSpec(0, 1.0, 100, 6, True)]
+    spec = [WorkloadRequest(0, 1.0, 100, 6, True)]
     plain = simulate(linear_profile(), spec, SimOptions(policy, Slo(1000, 100)), policy, 1.0)
     charged = simulate(replace(linear_profile(), charges={"per_step_s": 0.004}), spec,
                        SimOptions(policy, Slo(1000, 100)), policy, 1.0)
@@ -135,7 +135,7 @@ def test_kv_demand_counts_the_requests_in_the_system_against_the_pool():
     # 100 + 60 tokens = 10 blocks each. One request at t=0; three together at t=10 (each
     # lasting ~0.8 s): the peak holds 30 blocks, 3x a 10-block pool, and most of the window
     # holds nothing.
-    specs = [RequestSpec(0, 0.0, 100, 60, True)] + [RequestSpec(i, 10.0, 100, 60, True) for i in (1, 2, 3)]
+    specs = [WorkloadRequest(0, 0.0, 100, 60, True)] + [WorkloadRequest(i, 10.0, 100, 60, True) for i in (1, 2, 3)]
     found = demand(linear_profile(device_blocks=10), specs, device_blocks=10)
     assert found["peak"] == pytest.approx(3.0)
     assert found["p90"] == 0.0 and 0.0 < found["mean"] < 0.2
@@ -169,7 +169,7 @@ def test_validate_analyses_an_existing_bench_compare_directory(tmp_path, monkeyp
         (measured / f"warmup-{policy}.json").write_text(json.dumps(warmup))
         fitted = resolve(f"measured:{measured / f'warmup-{policy}.json'}")
         for repetition, rate in ((0, 2.0), (1, 2.0), (0, 4.0)):
-            specs = plan(replace(config, rate=rate, seed=repetition), load_trace(trace))
+            specs = requests_for(replace(config, rate=rate, seed=repetition), load_trace(trace))
             run = simulate(fitted, specs, SimOptions(policy, slo), policy, rate)
             run.repetition, run.seed = repetition, repetition
             runs.append(run)
@@ -199,7 +199,7 @@ def test_validate_analyses_an_existing_bench_compare_directory(tmp_path, monkeyp
 
     # The unloaded model spreads the first token's cost over the calibration prompts, not over
     # the workload's unused fixed prompt_tokens (128), and takes the server's pools and limits.
-    calibration = plan(replace(config, rate=2.0), load_trace(trace))[:3]
+    calibration = requests_for(replace(config, rate=2.0), load_trace(trace))[:3]
     profile = validate.unloaded_profile(measured / "compare.json", calibration, fitted)
     assert profile.cost_model["per_prefill_token_s"] == pytest.approx((0.08 - 0.02) / 41)
     assert (profile.num_device_blocks, profile.max_batch_tokens, profile.max_batch_requests) == (6, 256, 8)

@@ -9,8 +9,8 @@ from typing import Literal
 
 import aiohttp
 
-from superinfer.bench.metrics import Slo
-from superinfer.bench.workload import RequestSpec
+from superinfer.bench.outcomes import Slo
+from superinfer.bench.workload import WorkloadRequest
 
 Api = Literal["tgi", "openai"]
 
@@ -33,7 +33,7 @@ class RequestRecord:
         return self.error is None and bool(self.token_times)
 
 
-def _payload(api: Api, spec: RequestSpec, slo: Slo | None) -> tuple[str, dict]:
+def _payload(api: Api, spec: WorkloadRequest, slo: Slo | None) -> tuple[str, dict]:
     if api == "tgi":
         parameters: dict = {"max_new_tokens": spec.max_new_tokens, "details": True, "do_sample": False}
         if spec.ignore_eos:
@@ -82,7 +82,7 @@ async def send(
     session: aiohttp.ClientSession,
     base_url: str,
     api: Api,
-    spec: RequestSpec,
+    spec: WorkloadRequest,
     slo: Slo | None,
     clock_origin: float,
 ) -> RequestRecord:

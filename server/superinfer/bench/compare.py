@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
-from superinfer.bench.metrics import Slo
+from superinfer.bench.outcomes import Slo
 from superinfer.bench.runner import RunResult, Target, load_factor, reduce, replay, step_counters
 from superinfer.bench.server_process import LaunchedServer, LaunchOptions
 from superinfer.bench.sweep import SloRequest, WorkloadInputs, calibrate, workloads_for

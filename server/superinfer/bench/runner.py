@@ -11,8 +11,8 @@ import numpy as np
 from tqdm import tqdm
 
 from superinfer.bench.client import Api, RequestRecord, send
-from superinfer.bench.metrics import Outcome, Slo, outcome_from_times, stats, summarize
-from superinfer.bench.workload import RequestSpec
+from superinfer.bench.outcomes import Outcome, Slo, outcome_from_times, stats, summarize
+from superinfer.bench.workload import WorkloadRequest
 
 # Enough points for a smooth CDF; a run's report stays small whatever its size.
 MAX_SAMPLES = 20_000
@@ -65,14 +65,14 @@ def sample(values: np.ndarray, seed: int = 0) -> list[float]:
     return np.random.default_rng(seed).choice(values, MAX_SAMPLES, replace=False).tolist()
 
 
-async def _replay(target: Target, specs: list[RequestSpec], slo_sent: Slo | None, progress: bool) -> tuple[list[RequestRecord], float]:
+async def _replay(target: Target, specs: list[WorkloadRequest], slo_sent: Slo | None, progress: bool) -> tuple[list[RequestRecord], float]:
     timeout = aiohttp.ClientTimeout(total=target.request_timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
     origin = time.perf_counter()
     bar = tqdm(total=len(specs), desc="requests", unit="req", disable=not progress)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
-        async def one(spec: RequestSpec) -> RequestRecord:
+        async def one(spec: WorkloadRequest) -> RequestRecord:
             delay = spec.arrival_s - (time.perf_counter() - origin)
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -128,20 +128,20 @@ def load_factor(before: dict | None, after: dict | None) -> float | None:
     return shard / model if model > 0 else None
 
 
-def replay(target: Target, specs: list[RequestSpec], slo_sent: Slo | None, progress: bool = True) -> list[RequestRecord]:
+def replay(target: Target, specs: list[WorkloadRequest], slo_sent: Slo | None, progress: bool = True) -> list[RequestRecord]:
     """Sends every spec at its arrival offset and waits for all of them."""
     records, _elapsed = asyncio.run(_replay(target, specs, slo_sent, progress))
     return records
 
 
-def unloaded_latency(target: Target, specs: list[RequestSpec], count: int = 3) -> dict:
+def unloaded_latency(target: Target, specs: list[WorkloadRequest], count: int = 3) -> dict:
     """Median TTFT and median gap between tokens of `count` requests sent one at a time (the
     first `count` specs, all at offset 0 so none waits for another)."""
     if not specs:
         raise ValueError("measuring the unloaded latency needs at least one request")
     ttfts, gaps = [], []
     for spec in specs[:count]:
-        (record,) = replay(target, [RequestSpec(spec.index, 0.0, spec.prompt_tokens, spec.max_new_tokens, spec.ignore_eos, spec.prompt)], None, progress=False)
+        (record,) = replay(target, [WorkloadRequest(spec.index, 0.0, spec.prompt_tokens, spec.max_new_tokens, spec.ignore_eos, spec.prompt)], None, progress=False)
         if not record.ok:
             raise RuntimeError(f"unloaded request failed: {record.error}")
         ttfts.append(record.token_times[0] - record.sent_at)

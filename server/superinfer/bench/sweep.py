@@ -4,13 +4,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from superinfer.bench.metrics import Slo
+from superinfer.bench.outcomes import Slo
 from superinfer.bench.prompts import PromptBuilder
 from superinfer.bench.runner import RunResult, Target, load_factor, reduce, replay, step_counters, unloaded_latency
 from superinfer.bench.sharegpt import Conversation
 from superinfer.bench.tokenizer import Tokenizer
 from superinfer.bench.trace import Trace
-from superinfer.bench.workload import RequestSpec, WorkloadConfig, attach_prompts, plan
+from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, attach_prompts, requests_for
 
 
 @dataclass(frozen=True)
@@ -44,21 +44,21 @@ class WorkloadInputs:
     conversations: list[Conversation]
     tokenizer: Tokenizer
 
-    def specs(self, config: WorkloadConfig) -> list[RequestSpec]:
+    def specs(self, config: WorkloadConfig) -> list[WorkloadRequest]:
         """The workload with prompt text; the same config gives the same texts."""
-        planned = plan(config, self.trace, self.conversations, self.tokenizer)
+        planned = requests_for(config, self.trace, self.conversations, self.tokenizer)
         builder = PromptBuilder(self.conversations, self.tokenizer, np.random.default_rng(config.seed + 1))
         return attach_prompts(planned, builder)
 
 
-def calibrate(target: Target, slo_request: SloRequest, specs: list[RequestSpec]) -> tuple[Slo, dict | None]:
+def calibrate(target: Target, slo_request: SloRequest, specs: list[WorkloadRequest]) -> tuple[Slo, dict | None]:
     unloaded = unloaded_latency(target, specs, slo_request.calibration_requests) if slo_request.needs_calibration else None
     return slo_request.resolve(unloaded), unloaded
 
 
 def sweep(
     target: Target,
-    workloads: dict[float, list[RequestSpec]],
+    workloads: dict[float, list[WorkloadRequest]],
     slo: Slo,
     send_slo: bool,
     series: str,
@@ -76,5 +76,5 @@ def sweep(
     return results
 
 
-def workloads_for(inputs: WorkloadInputs, config: WorkloadConfig, rates: list[float]) -> dict[float, list[RequestSpec]]:
+def workloads_for(inputs: WorkloadInputs, config: WorkloadConfig, rates: list[float]) -> dict[float, list[WorkloadRequest]]:
     return {rate: inputs.specs(replace(config, rate=rate)) for rate in rates}

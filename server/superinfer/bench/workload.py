@@ -1,5 +1,5 @@
 """A workload: when each request arrives, how long its prompt is, how many tokens it asks for.
-Built in two stages so the simulator can share it: `plan` fixes arrivals and lengths (pure,
+Built in two stages so the simulator can share it: `requests_for` fixes arrivals and lengths (pure,
 seeded), `attach_prompts` adds prompt text for a real server."""
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -38,7 +38,7 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
-class RequestSpec:
+class WorkloadRequest:
     index: int
     arrival_s: float
     prompt_tokens: int
@@ -66,12 +66,12 @@ def _clip(prompt: int, output: int, limits: LengthLimits) -> tuple[int, int]:
     return prompt, max(1, min(output, limits.max_total_tokens - prompt))
 
 
-def plan(
+def requests_for(
     config: WorkloadConfig,
     trace: Trace | None = None,
     conversations: list[Conversation] | None = None,
     tokenizer: Tokenizer | None = None,
-) -> list[RequestSpec]:
+) -> list[WorkloadRequest]:
     """Arrivals and lengths. Same config and inputs, same workload. ShareGPT lengths need the
     conversations and a tokenizer; their prompts are the conversations' own text."""
     rng = np.random.default_rng(config.seed)
@@ -95,11 +95,11 @@ def plan(
     else:
         raise ValueError(f"unknown length source {config.lengths!r}")
     return [
-        RequestSpec(i, float(arrivals[i]), p, o, config.ignore_eos, texts[i])
+        WorkloadRequest(i, float(arrivals[i]), p, o, config.ignore_eos, texts[i])
         for i, (p, o) in enumerate(pairs)
     ]
 
 
-def attach_prompts(specs: list[RequestSpec], builder: PromptBuilder) -> list[RequestSpec]:
+def attach_prompts(specs: list[WorkloadRequest], builder: PromptBuilder) -> list[WorkloadRequest]:
     """Gives every spec without text a real prompt of its token length."""
     return [s if s.prompt is not None else replace(s, prompt=builder.build(s.prompt_tokens)) for s in specs]

@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ..pb import shard_pb2 as pb
-from .bench import _ShardDriver
+from .throughput_bench import _ShardDriver
 from .config import ParallelConfig, ShardConfig
 
 

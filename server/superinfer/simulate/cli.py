@@ -9,7 +9,7 @@ from superinfer.bench import plots, report
 from superinfer.bench.cli import add_workload_arguments, slo_request, workload_config, workload_trace
 from superinfer.bench.sharegpt import load_conversations
 from superinfer.bench.tokenizer import local_tokenizer
-from superinfer.bench.workload import RequestSpec, WorkloadConfig, plan
+from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, requests_for
 from superinfer.simulate.profiles import resolve
 from superinfer.simulate.runner import SimOptions, simulate, unloaded_latency
 
@@ -64,14 +64,14 @@ def _profile(args: argparse.Namespace):
     return with_charges(replace(profile, **{k: v for k, v in overrides.items() if v is not None}), args)
 
 
-def planned_workloads(args: argparse.Namespace) -> tuple[WorkloadConfig, dict[float, list[RequestSpec]]]:
+def planned_workloads(args: argparse.Namespace) -> tuple[WorkloadConfig, dict[float, list[WorkloadRequest]]]:
     """The workload options' config and, per rate, its arrivals and lengths (no prompt text)."""
     config = workload_config(args)
     trace = workload_trace(args)
     conversations = tokenizer = None
     if config.lengths == "sharegpt":
         conversations, tokenizer = load_conversations(args.sharegpt), local_tokenizer(args.tokenizer)
-    return config, {rate: plan(replace(config, rate=rate), trace, conversations, tokenizer) for rate in args.rates}
+    return config, {rate: requests_for(replace(config, rate=rate), trace, conversations, tokenizer) for rate in args.rates}
 
 
 def run(args: argparse.Namespace) -> int:

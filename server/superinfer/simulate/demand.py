@@ -14,8 +14,8 @@ from dataclasses import replace
 import numpy as np
 
 from superinfer.bench.cli import add_workload_arguments
-from superinfer.bench.metrics import Slo
-from superinfer.bench.workload import RequestSpec
+from superinfer.bench.outcomes import Slo
+from superinfer.bench.workload import WorkloadRequest
 from superinfer.simulate.cli import planned_workloads
 from superinfer.simulate.profiles import Profile, resolve
 from superinfer.simulate.runner import SimOptions, simulate
@@ -24,7 +24,7 @@ UNLIMITED_BLOCKS = 1 << 22
 SAMPLES = 5000
 
 
-def demand(profile: Profile, specs: list[RequestSpec], device_blocks: int) -> dict:
+def demand(profile: Profile, specs: list[WorkloadRequest], device_blocks: int) -> dict:
     """Mean, p90 and peak footprint of the requests in the system over the arrival window, as
     multiples of `device_blocks`."""
     if not specs:

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from superinfer.bench.metrics import Outcome, Slo, summarize
+from superinfer.bench.outcomes import Outcome, Slo, summarize
 from superinfer.bench.runner import RunResult, sample
-from superinfer.bench.workload import RequestSpec
+from superinfer.bench.workload import WorkloadRequest
 from superinfer.simulate.profiles import Profile
 
 
@@ -22,7 +22,7 @@ class SimOptions:
     max_sim_time_s: float = 1e6
 
 
-def config_json(profile: Profile, specs: list[RequestSpec], options: SimOptions) -> str:
+def config_json(profile: Profile, specs: list[WorkloadRequest], options: SimOptions) -> str:
     """The simulator's input (see `router/src/simulate.rs`)."""
     slo = options.slo
     requests = {
@@ -48,7 +48,7 @@ def config_json(profile: Profile, specs: list[RequestSpec], options: SimOptions)
     })
 
 
-def run_raw(profile: Profile, specs: list[RequestSpec], options: SimOptions) -> dict:
+def run_raw(profile: Profile, specs: list[WorkloadRequest], options: SimOptions) -> dict:
     """The simulator's JSON answer, parsed."""
     from superinfer import _router
 
@@ -71,13 +71,13 @@ def to_result(raw: dict, slo: Slo, series: str, rate: float) -> RunResult:
     return RunResult(series, rate, "simulated", summary, sample(ttft), list(raw["gap_quantiles"]), outcomes)
 
 
-def simulate(profile: Profile, specs: list[RequestSpec], options: SimOptions, series: str, rate: float) -> RunResult:
+def simulate(profile: Profile, specs: list[WorkloadRequest], options: SimOptions, series: str, rate: float) -> RunResult:
     return to_result(run_raw(profile, specs, options), options.slo, series, rate)
 
 
 def unloaded_latency(profile: Profile, prompt_tokens: int, output_tokens: int, policy: str) -> dict:
     """TTFT and the gap between tokens of one request alone on the simulated machine."""
-    spec = RequestSpec(0, 0.0, prompt_tokens, max(output_tokens, 2), True)
+    spec = WorkloadRequest(0, 0.0, prompt_tokens, max(output_tokens, 2), True)
     raw = run_raw(profile, [spec], SimOptions(policy, Slo(1e9, 1e9), send_slo=False))
     ttft = raw["requests"]["ttft_s"][0]
     if ttft is None:

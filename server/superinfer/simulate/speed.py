@@ -7,9 +7,9 @@ one-minute target, and how many simulated seconds pass per wall second.
 import argparse
 import time
 
-from superinfer.bench.metrics import Slo
+from superinfer.bench.outcomes import Slo
 from superinfer.bench.trace import load_trace
-from superinfer.bench.workload import WorkloadConfig, plan
+from superinfer.bench.workload import WorkloadConfig, requests_for
 from superinfer.simulate.profiles import derived
 from superinfer.simulate.runner import SimOptions, run_raw
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     trace = load_trace(args.trace) if args.trace else None
     config = WorkloadConfig(arrival="poisson", rate=args.rate, num_requests=args.requests,
                             lengths="trace" if trace is not None else "fixed", prompt_tokens=512, output_tokens=128)
-    specs = plan(config, trace)
+    specs = requests_for(config, trace)
     profile = derived("gh200", "llama-3-8b")
     tokens = sum(s.max_new_tokens for s in specs)
     print(f"{len(specs)} requests, {tokens} output tokens, {args.rate:g} req/s, profile {profile.name}")

@@ -25,11 +25,11 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from superinfer.bench.metrics import Slo
+from superinfer.bench.outcomes import Slo
 from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.report import read_json
 from superinfer.bench.trace import DEFAULT_TRACE, Trace, load_trace
-from superinfer.bench.workload import RequestSpec, WorkloadConfig, plan
+from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, requests_for
 from superinfer.cli import main as superinfer_main
 from superinfer.simulate.profiles import Profile, from_bench, measured as measured_profile
 from superinfer.simulate.cli import add_charge_arguments, with_charges
@@ -85,7 +85,7 @@ def lone_decode_s(cost: dict, context_tokens: float) -> float:
     return cost["step_base_s"] + cost["per_decode_request_s"] + cost["per_context_token_s"] * context_tokens
 
 
-def unloaded_profile(compare_json: Path, calibration: list[RequestSpec], like: Profile) -> Profile:
+def unloaded_profile(compare_json: Path, calibration: list[WorkloadRequest], like: Profile) -> Profile:
     """The two-term model from the unloaded latencies (`profiles.from_bench`), its prefill cost
     spread over the calibration requests' own prompts (`from_bench` reads the fixed
     `prompt_tokens` of the workload, which trace or ShareGPT lengths do not use), with the
@@ -121,7 +121,7 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
     rates = document.get("rates") or sorted({r.rate for r in runs})
     # What `bench compare` calibrated on: the first requests of the first workload at the lowest rate.
     unloaded_latency = document.get("unloaded") or {}
-    calibration = plan(replace(config, rate=min(rates)), trace)[:int(unloaded_latency.get("requests", 0))]
+    calibration = requests_for(replace(config, rate=min(rates)), trace)[:int(unloaded_latency.get("requests", 0))]
     context = statistics.median(s.prompt_tokens + s.max_new_tokens / 2 for s in calibration) if calibration else 0.0
     profiles: dict[str, dict[str, Profile]] = {}
     overheads: dict[str, float] = {}
@@ -146,7 +146,7 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
     for run in sorted(runs, key=lambda r: (r.series, r.rate, r.repetition)):
         policy, rate = run.series, run.rate
         seed = run.seed if run.seed is not None else config.seed
-        specs = plan(replace(config, rate=rate, seed=seed), trace)
+        specs = requests_for(replace(config, rate=rate, seed=seed), trace)
         if run.summary.get("requests") not in (None, len(specs)):
             raise SystemExit(f"simulate validate: {policy} @ {rate:g} measured {run.summary['requests']} requests, "
                              f"the workload plans {len(specs)} (another trace?)")

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from superinfer.bench.client import RequestRecord
-from superinfer.bench.metrics import Outcome, Slo, outcome_from_times, stats, summarize
+from superinfer.bench.outcomes import Outcome, Slo, outcome_from_times, stats, summarize
 from superinfer.bench.runner import reduce
 
 

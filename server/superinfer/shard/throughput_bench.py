@@ -10,7 +10,7 @@ ones), and each ratio is the median of the per-pair ratios, reported with its ra
 throughput is its median over the pairs; the fastest single step ("best") is a secondary figure,
 labelled as such. Prints JSON.
 
-    python -m superinfer.shard.bench [--model default] [--batches 1 8 32] [--decode-steps 16]
+    python -m superinfer.shard.throughput_bench [--model default] [--batches 1 8 32] [--decode-steps 16]
                                      [--pairs 5] [--device cpu|cuda]"""
 import argparse
 import json

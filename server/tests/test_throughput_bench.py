@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from superinfer.shard import bench
+from superinfer.shard import throughput_bench as bench
 
 
 def test_pairs_are_interleaved_after_a_warm_up_pair_with_the_order_alternating():
