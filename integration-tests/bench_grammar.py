@@ -91,7 +91,8 @@ async def run(url: str, streams: int, max_new_tokens: int, constrained: bool) ->
     row = {
         "constrained": constrained, "errors": len(errors), "window_steps": steps,
         "step_round_trip_ms": ms("superinfer_step_duration"), "engine_turn_ms": ms("superinfer_engine_turn_duration"),
-        "forward_ms": ms("superinfer_forward_duration"),
+        "forward_ms": ms("superinfer_forward_duration"), "sampling_ms": ms("superinfer_sampling_duration"),
+        "step_overhead_ms": ms("superinfer_step_overhead_duration"),
     }
     row["step_cycle_ms"] = row["step_round_trip_ms"] + row["engine_turn_ms"]
     if constrained:
@@ -125,6 +126,11 @@ def summarise(pairs: list[tuple[dict, dict]]) -> dict:
         "slowdown": [c["step_cycle_ms"] / u["step_cycle_ms"] - 1 for c, u in pairs],
         "added_outside_forward_ms": [outside_forward(c) - outside_forward(u) for c, u in pairs],
         "added_share": [(outside_forward(c) - outside_forward(u)) / u["step_cycle_ms"] for c, u in pairs],
+        # Where the added time goes: the router's turn (masks included), the shard's sampling
+        # (masks applied there), the Step's transport (round trip minus the shard's own time).
+        "added_engine_turn_ms": [c["engine_turn_ms"] - u["engine_turn_ms"] for c, u in pairs],
+        "added_sampling_ms": [c["sampling_ms"] - u["sampling_ms"] for c, u in pairs],
+        "added_transport_ms": [c["step_overhead_ms"] - u["step_overhead_ms"] for c, u in pairs],
     }
     return {name: spread(values) for name, values in figures.items()}
 
@@ -159,6 +165,9 @@ def main() -> int:
               f"{_shown(figures['slowdown'], '+.1%')}")
         print(f"  added outside the forward: {_shown(figures['added_outside_forward_ms'], '.2f')} ms per step = "
               f"{_shown(figures['added_share'], '+.1%')} of the unconstrained step (target <= +5%); errors {errors}")
+        print(f"    of which router turn {_shown(figures['added_engine_turn_ms'], '+.2f')} ms, shard sampling "
+              f"{_shown(figures['added_sampling_ms'], '+.2f')} ms, Step transport "
+              f"{_shown(figures['added_transport_ms'], '+.2f')} ms (the rest: the shard's other work)")
         print(json.dumps({"pairs": [{"constrained": c, "unconstrained": u} for c, u in pairs], "figures": figures}))
         return 1 if errors else 0
 

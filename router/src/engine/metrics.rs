@@ -57,6 +57,8 @@ pub(crate) fn describe() {
     describe_counter!("superinfer_step_shard_microseconds_total", Unit::Microseconds,
         "Step time the shard measured, summed over the same steps (ratio: how far load moves the model)");
     describe_histogram!("superinfer_forward_duration", Unit::Seconds, "Model forward pass per step");
+    describe_histogram!("superinfer_sampling_duration", Unit::Seconds,
+        "Sampling per step on the shard (grammar masks, penalties, warpers, logprobs)");
     describe_histogram!("superinfer_step_overhead_duration", Unit::Seconds, "Step round trip minus the shard's own time");
     describe_histogram!("superinfer_engine_turn_duration", Unit::Seconds,
         "Engine time between back-to-back steps (commands, plan, request building, postprocessing)");
@@ -94,6 +96,7 @@ pub(crate) fn record_step(plan: &StepPlan, round_trip: Duration, timings: Option
             metrics::counter!("superinfer_step_shard_microseconds_total").increment(timings.total_ns / 1000);
         }
         metrics::histogram!("superinfer_forward_duration").record(timings.forward_ns as f64 * 1e-9);
+        metrics::histogram!("superinfer_sampling_duration").record(timings.sampling_ns as f64 * 1e-9);
         let overhead = round_trip.as_secs_f64() - timings.total_ns as f64 * 1e-9;
         metrics::histogram!("superinfer_step_overhead_duration").record(overhead.max(0.0));
     }
@@ -251,9 +254,9 @@ mod tests {
         // A histogram without buckets would be exported as a summary, with quantile lines.
         assert!(!text.contains("quantile="), "{text}");
         let histograms = text.lines().filter(|line| line.starts_with("# TYPE") && line.ends_with(" histogram")).count();
-        // Ours: batch size and tokens, step, forward, overhead, turn, lag, TTFT, gap; TGI's batch
-        // size, inference and forward; the 8 request histograms under both prefixes.
-        assert_eq!(histograms, 9 + 3 + 16, "{text}");
+        // Ours: batch size and tokens, step, forward, sampling, overhead, turn, lag, TTFT, gap;
+        // TGI's batch size, inference and forward; the 8 request histograms under both prefixes.
+        assert_eq!(histograms, 10 + 3 + 16, "{text}");
     }
 
     #[test]
