@@ -1,6 +1,7 @@
 """Trace loading and scaling, arrival processes, and workload construction."""
 import argparse
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ from superinfer.bench.arrivals import gamma_arrivals
 from superinfer.bench.prompts import LengthLimits, PromptBuilder
 from superinfer.bench.sharegpt import Conversation, load_conversations
 from superinfer.bench.trace import DEFAULT_TRACE, load_trace
-from superinfer.bench.workload import WorkloadConfig, attach_prompts, requests_for
+from superinfer.bench.workload import WorkloadConfig, attach_prompts, requests_for, trace_start
 
 
 
@@ -59,6 +60,27 @@ def test_trace_arrivals_with_clipped_trace_lengths(tmp_path):
     specs = requests_for(config, trace)
     assert [s.arrival_s for s in specs] == pytest.approx([0.0, 0.15, 0.4, 1.0])
     assert [(s.prompt_tokens, s.max_new_tokens) for s in specs] == [(100, 10), (200, 20), (1024, 26), (400, 40)]
+
+
+def test_seeds_replay_different_stretches_of_the_trace():
+    """Seed 0 replays the trace's head (as every earlier measurement did); another seed a window
+    it draws, rebased to start at 0 and compressed by the same factor, its lengths from the
+    same rows."""
+    trace = load_trace(DEFAULT_TRACE)
+    config = WorkloadConfig(arrival="trace", rate=1.0, num_requests=30, lengths="trace",
+                            limits=LengthLimits(max_prompt_tokens=100_000, max_total_tokens=200_000))
+    head = requests_for(config, trace)
+    scaled = trace.scaled_to(1.0)
+    assert [s.arrival_s for s in head] == pytest.approx(scaled.offsets_s[:30].tolist())
+    starts = {trace_start(replace(config, seed=seed), trace) for seed in range(1, 6)}
+    assert 0 not in starts and len(starts) == 5 and max(starts) <= len(trace) - 30
+    seed = 3
+    start = trace_start(replace(config, seed=seed), trace)
+    window = requests_for(replace(config, seed=seed), trace)
+    assert [s.arrival_s for s in window] == pytest.approx((scaled.offsets_s[start:start + 30]
+                                                           - scaled.offsets_s[start]).tolist())
+    assert [s.prompt_tokens for s in window] == trace.prompt_tokens[start:start + 30].tolist()
+    assert requests_for(replace(config, seed=seed), trace) == window  # still reproducible
 
 
 def test_shipped_azure_trace_is_the_published_file():

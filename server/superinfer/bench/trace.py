@@ -37,6 +37,13 @@ class Trace:
         factor = self.mean_rate / rate
         return Trace(self.offsets_s * factor, self.prompt_tokens, self.output_tokens)
 
+    def window(self, start: int) -> "Trace":
+        """The requests from row `start` on, their offsets counted from that row's arrival."""
+        if not 0 <= start < len(self):
+            raise ValueError(f"the trace has {len(self)} requests; no window starts at row {start}")
+        return Trace(self.offsets_s[start:] - self.offsets_s[start], self.prompt_tokens[start:],
+                     self.output_tokens[start:])
+
     def head(self, count: int | None, duration_s: float | None) -> "Trace":
         """The first `count` requests that arrive within `duration_s` seconds."""
         keep = np.ones(len(self), dtype=bool)

@@ -47,11 +47,24 @@ class WorkloadRequest:
     prompt: str | None = None
 
 
+def trace_start(config: WorkloadConfig, trace: Trace) -> int:
+    """The trace row a trace-driven workload starts at: its head for seed 0 (every earlier
+    measurement's), else a row the seed draws, leaving `num_requests` rows after it — so the
+    repetitions of `bench compare --repeats` replay different stretches of the trace, not the
+    same requests with other prompt text."""
+    if config.seed == 0:
+        return 0
+    room = len(trace) - (config.num_requests or 1)
+    return int(np.random.default_rng([config.seed, 0x7ACE]).integers(0, room + 1)) if room > 0 else 0
+
+
 def _arrivals(config: WorkloadConfig, trace: Trace | None, rng: np.random.Generator) -> np.ndarray:
     if config.arrival == "trace":
         if trace is None:
             raise ValueError("trace arrivals need a trace file")
-        return trace.scaled_to(config.rate).head(config.num_requests, config.duration_s).offsets_s
+        # Scaled as a whole, then cut: `--rates` compresses time by the same factor for every window.
+        window = trace.scaled_to(config.rate).window(trace_start(config, trace))
+        return window.head(config.num_requests, config.duration_s).offsets_s
     shape = 1.0 if config.arrival == "poisson" else config.burstiness
     count = config.num_requests
     if count is None:
@@ -84,7 +97,8 @@ def requests_for(
         if trace is None:
             raise ValueError("trace lengths need a trace file")
         # Trace arrivals keep their own rows; other arrivals draw rows at random.
-        rows = np.arange(count) if config.arrival == "trace" else rng.integers(len(trace), size=count)
+        rows = (trace_start(config, trace) + np.arange(count) if config.arrival == "trace"
+                else rng.integers(len(trace), size=count))
         pairs = [_clip(int(trace.prompt_tokens[r]), int(trace.output_tokens[r]), config.limits) for r in rows]
     elif config.lengths == "sharegpt":
         if conversations is None or tokenizer is None:
