@@ -344,6 +344,18 @@ mod tests {
     }
 
     #[test]
+    fn one_step_in_flight_is_off_unless_asked() {
+        // (The whole suite may run with ASYNC_SCHEDULING=true, which turns it on.)
+        if std::env::var_os("ASYNC_SCHEDULING").is_none() {
+            assert!(!RouterConfig::parse_with_api_key(["router"], None).unwrap().async_scheduling);
+        }
+        assert!(RouterConfig::parse_with_api_key(["router", "--async-scheduling"], None).unwrap().async_scheduling);
+        let specs = RouterConfig::flag_specs();
+        let spec = specs.iter().find(|spec| spec.name == "--async-scheduling").unwrap();
+        assert_eq!(spec.env.as_deref(), Some("ASYNC_SCHEDULING"));
+    }
+
+    #[test]
     fn rejects_unknown_scheduler() {
         assert!(RouterConfig::parse_argv(["router", "--scheduler", "lifo"]).is_err());
     }
