@@ -6,9 +6,14 @@
 #      attention kernels compiled, against a dense reference);
 #   3. decode attention alone, the Triton paged kernel against gather + SDPA at batch 1-128 and
 #      512-4096-token contexts (attention_bench.json);
-#   4. the shard benchmark in bf16 on the GPU against transformers, on a random-weight model with
-#      Llama-3.2-1B's shapes (the embedded model's GGUF is not needed): shard_gpu_bench.json.
-# Writes to $OUT (default: a new temporary directory); SKIP_SHARD_BENCH=1 stops before step 4. Python packages the GPU host lacks can be
+#   4. the shard benchmark in bf16 on the GPU against transformers, on random-weight models (the
+#      embedded model's GGUF is not needed): Llama-3.2-1B's shapes with the decode CUDA graphs
+#      (shard_gpu_bench.json) and without (shard_gpu_bench_eager.json), a 2,048-token prefill
+#      (shard_gpu_bench_prefill2048.json), and Llama-3-8B's shapes at batch 32 against the HBM
+#      roofline (shard_gpu_bench_8b.json); each prints tokens/s, the ratio to transformers, the
+#      step against the roofline and the GPU's idle share.
+# Writes to $OUT (default: a new temporary directory); SKIP_SHARD_BENCH=1 stops before step 4,
+# SKIP_8B=1 before the 8B model (about 16 GB written to /tmp, two copies on the GPU). Python packages the GPU host lacks can be
 # given as wheels in .whl/ (installed into /tmp/site first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,18 +48,24 @@ for row in json.load(open(sys.argv[1]))["results"]:
   "$OUT/attention_bench.json" || true
 
 if [ -n "${SKIP_SHARD_BENCH:-}" ]; then exit 0; fi
-echo "== shard GPU benchmark"
-start=$SECONDS
-MODEL=/tmp/superinfer-random-llama-1b
-timeout 240 "$PYTHON" - "$MODEL" >"$OUT/shard_gpu_bench.log" 2>&1 <<'PY' &&
+# A random-weight Llama-shaped model written once per shape (no download): $1 directory, $2 shape.
+write_model() {
+  timeout 300 "$PYTHON" - "$1" "$2" <<'PY'
 import json, pathlib, sys
 import torch, transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
-target = pathlib.Path(sys.argv[1]); target.mkdir(parents=True, exist_ok=True)
-config = transformers.LlamaConfig(  # Llama-3.2-1B's shapes
-    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096, rope_theta=500000.0,
-    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+target, shape = pathlib.Path(sys.argv[1]), sys.argv[2]
+if (target / "config.json").exists():
+    sys.exit(0)
+target.mkdir(parents=True, exist_ok=True)
+shapes = {  # Llama-3.2-1B's and Llama-3-8B's shapes
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               tie_word_embeddings=True),
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               tie_word_embeddings=False),
+}
+config = transformers.LlamaConfig(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=4096,
+                                  rope_theta=500000.0, bos_token_id=1, eos_token_id=2, **shapes[shape])
 torch.manual_seed(0)
 with torch.device("cuda"):
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
@@ -63,9 +74,37 @@ tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(config.vocab_s
 tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
 tokenizer.save(str(target / "tokenizer.json"))
 (target / "tokenizer_config.json").write_text(json.dumps({"bos_token": "t1", "eos_token": "t2"}))
-print("random model written to", target)
+print("random", shape, "model written to", target)
 PY
-timeout 240 "$PYTHON" -m superinfer.shard.throughput_bench --device cuda --model "$MODEL" --decode-steps 32 \
-  >"$OUT/shard_gpu_bench.json" 2>>"$OUT/shard_gpu_bench.log"
-echo "shard bench rc=$? $((SECONDS - start))s"; tail -n 8 "$OUT/shard_gpu_bench.log"
-cat "$OUT/shard_gpu_bench.json"
+}
+
+# $1 name, $2 model directory, then the benchmark's own flags.
+shard_bench() {
+  local name=$1 model=$2; shift 2
+  start=$SECONDS
+  timeout 300 "$PYTHON" -m superinfer.shard.throughput_bench --device cuda --model "$model" "$@" \
+    >"$OUT/$name.json" 2>"$OUT/$name.log"
+  echo "$name rc=$? $((SECONDS - start))s"; tail -n 6 "$OUT/$name.log"
+  "$PYTHON" -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print("graphs:", r.get("cuda_graphs"))
+for b, f in r["decode"].items():
+    roof, idle = r["roofline"][b], r["gpu_idle"][b]
+    print("batch %s: %.1f tok/s, %.2fx transformers [%.2f-%.2f], step %.2f ms, roofline %.2f ms (%.0f%%), GPU idle %.0f%%" % (
+        b, f["shard_tokens_per_s"]["median"], f["ratio"]["median"], f["ratio"]["min"], f["ratio"]["max"],
+        roof["measured_step_ms"], roof["roofline_step_ms"], 100 * roof["achieved"], 100 * idle["idle_share"]))
+p = r["prefill"]["ratio"]
+print("prefill %d tokens: %.2fx transformers [%.2f-%.2f]" % (r["context_tokens"], p["median"], p["min"], p["max"]))' \
+    "$OUT/$name.json" || true
+}
+
+echo "== shard GPU benchmark (Llama-3.2-1B shapes: decode graphs on, then off; 2,048-token prefill)"
+write_model /tmp/superinfer-random-llama-1b 1b >"$OUT/write_models.log" 2>&1 || { echo "model 1b failed"; tail -n 5 "$OUT/write_models.log"; }
+shard_bench shard_gpu_bench /tmp/superinfer-random-llama-1b --decode-steps 32
+shard_bench shard_gpu_bench_eager /tmp/superinfer-random-llama-1b --decode-steps 32 --cuda-graphs 0 --batches 1 32 --pairs 3
+shard_bench shard_gpu_bench_prefill2048 /tmp/superinfer-random-llama-1b --batches 1 --decode-steps 4 --context-tokens 2048 --pairs 5
+
+if [ -n "${SKIP_8B:-}" ]; then exit 0; fi
+echo "== shard GPU benchmark (Llama-3-8B shapes, bf16, batch 32: the HBM roofline)"
+write_model /tmp/superinfer-random-llama-8b 8b >>"$OUT/write_models.log" 2>&1 || { echo "model 8b failed"; tail -n 5 "$OUT/write_models.log"; }
+shard_bench shard_gpu_bench_8b /tmp/superinfer-random-llama-8b --batches 1 32 --decode-steps 32 --pairs 3

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from superinfer import tgi_flags
 from superinfer.shard.cli import ATTENTION_BACKENDS, DEVICE_PATTERN, DTYPES
-from superinfer.shard.config import DEFAULT_BLOCK_SIZE
+from superinfer.shard.config import DEFAULT_BLOCK_SIZE, parse_cuda_graphs
 from superinfer.shard.host_memory import DEFAULT_HOST_KV_MEMORY_FRACTION
 
 
@@ -83,6 +83,8 @@ class LaunchConfig:
     device: str | None = None
     # --attention-backend for the shard; None: its default, auto.
     attention_backend: str | None = None
+    # --cuda-graphs for the shard, as given (checked by the shard's parser); None: its default.
+    cuda_graphs: str | None = None
     # TGI flags given that do not apply here, one warning each.
     ignored_tgi_flags: tuple[str, ...] = ()
     # Shard processes (tensor-parallel ranks, one device each) and their rendezvous; the port
@@ -153,6 +155,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          'or "cuda:N" (an error when missing) (default auto)')
     flag(("--attention-backend",), str, '"auto" (Triton paged-attention kernels on a GPU, gather + SDPA on the '
          'CPU), "triton" or "sdpa" (default auto)')
+    flag(("--cuda-graphs",), str, "GPU: batch sizes whose decode steps are captured as CUDA graphs at warm-up, "
+         "separated by commas; 0: none (default: 1, 2, 4 and multiples of 8 up to the step's request limit)")
     flag(("--warmup-report",), str, "write what the shard measured at warm-up (cost model, KV pools) to this "
          "JSON file: the simulator's measured: profile")
     parser.add_argument("--json-output", action="store_true",
@@ -217,6 +221,7 @@ def _check_shard_values(args: argparse.Namespace) -> None:
     if args.attention_backend is not None and args.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                          f"got {args.attention_backend!r}")
+    parse_cuda_graphs(args.cuda_graphs)
     if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     fraction = args.kv_memory_fraction
@@ -267,6 +272,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         host_kv_memory_fraction=args.host_kv_memory_fraction,
         device=args.device,
         attention_backend=args.attention_backend,
+        cuda_graphs=args.cuda_graphs,
         ignored_tgi_flags=tgi_flags.warnings(args, environ),
         num_shard=args.num_shard,
         master_addr=args.master_addr,

@@ -159,6 +159,7 @@ def shard_argv(config: LaunchConfig, socket_path: Path, rank: int = 0, master_po
         "--dtype": config.dtype,
         "--device": config.device,
         "--attention-backend": config.attention_backend,
+        "--cuda-graphs": config.cuda_graphs,
         "--warmup-report": config.warmup_report,
     }
     for name, value in optional.items():

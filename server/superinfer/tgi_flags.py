@@ -43,7 +43,6 @@ IGNORED = (
                 "repository's code"),
     IgnoredFlag("--waiting-served-ratio", True, _SCHEDULER),
     IgnoredFlag("--max-waiting-tokens", True, _SCHEDULER),
-    IgnoredFlag("--cuda-graphs", True, "CUDA graphs are not used"),
     IgnoredFlag("--prometheus-port", True, "metrics are served on the API's port, at /metrics"),
     IgnoredFlag("--shard-uds-path", True, "the shard's socket lives in a private temporary directory"),
     IgnoredFlag("--weights-cache-override", True, "give a local directory as --model-id, or "

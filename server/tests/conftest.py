@@ -125,7 +125,7 @@ def make_tiny_runner():
 
 
 def make_executor(directory: pathlib.Path, device_blocks: int = 64, host_blocks: int = 16, block_size: int = 16,
-                  warm: bool = True, device: str = "cpu"):
+                  warm: bool = True, device: str = "cpu", cuda_graphs: tuple[int, ...] | None = None):
     """A ShardExecutor (no gRPC) over the model in `directory`, warmed up unless `warm` is False
     (float32 on the CPU, bfloat16 on a GPU)."""
     from superinfer.pb import shard_pb2
@@ -136,6 +136,7 @@ def make_executor(directory: pathlib.Path, device_blocks: int = 64, host_blocks:
         model=str(directory), cache_dir=directory / "cache", device=torch.device(device),
         dtype=torch.float32 if device == "cpu" else torch.bfloat16,
         block_size=block_size, device_kv_blocks=device_blocks, host_kv_blocks=host_blocks, warmup_repeats=1,
+        cuda_graphs=cuda_graphs,
     )
     executor = build_executor(config)
     if warm:

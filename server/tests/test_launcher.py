@@ -135,7 +135,7 @@ def _clear(monkeypatch, *names):
 
 TGI_VARIABLES = ("MODEL_ID", "MODEL", "REVISION", "PORT", "HOSTNAME", "API_KEY", "MAX_BATCH_TOKENS",
                  "MAX_BATCH_PREFILL_TOKENS", "MAX_BATCH_TOTAL_TOKENS", "DEVICE_KV_BLOCKS", "MAX_BATCH_SIZE",
-                 "NUM_SHARD", "CUDA_MEMORY_FRACTION", "KV_MEMORY_FRACTION", "QUANTIZE", "DTYPE")
+                 "NUM_SHARD", "CUDA_MEMORY_FRACTION", "KV_MEMORY_FRACTION", "QUANTIZE", "DTYPE", "CUDA_GRAPHS")
 
 
 def test_every_tgi_launcher_flag_is_accepted(monkeypatch):
@@ -145,6 +145,7 @@ def test_every_tgi_launcher_flag_is_accepted(monkeypatch):
     assert config.model == "/models/llama" and config.revision == "refs/pr/2" and config.port == 8080
     assert config.device_kv_blocks == 1000  # 16,000 tokens in blocks of 16
     assert config.kv_memory_fraction == 0.8 and config.hub_cache == "/data" and config.dtype == "bfloat16"
+    assert config.cuda_graphs == "1,2,4"
     for ignored in ("--quantize awq", "--sharded false", "--max-waiting-tokens 20", "--trust-remote-code",
                     "--waiting-served-ratio 0.3", "--env", "--prometheus-port 9000"):
         assert any(warning.startswith(f"TGI's {ignored} is ignored: ") for warning in config.ignored_tgi_flags), ignored
@@ -341,3 +342,20 @@ def test_the_attention_backend_reaches_the_shard(monkeypatch):
     assert "--attention-backend" not in launcher.shard_argv(parse([]), Path("/tmp/s.sock"))
     with pytest.raises(ValueError, match="--attention-backend must be one of auto, triton, sdpa"):
         parse(["--attention-backend", "flash"])
+
+
+def test_tgi_cuda_graphs_reach_the_shard_checked_by_the_shards_parser(monkeypatch):
+    monkeypatch.delenv("CUDA_GRAPHS", raising=False)
+    shard = launcher.shard_argv(parse(["--cuda-graphs", "1,2,4"]), Path("/tmp/s.sock"))
+    assert shard[shard.index("--cuda-graphs") + 1] == "1,2,4"
+    assert "--cuda-graphs" not in launcher.shard_argv(parse([]), Path("/tmp/s.sock"))
+    monkeypatch.setenv("CUDA_GRAPHS", "0")  # TGI's variable: no graphs
+    assert parse([]).cuda_graphs == "0"
+    monkeypatch.delenv("CUDA_GRAPHS")
+    for bad in ("1,two", "-4", "0,8"):
+        with pytest.raises(ValueError, match="--cuda-graphs"):
+            parse(["--cuda-graphs", bad])
+    from superinfer.shard.config import parse_cuda_graphs
+
+    assert parse_cuda_graphs("8,1,2,8") == (1, 2, 8)
+    assert parse_cuda_graphs("0") == () and parse_cuda_graphs(None) is None and parse_cuda_graphs("auto") is None

@@ -28,3 +28,32 @@ def test_gpu_without_a_host_pool(tiny_llama_dir):
     tokens = _start(driver, 1, [0, 1, 2, 3])
     driver.decode(1, tokens, len(PROMPT), [0, 1, 2, 3], 4)
     assert len(tokens) == 5
+
+
+def test_gpu_decode_graphs_replay_the_eager_tokens(tiny_llama_dir):
+    """Three requests decoding together (bucket 4: one padding row), then two (bucket 2), with
+    the decode graphs captured and without: the same greedy tokens, and the graphs' padding
+    block outside the pool the router is told of."""
+    from superinfer.pb import shard_pb2 as pb
+
+    prompts = {1: PROMPT, 2: list(range(100, 120)), 3: list(range(200, 207))}
+    tables = {1: [0, 1, 2, 3], 2: [4, 5, 6], 3: [7, 8]}
+    runs = {}
+    for graphs in (None, ()):
+        executor = make_executor(tiny_llama_dir, device="cuda", cuda_graphs=graphs)
+        if graphs is None:
+            assert executor.graphs.batch_sizes == (1, 2, 4, 8) and executor.graphs.graphs.keys() == {1, 2, 4, 8}
+            assert executor.runner.cache.padding_block == executor.limits.num_device_blocks
+        else:
+            assert executor.graphs is None and executor.runner.cache.padding_block is None
+        driver = Driver(executor)
+        tokens = {rid: _start(driver, rid, tables[rid], prompt=prompts[rid]) for rid in prompts}
+        for step in range(12):
+            live = [rid for rid in prompts if step < 4 or rid != 3]
+            reply = driver.step(scheduled=[
+                pb.ScheduledRequest(id=rid, num_computed_tokens=len(prompts[rid]) + len(tokens[rid]) - 1,
+                                    num_new_tokens=1, block_table=tables[rid], sample=True) for rid in live])
+            for rid, output in zip(live, reply.outputs):
+                tokens[rid].append(output.token.id)
+        runs[graphs] = tokens
+    assert runs[None] == runs[()]

@@ -129,3 +129,18 @@ def test_shard_flag_reaches_the_config(flag, expected):
     add_arguments(parser)
     args = parser.parse_args(["--uds-path", "/tmp/shard.sock", "--device", "cpu", *flag])
     assert shard_config(args).attention_backend == expected
+
+
+def test_decode_graphs_buckets_give_the_eager_tokens_and_padding_rows_touch_only_their_block(interpreted):
+    runs = interpreted["graphs"]
+    sdpa, eager, graphs = runs["sdpa"], runs["triton"], runs["graphs"]
+    assert graphs["tokens"] == eager["tokens"] == sdpa["tokens"]
+    assert [len(tokens) for tokens in graphs["tokens"]] == [7, 7, 3]
+    torch.testing.assert_close(graphs["logits"], eager["logits"], atol=1e-4, rtol=1e-4)
+    # Steps 1-2 decode three requests in bucket 4 (one padding row), steps 3-6 two in bucket 2.
+    assert graphs["buckets"] == [4, 4, 2, 2, 2, 2] and eager["buckets"] == []
+    # The padding row wrote its block and nothing else: every written block is a request's or it.
+    padding = graphs["padding_block"]
+    assert padding == 16 and padding in graphs["written_blocks"]
+    assert set(graphs["written_blocks"]) - {padding} <= set(graphs["used_blocks"])
+    assert eager["padding_block"] is None and eager["written_blocks"] == graphs["written_blocks"][:-1]

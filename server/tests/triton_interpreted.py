@@ -154,6 +154,55 @@ def greedy_case() -> dict:
     return results
 
 
+def graphs_case() -> dict:
+    """Three requests of a tiny random Llama: prefilled together (an eager mixed step), then
+    decoded — three at a time, then two once the third stops — eagerly on each backend and
+    through the decode graphs' buckets (1, 2, 4: the three-request steps run in bucket 4 with
+    one padding row). Reports each run's greedy tokens and logits, and for the graphed run
+    which device blocks hold anything."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from conftest import build_tiny_model
+
+    from superinfer.shard.loader import load_model
+    from superinfer.shard.model_runner import ModelRunner
+    from superinfer.shard.model_source import ModelSource
+
+    directory = pathlib.Path(tempfile.mkdtemp()) / "tiny-llama"
+    build_tiny_model(directory, "llama")
+    prompts = [[5, 17, 99, 3, 42, 7, 250, 11, 64], [8, 300, 21], [77, 4, 4, 19, 120]]
+    tables = [[9, 2, 14, 0], [5, 11, 3], [12, 7, 1]]
+    stop_after = [7, 7, 3]  # request 2 stops early: later steps decode two requests (bucket 2)
+    results = {}
+    for run in ("sdpa", "triton", "graphs"):
+        loaded = load_model(ModelSource(str(directory), directory), torch.float32, torch.device("cpu"))
+        runner = ModelRunner(loaded, torch.device("cpu"), torch.float32, 4,
+                             attention_backend="sdpa" if run == "sdpa" else "triton")
+        cache = runner.allocate(16, 0, padding_block=run == "graphs")
+        if run == "graphs":
+            runner.capture_decode_graphs((1, 2, 4))
+        tokens, logits_seen, buckets = [[], [], []], [], []
+        for step in range(7):
+            if step == 0:
+                requests = [(r, Chunk(prompts[r], 0, tables[r])) for r in range(3)]
+            else:
+                requests = [(r, Chunk([tokens[r][-1]], len(prompts[r]) + len(tokens[r]) - 1, tables[r]))
+                            for r in range(3) if len(tokens[r]) < stop_after[r]]
+            chunks = [chunk for _, chunk in requests]
+            graphed = runner.graphs is not None and runner.graphs.fits(chunks)
+            hidden, batch = runner.forward(chunks)
+            if graphed:
+                buckets.append(len(batch.meta.kernel_groups[0].context_lens))  # the bucket it ran in
+            logits = runner.logits(hidden)
+            for (request, chunk), first in zip(requests, batch.first_rows):
+                logits_seen.append(logits[first + len(chunk.token_ids) - 1])
+                tokens[request].append(int(logits_seen[-1].argmax()))
+        used = sorted({block for table in tables for block in table})
+        written = [int(b) for b in range(cache.device.shape[0]) if bool(cache.device[b].abs().sum() > 0)]
+        results[run] = {"tokens": tokens, "logits": torch.stack(logits_seen), "buckets": buckets,
+                        "written_blocks": written, "used_blocks": used, "padding_block": cache.padding_block}
+    return results
+
+
 def main(out_path: str) -> None:
     # The interpreter is decided at triton's import, which comes later (on first use).
     if os.environ.get("TRITON_INTERPRET") != "1" or "triton" in sys.modules:
@@ -161,6 +210,7 @@ def main(out_path: str) -> None:
     torch.set_num_threads(1)
     report = {name: kernel_case(*args, seed=index) for index, (name, args) in enumerate(KERNEL_CASES.items())}
     report["greedy"] = greedy_case()
+    report["graphs"] = graphs_case()
     torch.save(report, out_path)
 
 

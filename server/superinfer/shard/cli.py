@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                         help="auto: the Triton paged kernels on a GPU, gather + SDPA on the CPU (triton on the "
                         "CPU needs TRITON_INTERPRET=1 and is slow)")
+    parser.add_argument("--cuda-graphs", default=None,
+                        help="GPU: batch sizes whose decode steps are captured as CUDA graphs, separated by "
+                        "commas; 0: none (default: 1, 2, 4 and multiples of 8 up to the step's request limit)")
     parser.add_argument("--device-kv-blocks", type=int, default=None,
                         help="device KV pool size (CPU: default 512; GPU: an upper bound)")
     parser.add_argument("--host-kv-blocks", type=int, default=None,
@@ -89,7 +92,7 @@ def _cache_dir(arg: pathlib.Path | None) -> pathlib.Path:
 def shard_config(args: argparse.Namespace):
     import torch
 
-    from .config import ParallelConfig, ShardConfig
+    from .config import ParallelConfig, ShardConfig, parse_cuda_graphs
     from .device import resolve_device
     from .hub import options_from_environment
 
@@ -110,6 +113,7 @@ def shard_config(args: argparse.Namespace):
         hub=options_from_environment(os.environ, args.revision, args.huggingface_hub_cache),
         warmup_report=args.warmup_report, parallel=parallel,
         attention_backend=None if args.attention_backend == "auto" else args.attention_backend,
+        cuda_graphs=parse_cuda_graphs(args.cuda_graphs),
     )
 
 

@@ -17,6 +17,22 @@ if TYPE_CHECKING:
 DEFAULT_BLOCK_SIZE = 16
 
 
+def parse_cuda_graphs(text: str | None) -> tuple[int, ...] | None:
+    """TGI's --cuda-graphs: batch sizes separated by commas, "0" for none; None or "auto": the
+    shard's default (decided at warm-up from the step's request limit)."""
+    if text is None or text.strip().lower() in ("", "auto"):
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--cuda-graphs must be batch sizes separated by commas, or 0, got {text!r}") from None
+    if sizes == [0]:
+        return ()
+    if any(size < 1 for size in sizes):
+        raise ValueError(f"--cuda-graphs batch sizes must be positive (or the single value 0), got {text!r}")
+    return tuple(sorted(set(sizes)))
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """This process's place in a tensor-parallel shard (`--num-shard`); one rank: none."""
@@ -64,6 +80,9 @@ class ShardConfig:
     # "triton" (paged kernels) or "sdpa" (gather + SDPA); None: the model runner's choice for
     # the device (triton on a GPU, sdpa on the CPU).
     attention_backend: str | None = None
+    # Batch sizes of the decode CUDA graphs (`--cuda-graphs`, TGI's flag); None: 1, 2, 4 and
+    # multiples of 8 up to the step's request limit; (): none. GPU only.
+    cuda_graphs: tuple[int, ...] | None = None
 
 
 DEFAULT_CPU_KV_BLOCKS = 512

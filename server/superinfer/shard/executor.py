@@ -24,6 +24,7 @@ from superinfer_kv import TransferEngine
 
 from ..pb import shard_pb2
 from .batch import Chunk
+from .decode_graphs import default_batch_sizes
 from .config import DEFAULT_CPU_KV_BLOCKS, ShardConfig
 from .errors import NotWarmedUpError
 from .kv_cache import blocks_for_memory
@@ -51,6 +52,7 @@ class ShardExecutor:
         self.tracker: TransferTracker | None = None
         self.limits: PlanLimits | None = None
         self._warmup_reply: shard_pb2.WarmupResponse | None = None
+        self.graphs = None
 
     def info(self) -> shard_pb2.InfoResponse:
         model_config, tokenizer = self.runner.config, self.runner.loaded.tokenizer
@@ -155,10 +157,13 @@ class ShardExecutor:
         """Every rank: allocates the pools and measures steps (all ranks in lockstep) and
         transfers (each rank its own, the slowest rank's figures kept)."""
         num_device = self._device_blocks(max_tokens)
+        graph_sizes = self._graph_batch_sizes(max_requests)
         log.info("warm-up: allocating %d device and %d host KV blocks", num_device, self.config.host_kv_blocks)
         allocation_started = time.perf_counter()
-        cache = self.runner.allocate(num_device, self.config.host_kv_blocks)
+        cache = self.runner.allocate(num_device, self.config.host_kv_blocks, padding_block=bool(graph_sizes))
         self.pool_allocation_s = time.perf_counter() - allocation_started
+        # Before the step timings, so the cost model measures decode steps as they will run.
+        self.graphs = self.runner.capture_decode_graphs(graph_sizes) if graph_sizes else None
         log.info("warm-up: KV pools allocated in %.2fs (host pool %.1f GiB%s)", self.pool_allocation_s,
                  cache.host.numel() * cache.host.element_size() / 2**30, ", pinned" if cache.host.is_pinned() else "")
         engine = TransferEngine(cache.device, cache.host)
@@ -181,6 +186,21 @@ class ShardExecutor:
                  else f", copy engines from {engine.dma_min_run_bytes // 1024} KiB runs")
         self.tracker = TransferTracker(engine, self.runner.device, None if self.group is None else self.group.all_true)
         return cache, step, transfer
+
+    def _graph_batch_sizes(self, max_requests: int) -> tuple[int, ...]:
+        """The decode graphs' batch sizes: on a GPU, one shard, Triton attention — those
+        given (--cuda-graphs) or 1, 2, 4 and multiples of 8 up to the step's request limit;
+        otherwise none (every step eager)."""
+        wanted = self.config.cuda_graphs
+        if wanted == () or self.runner.device.type != "cuda":
+            return ()
+        if self.group is not None:
+            log.info("warm-up: decode CUDA graphs are not captured under tensor parallelism; steps run eagerly")
+            return ()
+        if self.runner.layout.attention_backend != "triton":
+            log.info("warm-up: decode CUDA graphs need --attention-backend triton; steps run eagerly")
+            return ()
+        return default_batch_sizes(max_requests) if wanted is None else wanted
 
     def _slowest_rank(self, transfer: TransferCost) -> TransferCost:
         # Every rank copies its slice at once: a transfer is done when the slowest one is.
@@ -205,6 +225,10 @@ class ShardExecutor:
             "max_batch_tokens": max_tokens,
             "max_batch_requests": max_requests,
         }
+        if self.graphs is not None:
+            # What the decode graphs cost at start: capture time and the device memory they hold.
+            report["cuda_graphs"] = {"batch_sizes": list(self.graphs.batch_sizes),
+                                     "capture_s": self.graphs.capture_s, "memory_bytes": self.graphs.memory_bytes}
         self.config.warmup_report.parent.mkdir(parents=True, exist_ok=True)
         self.config.warmup_report.write_text(json.dumps(report, indent=1) + "\n")
 

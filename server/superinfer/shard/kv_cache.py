@@ -37,22 +37,30 @@ def blocks_for_memory(free_bytes: int, fraction: float, block_bytes: int) -> int
 
 
 class KVCache:
-    """Owns the device pool (`device`) and the host pool (`host`); layers read views of `device`."""
+    """Owns the device pool (`device`) and the host pool (`host`); layers read views of `device`.
 
-    def __init__(self, geometry: KVGeometry, num_device_blocks: int, num_host_blocks: int, device: torch.device):
+    With `padding_block`, the device tensor has one block more than `num_device_blocks`, the
+    last: the decode graphs' padding rows write and read it (`decode_graphs`); the router is
+    never told of it, so no request's K/V lives there."""
+
+    def __init__(self, geometry: KVGeometry, num_device_blocks: int, num_host_blocks: int, device: torch.device,
+                 padding_block: bool = False):
         if num_device_blocks < 1:
             raise ValueError(f"the device KV pool needs at least one block, got {num_device_blocks}")
         if num_host_blocks < 0:
             raise ValueError(f"the host KV pool cannot have {num_host_blocks} blocks")
         self.geometry = geometry
-        self.device = torch.zeros((num_device_blocks, *geometry.block_shape), dtype=geometry.dtype, device=device)
+        self._num_device_blocks = num_device_blocks
+        self.padding_block = num_device_blocks if padding_block else None
+        self.device = torch.zeros((num_device_blocks + int(padding_block), *geometry.block_shape), dtype=geometry.dtype, device=device)
         # Pinned on a GPU host so copies are true DMA and can overlap compute.
         pin = device.type == "cuda"
         self.host = torch.zeros((num_host_blocks, *geometry.block_shape), dtype=geometry.dtype, pin_memory=pin)
 
     @property
     def num_device_blocks(self) -> int:
-        return int(self.device.shape[0])
+        """The blocks requests use (the padding block not counted)."""
+        return self._num_device_blocks
 
     @property
     def num_host_blocks(self) -> int:

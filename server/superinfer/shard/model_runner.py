@@ -4,6 +4,7 @@ import torch
 
 from ..models.config import ModelConfig
 from .batch import BatchLayout, Chunk, StepBatch, build_batch
+from .decode_graphs import DecodeGraphs
 from .kv_cache import KVCache, KVGeometry
 from .loader import LoadedModel
 
@@ -24,6 +25,8 @@ class ModelRunner:
         num_kv_heads = config.num_kv_heads if part is None else part.num_kv_heads
         self.geometry = KVGeometry(config.num_layers, block_size, num_kv_heads, config.head_dim, dtype)
         self.cache: KVCache | None = None
+        # Decode steps replayed from CUDA graphs (`capture_decode_graphs`); None: every step eager.
+        self.graphs: DecodeGraphs | None = None
         self.layout = BatchLayout(
             block_size, config.num_layers, num_kv_heads, num_heads // num_kv_heads,
             config.head_dim, dtype, config.sliding_window,
@@ -39,16 +42,28 @@ class ModelRunner:
     def block_size(self) -> int:
         return self.geometry.block_size
 
-    def allocate(self, num_device_blocks: int, num_host_blocks: int) -> KVCache:
+    def allocate(self, num_device_blocks: int, num_host_blocks: int, padding_block: bool = False) -> KVCache:
+        """`padding_block`: one device block more, for the decode graphs' padding rows."""
         self.cache = None  # release a previous pool before allocating the next
-        self.cache = KVCache(self.geometry, num_device_blocks, num_host_blocks, self.device)
+        self.graphs = None  # they hold the previous pool's address
+        self.cache = KVCache(self.geometry, num_device_blocks, num_host_blocks, self.device, padding_block)
         return self.cache
+
+    def capture_decode_graphs(self, batch_sizes: tuple[int, ...]) -> DecodeGraphs:
+        """Captures decode graphs over the allocated cache (allocated with its padding block):
+        afterwards, decode-only steps that fit a bucket replay a graph (eagerly on the CPU)."""
+        graphs = DecodeGraphs(self, batch_sizes, self.config.max_position_embeddings)
+        graphs.capture_all()
+        self.graphs = graphs
+        return graphs
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk], cache: torch.Tensor | None = None) -> tuple[torch.Tensor, StepBatch]:
         """Computes every chunk's K/V into the cache; returns final hidden states [T, hidden]
         (rows ordered as `StepBatch.first_rows` says) and the batch."""
         kv = cache if cache is not None else self._device_cache()
+        if cache is None and self.graphs is not None and self.graphs.fits(chunks):
+            return self.graphs.run(chunks)
         batch = build_batch(chunks, self.layout, self.device)
         return self.model(batch.input_ids, kv, batch.meta), batch
 

@@ -2,7 +2,10 @@
 with 512-token contexts against transformers' `generate` on the same model with static batches
 of the same size; prefill throughput of a 512-token prompt against one transformers forward that
 also computes the last position's logits only; the share of Step time spent outside the model
-forward. On the CPU in float32; with `--device cuda` in bfloat16 on the GPU (both sides).
+forward. On the CPU in float32; with `--device cuda` in bfloat16 on the GPU (both sides), where
+it also reports the decode graphs' capture time and memory, each batch's step against the HBM
+roofline (weights plus K/V read per step over the copy bandwidth measured in the same run), and
+the share of the decode steps' wall time the GPU runs no kernel (torch profiler).
 
 Like for like: both sides are warmed up with one unmeasured pair first, then run in `--pairs`
 interleaved pairs (the order alternating, shard first in even pairs, transformers first in odd
@@ -11,7 +14,7 @@ throughput is its median over the pairs; the fastest single step ("best") is a s
 labelled as such. Prints JSON.
 
     python -m superinfer.shard.throughput_bench [--model default] [--batches 1 8 32] [--decode-steps 16]
-                                     [--pairs 5] [--device cpu|cuda]"""
+                                     [--pairs 5] [--device cpu|cuda] [--cuda-graphs 0|1,2,4,...]"""
 import argparse
 import json
 import os
@@ -24,7 +27,7 @@ import torch
 
 from ..pb import shard_pb2 as pb
 from .cli import build_executor
-from .config import ShardConfig
+from .config import ShardConfig, parse_cuda_graphs
 from .warmup import sync_device
 
 # Default context length of every request (prompt tokens before decoding).
@@ -185,6 +188,57 @@ def _decode_figures(pairs: list[tuple[dict, dict]]) -> dict:
     }
 
 
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes per second a device-to-device copy moves (read plus write), median of `repeats`:
+    the roofline's bandwidth, measured in the same run."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    times = []
+    for _ in range(repeats):
+        sync_device(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        sync_device(device)
+        times.append(time.perf_counter() - start)
+    return 2 * nbytes / statistics.median(times)
+
+
+def roofline(executor, batch: int, context: int, decode_steps: int, step_s: float, bandwidth: float) -> dict:
+    """A decode step reads every weight once and each request's K/V: its bytes over the copy
+    bandwidth is the fastest the step can be; `achieved` is that time over the measured step."""
+    model = executor.runner.model
+    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    geometry = executor.runner.geometry
+    kv_per_token = geometry.block_bytes // geometry.block_size
+    mean_context = context + decode_steps / 2
+    step_bytes = weights + batch * mean_context * kv_per_token
+    fastest = step_bytes / bandwidth
+    return {"weight_bytes": weights, "kv_bytes": int(batch * mean_context * kv_per_token),
+            "copy_bandwidth_bytes_per_s": bandwidth, "roofline_step_ms": 1e3 * fastest,
+            "measured_step_ms": 1e3 * step_s, "achieved": fastest / step_s}
+
+
+def gpu_idle_share(driver: "_ShardDriver", prompts: list[list[int]], steps: int) -> dict:
+    """Share of the wall time of `steps` decode steps in which the GPU runs no kernel: one
+    minus the kernels' summed device time (torch profiler, one stream) over the steps' wall
+    time. The profiler's own host cost makes this an upper bound."""
+    from torch.profiler import ProfilerActivity, profile
+
+    live = driver.prefill(prompts, len(prompts[0]))
+    device = driver.executor.runner.device
+    sync_device(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        driver.decode(live, steps)
+        sync_device(device)
+        wall = time.perf_counter() - start
+    driver.forget(live)
+    busy_us = sum(getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+                  for event in prof.key_averages())
+    return {"wall_ms": 1e3 * wall, "kernel_ms": busy_us / 1e3, "idle_share": max(0.0, 1 - busy_us / 1e6 / wall)}
+
+
 def run_benchmark(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -194,7 +248,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     config = ShardConfig(model=args.model, cache_dir=args.cache_dir, device=device, dtype=dtype,
                          device_kv_blocks=max(args.batches) * (-(-(context + args.decode_steps + 1) // 16)),
                          host_kv_blocks=0,
-                         warmup_repeats=1)
+                         warmup_repeats=1, cuda_graphs=parse_cuda_graphs(args.cuda_graphs))
     executor = build_executor(config)
     executor.warmup(pb.WarmupRequest(max_batch_tokens=context, max_batch_requests=max(args.batches)))
     reference = AutoModelForCausalLM.from_pretrained(_model_dir(args), dtype=dtype).to(device).eval()
@@ -207,12 +261,21 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                      "threads": torch.get_num_threads(), "decode": {}}
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
+        graphs = executor.graphs
+        results["cuda_graphs"] = None if graphs is None else {
+            "batch_sizes": list(graphs.batch_sizes), "capture_s": graphs.capture_s, "memory_bytes": graphs.memory_bytes}
+        bandwidth = copy_bandwidth(device)
+        results["roofline"], results["gpu_idle"] = {}, {}
     for batch in args.batches:
         prompts = _prompts(batch, vocab, seed=batch, context=context)
         pairs = interleave(lambda: _shard_decode(driver, prompts, args.decode_steps),
                            lambda: _transformers_decode(reference, prompts, args.decode_steps), args.pairs)
         figures = results["decode"][str(batch)] = _decode_figures(pairs)
         ratio = figures["ratio"]
+        if device.type == "cuda":
+            results["roofline"][str(batch)] = roofline(executor, batch, context, args.decode_steps,
+                                                       figures["step_ms"]["median"] / 1e3, bandwidth)
+            results["gpu_idle"][str(batch)] = gpu_idle_share(driver, prompts, args.decode_steps)
         print(f"batch {batch}: shard {figures['shard_tokens_per_s']['median']:.1f} tok/s, transformers "
               f"{figures['transformers_tokens_per_s']['median']:.1f} tok/s, ratio {ratio['median']:.2f} "
               f"[{ratio['min']:.2f}-{ratio['max']:.2f}]", file=sys.stderr)
@@ -250,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=5, help="measured interleaved pairs per figure (after a warm-up pair)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu (float32) or cuda (bfloat16)")
+    parser.add_argument("--cuda-graphs", default=None, help="as the shard's flag: decode graph batch sizes, 0: none "
+                        "(default: the shard's)")
     parser.add_argument("--cache-dir", type=pathlib.Path,
                         default=pathlib.Path(os.environ.get("SUPERINFER_CACHE", pathlib.Path.home() / ".cache" / "superinfer")))
     args = parser.parse_args(argv)
