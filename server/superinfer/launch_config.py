@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from superinfer import tgi_flags
 from superinfer.shard.cli import ATTENTION_BACKENDS, DEVICE_PATTERN, DTYPES
-from superinfer.shard.config import DEFAULT_BLOCK_SIZE, parse_cuda_graphs
+from superinfer.shard.config import DEFAULT_BLOCK_SIZE, parse_cpu_list, parse_cuda_graphs
 from superinfer.shard.host_memory import DEFAULT_HOST_KV_MEMORY_FRACTION
 
 
@@ -85,6 +85,8 @@ class LaunchConfig:
     attention_backend: str | None = None
     # --cuda-graphs for the shard, as given (checked by the shard's parser); None: its default.
     cuda_graphs: str | None = None
+    # CPUs the shard processes run on (split between this node's ranks); None: inherited.
+    shard_cpus: tuple[int, ...] | None = None
     # TGI flags given that do not apply here, one warning each.
     ignored_tgi_flags: tuple[str, ...] = ()
     # Shard processes (tensor-parallel ranks, one device each) and their rendezvous; the port
@@ -157,6 +159,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          'CPU), "triton" or "sdpa" (default auto)')
     flag(("--cuda-graphs",), str, "GPU: batch sizes whose decode steps are captured as CUDA graphs at warm-up, "
          "separated by commas; 0: none (default: 1, 2, 4 and multiples of 8 up to the step's request limit)")
+    flag(("--shard-cpus",), str, "CPUs the shard runs on, as taskset writes them (e.g. 1 or 0-3,8), split evenly "
+         "between this machine's ranks; torch's threads follow. Keeps the model's threads off the cores the "
+         "router or clients use (default: every CPU the launcher may use)")
     flag(("--warmup-report",), str, "write what the shard measured at warm-up (cost model, KV pools) to this "
          "JSON file: the simulator's measured: profile")
     parser.add_argument("--json-output", action="store_true",
@@ -222,6 +227,9 @@ def _check_shard_values(args: argparse.Namespace) -> None:
         raise ValueError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                          f"got {args.attention_backend!r}")
     parse_cuda_graphs(args.cuda_graphs)
+    cpus = parse_cpu_list(args.shard_cpus)
+    if cpus is not None and len(cpus) < args.num_shard // args.nnodes:
+        raise ValueError(f"--shard-cpus {args.shard_cpus} gives {len(cpus)} CPUs to {args.num_shard // args.nnodes} ranks")
     if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     fraction = args.kv_memory_fraction
@@ -273,6 +281,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         device=args.device,
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
+        shard_cpus=parse_cpu_list(args.shard_cpus),
         ignored_tgi_flags=tgi_flags.warnings(args, environ),
         num_shard=args.num_shard,
         master_addr=args.master_addr,

@@ -142,12 +142,18 @@ def shard_argv(config: LaunchConfig, socket_path: Path, rank: int = 0, master_po
     argv = [sys.executable, "-m", "superinfer.cli", "serve"]
     if rank == 0:
         argv += ["--uds-path", str(socket_path)]
+    local = len(config.local_ranks)
+    local_rank = rank - config.local_ranks.start
+    if config.shard_cpus is not None:
+        # Each of this machine's ranks gets its own slice of the CPUs given (its threads follow).
+        share = len(config.shard_cpus) // local
+        argv += ["--cpus", ",".join(map(str, config.shard_cpus[local_rank * share : (local_rank + 1) * share]))]
     if config.num_shard > 1:
-        # On the CPU the ranks share the cores: each gets its share, not all of them.
-        local = len(config.local_ranks)
-        argv += ["--world-size", str(config.num_shard), "--rank", str(rank), "--local-rank",
-                 str(rank - config.local_ranks.start), "--master-addr", config.master_addr,
-                 "--master-port", str(master_port), "--threads", str(max(1, (os.cpu_count() or 1) // local))]
+        argv += ["--world-size", str(config.num_shard), "--rank", str(rank), "--local-rank", str(local_rank),
+                 "--master-addr", config.master_addr, "--master-port", str(master_port)]
+        if config.shard_cpus is None:
+            # On the CPU the ranks share the cores: each gets its share, not all of them.
+            argv += ["--threads", str(max(1, len(os.sched_getaffinity(0)) // local))]
     optional = {
         "--model": config.model,
         "--revision": config.revision,

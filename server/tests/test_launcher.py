@@ -359,3 +359,22 @@ def test_tgi_cuda_graphs_reach_the_shard_checked_by_the_shards_parser(monkeypatc
 
     assert parse_cuda_graphs("8,1,2,8") == (1, 2, 8)
     assert parse_cuda_graphs("0") == () and parse_cuda_graphs(None) is None and parse_cuda_graphs("auto") is None
+
+
+def test_shard_cpus_are_split_between_the_ranks_and_checked(monkeypatch):
+    monkeypatch.delenv("SHARD_CPUS", raising=False)
+    shard = launcher.shard_argv(parse(["--shard-cpus", "1"]), Path("/tmp/s.sock"))
+    assert shard[shard.index("--cpus") + 1] == "1" and "--threads" not in shard
+    assert "--cpus" not in launcher.shard_argv(parse([]), Path("/tmp/s.sock"))
+    config = parse(["--shard-cpus", "0-3", "--num-shard", "2"])
+    ranks = [launcher.shard_argv(config, Path("/tmp/s.sock"), rank, 29601) for rank in range(2)]
+    assert [argv[argv.index("--cpus") + 1] for argv in ranks] == ["0,1", "2,3"]
+    assert all("--threads" not in argv for argv in ranks)
+    with pytest.raises(ValueError, match="gives 1 CPUs to 2 ranks"):
+        parse(["--shard-cpus", "3", "--num-shard", "2"])
+    for bad in ("a", "3-1", "-2"):
+        with pytest.raises(ValueError, match="CPU list"):
+            parse(["--shard-cpus", bad])
+    from superinfer.shard.config import parse_cpu_list
+
+    assert parse_cpu_list("0-2,8,1") == (0, 1, 2, 8) and parse_cpu_list(None) is None

@@ -58,7 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token budget assumed at warm-up when the router sends none")
     parser.add_argument("--cache-dir", type=pathlib.Path, default=None,
                         help="converted models (default: $SUPERINFER_CACHE or ~/.cache/superinfer)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: one per CPU the process may run on)")
+    parser.add_argument("--cpus", default=None,
+                        help="CPUs the shard runs on, as taskset writes them (e.g. 1 or 0-3,8): keeps its threads "
+                        "off the cores the router or a client use (default: those it inherited)")
     parser.add_argument("--warmup-report", type=pathlib.Path, default=None,
                         help="write what warm-up measured (cost model, KV pools and geometry) to this JSON file, "
                         "the simulator's `measured:` profile")
@@ -177,10 +181,20 @@ def run(args: argparse.Namespace) -> int:
     # the shard cleanly.
     shutdown = threading.Event()
     _stop_on_signals(shutdown)
+    from .config import parse_cpu_list
+
+    try:
+        cpus = parse_cpu_list(args.cpus)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # before torch starts its threads: they inherit it
+    except (ValueError, OSError) as err:
+        log.error("--cpus %s: %s", args.cpus, err)
+        return 1
     import torch
 
-    # One intra-op pool over the physical cores; inter-op parallelism only oversubscribes.
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    # One intra-op pool over the CPUs this process may run on (its affinity: --cpus, taskset or
+    # the container's cpuset); inter-op parallelism only oversubscribes.
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)) or 1)
     torch.set_num_interop_threads(1)
     from .device import DeviceError
     from .errors import LoaderError

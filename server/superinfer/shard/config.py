@@ -33,6 +33,23 @@ def parse_cuda_graphs(text: str | None) -> tuple[int, ...] | None:
     return tuple(sorted(set(sizes)))
 
 
+def parse_cpu_list(text: str | None) -> tuple[int, ...] | None:
+    """A CPU list as taskset and cpusets write it ("1", "0-3,8"); None or "": none given."""
+    if text is None or not text.strip():
+        return None
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            low, high = int(first), int(last or first)
+            if low < 0 or high < low:
+                raise ValueError
+            cpus.update(range(low, high + 1))
+    except ValueError:
+        raise ValueError(f"a CPU list is numbers and ranges separated by commas (e.g. 1 or 0-3,8), got {text!r}") from None
+    return tuple(sorted(cpus))
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """This process's place in a tensor-parallel shard (`--num-shard`); one rank: none."""
