@@ -4,6 +4,7 @@ the layers do no per-request Python work.
 
 Flat order: every prefill chunk (more than one token) first, then every decode; each group's
 rows are contiguous. `ChunkRows` maps each chunk, in the caller's order, back to its rows."""
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -117,7 +118,60 @@ def _kernel_group(chunks: list[Chunk], row_start: int, layout: BatchLayout, devi
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _decode_offsets(block_size: int, num_kv_heads: int, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Constants of the decode path (never written): [span] (j % block_size)·Hkv, each key's
+    row within its block; [2, Hkv, 1] the K/V and head offsets of a key's rows."""
+    within = (torch.arange(span) % block_size) * num_kv_heads
+    offsets = torch.arange(2)[:, None, None] * (block_size * num_kv_heads) + torch.arange(num_kv_heads)[None, :, None]
+    return within, offsets
+
+
+def _decode_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
+    """`build_batch` for a step of decodes only on the SDPA backend — the common step — with
+    the indices computed from plain lists and a handful of tensor ops (the general path's
+    dozens of small ones cost about as much as a small model's decode attention)."""
+    block_size, num_kv_heads = layout.block_size, layout.num_kv_heads
+    starts = [c.start for c in chunks]
+    keys = max(starts) + 1
+    width = -(-keys // block_size)
+    tables = _padded([c.block_table for c in chunks], width)  # [B, W]
+    per_block = layout.num_layers * 2 * block_size * num_kv_heads
+    within, offsets = _decode_offsets(block_size, num_kv_heads, 1 << max(17, (keys - 1).bit_length()))
+    # Row of key j's head 0 K vector (layer 0): its block's first row plus its place in the block.
+    token_rows = tables.repeat_interleave(block_size, dim=1)[:, :keys] * per_block + within[:keys]  # [B, S]
+    context_rows = token_rows[:, None, None, :] + offsets  # [B, 2, Hkv, S]
+    mask = None
+    if layout.sliding_window is not None or min(starts) + 1 != keys:
+        query_pos = torch.tensor(starts)[:, None]
+        key_pos = torch.arange(keys)[None, :]
+        allowed = key_pos <= query_pos
+        if layout.sliding_window is not None:
+            allowed &= key_pos > query_pos - layout.sliding_window
+        mask = allowed[:, None, None, :]  # [B, 1, 1, S]: every KV head and query head alike
+    slot_blocks = [c.block_table[start // block_size] for c, start in zip(chunks, starts)]
+    to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+    meta = AttentionMetadata(
+        positions=to(torch.tensor(starts)),
+        slot_blocks=to(torch.tensor(slot_blocks)),
+        slot_offsets=to(torch.tensor([start % block_size for start in starts])),
+        groups=(AttentionGroup(
+            0, len(chunks), to(context_rows), to(mask),
+            context_buffer=torch.empty((*context_rows.shape, layout.head_dim), dtype=layout.dtype, device=device),
+        ),),
+    )
+    input_ids = torch.tensor([c.token_ids[0] for c in chunks])
+    return StepBatch(to(input_ids), meta, list(range(len(chunks))))
+
+
 def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
+    if layout.attention_backend == "sdpa" and chunks and all(len(c.token_ids) == 1 for c in chunks):
+        return _decode_batch(chunks, layout, device)
+    return general_batch(chunks, layout, device)
+
+
+def general_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
+    """Any mix of prefill chunks and decodes, on either backend."""
     prefill = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
     decode = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
     order = prefill + decode
