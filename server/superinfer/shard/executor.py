@@ -352,7 +352,9 @@ class ShardExecutor:
         outputs = [shard_pb2.RequestOutput(request_id=work.request_id) for work in scheduled]
         if sample_rows:
             sampled_states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
-            sampled_logits = logits[[row for _, row in sample_rows]]  # [S, V]
+            rows = [row for _, row in sample_rows]
+            # [S, V]; the common step (every row sampled, in order) needs no copy.
+            sampled_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
             allowed = unpack_allowed([scheduled[i].allowed_tokens for i, _ in sample_rows],
                                      sampled_logits.shape[-1], sampled_logits.device)
             tokens = sample(sampled_logits, sampled_states, allowed)
