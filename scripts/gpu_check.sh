@@ -61,10 +61,11 @@ shard_bench() {
 r = json.load(open(sys.argv[1]))
 print("graphs:", r.get("cuda_graphs"))
 for b, f in r["decode"].items():
-    roof, idle = r["roofline"][b], r["gpu_idle"][b]
-    print("batch %s: %.1f tok/s, %.2fx transformers [%.2f-%.2f], step %.2f ms, roofline %.2f ms (%.0f%%), GPU idle %.0f%%" % (
+    roof, idle, ahead = r["roofline"][b], r["gpu_idle"][b], r["gpu_idle_ahead"][b]
+    print("batch %s: %.1f tok/s, %.2fx transformers [%.2f-%.2f], step %.2f ms, roofline %.2f ms (%.0f%%), GPU idle %.0f%% (%.0f%% with the next step launched ahead)" % (
         b, f["shard_tokens_per_s"]["median"], f["ratio"]["median"], f["ratio"]["min"], f["ratio"]["max"],
-        roof["measured_step_ms"], roof["roofline_step_ms"], 100 * roof["achieved"], 100 * idle["idle_share"]))
+        roof["measured_step_ms"], roof["roofline_step_ms"], 100 * roof["achieved"], 100 * idle["idle_share"],
+        100 * ahead["idle_share"]))
 p = r["prefill"]["ratio"]
 print("prefill %d tokens: %.2fx transformers [%.2f-%.2f]" % (r["context_tokens"], p["median"], p["min"], p["max"]))' \
     "$OUT/$name.json" || true

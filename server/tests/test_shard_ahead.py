@@ -125,3 +125,124 @@ def test_a_step_planned_before_a_sampling_failure_was_known_answers_with_it(tiny
     outputs = {o.request_id: o for o in reply.outputs}
     assert outputs[1].HasField("token") and not outputs[1].error
     assert not outputs[2].HasField("token") and "cannot sample" in outputs[2].error
+
+
+# Launching step N+1 before finishing step N (the executor's `pipeline`, a GPU's default with
+# one rank): the CPU runs the same code with its compute done at launch, so these check the
+# bookkeeping — placeholders, inputs fed from the device picks, the reply's tokens — not overlap.
+
+def _pipelined(directory):
+    executor = make_executor(directory)
+    executor.pipeline = True
+    return executor
+
+
+def test_steps_launched_before_the_previous_one_finished_give_the_same_tokens(tiny_llama_dir):
+    reference = make_executor(tiny_llama_dir)
+    steps = _steps(ahead=False, new_tokens=6)
+    steps[0].new_requests[0].parameters.CopyFrom(pb.SamplingParameters(top_n_tokens=3))
+    expected = [reference.step(s) for s in steps]
+    executor = _pipelined(tiny_llama_dir)
+    steps = _steps(ahead=True, new_tokens=6)
+    steps[0].new_requests[0].parameters.CopyFrom(pb.SamplingParameters(top_n_tokens=3))
+    launched = executor.launch(steps[0])
+    replies = []
+    for following in steps[1:]:
+        assert launched.device is not None and executor.can_run_ahead(launched, following)
+        ahead = executor.launch(following)  # its inputs come from `launched`'s device picks
+        replies.append(executor.finish(launched))
+        launched = ahead
+    replies.append(executor.finish(launched))
+    assert _tokens(replies) == _tokens(expected)
+    for got, want in zip(replies, expected):
+        for a, b in zip(got.outputs, want.outputs):
+            assert a.token.logprob == pytest.approx(b.token.logprob, abs=1e-6)
+            assert [t.id for t in a.token.top_tokens] == [t.id for t in b.token.top_tokens]
+    # Every placeholder was replaced by its token.
+    assert all(token >= 0 for state in executor.requests.values() for token in state.token_ids)
+    assert executor._pending == {}
+
+
+def test_a_request_forgotten_while_its_token_is_on_the_device_is_dropped_cleanly(tiny_llama_dir):
+    executor = _pipelined(tiny_llama_dir)
+    first, second, _ = _steps(ahead=True, new_tokens=3)
+    launched = executor.launch(first)
+    del second.scheduled[1]
+    second.forget.append(2)  # the client went away while step 1 ran
+    ahead = executor.launch(second)
+    assert 2 not in executor.requests and 2 not in executor._pending
+    assert {o.request_id for o in executor.finish(launched).outputs} == {1, 2}
+    assert [o.request_id for o in executor.finish(ahead).outputs] == [1]
+    assert all(token >= 0 for token in executor.requests[1].token_ids)
+
+
+@pytest.mark.parametrize("case", ["sampling", "a penalty", "a grammar mask", "prompt logprobs"])
+def test_only_plain_greedy_steps_run_ahead(tiny_llama_dir, case):
+    executor = _pipelined(tiny_llama_dir)
+    first, second = _steps(ahead=True, new_tokens=2)
+    request = first.new_requests[0]
+    if case == "sampling":
+        request.parameters.CopyFrom(pb.SamplingParameters(do_sample=True, temperature=0.7, seed=3))
+    elif case == "a penalty":
+        request.parameters.CopyFrom(pb.SamplingParameters(repetition_penalty=1.3))
+    elif case == "prompt logprobs":
+        request.prompt_logprobs = True
+    if case == "a grammar mask":
+        launched = executor.launch(first)
+        assert launched.device is not None  # step 1 has no mask: its picks stay on the device
+        second = pb.StepRequest(step_id=2, previous_step_id=1, scheduled=[_entry(2, 23, 1, from_shard=True)])
+        executor.finish(launched)
+        launched = executor.launch(second)
+        third = pb.StepRequest(step_id=3, previous_step_id=2, scheduled=[pb.ScheduledRequest(
+            id=2, num_computed_tokens=24, num_new_tokens=1, block_table=BLOCKS[2], sample=True,
+            input_from_shard=True, allowed_tokens=b"\xff" * 8)])
+        assert not executor.can_run_ahead(launched, third)
+        executor.finish(launched)
+        return
+    launched = executor.launch(first)
+    # Step 1 samples request 1 on the host (its tokens are known at once), so nothing runs ahead.
+    assert launched.device is None and not executor.can_run_ahead(launched, second)
+    executor.finish(launched)
+
+
+def test_the_servicer_launches_the_next_step_while_the_device_computes(tiny_llama_dir, tmp_path, monkeypatch):
+    """Over gRPC: a step reports its device work unfinished until the next one has been
+    launched on its thread; the replies are the tokens of one step at a time."""
+    from superinfer.shard import executor as executor_module
+
+    reference = make_executor(tiny_llama_dir)
+    expected = _tokens([reference.step(s) for s in _steps(ahead=False, new_tokens=4)])
+    executor = _pipelined(tiny_llama_dir)
+    server = ShardServer(executor, tmp_path / "shard.sock")
+    servicer = server.servicer
+    launched_ahead = []
+    last_step = 4
+
+    def ready(self):  # the "device" finishes a step only once the next one has been launched ahead
+        return self.request.step_id == last_step or self.request.step_id + 1 in servicer._launched_ahead
+
+    def can_run_ahead(launched, request):
+        launched_ahead.append(request.step_id)
+        return type(executor).can_run_ahead(executor, launched, request)
+
+    monkeypatch.setattr(executor_module.LaunchedStep, "ready", ready)
+    monkeypatch.setattr(executor, "can_run_ahead", can_run_ahead)
+    server.start()
+    channel = grpc.insecure_channel(f"unix://{tmp_path / 'shard.sock'}")
+    try:
+        stub = shard_pb2_grpc.ShardStub(channel)
+        stub.Warmup(pb.WarmupRequest(max_batch_tokens=128, max_batch_requests=8))
+        steps = _steps(ahead=True, new_tokens=last_step)
+        replies, pending = [], stub.Step.future(steps[0])
+        for following in steps[1:]:
+            time.sleep(0.05)
+            later = stub.Step.future(following)  # sent while the one before runs, as the router does
+            replies.append(pending.result(timeout=30))
+            pending = later
+        replies.append(pending.result(timeout=30))
+    finally:
+        channel.close()
+        server.stop(grace_s=1)
+    assert _tokens(replies) == expected
+    # Step 1 named no previous step, so the servicer did not yet know steps come ahead.
+    assert launched_ahead == [3, 4]

@@ -47,3 +47,20 @@ def test_the_benchmark_runs_on_a_small_model(tiny_llama_dir, capsys, tmp_path):
     for figures in report["decode"].values():
         assert len(figures["ratio"]["values"]) == 2 and figures["ratio"]["median"] > 0
     assert len(report["prefill"]["ratio"]["values"]) == 2
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_decode_as_one_step_in_flight_runs_it_gives_every_token(tiny_llama_dir, pipeline):
+    """The driver the GPU's idle share is measured with (`decode_ahead`): steps naming the one
+    before, launched ahead where the executor allows (forced here on the CPU)."""
+    from conftest import make_executor
+
+    executor = make_executor(tiny_llama_dir, device_blocks=32)
+    executor.pipeline = pipeline
+    driver = bench._ShardDriver(executor, context=20, decode_steps=5)
+    live = driver.prefill([list(range(3, 23)), list(range(30, 50))], 20)
+    figures = driver.decode_ahead(live, 5)
+    assert figures["tokens_per_s"] > 0
+    assert all(len(executor.requests[rid].token_ids) == 20 + 1 + 5 for rid, _, _ in live)
+    assert all(token >= 0 for rid, _, _ in live for token in executor.requests[rid].token_ids)
+    assert executor._pending == {}

@@ -43,6 +43,14 @@ def default_batch_sizes(max_requests: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
+def feed_inputs(input_ids: torch.Tensor, rows: list[int], source: torch.Tensor, source_rows: list[int]) -> None:
+    """input_ids[rows[i]] = source[source_rows[i]], on the device (no host read)."""
+    device = input_ids.device
+    index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    picked = source.index_select(0, torch.tensor(source_rows, dtype=torch.int64).to(device, non_blocking=True))
+    input_ids.index_copy_(0, index, picked.to(input_ids.dtype))
+
+
 def bucket_for(num_requests: int, batch_sizes: tuple[int, ...]) -> int | None:
     """The smallest captured batch size that holds `num_requests` (None: none does)."""
     return next((size for size in batch_sizes if size >= num_requests), None)
@@ -168,9 +176,10 @@ class DecodeGraphs:
         log.info("warm-up: captured decode CUDA graphs for batch sizes %s in %.2f s (%.1f MiB)",
                  ",".join(map(str, self.batch_sizes)), self.capture_s, self.memory_bytes / 2**20)
 
-    def run(self, chunks: list[Chunk]) -> tuple[torch.Tensor, StepBatch]:
+    def run(self, chunks: list[Chunk], feed=None) -> tuple[torch.Tensor, StepBatch]:
         """One decode step: hidden states [n, hidden] of the chunks in their order (a view of
-        the graph's output buffer, valid until the next replay) and the batch it ran as."""
+        the graph's output buffer, valid until the next replay) and the batch it ran as.
+        `feed`: as `ModelRunner.forward`'s, copied into the staged inputs before the replay."""
         bucket = bucket_for(len(chunks), self.batch_sizes)
         if bucket is None or not self.fits(chunks):
             raise ValueError("this step does not fit the decode graphs")
@@ -185,6 +194,9 @@ class DecodeGraphs:
         staged_tables.copy_(tables)
         self.rows[bucket].copy_(staged_rows, non_blocking=True)
         self.tables[bucket][:, :w].copy_(staged_tables, non_blocking=True)
+        if feed is not None:
+            fed_chunks, source, source_rows = feed  # a decode's row is its chunk's index
+            feed_inputs(self.rows[bucket][_INPUT_IDS], fed_chunks, source, source_rows)
         if self.capture:
             self._staged = torch.cuda.Event()
             self._staged.record()

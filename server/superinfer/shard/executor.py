@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 from google.protobuf import json_format
@@ -25,11 +26,12 @@ from superinfer_kv import TransferEngine
 from ..pb import shard_pb2
 from .batch import Chunk
 from .decode_graphs import default_batch_sizes
+from .device_sampling import PENDING_TOKEN, DeviceSample, plain_greedy
 from .config import DEFAULT_CPU_KV_BLOCKS, ShardConfig
 from .errors import NotWarmedUpError
 from .kv_cache import blocks_for_memory
 from .model_runner import ModelRunner
-from .plan import PlanLimits, ScheduledWork, validate_plan
+from .plan import PlanLimits, ScheduledWork, ValidatedPlan, validate_plan
 from .rank_commands import HealthCommand, RankWork, ResetCommand, StepCommand, StopCommand, TransferOrder, WarmupCommand
 from .rank_group import RankGroup
 from .requests import RequestState
@@ -40,6 +42,31 @@ from .transfers import TransferTracker
 from .warmup import TransferCost, measure_step_cost, measure_transfer_cost
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class LaunchedStep:
+    """A Step between `ShardExecutor.launch` and `finish`."""
+
+    request: shard_pb2.StepRequest
+    plan: ValidatedPlan
+    started_ns: int
+    outputs: list = field(default_factory=list)
+    transfer_ns: int = 0
+    forward_ns: int = 0
+    sampling_ns: int = 0
+    # Transfers polled inside the step's rank command (tensor parallelism); None: at finish.
+    completed: list | None = None
+    # Plain greedy picks kept on the device, and per pick (output index, request state,
+    # position in its token list, row).
+    device: DeviceSample | None = None
+    device_rows: list = field(default_factory=list)
+    # CUDA events around the step's compute, for its device time.
+    forward_events: tuple | None = None
+
+    def ready(self) -> bool:
+        """Whether finishing it would not wait for the device."""
+        return self.device is None or self.device.ready()
 
 
 class ShardExecutor:
@@ -53,6 +80,13 @@ class ShardExecutor:
         self.limits: PlanLimits | None = None
         self._warmup_reply: shard_pb2.WarmupResponse | None = None
         self.graphs = None
+        # Launch step N+1 before finishing N when the servicer has it (one step in flight):
+        # on a GPU with one rank, where N's compute runs while N+1 is prepared. Plain greedy
+        # steps then keep their picks on the device (`device_sampling`).
+        self.pipeline = runner.device.type == "cuda" and group is None
+        # Requests whose last token is still on the device: (the step's picks, its row).
+        self._pending: dict[int, tuple[DeviceSample, int]] = {}
+        self._last_finish_ns = 0
 
     def info(self) -> shard_pb2.InfoResponse:
         model_config, tokenizer = self.runner.config, self.runner.loaded.tokenizer
@@ -234,15 +268,23 @@ class ShardExecutor:
 
     def step(self, request: shard_pb2.StepRequest, tracer: trace.Tracer = NO_TRACES) -> shard_pb2.StepResponse:
         """`tracer`: makes the spans of the step's phases, under the current span."""
+        return self.finish(self.launch(request, tracer))
+
+    def launch(self, request: shard_pb2.StepRequest, tracer: trace.Tracer = NO_TRACES) -> "LaunchedStep":
+        """Everything of a Step up to its sampled tokens: the plan applied, transfers enqueued,
+        the forward and the sampling run (on a GPU with `pipeline`, a plain greedy step's
+        picks stay on the device, see `device_sampling`, and nothing waits for them)."""
         started = time.perf_counter_ns()
         if self.tracker is None or self.limits is None:
             raise NotWarmedUpError("Step before Warmup: the KV pools are not allocated")
         plan = validate_plan(request, self.requests, self.limits, self.tracker.in_flight())
         for request_id in plan.forget:
             self.requests.pop(request_id, None)
+            self._pending.pop(request_id, None)
         for new in plan.new_requests:
             self.requests[new.request_id] = new
-        work = self._rank_work(request, plan.scheduled)
+        work, feed = self._rank_work(request, plan.scheduled)
+        launched = LaunchedStep(request, plan, started)
         with self._on_every_rank(StepCommand(work)):
             transfer_start = time.perf_counter_ns()
             with tracer.start_as_current_span("transfers") as span:
@@ -251,24 +293,77 @@ class ShardExecutor:
                                          "blocks_out": sum(len(t.src_blocks) for t in request.rotate_out),
                                          "blocks_in": sum(len(t.src_blocks) for t in request.rotate_in)})
                 self.tracker.submit(work.rotate_out, work.rotate_in)
-            transfer_ns = time.perf_counter_ns() - transfer_start
-            outputs, forward_ns, sampling_ns = self._compute(plan.scheduled, work, tracer, request.step_id)
-            completed = self.tracker.poll()
+            launched.transfer_ns = time.perf_counter_ns() - transfer_start
+            self._compute(launched, work, feed, tracer)
+            if not self.pipeline:
+                # Under tensor parallelism the completion poll is a collective in the command.
+                launched.completed = self.tracker.poll()
+        return launched
+
+    def finish(self, launched: "LaunchedStep") -> shard_pb2.StepResponse:
+        """The Step's reply: waits for tokens still on their way from the device, writes them
+        into the requests' token lists, and reports the transfers completed since the last step."""
+        outputs = launched.outputs
+        if launched.device is not None:
+            tokens, logprobs, top_values, top_ids = launched.device.result()
+            for index, state, position, row in launched.device_rows:
+                if state.token_ids[position] == PENDING_TOKEN:
+                    state.token_ids[position] = tokens[row]
+                if self._pending.get(state.request_id, (None,))[0] is launched.device:
+                    del self._pending[state.request_id]
+                top_n = state.params.top_n_tokens
+                outputs[index].token.CopyFrom(shard_pb2.SampledToken(
+                    id=tokens[row], logprob=logprobs[row],
+                    top_tokens=[shard_pb2.TokenLogprob(id=i, logprob=lp)
+                                for i, lp in zip(top_ids[row][:top_n], top_values[row][:top_n])],
+                ))
+            if launched.forward_events is not None:
+                begin, end = launched.forward_events
+                launched.forward_ns = int(begin.elapsed_time(end) * 1e6)  # the device's time
+        completed = launched.completed if launched.completed is not None else self.tracker.poll()
+        request, plan = launched.request, launched.plan
         outputs.extend(shard_pb2.RequestOutput(request_id=rid, error=error) for rid, error in plan.failed)
         step_span = trace.get_current_span()
         if step_span.is_recording():
             step_span.set_attributes({"step_id": request.step_id, "scheduled": len(plan.scheduled),
                                       "new_requests": len(plan.new_requests), "forget": len(plan.forget),
                                       "completed_transfers": len(completed)})
+        # A step launched while the one before it still ran counts from that one's finish: its
+        # time is what it adds to the sequence of steps, as the cost model's correction needs.
+        finished = time.perf_counter_ns()
+        total_ns = finished - max(launched.started_ns, self._last_finish_ns)
+        self._last_finish_ns = finished
         return shard_pb2.StepResponse(
             step_id=request.step_id,
             outputs=outputs,
             completed_transfers=completed,
             timings=shard_pb2.StepTimings(
-                forward_ns=forward_ns, sampling_ns=sampling_ns, transfer_ns=transfer_ns,
-                total_ns=time.perf_counter_ns() - started,
+                forward_ns=launched.forward_ns, sampling_ns=launched.sampling_ns, transfer_ns=launched.transfer_ns,
+                total_ns=total_ns,
             ),
         )
+
+    def can_run_ahead(self, launched: "LaunchedStep", request: shard_pb2.StepRequest) -> bool:
+        """Whether `request`, the step planned while `launched` runs, may be launched before
+        `launched` is finished: only with `pipeline`, after a step whose picks stayed on the
+        device, and when every row `request` samples is plain greedy without prompt logprobs
+        (nothing of it reads a host-side token that is not there yet)."""
+        if not self.pipeline or launched.device is None:
+            return False
+        new = {n.id: n for n in request.new_requests}
+        for item in request.scheduled:
+            if item.id in new:
+                params, prompt_logprobs = new[item.id].parameters, new[item.id].prompt_logprobs
+                do_sample, penalty = params.do_sample, params.repetition_penalty not in (0.0, 1.0) or bool(
+                    params.frequency_penalty)
+            elif item.id in self.requests:
+                state = self.requests[item.id]
+                do_sample, penalty, prompt_logprobs = state.params.do_sample, state.params.has_penalty, state.prompt_logprobs
+            else:
+                return False  # the plan is refused; let it be refused in order
+            if prompt_logprobs or (item.sample and not plain_greedy(do_sample, penalty, item.allowed_tokens)):
+                return False
+        return True
 
     def run_work(self, work: RankWork) -> None:
         """Ranks > 0: their share of a step (rank 0 runs the same in `step`)."""
@@ -277,57 +372,104 @@ class ShardExecutor:
             self.forward_work(work)
         self.tracker.poll()
 
-    def _rank_work(self, request: shard_pb2.StepRequest, scheduled: list[ScheduledWork]) -> RankWork:
+    def _rank_work(self, request: shard_pb2.StepRequest, scheduled: list[ScheduledWork]):
         """The step as every rank runs it: transfers, chunks and the positions needing logits
         (the last of each request the plan samples, plus prompt positions whose next prompt
-        token's logprob was asked for)."""
+        token's logprob was asked for); and the feed of inputs still on the device (chunk
+        indices, the step's picks, their rows), None when every input is on the host."""
         chunks, offsets = [], []
-        for work in scheduled:
+        fed_chunks, source, source_rows = [], None, []
+        for index, work in enumerate(scheduled):
             state = self.requests[work.request_id]
             end = work.start + work.num_new
-            chunks.append(Chunk(state.token_ids[work.start : end], work.start, list(work.block_table)))
+            tokens = state.token_ids[work.start : end]
+            if tokens[-1] == PENDING_TOKEN:
+                # The token the step still running sampled for it: fed from the device.
+                pick, row = self._pending[work.request_id]
+                if source is not None and pick is not source:
+                    raise RuntimeError("inputs fed from two steps' device picks")
+                source = pick
+                fed_chunks.append(index)
+                source_rows.append(row)
+                tokens = [*tokens[:-1], 0]
+            if PENDING_TOKEN in tokens:
+                raise RuntimeError(f"request {work.request_id}: a token still on the device is not the chunk's last input")
+            chunks.append(Chunk(tokens, work.start, list(work.block_table)))
             needed = []
             if state.prompt_logprobs and work.start + 1 < state.prompt_len:
                 needed.extend(range(min(end + 1, state.prompt_len) - work.start - 1))
             if work.sample:
                 needed.append(work.num_new - 1)
             offsets.append(needed)
-        return RankWork([TransferOrder.of(t) for t in request.rotate_out], [TransferOrder.of(t) for t in request.rotate_in],
+        work = RankWork([TransferOrder.of(t) for t in request.rotate_out], [TransferOrder.of(t) for t in request.rotate_in],
                         chunks, offsets)
+        return work, None if source is None else (fed_chunks, source.tokens, source_rows)
 
-    def forward_work(self, work: RankWork) -> torch.Tensor | None:
+    def forward_work(self, work: RankWork, feed=None, wait: bool = True) -> torch.Tensor | None:
         """One forward over the step's chunks; the logits [R, vocab] of the needed rows, in
-        `work.logit_offsets` order (None when none are needed, and on ranks > 0)."""
+        `work.logit_offsets` order (None when none are needed, and on ranks > 0). `feed`: inputs
+        taken from a device tensor (`_rank_work`); `wait`: on a GPU, wait for the step's compute."""
         read_blocks, written_blocks = set(), set()
         for chunk in work.chunks:
             read_blocks.update(chunk.block_table)
             written_blocks.update(chunk.block_table[chunk.start // self.runner.block_size :])
         self.tracker.order_before_compute(read_blocks, written_blocks)
-        hidden, batch = self.runner.forward(work.chunks)
+        hidden, batch = self.runner.forward(work.chunks, feed=feed)
         rows = [batch.first_rows[index] + offset
                 for index, offsets in enumerate(work.logit_offsets) for offset in offsets]
         logits = self.runner.logits(hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]) if rows else None
-        if self.runner.device.type == "cuda":
+        if wait and self.runner.device.type == "cuda":
             # The step's own compute only (the forward time is measured up to here): DuplexKV's
             # copies run on their own non-blocking streams, and a transfer may outlast the step
             # that started it — it is acknowledged in a later reply.
             torch.cuda.current_stream(self.runner.device).synchronize()
         return logits
 
-    def _compute(self, scheduled: list[ScheduledWork], work: RankWork, tracer: trace.Tracer,
-                 step_id: int) -> tuple[list[shard_pb2.RequestOutput], int, int]:
-        """Outputs, forward time and sampling time (ns) of the scheduled work."""
+    def _compute(self, launched: "LaunchedStep", work: RankWork, feed, tracer: trace.Tracer) -> None:
+        """Runs the scheduled work: the forward and the sampling, into `launched` (outputs,
+        forward and sampling time; with device picks, `device` and `device_rows`)."""
+        scheduled = launched.plan.scheduled
+        launched.outputs = [shard_pb2.RequestOutput(request_id=item.request_id) for item in scheduled]
         if not scheduled:
-            return [], 0, 0
+            return
+        sample_rows, prompt_rows = self._logit_rows(scheduled, work)
+        on_device = self.pipeline and bool(sample_rows) and not prompt_rows and all(
+            plain_greedy(self.requests[scheduled[i].request_id].params.do_sample,
+                         self.requests[scheduled[i].request_id].params.has_penalty, scheduled[i].allowed_tokens)
+            for i, _ in sample_rows)
         forward_start = time.perf_counter_ns()
+        events = None
+        if on_device and self.runner.device.type == "cuda":
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
         tokens = sum(item.num_new for item in scheduled)
         with tracer.start_as_current_span("forward", attributes={"requests": len(scheduled), "tokens": tokens}):
-            logits = self.forward_work(work)
-        sample_rows, prompt_rows = self._logit_rows(scheduled, work)
+            logits = self.forward_work(work, feed, wait=not on_device)
         sampling_start = time.perf_counter_ns()
+        launched.forward_ns = sampling_start - forward_start
         with tracer.start_as_current_span("sampling", attributes={"sampled": len(sample_rows)}):
-            outputs = self._sample(scheduled, logits, sample_rows, prompt_rows, step_id)
-        return outputs, sampling_start - forward_start, time.perf_counter_ns() - sampling_start
+            if on_device:
+                self._sample_on_device(launched, logits, sample_rows)
+                if events is not None:
+                    events[1].record()
+                    launched.forward_events = events
+            else:
+                self._sample(scheduled, logits, sample_rows, prompt_rows, launched.request.step_id, launched.outputs)
+        launched.sampling_ns = time.perf_counter_ns() - sampling_start
+
+    def _sample_on_device(self, launched: "LaunchedStep", logits, sample_rows: list[tuple[int, int]]) -> None:
+        """Plain greedy picks kept on the device; each request's token list gets a placeholder
+        at the picked token's position until `finish` writes it."""
+        scheduled = launched.plan.scheduled
+        rows = [row for _, row in sample_rows]
+        picked = logits if rows == list(range(logits.shape[0])) else logits[rows]
+        states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
+        launched.device = DeviceSample(picked, max(state.params.top_n_tokens for state in states))
+        for k, ((index, _), state) in enumerate(zip(sample_rows, states)):
+            launched.device_rows.append((index, state, len(state.token_ids), k))
+            state.token_ids.append(PENDING_TOKEN)
+            state.sampled_in_step = launched.request.step_id
+            self._pending[state.request_id] = (launched.device, k)
 
     def _logit_rows(self, scheduled: list[ScheduledWork], work: RankWork):
         """Where each request's logits are: the sampled rows as (index in `scheduled`, row) and
@@ -346,10 +488,10 @@ class ShardExecutor:
         return sample_rows, prompt_rows
 
     def _sample(self, scheduled: list[ScheduledWork], logits, sample_rows: list[tuple[int, int]],
-                prompt_rows: dict[int, tuple[int, list[int]]], step_id: int) -> list[shard_pb2.RequestOutput]:
-        """Samples where the plan says so; each sampled token is kept in the request's state
-        (the next step's input, whether or not the router has seen it yet)."""
-        outputs = [shard_pb2.RequestOutput(request_id=work.request_id) for work in scheduled]
+                prompt_rows: dict[int, tuple[int, list[int]]], step_id: int,
+                outputs: list[shard_pb2.RequestOutput]) -> None:
+        """Samples where the plan says so, into `outputs`; each sampled token is kept in the
+        request's state (the next step's input, whether or not the router has seen it yet)."""
         if sample_rows:
             sampled_states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
             rows = [row for _, row in sample_rows]
@@ -371,7 +513,6 @@ class ShardExecutor:
                 ))
         for index, (first, targets) in prompt_rows.items():
             outputs[index].prompt_logprobs.extend(prompt_logprobs(logits[first : first + len(targets)], targets))
-        return outputs
 
     def reset(self) -> shard_pb2.ResetResponse:
         """Drops every request and waits for in-flight transfers (the router's recovery after
@@ -380,6 +521,7 @@ class ShardExecutor:
             raise NotWarmedUpError("Reset before Warmup: there is nothing to reset")
         dropped = len(self.requests)
         self.requests.clear()
+        self._pending.clear()
         with self._on_every_rank(ResetCommand()):
             self.tracker.drain()
         log.warning("reset: dropped %d requests", dropped)

@@ -4,7 +4,7 @@ import torch
 
 from ..models.config import ModelConfig
 from .batch import BatchLayout, Chunk, StepBatch, build_batch
-from .decode_graphs import DecodeGraphs
+from .decode_graphs import DecodeGraphs, feed_inputs
 from .kv_cache import KVCache, KVGeometry
 from .loader import LoadedModel
 
@@ -58,15 +58,20 @@ class ModelRunner:
         return graphs
 
     @torch.inference_mode()
-    def forward(self, chunks: list[Chunk], cache: torch.Tensor | None = None) -> tuple[torch.Tensor, StepBatch]:
+    def forward(self, chunks: list[Chunk], cache: torch.Tensor | None = None, feed=None) -> tuple[torch.Tensor, StepBatch]:
         """Computes every chunk's K/V into the cache; returns final hidden states [T, hidden]
-        (rows ordered as `StepBatch.first_rows` says) and the batch."""
+        (rows ordered as `StepBatch.first_rows` says) and the batch. `feed`: (chunk indices,
+        a device tensor of token ids, its rows) — those chunks' last input is taken from the
+        tensor (a token sampled on the device by the step before), not from the chunk."""
         kv = cache if cache is not None else self._device_cache()
         if cache is None and self.graphs is not None and self.graphs.fits(chunks):
-            return self.graphs.run(chunks)
+            return self.graphs.run(chunks, feed)
         batch = build_batch(chunks, self.layout, self.device)
+        if feed is not None:
+            fed_chunks, source, source_rows = feed
+            rows = [batch.first_rows[index] + len(chunks[index].token_ids) - 1 for index in fed_chunks]
+            feed_inputs(batch.input_ids, rows, source, source_rows)
         return self.model(batch.input_ids, kv, batch.meta), batch
-
     @torch.inference_mode()
     def logits(self, hidden_rows: torch.Tensor) -> torch.Tensor | None:
         """[R, hidden] -> [R, vocab] float32 (under tensor parallelism: on rank 0; None on the

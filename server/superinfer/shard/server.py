@@ -34,7 +34,8 @@ class ShardServer:
         # Few threads: model work is serialised by the servicer; extra threads only let
         # Health and Info answer while a Step runs.
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
-        shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(executor, self.traces), self._server)
+        self.servicer = ShardServicer(executor, self.traces)
+        shard_pb2_grpc.add_ShardServicer_to_server(self.servicer, self._server)
         if uds_path.exists():
             os.unlink(uds_path)  # a stale socket from a killed run would block the bind
         uds_path.parent.mkdir(parents=True, exist_ok=True)

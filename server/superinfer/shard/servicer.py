@@ -31,24 +31,22 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         # until that step has run (whatever its outcome). Reset starts the count again.
         self._ran = threading.Condition(self._lock)
         self._last_step_id = 0
+        # Steps waiting for the one they name (by that one's id), and steps launched ahead
+        # by the thread of the step before them (by their own id; a failure to launch kept
+        # as the exception, raised on their own thread).
+        self._waiting: dict[int, object] = {}
+        self._launched_ahead: dict[int, object] = {}
+        # Whether the router sends steps ahead (a Step has named a previous one): only then is
+        # a successor worth waiting for while a step computes.
+        self._steps_ahead = False
 
-    def _run(self, name: str, call, context: grpc.ServicerContext, exclusive: bool = True, after_step: int = 0,
-             step_id: int | None = None):
+    def _run(self, name: str, call, context: grpc.ServicerContext, exclusive: bool = True):
         with self.traces.rpc(name, context):
             try:
                 if not exclusive:
                     return call()
-                with self._ran:
-                    while after_step and self._last_step_id != after_step:
-                        if not context.is_active():  # the router gave up on it (a failure, a recovery)
-                            raise StepAbandoned(f"step {step_id} abandoned while waiting for step {after_step}")
-                        self._ran.wait(timeout=0.05)
-                    try:
-                        return call()
-                    finally:
-                        if step_id is not None:
-                            self._last_step_id = step_id
-                            self._ran.notify_all()
+                with self._lock:
+                    return call()
             except StepAbandoned as err:
                 log.info("%s: %s", name, err)
                 context.abort(grpc.StatusCode.CANCELLED, str(err))
@@ -74,11 +72,56 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         return self._run("Warmup", lambda: self.executor.warmup(request), context)
 
     def Step(self, request, context):
-        return self._run("Step", lambda: self.executor.step(request, self.traces.tracer), context,
-                         after_step=request.previous_step_id, step_id=request.step_id)
+        return self._run("Step", lambda: self._step(request, context), context, exclusive=False)
+
+    def _step(self, request, context):
+        """Runs a Step after the one it names. While a step's compute runs on the device, the
+        step planned after it (one step in flight) is launched on this thread as soon as it
+        arrives, if the executor allows (`ShardExecutor.can_run_ahead`), so the device goes
+        from one step to the next without waiting for the host; then this step is finished
+        and answered."""
+        after, step_id = request.previous_step_id, request.step_id
+        with self._ran:
+            if after:
+                self._steps_ahead = True
+                self._waiting[after] = request
+                self._ran.notify_all()
+            try:
+                while after and self._last_step_id != after:
+                    if not context.is_active():  # the router gave up on it (a failure, a recovery)
+                        raise StepAbandoned(f"step {step_id} abandoned while waiting for step {after}")
+                    self._ran.wait(timeout=0.05)
+            finally:
+                if self._waiting.get(after) is request:
+                    del self._waiting[after]
+            try:
+                launched = self._launched_ahead.pop(step_id, None)
+                if isinstance(launched, Exception):
+                    raise launched
+                if launched is None:
+                    launched = self.executor.launch(request, self.traces.tracer)
+                while self._steps_ahead and not launched.ready():
+                    successor = self._waiting.get(step_id)
+                    if successor is not None:
+                        del self._waiting[step_id]
+                        if self.executor.can_run_ahead(launched, successor):
+                            try:
+                                self._launched_ahead[successor.step_id] = self.executor.launch(successor, self.traces.tracer)
+                            except Exception as err:  # the successor's own failure, reported on its RPC
+                                self._launched_ahead[successor.step_id] = err
+                        else:
+                            self._waiting[step_id] = successor
+                        break
+                    self._ran.wait(timeout=0.0002)
+                return self.executor.finish(launched)
+            finally:
+                self._last_step_id = step_id
+                self._ran.notify_all()
 
     def Reset(self, request, context):
         def reset():
             self._last_step_id = 0  # the router's next scheduler counts steps from 1 again
+            self._launched_ahead.clear()
+            self._steps_ahead = False
             return self.executor.reset()
         return self._run("Reset", reset, context)

@@ -5,7 +5,9 @@ also computes the last position's logits only; the share of Step time spent outs
 forward. On the CPU in float32; with `--device cuda` in bfloat16 on the GPU (both sides), where
 it also reports the decode graphs' capture time and memory, each batch's step against the HBM
 roofline (weights plus K/V read per step over the copy bandwidth measured in the same run), and
-the share of the decode steps' wall time the GPU runs no kernel (torch profiler).
+the share of the decode steps' wall time the GPU runs no kernel (torch profiler), with the
+steps one after the other and as one step in flight runs them (step N+1 launched before N is
+finished).
 
 Like for like: both sides are warmed up with one unmeasured pair first, then run in `--pairs`
 interleaved pairs (the order alternating, shard first in even pairs, transformers first in odd
@@ -151,6 +153,28 @@ class _ShardDriver:
             "sampling_share": sum(r.timings.sampling_ns for r in replies) / total,
         }
 
+    def decode_ahead(self, live, steps: int) -> dict:
+        """The decode steps as the router sends them with one step in flight (each naming the
+        one before, its inputs fed from the shard) and as the servicer runs them: step N+1
+        launched before N is finished whenever the executor allows (`can_run_ahead`)."""
+        executor, launched, replies = self.executor, None, []
+        started = time.perf_counter()
+        for step in range(steps):
+            self.step_id += 1
+            request = pb.StepRequest(step_id=self.step_id, previous_step_id=self.step_id - 1 if step else 0, scheduled=[
+                pb.ScheduledRequest(id=rid, num_computed_tokens=known + step - 1, num_new_tokens=1, block_table=blocks,
+                                    sample=True, input_from_shard=step > 0) for rid, blocks, known in live])
+            if launched is not None and not executor.can_run_ahead(launched, request):
+                replies.append(executor.finish(launched))
+                launched = None
+            following = executor.launch(request)
+            if launched is not None:
+                replies.append(executor.finish(launched))
+            launched = following
+        replies.append(executor.finish(launched))
+        seconds = time.perf_counter() - started
+        return {"tokens_per_s": len(live) * steps / seconds, "step_ms": 1e3 * seconds / steps}
+
     def forget(self, live) -> None:
         self.step(forget=[rid for rid, _, _ in live])
 
@@ -219,10 +243,11 @@ def roofline(executor, batch: int, context: int, decode_steps: int, step_s: floa
             "measured_step_ms": 1e3 * step_s, "achieved": fastest / step_s}
 
 
-def gpu_idle_share(driver: "_ShardDriver", prompts: list[list[int]], steps: int) -> dict:
+def gpu_idle_share(driver: "_ShardDriver", prompts: list[list[int]], steps: int, ahead: bool = False) -> dict:
     """Share of the wall time of `steps` decode steps in which the GPU runs no kernel: one
     minus the kernels' summed device time (torch profiler, one stream) over the steps' wall
-    time. The profiler's own host cost makes this an upper bound."""
+    time. The profiler's own host cost makes this an upper bound. `ahead`: the steps as one
+    step in flight runs them (`_ShardDriver.decode_ahead`)."""
     from torch.profiler import ProfilerActivity, profile
 
     live = driver.prefill(prompts, len(prompts[0]))
@@ -230,7 +255,7 @@ def gpu_idle_share(driver: "_ShardDriver", prompts: list[list[int]], steps: int)
     sync_device(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        driver.decode(live, steps)
+        (driver.decode_ahead if ahead else driver.decode)(live, steps)
         sync_device(device)
         wall = time.perf_counter() - start
     driver.forget(live)
@@ -265,7 +290,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         results["cuda_graphs"] = None if graphs is None else {
             "batch_sizes": list(graphs.batch_sizes), "capture_s": graphs.capture_s, "memory_bytes": graphs.memory_bytes}
         bandwidth = copy_bandwidth(device)
-        results["roofline"], results["gpu_idle"] = {}, {}
+        results["roofline"], results["gpu_idle"], results["gpu_idle_ahead"] = {}, {}, {}
     for batch in args.batches:
         prompts = _prompts(batch, vocab, seed=batch, context=context)
         pairs = interleave(lambda: _shard_decode(driver, prompts, args.decode_steps),
@@ -276,6 +301,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             results["roofline"][str(batch)] = roofline(executor, batch, context, args.decode_steps,
                                                        figures["step_ms"]["median"] / 1e3, bandwidth)
             results["gpu_idle"][str(batch)] = gpu_idle_share(driver, prompts, args.decode_steps)
+            results["gpu_idle_ahead"][str(batch)] = gpu_idle_share(driver, prompts, args.decode_steps, ahead=True)
         print(f"batch {batch}: shard {figures['shard_tokens_per_s']['median']:.1f} tok/s, transformers "
               f"{figures['transformers_tokens_per_s']['median']:.1f} tok/s, ratio {ratio['median']:.2f} "
               f"[{ratio['min']:.2f}-{ratio['max']:.2f}]", file=sys.stderr)
