@@ -209,14 +209,21 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", err)
         return 1
     group = None
+    # Every torch operation of the shard runs on one thread, loading included (model_thread.py).
+    from .model_thread import ModelThread
+
+    model_thread = ModelThread()
     try:
         if config.parallel.enabled:
             from .rank_group import RankGroup
 
             group = RankGroup(config.parallel, config.device)
-        executor = build_executor(config, group)
+        if config.device.type == "cuda":
+            # Streams, events and graphs made without a device argument go to this one.
+            model_thread.run(torch.cuda.set_device, config.device)
+        executor = model_thread.run(build_executor, config, group)
         if group is not None:
-            group.wait_for_all()  # rank 0 answers Health only once every rank has its weights
+            model_thread.run(group.wait_for_all)  # rank 0 answers Health only once every rank has its weights
     except LoaderError as err:
         log.error("cannot load the model: %s", err)
         return 1
@@ -228,20 +235,21 @@ def run(args: argparse.Namespace) -> int:
     if shutdown.is_set():
         return 0
     if group is not None and group.rank > 0:
-        return _follow_until(executor, group, shutdown)
+        return _follow_until(executor, group, shutdown, model_thread)
     from .telemetry import ShardTraces
 
     if group is not None:
         group.on_failure = lambda reason: shutdown.set()
-    server = ShardServer(executor, args.uds_path, ShardTraces.from_endpoint(args.otlp_endpoint, args.otlp_service_name))
+    server = ShardServer(executor, args.uds_path, ShardTraces.from_endpoint(args.otlp_endpoint, args.otlp_service_name),
+                         model_thread)
     log.info("ready in %.2fs", time.perf_counter() - started)
     server.serve_until(shutdown)
     return 1 if group is not None and group.failure is not None else 0
 
 
-def _follow_until(executor, group, shutdown: threading.Event) -> int:
-    """Ranks > 0: rank 0's commands run in a thread (they block in torch.distributed, where a
-    signal cannot reach them) until rank 0 stops, a command fails, or a signal arrives."""
+def _follow_until(executor, group, shutdown: threading.Event, model_thread) -> int:
+    """Ranks > 0: rank 0's commands run on the model thread (they block in torch.distributed,
+    where a signal cannot reach them) until rank 0 stops, a command fails, or a signal arrives."""
     from .follower import follow
 
     status = []
@@ -250,7 +258,7 @@ def _follow_until(executor, group, shutdown: threading.Event) -> int:
         status.append(follow(executor, group))
         shutdown.set()
 
-    threading.Thread(target=run_commands, name="rank-commands", daemon=True).start()
+    model_thread.submit(run_commands)
     logging.getLogger("superinfer.shard").info("rank %d of %d: following rank 0", group.rank, group.world_size)
     shutdown.wait()
     return status[0] if status else 0

@@ -23,7 +23,8 @@ _MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # Info carries the whole tokenizer.json
 class ShardServer:
     """`traces`: where the RPCs' spans go (None: traces are off); the server closes it on stop."""
 
-    def __init__(self, executor: ShardExecutor, uds_path: pathlib.Path, traces: ShardTraces | None = None):
+    def __init__(self, executor: ShardExecutor, uds_path: pathlib.Path, traces: ShardTraces | None = None,
+                 model_thread=None):
         self.executor = executor
         self.uds_path = uds_path
         self.traces = traces or ShardTraces()
@@ -34,7 +35,7 @@ class ShardServer:
         # Few threads: model work is serialised by the servicer; extra threads only let
         # Health and Info answer while a Step runs.
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
-        self.servicer = ShardServicer(executor, self.traces)
+        self.servicer = ShardServicer(executor, self.traces, model_thread)
         shard_pb2_grpc.add_ShardServicer_to_server(self.servicer, self._server)
         if uds_path.exists():
             os.unlink(uds_path)  # a stale socket from a killed run would block the bind

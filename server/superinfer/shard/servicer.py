@@ -2,6 +2,7 @@
 kind onto one status code (bad plan → INVALID_ARGUMENT, Step before Warmup →
 FAILED_PRECONDITION, anything else → INTERNAL with the message). Each RPC runs in its span,
 which continues the caller's trace (`telemetry`)."""
+import contextvars
 import logging
 import threading
 
@@ -10,6 +11,7 @@ import grpc
 from ..pb import shard_pb2_grpc
 from .errors import NotWarmedUpError, PlanError
 from .executor import ShardExecutor
+from .model_thread import ModelThread
 from .telemetry import ShardTraces
 
 log = logging.getLogger(__name__)
@@ -20,7 +22,7 @@ class StepAbandoned(Exception):
 
 
 class ShardServicer(shard_pb2_grpc.ShardServicer):
-    def __init__(self, executor: ShardExecutor, traces: ShardTraces | None = None):
+    def __init__(self, executor: ShardExecutor, traces: ShardTraces | None = None, model_thread=None):
         self.executor = executor
         self.traces = traces or ShardTraces()
         # The model, the cache and the request table have one owner; gRPC worker threads
@@ -39,6 +41,14 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         # Whether the router sends steps ahead (a Step has named a previous one): only then is
         # a successor worth waiting for while a step computes.
         self._steps_ahead = False
+        # Every call into the model runs on the model thread (the one that loaded it, when
+        # given), whichever gRPC thread took the RPC: see model_thread.py.
+        self._model = model_thread or ModelThread()
+
+    def _on_model(self, call, *args):
+        """Runs `call(*args)` on the model thread, in the caller's context (its current span),
+        and returns its result (or raises its error)."""
+        return self._model.run(contextvars.copy_context().run, call, *args)
 
     def _run(self, name: str, call, context: grpc.ServicerContext, exclusive: bool = True):
         with self.traces.rpc(name, context):
@@ -63,13 +73,14 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     # except that under tensor parallelism Health is a command to every rank and an
     # all-reduce, which must not interleave with a Step's.
     def Info(self, request, context):
-        return self._run("Info", self.executor.info, context, exclusive=False)
+        return self._run("Info", self.executor.info, context, exclusive=False)  # no model work
 
     def Health(self, request, context):
-        return self._run("Health", self.executor.health, context, exclusive=self.executor.world_size > 1)
+        return self._run("Health", lambda: self._on_model(self.executor.health), context,
+                         exclusive=self.executor.world_size > 1)
 
     def Warmup(self, request, context):
-        return self._run("Warmup", lambda: self.executor.warmup(request), context)
+        return self._run("Warmup", lambda: self._on_model(self.executor.warmup, request), context)
 
     def Step(self, request, context):
         return self._run("Step", lambda: self._step(request, context), context, exclusive=False)
@@ -99,21 +110,22 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 if isinstance(launched, Exception):
                     raise launched
                 if launched is None:
-                    launched = self.executor.launch(request, self.traces.tracer)
+                    launched = self._on_model(self.executor.launch, request, self.traces.tracer)
                 while self._steps_ahead and not launched.ready():
                     successor = self._waiting.get(step_id)
                     if successor is not None:
                         del self._waiting[step_id]
                         if self.executor.can_run_ahead(launched, successor):
                             try:
-                                self._launched_ahead[successor.step_id] = self.executor.launch(successor, self.traces.tracer)
+                                self._launched_ahead[successor.step_id] = self._on_model(
+                                    self.executor.launch, successor, self.traces.tracer)
                             except Exception as err:  # the successor's own failure, reported on its RPC
                                 self._launched_ahead[successor.step_id] = err
                         else:
                             self._waiting[step_id] = successor
                         break
                     self._ran.wait(timeout=0.0002)
-                return self.executor.finish(launched)
+                return self._on_model(self.executor.finish, launched)
             finally:
                 self._last_step_id = step_id
                 self._ran.notify_all()
@@ -123,5 +135,5 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             self._last_step_id = 0  # the router's next scheduler counts steps from 1 again
             self._launched_ahead.clear()
             self._steps_ahead = False
-            return self.executor.reset()
+            return self._on_model(self.executor.reset)
         return self._run("Reset", reset, context)
