@@ -76,8 +76,11 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         return self._run("Info", self.executor.info, context, exclusive=False)  # no model work
 
     def Health(self, request, context):
-        return self._run("Health", lambda: self._on_model(self.executor.health), context,
-                         exclusive=self.executor.world_size > 1)
+        if self.executor.world_size == 1:
+            # Answered at once, even while a Step or Warmup holds the model thread: a one-element
+            # probe starts no parallel region, so it adds no thread pool (model_thread.py).
+            return self._run("Health", self.executor.health, context, exclusive=False)
+        return self._run("Health", lambda: self._on_model(self.executor.health), context)
 
     def Warmup(self, request, context):
         return self._run("Warmup", lambda: self._on_model(self.executor.warmup, request), context)
