@@ -17,15 +17,7 @@
 # given as wheels in .whl/ (installed into /tmp/site first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$(mktemp -d)}"
-PYTHON="${PYTHON:-python3}"
-export OUT PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD/server:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh  # OUT, PYTHON, wheels from .whl/, PYTHONPATH; write_model
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 echo "== DuplexKV"
@@ -48,8 +40,6 @@ for row in json.load(open(sys.argv[1]))["results"]:
   "$OUT/attention_bench.json" || true
 
 if [ -n "${SKIP_SHARD_BENCH:-}" ]; then exit 0; fi
-source scripts/gpu_models.sh  # write_model
-
 # $1 name, $2 model directory, then the benchmark's own flags.
 shard_bench() {
   local name=$1 model=$2; shift 2

@@ -13,17 +13,7 @@
 # host pool is HOST_KV_BLOCKS (default 8,192: 16 GiB pinned per server). Writes $OUT/compare/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$(mktemp -d)}"
-PYTHON="${PYTHON:-python3}"
-export OUT PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD/server:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-source scripts/gpu_models.sh  # write_model
-
+source scripts/gpu_env.sh  # OUT, PYTHON, wheels from .whl/, PYTHONPATH; write_model
 MODEL=/tmp/superinfer-random-llama-8b
 write_model "$MODEL" 8b >"$OUT/write_models.log" 2>&1 || { echo "model 8b failed"; tail -n 5 "$OUT/write_models.log"; exit 1; }
 start=$SECONDS

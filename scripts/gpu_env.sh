@@ -1,4 +1,16 @@
-# Sourced by the GPU scripts (gpu_check.sh, gpu_compare.sh); needs $PYTHON.
+# Sourced by the GPU scripts (gpu_check.sh, gpu_compare.sh) from the repository root: $OUT
+# (default: a new temporary directory), $PYTHON, Python packages the GPU host lacks installed
+# from .whl/ into /tmp/site, the repository on PYTHONPATH, and write_model.
+OUT="${OUT:-$(mktemp -d)}"
+PYTHON="${PYTHON:-python3}"
+export OUT PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/server:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
 # A random-weight Llama-shaped model written once per shape (no download): $1 directory, $2 shape.
 write_model() {
   timeout 300 "$PYTHON" - "$1" "$2" <<'PY'
