@@ -3,7 +3,8 @@
 Every figure comes with its reference measured in the same run, and the ratio between them:
 - CPU: scattered-block gather/scatter vs one contiguous copy of the same bytes (the memory
   bandwidth bound, target >= 0.70); vs a per-block Python loop of `copy_()` (target >= 5x);
-  both directions at once vs one.
+  both directions at once vs one. Interleaved rounds (`--pairs`): every ratio is the median
+  of per-round ratios with its range.
 - GPU (when CUDA is present, see bench_gpu.py): per direction vs one large pinned copy, duplex
   vs one direction, vs vLLM's per-block cudaMemcpyAsync loop, and the slowdown of a bf16
   matmul while transfers run.
@@ -87,8 +88,17 @@ def _python_loop_per_layer(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_id
             dst[d, layer, 1].copy_(src[s, layer, 1])
 
 
-def cpu_bench(geometry: BlockGeometry, blocks: int, repeats: int) -> dict:
-    """CPU backend figures for `blocks` scattered blocks per direction."""
+def spread(values: list[float]) -> dict:
+    """A figure over the pairs: its median, range and values."""
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "values": [round(v, 3) for v in values]}
+
+
+def cpu_bench(geometry: BlockGeometry, blocks: int, repeats: int, pairs: int = 5) -> dict:
+    """CPU backend figures for `blocks` scattered blocks per direction. Like for like: after one
+    unmeasured round, `pairs` rounds each time every variant (the references and the engine, in
+    an order that alternates between rounds) on the same bytes; each ratio is the median of the
+    per-round ratios, with its range."""
     pool_blocks = 2 * blocks
     device_kv = torch.randn(pool_blocks, *geometry.shape).to(geometry.dtype)
     host_kv = torch.zeros(pool_blocks, *geometry.shape, dtype=geometry.dtype)
@@ -100,28 +110,31 @@ def cpu_bench(geometry: BlockGeometry, blocks: int, repeats: int) -> dict:
     in_src = torch.tensor(sorted(set(range(pool_blocks)) - set(out_dst.tolist())))[:blocks]
     in_dst = in_dst[torch.randperm(blocks, generator=torch.Generator().manual_seed(3))]
     engine = TransferEngine(device_kv, host_kv)
-
-    def one_direction() -> None:
-        engine.submit(swap_out=(out_src, out_dst)).wait()
-
-    def both_directions() -> None:
-        engine.submit(swap_out=(out_src, out_dst), swap_in=(in_src, in_dst)).wait()
-
     # The bandwidth reference: the faster of torch's (multi-threaded) copy_ and numpy's
     # single-threaded memcpy of one contiguous range of the same size.
     flat_src, flat_dst = device_kv[:blocks], host_kv[:blocks]
-    torch_copy = median_seconds(lambda: flat_dst.copy_(flat_src), repeats)
     numpy_src, numpy_dst = flat_src.numpy(), flat_dst.numpy()
-    numpy_copy = median_seconds(lambda: numpy.copyto(numpy_dst, numpy_src), repeats)
-    contiguous = min(torch_copy, numpy_copy)
-    engine_out = median_seconds(one_direction, repeats)
-    duplex = median_seconds(both_directions, repeats)
     src_list, dst_list = out_src.tolist(), out_dst.tolist()
-    loop = median_seconds(lambda: _python_loop(device_kv, host_kv, src_list, dst_list), repeats)
-    loop_layers = median_seconds(
-        lambda: _python_loop_per_layer(device_kv, host_kv, src_list, dst_list), repeats
-    )
+    variants: dict[str, Callable[[], None]] = {
+        "torch_copy": lambda: flat_dst.copy_(flat_src),
+        "numpy_copy": lambda: numpy.copyto(numpy_dst, numpy_src),
+        "engine_one_direction": lambda: engine.submit(swap_out=(out_src, out_dst)).wait(),
+        "engine_both_directions": lambda: engine.submit(swap_out=(out_src, out_dst), swap_in=(in_src, in_dst)).wait(),
+        "python_loop_per_block": lambda: _python_loop(device_kv, host_kv, src_list, dst_list),
+        "python_loop_per_layer_kv": lambda: _python_loop_per_layer(device_kv, host_kv, src_list, dst_list),
+    }
+    rounds: list[dict[str, float]] = []
+    for index in range(pairs + 1):  # round 0 warms every path up and is not reported
+        order = list(variants) if index % 2 == 0 else list(reversed(variants))
+        seconds = {name: median_seconds(variants[name], repeats, warmup=0) for name in order}
+        if index:
+            rounds.append(seconds)
     engine.close()
+
+    def figure(compute: Callable[[dict[str, float]], float]) -> dict:
+        return spread([compute(r) for r in rounds])
+
+    contiguous = lambda r: min(r["torch_copy"], r["numpy_copy"])  # noqa: E731
     return {
         "geometry": {**asdict(geometry), "dtype": str(geometry.dtype)},
         "block_bytes": geometry.block_bytes,
@@ -129,19 +142,21 @@ def cpu_bench(geometry: BlockGeometry, blocks: int, repeats: int) -> dict:
         "bytes_per_direction": nbytes,
         "engine_threads": default_thread_count(),
         "torch_threads": torch.get_num_threads(),
-        "contiguous_torch_copy_gbps": _gbps(nbytes, torch_copy),
-        "contiguous_numpy_copy_gbps": _gbps(nbytes, numpy_copy),
-        "contiguous_copy_gbps": _gbps(nbytes, contiguous),
-        "engine_one_direction_gbps": _gbps(nbytes, engine_out),
-        "ratio_vs_contiguous": round(contiguous / engine_out, 3),
+        "method": f"{pairs} interleaved rounds after a warm-up round, the order reversed every other round, "
+                  f"each variant the median of {repeats} runs in its round; ratio = median of per-round ratios",
+        "contiguous_copy_gbps": figure(lambda r: _gbps(nbytes, contiguous(r))),
+        "engine_one_direction_gbps": figure(lambda r: _gbps(nbytes, r["engine_one_direction"])),
+        "ratio_vs_contiguous": figure(lambda r: contiguous(r) / r["engine_one_direction"]),
         "target_ratio_vs_contiguous": 0.70,
-        "python_loop_per_block_gbps": _gbps(nbytes, loop),
-        "speedup_vs_python_loop_per_block": round(loop / engine_out, 2),
-        "python_loop_per_layer_kv_gbps": _gbps(nbytes, loop_layers),
-        "speedup_vs_python_loop_per_layer_kv": round(loop_layers / engine_out, 2),
+        "python_loop_per_block_gbps": figure(lambda r: _gbps(nbytes, r["python_loop_per_block"])),
+        "speedup_vs_python_loop_per_block": figure(lambda r: r["python_loop_per_block"] / r["engine_one_direction"]),
+        "python_loop_per_layer_kv_gbps": figure(lambda r: _gbps(nbytes, r["python_loop_per_layer_kv"])),
+        "speedup_vs_python_loop_per_layer_kv": figure(
+            lambda r: r["python_loop_per_layer_kv"] / r["engine_one_direction"]),
         "target_speedup_vs_python_loop": 5.0,
-        "engine_both_directions_aggregate_gbps": _gbps(2 * nbytes, duplex),
-        "duplex_aggregate_ratio_vs_one_direction": round(2 * engine_out / duplex, 3),
+        "engine_both_directions_aggregate_gbps": figure(lambda r: _gbps(2 * nbytes, r["engine_both_directions"])),
+        "duplex_aggregate_ratio_vs_one_direction": figure(
+            lambda r: 2 * r["engine_one_direction"] / r["engine_both_directions"]),
     }
 
 
@@ -149,13 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer blocks and repeats")
     parser.add_argument("--cpu-blocks", type=int, default=128)
+    parser.add_argument("--pairs", type=int, default=5, help="CPU: measured interleaved rounds (after a warm-up one)")
     parser.add_argument("--skip-cpu", action="store_true", help="GPU figures only")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else 7
     report: dict = {"torch": torch.__version__}
     if not args.skip_cpu:
-        report["cpu"] = cpu_bench(SMOLLM2_CPU, 32 if args.quick else args.cpu_blocks, repeats)
+        report["cpu"] = cpu_bench(SMOLLM2_CPU, 32 if args.quick else args.cpu_blocks, repeats, 2 if args.quick else args.pairs)
     if torch.cuda.is_available():
         from .bench_gpu import gpu_bench
 

@@ -1,9 +1,11 @@
 //! Cost of one scheduling decision at serving scale: a closed loop of `concurrency`
 //! requests over a 16k-block device pool, driven through plan/complete with every transfer
 //! acknowledged at once. Prints microseconds per step for each policy, and the ratio to fcfs
-//! measured in the same run.
+//! measured in the same run: after an unmeasured round, `rounds` rounds each run every policy
+//! (the order rotated between rounds); each figure is the median over the rounds with its
+//! range, each ratio the median of the per-round ratios.
 //!
-//! Run: `cargo run --release -p superinfer-scheduler --example plan_bench [concurrency]`
+//! Run: `cargo run --release -p superinfer-scheduler --example plan_bench [concurrency] [rounds]`
 
 use std::time::Instant;
 
@@ -58,12 +60,39 @@ fn run(policy: PolicyKind, concurrency: u64) -> f64 {
     spent / STEPS as f64 * 1e6
 }
 
+/// The median of `values` (sorted in place) and its range.
+fn spread(values: &mut [f64]) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 };
+    (median, values[0], values[n - 1])
+}
+
 fn main() {
-    let concurrency = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
-    let reference = run(PolicyKind::Fcfs, concurrency);
-    println!("{concurrency} concurrent requests, {STEPS} steps, 16384 device blocks");
-    for policy in PolicyKind::ALL {
-        let micros = if policy == PolicyKind::Fcfs { reference } else { run(policy, concurrency) };
-        println!("{:>10}: {micros:8.1} us/step  ({:.2}x fcfs)", policy.as_str(), micros / reference);
+    let mut args = std::env::args().skip(1);
+    let concurrency = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
+    let policies = PolicyKind::ALL;
+    // micros[round][policy]
+    let mut micros = Vec::with_capacity(rounds);
+    for round in 0..=rounds {
+        let mut this = vec![0.0; policies.len()];
+        for offset in 0..policies.len() {
+            let index = (round + offset) % policies.len();
+            this[index] = run(policies[index], concurrency);
+        }
+        if round > 0 {
+            micros.push(this); // round 0 warms caches and the allocator up
+        }
+    }
+    let fcfs = policies.iter().position(|p| *p == PolicyKind::Fcfs).expect("fcfs is a policy");
+    println!("{concurrency} concurrent requests, {STEPS} steps, 16384 device blocks; median [min-max] of {rounds} rounds");
+    for (index, policy) in policies.iter().enumerate() {
+        let (us, us_min, us_max) = spread(&mut micros.iter().map(|r| r[index]).collect::<Vec<_>>());
+        let (ratio, r_min, r_max) = spread(&mut micros.iter().map(|r| r[index] / r[fcfs]).collect::<Vec<_>>());
+        println!(
+            "{:>10}: {us:8.1} us/step [{us_min:.1}-{us_max:.1}]  ({ratio:.2}x fcfs [{r_min:.2}-{r_max:.2}])",
+            policy.as_str()
+        );
     }
 }
