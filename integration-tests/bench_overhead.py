@@ -9,7 +9,10 @@ router, the gRPC hop, the HTTP stream and sampling. Means on both sides (the for
 only known as a mean over the window), so the parts add up. The measurement is repeated
 (`--repeats`, 1 and 32 streams alternating) and each figure reported as the median over the
 repeats with its range. Then 256 concurrent streams must all complete without errors.
-Target: overhead <= 1 ms per token."""
+Targets: overhead <= 0.5 ms per token at 1 stream, <= 10% of the forward at 32 streams.
+`ASYNC_SCHEDULING=true` in the environment measures the server with one step in flight (the
+split into router and gRPC hop then no longer applies: a step's RPC includes the wait for the
+step before it)."""
 import argparse
 import asyncio
 import contextlib
@@ -130,7 +133,7 @@ def report(summary: dict) -> None:
     print(f"{summary['concurrency']:>3} streams, median [min–max] of {summary['repeats']} repeats: "
           f"client gap mean {cell('client_gap_mean_ms')}, shard forward mean {cell('forward_mean_ms')} (reference)")
     print(f"    overhead per token {cell('overhead_mean_ms')} ({cell('overhead_share_of_forward', '%')} of forward; "
-          f"target <= 1 ms) = router between steps and HTTP/SSE delivery {cell('router_and_http_mean_ms')} "
+          f"target <= 0.5 ms at 1 stream, <= 10% at 32) = router between steps and HTTP/SSE delivery {cell('router_and_http_mean_ms')} "
           f"(engine turn {cell('engine_turn_mean_ms')}) + engine<->shard gRPC hop {cell('grpc_hop_mean_ms')} "
           f"+ shard outside forward {cell('shard_outside_forward_mean_ms')}; errors {summary['errors']}")
 
@@ -193,8 +196,8 @@ def main() -> int:
         for summary in summaries:
             report(summary)
         big = measure(url, 256, 16)
-        print(f"256 streams: {big['tokens']} tokens, errors {big['errors']}, "
-              f"client gap mean {big['client_gap_mean_ms']:.1f} ms, forward mean {big['forward_mean_ms']:.1f} ms")
+        # Only completion counts here: 16 tokens at 256 streams leave no all-decoding window.
+        print(f"256 streams: {big['tokens']} tokens, errors {big['errors']}")
         print(json.dumps({"summaries": summaries, "256": big}))
         return 1 if big["errors"] or any(s["errors"] for s in summaries) else 0
 

@@ -112,6 +112,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 launched = self._launched_ahead.pop(step_id, None)
                 if isinstance(launched, Exception):
                     raise launched
+                if launched is None and not self.executor.pipeline:
+                    # Nothing is launched ahead: the step and its reply in one turn of the
+                    # model thread (each turn is a hand-off and a wake-up each way).
+                    return self._on_model(self.executor.step, request, self.traces.tracer)
                 if launched is None:
                     launched = self._on_model(self.executor.launch, request, self.traces.tracer)
                 while self._steps_ahead and not launched.ready():
