@@ -10,9 +10,12 @@ only known as a mean over the window), so the parts add up. The measurement is r
 (`--repeats`, 1 and 32 streams alternating) and each figure reported as the median over the
 repeats with its range. Then 256 concurrent streams must all complete without errors.
 Targets: overhead <= 0.5 ms per token at 1 stream, <= 10% of the forward at 32 streams.
-`ASYNC_SCHEDULING=true` in the environment measures the server with one step in flight (the
-split into router and gRPC hop then no longer applies: a step's RPC includes the wait for the
-step before it)."""
+
+Launched, it measures two servers side by side (`--modes default,async`, both up at once, the
+order alternating each repeat): one step at a time (the default) and one step in flight
+(`--async-scheduling`), and prints their paired difference per repeat. With one step in
+flight the split into router and gRPC hop no longer applies: a step's RPC includes the wait
+for the step before it. `--url` measures the one server given."""
 import argparse
 import asyncio
 import contextlib
@@ -138,9 +141,13 @@ def report(summary: dict) -> None:
           f"+ shard outside forward {cell('shard_outside_forward_mean_ms')}; errors {summary['errors']}")
 
 
-def launch(port: int) -> subprocess.Popen:
+# What each measured mode adds to the launch.
+MODES = {"default": [], "async": ["--async-scheduling"]}
+
+
+def launch(port: int, extra: list[str] = ()) -> subprocess.Popen:
     argv = [str(REPO / ".venv/bin/superinfer"), "launch", "--port", str(port), "--hostname", "127.0.0.1",
-            "--device-kv-blocks", "512", "--host-kv-blocks", "256"]
+            "--device-kv-blocks", "512", "--host-kv-blocks", "256", *extra]
     # The server's log goes to stderr, so a failed start explains itself.
     return subprocess.Popen(argv, start_new_session=True, stdout=sys.stderr, stderr=subprocess.STDOUT)
 
@@ -161,16 +168,16 @@ def wait_healthy(url: str, process: subprocess.Popen | None, timeout_s: float = 
 
 
 @contextlib.contextmanager
-def served(url: str | None) -> Iterator[str]:
-    """`url`, or the embedded model's server launched on a free loopback port (stopped at the
-    end); healthy either way."""
+def served(url: str | None, extra: list[str] = ()) -> Iterator[str]:
+    """`url`, or the embedded model's server launched on a free loopback port with `extra`
+    flags (stopped at the end); healthy either way."""
     process = None
     if url is None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         url = f"http://127.0.0.1:{port}"
-        process = launch(port)
+        process = launch(port, extra)
     try:
         wait_healthy(url, process)
         yield url
@@ -180,26 +187,52 @@ def served(url: str | None) -> Iterator[str]:
             process.wait(timeout=60)
 
 
+def paired_difference(rows: dict, name: str, concurrency: int) -> dict:
+    """async − default of one figure, per repeat (the two measured in the same repeat)."""
+    values = [a[name] - d[name] for a, d in zip(rows["async"][concurrency], rows["default"][concurrency])]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help="a running server (default: launch one)")
+    parser.add_argument("--url", help="a running server (default: launch one per mode)")
+    parser.add_argument("--modes", default="default,async",
+                        help=f"servers launched side by side, of {', '.join(MODES)} (without --url)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5, help="measurements of 1 and 32 streams, alternating")
     args = parser.parse_args()
-    with served(args.url) as url:
-        measure(url, 4, 8)  # warm the path
-        rows: dict[int, list[dict]] = {1: [], 32: []}
+    modes = ["given"] if args.url else args.modes.split(",")
+    if unknown := [m for m in modes if m != "given" and m not in MODES]:
+        parser.error(f"unknown modes {unknown}: choose from {', '.join(MODES)}")
+    with contextlib.ExitStack() as stack:
+        urls = {mode: stack.enter_context(served(args.url, MODES.get(mode, []))) for mode in modes}
+        for url in urls.values():
+            measure(url, 4, 8)  # warm the path
+        rows = {mode: {1: [], 32: []} for mode in modes}
         for repeat in range(args.repeats):
-            for concurrency in ((1, 32) if repeat % 2 == 0 else (32, 1)):
-                rows[concurrency].append(measure(url, concurrency, args.max_new_tokens))
-        summaries = [summarize(rows[c]) for c in (1, 32)]
-        for summary in summaries:
-            report(summary)
-        big = measure(url, 256, 16)
-        # Only completion counts here: 16 tokens at 256 streams leave no all-decoding window.
-        print(f"256 streams: {big['tokens']} tokens, errors {big['errors']}")
-        print(json.dumps({"summaries": summaries, "256": big}))
-        return 1 if big["errors"] or any(s["errors"] for s in summaries) else 0
+            for mode in (modes if repeat % 2 == 0 else modes[::-1]):
+                for concurrency in ((1, 32) if repeat % 2 == 0 else (32, 1)):
+                    rows[mode][concurrency].append(measure(urls[mode], concurrency, args.max_new_tokens))
+        result, failed = {}, False
+        for mode, url in urls.items():
+            print(f"{mode}:")
+            summaries = [summarize(rows[mode][c]) for c in (1, 32)]
+            for summary in summaries:
+                report(summary)
+            big = measure(url, 256, 16)
+            # Only completion counts here: 16 tokens at 256 streams leave no all-decoding window.
+            print(f"256 streams: {big['tokens']} tokens, errors {big['errors']}")
+            result[mode] = {"summaries": summaries, "256": big}
+            failed |= bool(big["errors"] or any(s["errors"] for s in summaries))
+        if {"default", "async"} <= set(modes):
+            result["async_minus_default"] = {}
+            for concurrency in (1, 32):
+                diff = paired_difference(rows, "overhead_mean_ms", concurrency)
+                result["async_minus_default"][concurrency] = diff
+                print(f"one step in flight − one at a time, overhead per token at {concurrency} streams, paired per "
+                      f"repeat: {diff['median']:+.2f} ms [{diff['min']:+.2f} – {diff['max']:+.2f}]")
+        print(json.dumps(result))
+        return 1 if failed else 0
 
 
 if __name__ == "__main__":

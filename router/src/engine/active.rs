@@ -87,6 +87,11 @@ impl ActiveRequests {
         self.by_id.insert(id, request);
     }
 
+    /// Whether any request decodes under a grammar (its next mask needs its last token).
+    pub fn any_constrained(&self) -> bool {
+        self.by_id.values().any(|request| request.constraint.is_some())
+    }
+
     pub fn get(&self, id: u64) -> Option<&ActiveRequest> {
         self.by_id.get(&id)
     }

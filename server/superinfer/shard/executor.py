@@ -51,6 +51,8 @@ class LaunchedStep:
     request: shard_pb2.StepRequest
     plan: ValidatedPlan
     started_ns: int
+    # When `launch` returned.
+    launched_ns: int = 0
     outputs: list = field(default_factory=list)
     transfer_ns: int = 0
     forward_ns: int = 0
@@ -298,11 +300,15 @@ class ShardExecutor:
             if not self.pipeline:
                 # Under tensor parallelism the completion poll is a collective in the command.
                 launched.completed = self.tracker.poll()
+        launched.launched_ns = time.perf_counter_ns()
         return launched
 
     def finish(self, launched: "LaunchedStep") -> shard_pb2.StepResponse:
         """The Step's reply: waits for tokens still on their way from the device, writes them
-        into the requests' token lists, and reports the transfers completed since the last step."""
+        into the requests' token lists, and reports the transfers completed since the last step.
+        Without `pipeline` (tokens sampled and transfers polled at launch) it reads only
+        `launched`, so it may run on another thread beside the next step's launch."""
+        finish_started = time.perf_counter_ns()
         outputs = launched.outputs
         if launched.device is not None:
             tokens, logprobs, top_values, top_ids = launched.device.result()
@@ -331,8 +337,11 @@ class ShardExecutor:
         # A step launched while the one before it still ran counts from that one's finish: its
         # time is what it adds to the sequence of steps, as the cost model's correction needs.
         finished = time.perf_counter_ns()
-        total_ns = finished - max(launched.started_ns, self._last_finish_ns)
-        self._last_finish_ns = finished
+        if self.pipeline:
+            total_ns = finished - max(launched.started_ns, self._last_finish_ns)
+            self._last_finish_ns = finished
+        else:  # steps run one after the other: each its own work, launch and reply (not the hand-off between)
+            total_ns = (launched.launched_ns - launched.started_ns) + (finished - finish_started)
         return shard_pb2.StepResponse(
             step_id=request.step_id,
             outputs=outputs,

@@ -33,6 +33,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         # until that step has run (whatever its outcome). Reset starts the count again.
         self._ran = threading.Condition(self._lock)
         self._last_step_id = 0
+        # Without `pipeline`: the last step whose launch is queued on the model thread.
+        self._queued_step_id = 0
         # Steps waiting for the one they name (by that one's id), and steps launched ahead
         # by the thread of the step before them (by their own id; a failure to launch kept
         # as the exception, raised on their own thread).
@@ -89,11 +91,38 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         return self._run("Step", lambda: self._step(request, context), context, exclusive=False)
 
     def _step(self, request, context):
-        """Runs a Step after the one it names. While a step's compute runs on the device, the
-        step planned after it (one step in flight) is launched on this thread as soon as it
-        arrives, if the executor allows (`ShardExecutor.can_run_ahead`), so the device goes
-        from one step to the next without waiting for the host; then this step is finished
-        and answered."""
+        if self.executor.pipeline:
+            return self._step_pipelined(request, context)
+        return self._step_queued(request, context)
+
+    def _step_queued(self, request, context):
+        """Where a step's compute is done when its launch returns (the CPU, tensor
+        parallelism): the launch is queued on the model thread as soon as the step it names
+        has been queued there (the thread runs its calls in order, so that one runs first),
+        and the reply is built on this thread. With one step in flight the model thread then
+        goes from one step's sampling straight to the next step's plan, with no wake-up or
+        reply in between; the previous step's reply is built and sent while this one computes.
+        A step whose predecessor failed still runs after it, as the router's recovery
+        expects."""
+        after, step_id = request.previous_step_id, request.step_id
+        with self._ran:
+            while after and self._queued_step_id != after:
+                if not context.is_active():  # the router gave up on it (a failure, a recovery)
+                    raise StepAbandoned(f"step {step_id} abandoned while waiting for step {after}")
+                self._ran.wait(timeout=0.05)
+            launched = self._model.submit(contextvars.copy_context().run, self.executor.launch, request,
+                                          self.traces.tracer)
+            self._queued_step_id = step_id
+            self._ran.notify_all()
+        # The launch's error, if any, is this step's (mapped to its status by `_run`).
+        return self.executor.finish(launched.result())
+
+    def _step_pipelined(self, request, context):
+        """Runs a Step after the one it names (a GPU with one rank). While a step's compute
+        runs on the device, the step planned after it (one step in flight) is launched on this
+        thread as soon as it arrives, if the executor allows (`ShardExecutor.can_run_ahead`),
+        so the device goes from one step to the next without waiting for the host; then this
+        step is finished and answered."""
         after, step_id = request.previous_step_id, request.step_id
         with self._ran:
             if after:
@@ -112,10 +141,6 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 launched = self._launched_ahead.pop(step_id, None)
                 if isinstance(launched, Exception):
                     raise launched
-                if launched is None and not self.executor.pipeline:
-                    # Nothing is launched ahead: the step and its reply in one turn of the
-                    # model thread (each turn is a hand-off and a wake-up each way).
-                    return self._on_model(self.executor.step, request, self.traces.tracer)
                 if launched is None:
                     launched = self._on_model(self.executor.launch, request, self.traces.tracer)
                 while self._steps_ahead and not launched.ready():
@@ -140,6 +165,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def Reset(self, request, context):
         def reset():
             self._last_step_id = 0  # the router's next scheduler counts steps from 1 again
+            self._queued_step_id = 0
             self._launched_ahead.clear()
             self._steps_ahead = False
             return self._on_model(self.executor.reset)
