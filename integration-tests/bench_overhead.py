@@ -148,8 +148,11 @@ MODES = {"default": [], "async": ["--async-scheduling"]}
 def launch(port: int, extra: list[str] = ()) -> subprocess.Popen:
     argv = [str(REPO / ".venv/bin/superinfer"), "launch", "--port", str(port), "--hostname", "127.0.0.1",
             "--device-kv-blocks", "512", "--host-kv-blocks", "256", *extra]
+    # Each mode says what it runs with: the environment's ASYNC_SCHEDULING would turn the
+    # default mode into the other one.
+    env = {k: v for k, v in os.environ.items() if k != "ASYNC_SCHEDULING"}
     # The server's log goes to stderr, so a failed start explains itself.
-    return subprocess.Popen(argv, start_new_session=True, stdout=sys.stderr, stderr=subprocess.STDOUT)
+    return subprocess.Popen(argv, start_new_session=True, stdout=sys.stderr, stderr=subprocess.STDOUT, env=env)
 
 
 def wait_healthy(url: str, process: subprocess.Popen | None, timeout_s: float = 600) -> None:
