@@ -26,3 +26,33 @@ def test_shapes_fit_the_pool_and_the_budget(max_tokens, max_requests, blocks):
     for prefill, decodes, context in shapes:
         assert prefill <= max_tokens and decodes <= max_requests
         assert -(-prefill // 16) * 16 + decodes * (-(-max(context, 1) // 16) * 16) <= blocks * 16
+
+
+def test_a_timed_step_computes_the_logits_of_every_row_a_step_samples(make_tiny_runner, tiny_llama_dir, monkeypatch):
+    # A decode step of n requests runs the LM head over n rows, which costs more than one
+    # row; the warm-up times what the executor computes.
+    from superinfer.shard.warmup import _chunks, time_step
+
+    runner = make_tiny_runner(tiny_llama_dir)
+    rows = []
+    original = runner.logits
+    monkeypatch.setattr(runner, "logits", lambda hidden: rows.append(hidden.shape[0]) or original(hidden))
+    time_step(runner, _chunks(20, 3, 40, runner.block_size))  # a prefill chunk and three decodes
+    assert rows == [4]
+
+
+def test_cost_check_reports_each_batch_against_the_fit(tiny_llama_dir, tmp_path, capsys):
+    import json
+
+    from superinfer.shard import cost_check
+
+    assert cost_check.main(["--model", str(tiny_llama_dir), "--cache-dir", str(tmp_path), "--batches", "1", "3",
+                            "--context-tokens", "40", "--device-kv-blocks", "16", "--max-batch-tokens", "64",
+                            "--max-batch-requests", "8", "--rounds", "2", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [row["batch"] for row in result["decode"]] == [1, 3]
+    for row in result["decode"]:
+        assert row["predicted_ms"] > 0 and row["measured_ms"]["min"] <= row["measured_ms"]["median"]
+        ratio = row["measured_over_predicted"]["median"]
+        # One prediction per batch: the median ratio is the median time over the prediction.
+        assert ratio == pytest.approx(row["measured_ms"]["median"] / row["predicted_ms"], rel=1e-9)
