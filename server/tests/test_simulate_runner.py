@@ -203,3 +203,17 @@ def test_validate_analyses_an_existing_bench_compare_directory(tmp_path, monkeyp
     profile = validate.unloaded_profile(measured / "compare.json", calibration, fitted)
     assert profile.cost_model["per_prefill_token_s"] == pytest.approx((0.08 - 0.02) / 41)
     assert (profile.num_device_blocks, profile.max_batch_tokens, profile.max_batch_requests) == (6, 256, 8)
+
+
+def test_the_headline_over_several_seeds_reports_each_figure_with_its_range(tmp_path):
+    from superinfer.simulate import headline
+
+    assert headline.main(["--out", str(tmp_path), "--rates", "40", "--duration", "4", "--policies", "fcfs,rotasched",
+                          "--seeds", "1,2", "--no-charge-planning"]) == 0
+    for seed in (1, 2):
+        assert (tmp_path / f"seed-{seed}" / "simulate.json").exists()
+    text = (tmp_path / "headline.md").read_text()
+    assert "simulated, 2 seeds (1,2)" in text and "fcfs − rotasched: " in text
+    # The two seeds are different workloads: their runs differ.
+    first, second = (json.loads((tmp_path / f"seed-{s}" / "simulate.json").read_text()) for s in (1, 2))
+    assert first["runs"][0]["ttft_s"] != second["runs"][0]["ttft_s"]

@@ -98,9 +98,10 @@ SPREAD_COLUMNS = (("TTFT ok", "ttft_attainment", _share, "%"), ("both", "both_at
                   ("TTFT p99 ms", "ttft_p99_s", _ms, ""), ("goodput", "goodput_rps", lambda v: f"{v:.2f}", ""))
 
 
-def spread_table(points: list[dict]) -> str:
+def spread_table(points: list[dict], source: str | None = None) -> str:
     """`compare.aggregate`'s points: rows are rates, column groups policies; each cell the median
-    over the repetitions with its range."""
+    over the repetitions with its range. `source`: what the repetitions are (default: measured,
+    interleaved)."""
     series = list(dict.fromkeys(p["series"] for p in points))
     rates = sorted({p["rate"] for p in points})
     by_key = {(p["series"], p["rate"]): p for p in points}
@@ -115,7 +116,8 @@ def spread_table(points: list[dict]) -> str:
                     if point else ["-"] * len(SPREAD_COLUMNS))
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = [f"[measured, {repetitions} interleaved repetitions] median [min–max] over repetitions; times in ms"]
+    source = source or f"measured, {repetitions} interleaved repetitions"
+    lines = [f"[{source}] median [min–max] over repetitions; times in ms"]
     lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
     return "\n".join(lines)
 

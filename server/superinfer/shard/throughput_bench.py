@@ -16,7 +16,8 @@ throughput is its median over the pairs; the fastest single step ("best") is a s
 labelled as such. Prints JSON.
 
     python -m superinfer.shard.throughput_bench [--model default] [--batches 1 8 32] [--decode-steps 16]
-                                     [--pairs 5] [--device cpu|cuda] [--cuda-graphs 0|1,2,4,...]"""
+                                     [--pairs 5] [--device cpu|cuda] [--cuda-graphs 0|1,2,4,...]
+                                     [--attention-backend auto|triton|sdpa]"""
 import argparse
 import json
 import os
@@ -28,7 +29,7 @@ import time
 import torch
 
 from ..pb import shard_pb2 as pb
-from .cli import build_executor
+from .cli import ATTENTION_BACKENDS, build_executor
 from .config import ShardConfig, parse_cuda_graphs
 from .warmup import sync_device
 
@@ -273,7 +274,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     config = ShardConfig(model=args.model, cache_dir=args.cache_dir, device=device, dtype=dtype,
                          device_kv_blocks=max(args.batches) * (-(-(context + args.decode_steps + 1) // 16)),
                          host_kv_blocks=0,
-                         warmup_repeats=1, cuda_graphs=parse_cuda_graphs(args.cuda_graphs))
+                         warmup_repeats=1, cuda_graphs=parse_cuda_graphs(args.cuda_graphs),
+                         attention_backend=None if args.attention_backend == "auto" else args.attention_backend)
     executor = build_executor(config)
     executor.warmup(pb.WarmupRequest(max_batch_tokens=context, max_batch_requests=max(args.batches)))
     reference = AutoModelForCausalLM.from_pretrained(_model_dir(args), dtype=dtype).to(device).eval()
@@ -339,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=5, help="measured interleaved pairs per figure (after a warm-up pair)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu (float32) or cuda (bfloat16)")
+    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                        help="as the shard's flag: auto (Triton on a GPU, gather + SDPA on the CPU), triton or sdpa")
     parser.add_argument("--cuda-graphs", default=None, help="as the shard's flag: decode graph batch sizes, 0: none "
                         "(default: the shard's)")
     parser.add_argument("--cache-dir", type=pathlib.Path,
