@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one run of about five minutes on an H200 (no network needed):
+# Everything that needs a GPU, in one run on an H200 (no network needed; in its current form not
+# yet timed on a GPU: each step below has its own timeout):
 #   1. DuplexKV: builds the CUDA extension, its GPU tests and GPU benchmark
 #      (superinfer_kv/gpu_check.sh: gpu_check.json, gpu_bench.json, gpu_tests.xml);
 #   2. the shard's GPU tests (bf16, pinned host pool, swaps through the CUDA engine; the Triton
