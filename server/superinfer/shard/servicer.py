@@ -30,7 +30,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self._lock = threading.Lock()
         # With one step in flight the router sends step N+1 before N's reply; gRPC may hand
         # them to two threads in either order, so a Step naming a `previous_step_id` waits
-        # until that step has run (whatever its outcome). Reset starts the count again.
+        # until that step has run (with `pipeline`) or has been queued on the model thread
+        # (without), whatever its outcome. Reset starts the counts again.
         self._ran = threading.Condition(self._lock)
         self._last_step_id = 0
         # Without `pipeline`: the last step whose launch is queued on the model thread.
