@@ -34,6 +34,8 @@ from pathlib import Path
 
 import aiohttp
 
+from superinfer.shard.throughput_bench import spread
+
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
 
@@ -192,8 +194,7 @@ def served(url: str | None, extra: list[str] = ()) -> Iterator[str]:
 
 def paired_difference(rows: dict, name: str, concurrency: int) -> dict:
     """async − default of one figure, per repeat (the two measured in the same repeat)."""
-    values = [a[name] - d[name] for a, d in zip(rows["async"][concurrency], rows["default"][concurrency])]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+    return spread([a[name] - d[name] for a, d in zip(rows["async"][concurrency], rows["default"][concurrency])])
 
 
 def main() -> int:

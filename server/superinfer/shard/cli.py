@@ -86,7 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                  help="longest wait for every rank to join, and in one collective of a step")
 
 
-def _cache_dir(arg: pathlib.Path | None) -> pathlib.Path:
+def attention_backend(value: str) -> str | None:
+    """--attention-backend's value as `ShardConfig` takes it (None: the device's default)."""
+    return None if value == "auto" else value
+
+
+def cache_dir(arg: pathlib.Path | None) -> pathlib.Path:
+    """--cache-dir, else $SUPERINFER_CACHE, else ~/.cache/superinfer."""
     if arg is not None:
         return arg
     env = os.environ.get("SUPERINFER_CACHE")
@@ -111,12 +117,12 @@ def shard_config(args: argparse.Namespace):
         device = resolve_device(f"cuda:{(device.index or 0) + local_rank}", os.environ)
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     return ShardConfig(
-        model=args.model, cache_dir=_cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
+        model=args.model, cache_dir=cache_dir(args.cache_dir), device=device, dtype=getattr(torch, dtype_name),
         block_size=args.block_size, device_kv_blocks=args.device_kv_blocks, host_kv_blocks=args.host_kv_blocks,
         host_kv_memory_fraction=args.host_kv_memory_fraction, kv_memory_fraction=args.kv_memory_fraction, max_batch_tokens=args.max_batch_tokens,
         hub=options_from_environment(os.environ, args.revision, args.huggingface_hub_cache),
         warmup_report=args.warmup_report, parallel=parallel,
-        attention_backend=None if args.attention_backend == "auto" else args.attention_backend,
+        attention_backend=attention_backend(args.attention_backend),
         cuda_graphs=parse_cuda_graphs(args.cuda_graphs),
     )
 

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
 
 import torch
@@ -26,8 +25,9 @@ import torch
 from superinfer import _router
 
 from ..pb import shard_pb2 as pb
-from .cli import build_executor
+from .cli import build_executor, cache_dir
 from .config import ShardConfig
+from .throughput_bench import spread
 from .warmup import _chunks, time_step
 
 
@@ -38,7 +38,7 @@ def predicted_s(cost: dict, prefill: int, decodes: int, context_tokens: int) -> 
 
 
 def run(args: argparse.Namespace) -> dict:
-    config = ShardConfig(model=args.model, cache_dir=args.cache_dir, device=torch.device("cpu"), dtype=torch.float32,
+    config = ShardConfig(model=args.model, cache_dir=cache_dir(args.cache_dir), device=torch.device("cpu"), dtype=torch.float32,
                          device_kv_blocks=args.device_kv_blocks, host_kv_blocks=0)
     executor = build_executor(config)
     warm = executor.warmup(pb.WarmupRequest(max_batch_tokens=args.max_batch_tokens,
@@ -61,11 +61,8 @@ def run(args: argparse.Namespace) -> dict:
         context_tokens = sum(c.start + len(c.token_ids) for c in steps[batch])
         predicted = predicted_s(cost, 0, batch, context_tokens)
         ratios = [t / predicted for t in times[batch]]
-        rows.append({"batch": batch, "measured_ms": {"median": 1e3 * statistics.median(times[batch]),
-                                                     "min": 1e3 * min(times[batch]), "max": 1e3 * max(times[batch])},
-                     "predicted_ms": 1e3 * predicted,
-                     "measured_over_predicted": {"median": statistics.median(ratios), "min": min(ratios),
-                                                 "max": max(ratios)}})
+        rows.append({"batch": batch, "measured_ms": spread([1e3 * t for t in times[batch]]),
+                     "predicted_ms": 1e3 * predicted, "measured_over_predicted": spread(ratios)})
     return {"model": args.model, "threads": torch.get_num_threads(), "context_tokens": args.context_tokens,
             "device_kv_blocks": args.device_kv_blocks, "rounds": args.rounds,
             "cost_model": cost,
@@ -82,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-requests", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after a warm-up round)")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--cache-dir", type=pathlib.Path,
-                        default=pathlib.Path(os.environ.get("SUPERINFER_CACHE", pathlib.Path.home() / ".cache" / "superinfer")))
+    parser.add_argument("--cache-dir", type=pathlib.Path, default=None,
+                        help="converted models (default: $SUPERINFER_CACHE or ~/.cache/superinfer)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     result = run(args)

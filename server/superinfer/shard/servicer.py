@@ -48,10 +48,15 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         # given), whichever gRPC thread took the RPC: see model_thread.py.
         self._model = model_thread or ModelThread()
 
+    def _submit(self, call, *args):
+        """Queues `call(*args)` on the model thread, in the caller's context (its current span);
+        a Future of its result (or error)."""
+        return self._model.submit(contextvars.copy_context().run, call, *args)
+
     def _on_model(self, call, *args):
-        """Runs `call(*args)` on the model thread, in the caller's context (its current span),
-        and returns its result (or raises its error)."""
-        return self._model.run(contextvars.copy_context().run, call, *args)
+        """Runs `call(*args)` on the model thread (`_submit`) and returns its result (or raises
+        its error)."""
+        return self._submit(call, *args).result()
 
     def _run(self, name: str, call, context: grpc.ServicerContext, exclusive: bool = True):
         with self.traces.rpc(name, context):
@@ -111,8 +116,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 if not context.is_active():  # the router gave up on it (a failure, a recovery)
                     raise StepAbandoned(f"step {step_id} abandoned while waiting for step {after}")
                 self._ran.wait(timeout=0.05)
-            launched = self._model.submit(contextvars.copy_context().run, self.executor.launch, request,
-                                          self.traces.tracer)
+            launched = self._submit(self.executor.launch, request, self.traces.tracer)
             self._queued_step_id = step_id
             self._ran.notify_all()
         # The launch's error, if any, is this step's (mapped to its status by `_run`).

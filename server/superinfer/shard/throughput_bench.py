@@ -29,7 +29,7 @@ import time
 import torch
 
 from ..pb import shard_pb2 as pb
-from .cli import ATTENTION_BACKENDS, build_executor
+from .cli import ATTENTION_BACKENDS, attention_backend, build_executor
 from .config import ShardConfig, parse_cuda_graphs
 from .warmup import sync_device
 
@@ -275,7 +275,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                          device_kv_blocks=max(args.batches) * (-(-(context + args.decode_steps + 1) // 16)),
                          host_kv_blocks=0,
                          warmup_repeats=1, cuda_graphs=parse_cuda_graphs(args.cuda_graphs),
-                         attention_backend=None if args.attention_backend == "auto" else args.attention_backend)
+                         attention_backend=attention_backend(args.attention_backend))
     executor = build_executor(config)
     executor.warmup(pb.WarmupRequest(max_batch_tokens=context, max_batch_requests=max(args.batches)))
     reference = AutoModelForCausalLM.from_pretrained(_model_dir(args), dtype=dtype).to(device).eval()
