@@ -5,8 +5,8 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use superinfer_scheduler::attainment;
-use superinfer_scheduler::cost_fit::fit_step_cost as fit;
-use superinfer_scheduler::{Slo, StepShape};
+use superinfer_scheduler::cost_fit::{fit_step_cost as fit, fit_token_curve};
+use superinfer_scheduler::{Slo, StepShape, TokenCurve};
 
 use crate::simulate::parse_step_time;
 
@@ -39,6 +39,26 @@ pub fn fit_step_cost(shapes: Vec<(u64, u64, u64)>, seconds: Vec<f64>) -> PyResul
     let samples: Vec<_> = shapes.into_iter().map(shape).zip(seconds).collect();
     let [base, prefill, decode, context] = fit(&samples);
     Ok((base, prefill, decode, context))
+}
+
+/// The token counts a step-time curve is measured at (`TokenCurve::KNOTS`): the warm-up
+/// times steps of these sizes.
+#[pyfunction]
+pub fn token_curve_knots() -> Vec<u64> {
+    TokenCurve::KNOTS.to_vec()
+}
+
+/// Fits the token curve — `(tokens_s, decodes_s, per_context_token_s)`, `tokens_s` empty
+/// when the steps leave a knot unmeasured — to steps of `shapes` that took `seconds`
+/// (`superinfer_scheduler::cost_fit::fit_token_curve`).
+#[pyfunction]
+pub fn fit_step_curve(shapes: Vec<(u64, u64, u64)>, seconds: Vec<f64>) -> PyResult<(Vec<f64>, Vec<f64>, f64)> {
+    if shapes.len() != seconds.len() {
+        return Err(PyValueError::new_err(format!("{} shapes but {} times", shapes.len(), seconds.len())));
+    }
+    let samples: Vec<_> = shapes.into_iter().map(shape).zip(seconds).collect();
+    let curve = fit_token_curve(&samples);
+    Ok((curve.tokens.values().to_vec(), curve.decodes.values().to_vec(), curve.per_context_token_s))
 }
 
 /// Seconds a simulated machine (`{"kind": "linear" | "roofline", …}`, as `simulate` takes

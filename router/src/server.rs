@@ -7,7 +7,7 @@
 //! An engine that gives up on its shard ends `run` with an error (the process exits non-zero).
 use std::time::Duration;
 
-use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerError, Slo};
+use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerError, Slo, TokenCurve};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -202,7 +202,10 @@ pub fn scheduler_config(
     if !(config.tbt_slo_percentile > 0.0 && config.tbt_slo_percentile <= 100.0) {
         return Err(ServerError::Config("--tbt-slo-percentile must lie in (0, 100]".into()));
     }
-    let cost_model = warmup.cost_model.as_ref().map(cost_model).unwrap_or_default();
+    let cost_model = match warmup.cost_model.as_ref() {
+        Some(measured) => cost_model(measured).map_err(|err| ServerError::Config(format!("the shard's warm-up cost model: {err}")))?,
+        None => CostModel::default(),
+    };
     Ok(SchedulerConfig {
         block_size: info.block_size,
         num_device_blocks,
@@ -245,8 +248,8 @@ fn policy(kind: SchedulerKind) -> PolicyKind {
     }
 }
 
-fn cost_model(measured: &pb::CostModel) -> CostModel {
-    CostModel {
+fn cost_model(measured: &pb::CostModel) -> Result<CostModel, SchedulerError> {
+    Ok(CostModel {
         step_base_s: measured.step_base_s,
         per_prefill_token_s: measured.per_prefill_token_s,
         per_decode_request_s: measured.per_decode_request_s,
@@ -255,8 +258,11 @@ fn cost_model(measured: &pb::CostModel) -> CostModel {
         swap_in_bytes_per_s: measured.swap_in_bytes_per_s,
         transfer_overhead_s: measured.transfer_overhead_s,
         duplex: measured.duplex,
+        token_curve: measured.token_curve.as_ref().map_or(Ok(TokenCurve::NONE), |curve| {
+            TokenCurve::new(&curve.tokens_s, &curve.decodes_s, curve.per_context_token_s)
+        })?,
         correction: 1.0,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -278,6 +284,29 @@ mod tests {
         let uncapped = scheduler_config(&config(&["--device-kv-blocks", "400", "--scheduler", "fcfs"]), &info, &warmup).unwrap();
         assert_eq!(uncapped.num_device_blocks, 100);
         assert_eq!(uncapped.policy, PolicyKind::Fcfs);
+    }
+
+    #[test]
+    fn the_shards_token_curve_prices_steps_and_a_bad_one_is_refused() {
+        let info = pb::InfoResponse { block_size: 16, block_bytes: 4096, ..Default::default() };
+        let measured = |tokens_s: Vec<f64>| pb::WarmupResponse {
+            num_device_blocks: 100,
+            num_host_blocks: 50,
+            cost_model: Some(pb::CostModel {
+                step_base_s: 0.05,
+                swap_out_bytes_per_s: 1e9,
+                swap_in_bytes_per_s: 1e9,
+                token_curve: Some(pb::TokenCurve { tokens_s, decodes_s: vec![0.001], per_context_token_s: 0.0 }),
+                ..Default::default()
+            }),
+        };
+        let scheduler = scheduler_config(&config(&[]), &info, &measured(vec![0.01, 0.03, 0.02])).unwrap();
+        let three = superinfer_scheduler::StepShape { prefill_tokens: 3, decode_requests: 0, context_tokens: 3 };
+        assert!((scheduler.cost_model.predict_step(three) - 0.02).abs() < 1e-12);
+        for bad in [vec![0.01], vec![0.01, f64::NAN], vec![0.01, -0.02]] {
+            let refused = scheduler_config(&config(&[]), &info, &measured(bad.clone()));
+            assert!(matches!(refused, Err(ServerError::Config(_))), "{bad:?}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use superinfer_scheduler::sim::{self, Charges, LinkModel, Roofline, SimConfig, SimReport, SimRequest, StepTimeModel};
-use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerStats, Slo};
+use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerStats, Slo, TokenCurve};
 
 #[derive(Deserialize)]
 struct SloJson {
@@ -18,7 +18,16 @@ struct SloJson {
     tbt_s: f64,
 }
 
-#[derive(Deserialize, Clone, Copy)]
+/// `TokenCurve`, as the shard's warm-up report writes it (absent or empty: no curve).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct TokenCurveJson {
+    tokens_s: Vec<f64>,
+    decodes_s: Vec<f64>,
+    per_context_token_s: f64,
+}
+
+#[derive(Deserialize)]
 struct CostJson {
     step_base_s: f64,
     per_prefill_token_s: f64,
@@ -28,11 +37,18 @@ struct CostJson {
     swap_in_bytes_per_s: f64,
     transfer_overhead_s: f64,
     duplex: bool,
+    #[serde(default)]
+    token_curve: TokenCurveJson,
 }
 
-impl From<CostJson> for CostModel {
-    fn from(c: CostJson) -> Self {
-        CostModel {
+impl TryFrom<CostJson> for CostModel {
+    type Error = String;
+
+    fn try_from(c: CostJson) -> Result<Self, String> {
+        let curve = &c.token_curve;
+        let token_curve = TokenCurve::new(&curve.tokens_s, &curve.decodes_s, curve.per_context_token_s)
+            .map_err(|e| format!("cost model: {e}"))?;
+        Ok(CostModel {
             step_base_s: c.step_base_s,
             per_prefill_token_s: c.per_prefill_token_s,
             per_decode_request_s: c.per_decode_request_s,
@@ -41,8 +57,9 @@ impl From<CostJson> for CostModel {
             swap_in_bytes_per_s: c.swap_in_bytes_per_s,
             transfer_overhead_s: c.transfer_overhead_s,
             duplex: c.duplex,
+            token_curve,
             correction: 1.0,
-        }
+        })
     }
 }
 
@@ -132,7 +149,7 @@ fn scheduler_config(s: SchedulerJson) -> Result<SchedulerConfig, String> {
     let defaults = SchedulerConfig::default();
     Ok(SchedulerConfig {
         policy: s.policy.parse::<PolicyKind>().map_err(|e| e.to_string())?,
-        cost_model: s.cost_model.into(),
+        cost_model: s.cost_model.try_into()?,
         block_size: s.block_size.unwrap_or(defaults.block_size),
         num_device_blocks: s.num_device_blocks.unwrap_or(defaults.num_device_blocks),
         num_host_blocks: s.num_host_blocks.unwrap_or(defaults.num_host_blocks),
@@ -178,12 +195,12 @@ fn requests(r: RequestsJson) -> Result<Vec<SimRequest>, String> {
 /// A simulated machine's step time as the JSON describes it (`{"kind": "linear" | "roofline", …}`).
 pub(crate) fn parse_step_time(step_time_json: &str) -> Result<StepTimeModel, String> {
     let parsed: StepTimeJson = serde_json::from_str(step_time_json).map_err(|e| format!("step time model: {e}"))?;
-    Ok(step_time_model(parsed))
+    step_time_model(parsed)
 }
 
-fn step_time_model(step_time: StepTimeJson) -> StepTimeModel {
-    match step_time {
-        StepTimeJson::Linear(cost) => StepTimeModel::Linear(cost.into()),
+fn step_time_model(step_time: StepTimeJson) -> Result<StepTimeModel, String> {
+    Ok(match step_time {
+        StepTimeJson::Linear(cost) => StepTimeModel::Linear(cost.try_into()?),
         StepTimeJson::Roofline {
             overhead_s,
             flops_per_token,
@@ -201,12 +218,12 @@ fn step_time_model(step_time: StepTimeJson) -> StepTimeModel {
             kv_bytes_per_context_token,
             memory_bytes_per_s,
         }),
-    }
+    })
 }
 
 fn parse(config_json: &str) -> Result<SimConfig, String> {
     let c: ConfigJson = serde_json::from_str(config_json).map_err(|e| format!("simulation config: {e}"))?;
-    let step_time = step_time_model(c.step_time);
+    let step_time = step_time_model(c.step_time)?;
     let link = LinkModel {
         out_bytes_per_s: c.link.out_bytes_per_s,
         in_bytes_per_s: c.link.in_bytes_per_s,

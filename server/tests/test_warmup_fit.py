@@ -48,11 +48,15 @@ def test_cost_check_reports_each_batch_against_the_fit(tiny_llama_dir, tmp_path,
 
     assert cost_check.main(["--model", str(tiny_llama_dir), "--cache-dir", str(tmp_path), "--batches", "1", "3",
                             "--context-tokens", "40", "--device-kv-blocks", "16", "--max-batch-tokens", "64",
-                            "--max-batch-requests", "8", "--rounds", "2", "--threads", "1"]) == 0
+                            "--max-batch-requests", "8", "--rounds", "2", "--threads", "1",
+                            "--prefills", "4", "16"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert [row["batch"] for row in result["decode"]] == [1, 3]
-    for row in result["decode"]:
-        assert row["predicted_ms"] > 0 and row["measured_ms"]["min"] <= row["measured_ms"]["median"]
-        ratio = row["measured_over_predicted"]["median"]
-        # One prediction per batch: the median ratio is the median time over the prediction.
-        assert ratio == pytest.approx(row["measured_ms"]["median"] / row["predicted_ms"], rel=1e-9)
+    assert [row["size"] for row in result["decode"]] == [1, 3]
+    assert [row["size"] for row in result["prefill"]] == [4, 16]
+    assert result["cost_model"]["token_curve"]["tokens_s"], "the warm-up measured a token curve"
+    for row in result["decode"] + result["prefill"]:
+        assert row["predicted_ms"] > 0 and row["linear_predicted_ms"] > 0
+        assert row["measured_ms"]["min"] <= row["measured_ms"]["median"]
+        # One prediction per step: the median ratio is the median time over the prediction.
+        for predicted, ratio in (("predicted_ms", "measured_over_predicted"), ("linear_predicted_ms", "measured_over_linear")):
+            assert row[ratio]["median"] == pytest.approx(row["measured_ms"]["median"] / row[predicted], rel=1e-9)

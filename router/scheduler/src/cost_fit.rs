@@ -7,10 +7,13 @@
 //! the largest shapes decide, and small steps — most of a serving run — come out several times
 //! too slow. With four terms the non-negative solution is found exactly by solving every
 //! subset of active terms and keeping the best admissible one.
+//!
+//! [`fit_token_curve`] fits the same samples with the step's token count priced by a curve
+//! through [`TokenCurve::KNOTS`] instead of one slope (`CostModel::token_curve`).
 
 use nalgebra::{DMatrix, DVector};
 
-use crate::cost_model::StepShape;
+use crate::cost_model::{StepShape, TokenCurve};
 
 /// `[step_base_s, per_prefill_token_s, per_decode_request_s, per_context_token_s]`.
 pub type StepCoefficients = [f64; 4];
@@ -51,6 +54,84 @@ pub fn fit_step_cost(samples: &[(StepShape, f64)]) -> StepCoefficients {
     best.0
 }
 
+/// Fits a [`TokenCurve`] to `(shape, seconds)` samples by least squares on relative error
+/// (as [`fit_step_cost`]): a value per knot of each curve, from the first up to the first knot
+/// at or above the samples' largest count, and a non-negative context term. A curve's value
+/// is linear in its knots' values (a count between two knots weighs on both, by its
+/// distance), so one solve finds them all. Gives [`TokenCurve::NONE`] when the samples span
+/// fewer than two token knots or leave a knot without a sample near it (between its
+/// neighbours). A knot value that noise drives below 0 is read as 0.
+pub fn fit_token_curve(samples: &[(StepShape, f64)]) -> TokenCurve {
+    let tokens = |shape: &StepShape| shape.prefill_tokens + shape.decode_requests;
+    let samples: Vec<_> = samples
+        .iter()
+        .filter(|(shape, seconds)| seconds.is_finite() && *seconds > 0.0 && tokens(shape) > 0)
+        .collect();
+    let knots = &TokenCurve::KNOTS[..];
+    // Knots 0..count cover every count up to `largest`.
+    let knots_for = |largest: u64| {
+        if largest == 0 {
+            return Some(0);
+        }
+        knots.iter().position(|&knot| knot >= largest).map(|last| last + 1)
+    };
+    let (Some(token_count), Some(decode_count)) = (
+        knots_for(samples.iter().map(|(shape, _)| tokens(shape)).max().unwrap_or(0)),
+        knots_for(samples.iter().map(|(shape, _)| shape.decode_requests).max().unwrap_or(0)),
+    ) else {
+        return TokenCurve::NONE;
+    };
+    if token_count < 2 {
+        return TokenCurve::NONE;
+    }
+    let width = token_count + decode_count + 1;
+    // The hat weights of `count` over knots 0..n, written at `offset` (count 0: none).
+    let hat = |features: &mut [f64], offset: usize, count: u64| {
+        let Some(i) = knots.iter().position(|&knot| knot >= count) else { return };
+        if count == 0 {
+            return;
+        }
+        if i == 0 || knots[i] == count {
+            features[offset + i] = 1.0;
+        } else {
+            let t = (count - knots[i - 1]) as f64 / (knots[i] - knots[i - 1]) as f64;
+            features[offset + i - 1] = 1.0 - t;
+            features[offset + i] = t;
+        }
+    };
+    let weighted = DMatrix::from_fn(samples.len(), width, |r, c| {
+        let (shape, seconds) = samples[r];
+        let mut features = vec![0.0; width];
+        hat(&mut features, 0, tokens(shape));
+        hat(&mut features, token_count, shape.decode_requests);
+        features[width - 1] = shape.context_tokens as f64;
+        features[c] / seconds
+    });
+    let ones = DVector::from_element(samples.len(), 1.0);
+    let mut best: Option<(Vec<f64>, f64, bool)> = None;
+    for with_context in [true, false] {
+        let columns: Vec<usize> = (0..width - usize::from(!with_context)).collect();
+        let Some(solution) = least_squares(&weighted.select_columns(&columns), &ones) else { continue };
+        let mut coefficients = vec![0.0; width];
+        for (&column, &value) in columns.iter().zip(solution.iter()) {
+            coefficients[column] = value;
+        }
+        let admissible = coefficients.iter().all(|&value| value >= 0.0);
+        let residual = (&weighted * DVector::from_column_slice(&coefficients) - &ones).norm_squared();
+        let better = match &best {
+            None => true,
+            Some((_, r, a)) => (admissible && !a) || (admissible == *a && residual < *r),
+        };
+        if better {
+            best = Some((coefficients, residual, admissible));
+        }
+    }
+    let Some((coefficients, _, _)) = best else { return TokenCurve::NONE };
+    let clamped: Vec<f64> = coefficients.iter().map(|value| value.max(0.0)).collect();
+    TokenCurve::new(&clamped[..token_count], &clamped[token_count..width - 1], clamped[width - 1])
+        .unwrap_or(TokenCurve::NONE)
+}
+
 /// The least-squares solution of `a x ≈ b`, columns scaled to unit norm first (features span
 /// ten orders of magnitude); `None` when a column is all zero or the solve fails.
 fn least_squares(a: &DMatrix<f64>, b: &DVector<f64>) -> Option<DVector<f64>> {
@@ -66,6 +147,7 @@ fn least_squares(a: &DMatrix<f64>, b: &DVector<f64>) -> Option<DVector<f64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost_model::CostModel;
 
     fn shapes() -> Vec<StepShape> {
         let mut shapes = Vec::new();
@@ -109,6 +191,60 @@ mod tests {
         let small = StepShape { prefill_tokens: 0, decode_requests: 4, context_tokens: 512 };
         let error = (time(fitted, small) - truth(small)).abs() / truth(small);
         assert!(error < 0.15, "{error}");
+    }
+
+    /// A machine whose dense layers change kernel at 4 tokens (+40%): a step costs 50 ms up to
+    /// 3 tokens, 70 ms from 4, then 1 ms a token beyond 8; 2 ms per decode, 10 µs a position.
+    fn cliff(shape: StepShape) -> f64 {
+        let n = (shape.prefill_tokens + shape.decode_requests) as f64;
+        let dense = if n < 4.0 { 0.050 } else { 0.070 + 0.001 * (n - 8.0).max(0.0) };
+        dense + 0.002 * shape.decode_requests as f64 + 1e-5 * shape.context_tokens as f64
+    }
+
+    fn ladder() -> Vec<StepShape> {
+        let mut shapes = Vec::new();
+        for n in TokenCurve::KNOTS.into_iter().filter(|&n| n <= 512) {
+            shapes.push(StepShape { prefill_tokens: n, decode_requests: 0, context_tokens: n });
+            if n <= 32 {
+                shapes.push(StepShape { prefill_tokens: 0, decode_requests: n, context_tokens: n * 32 });
+            }
+        }
+        shapes.push(StepShape { prefill_tokens: 0, decode_requests: 1, context_tokens: 512 });
+        shapes.push(StepShape { prefill_tokens: 0, decode_requests: 16, context_tokens: 16 * 512 });
+        shapes
+    }
+
+    #[test]
+    fn the_token_curve_follows_a_kernel_change_the_linear_fit_cannot() {
+        let samples: Vec<_> = ladder().into_iter().map(|s| (s, cliff(s))).collect();
+        let curve = fit_token_curve(&samples);
+        assert_eq!(curve.tokens.values().len(), 16, "token knots 1..=512");
+        assert_eq!(curve.decodes.values().len(), 11, "decode knots 1..=32");
+        assert!((curve.decodes.at(12) - 0.024).abs() < 1e-6, "{curve:?}");
+        assert!((curve.per_context_token_s - 1e-5).abs() < 1e-8, "{curve:?}");
+        let with_curve = CostModel { token_curve: curve, ..CostModel::default() };
+        let [step_base_s, per_prefill_token_s, per_decode_request_s, per_context_token_s] = fit_step_cost(&samples);
+        let linear = CostModel { step_base_s, per_prefill_token_s, per_decode_request_s, per_context_token_s, ..CostModel::default() };
+        let mut worst_linear = 0.0_f64;
+        for decodes in [3, 4, 5, 6, 8, 12] {
+            let shape = StepShape { prefill_tokens: 0, decode_requests: decodes, context_tokens: decodes * 100 };
+            let error = |model: &CostModel| (model.predict_step(shape) - cliff(shape)).abs() / cliff(shape);
+            assert!(error(&with_curve) < 0.02, "{decodes} decodes: {}", error(&with_curve));
+            worst_linear = worst_linear.max(error(&linear));
+        }
+        assert!(worst_linear > 0.1, "the linear fit was expected to miss the cliff: {worst_linear}");
+    }
+
+    #[test]
+    fn a_knot_without_a_step_near_it_gives_no_curve() {
+        // Steps of 1 and 64 tokens only: the knots between them cannot be told apart.
+        let samples: Vec<_> = [1, 64]
+            .into_iter()
+            .map(|n| StepShape { prefill_tokens: n, decode_requests: 0, context_tokens: n })
+            .map(|s| (s, cliff(s)))
+            .collect();
+        assert!(fit_token_curve(&samples).is_none());
+        assert!(fit_token_curve(&[]).is_none());
     }
 
     #[test]

@@ -49,7 +49,7 @@ mod tests;
 pub mod sim;
 
 pub use config::{PolicyKind, SchedulerConfig, Slo};
-pub use cost_model::{CostModel, Direction, StepShape};
+pub use cost_model::{CostModel, Direction, StepShape, TokenCurve};
 pub use error::SchedulerError;
 pub use plan::{ScheduledEntry, StepPlan, StepResults, Transfer};
 pub use request::RequestSpec;

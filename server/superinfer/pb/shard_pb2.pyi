@@ -65,7 +65,7 @@ class WarmupRequest(_message.Message):
     def __init__(self, max_batch_tokens: _Optional[int] = ..., max_batch_requests: _Optional[int] = ...) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("step_base_s", "per_prefill_token_s", "per_decode_request_s", "per_context_token_s", "swap_out_bytes_per_s", "swap_in_bytes_per_s", "transfer_overhead_s", "duplex")
+    __slots__ = ("step_base_s", "per_prefill_token_s", "per_decode_request_s", "per_context_token_s", "swap_out_bytes_per_s", "swap_in_bytes_per_s", "transfer_overhead_s", "duplex", "token_curve")
     STEP_BASE_S_FIELD_NUMBER: _ClassVar[int]
     PER_PREFILL_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     PER_DECODE_REQUEST_S_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class CostModel(_message.Message):
     SWAP_IN_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
     DUPLEX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_CURVE_FIELD_NUMBER: _ClassVar[int]
     step_base_s: float
     per_prefill_token_s: float
     per_decode_request_s: float
@@ -82,7 +83,18 @@ class CostModel(_message.Message):
     swap_in_bytes_per_s: float
     transfer_overhead_s: float
     duplex: bool
-    def __init__(self, step_base_s: _Optional[float] = ..., per_prefill_token_s: _Optional[float] = ..., per_decode_request_s: _Optional[float] = ..., per_context_token_s: _Optional[float] = ..., swap_out_bytes_per_s: _Optional[float] = ..., swap_in_bytes_per_s: _Optional[float] = ..., transfer_overhead_s: _Optional[float] = ..., duplex: _Optional[bool] = ...) -> None: ...
+    token_curve: TokenCurve
+    def __init__(self, step_base_s: _Optional[float] = ..., per_prefill_token_s: _Optional[float] = ..., per_decode_request_s: _Optional[float] = ..., per_context_token_s: _Optional[float] = ..., swap_out_bytes_per_s: _Optional[float] = ..., swap_in_bytes_per_s: _Optional[float] = ..., transfer_overhead_s: _Optional[float] = ..., duplex: _Optional[bool] = ..., token_curve: _Optional[_Union[TokenCurve, _Mapping]] = ...) -> None: ...
+
+class TokenCurve(_message.Message):
+    __slots__ = ("tokens_s", "decodes_s", "per_context_token_s")
+    TOKENS_S_FIELD_NUMBER: _ClassVar[int]
+    DECODES_S_FIELD_NUMBER: _ClassVar[int]
+    PER_CONTEXT_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    tokens_s: _containers.RepeatedScalarFieldContainer[float]
+    decodes_s: _containers.RepeatedScalarFieldContainer[float]
+    per_context_token_s: float
+    def __init__(self, tokens_s: _Optional[_Iterable[float]] = ..., decodes_s: _Optional[_Iterable[float]] = ..., per_context_token_s: _Optional[float] = ...) -> None: ...
 
 class WarmupResponse(_message.Message):
     __slots__ = ("num_device_blocks", "num_host_blocks", "cost_model")

@@ -3,14 +3,15 @@
 The scheduler plans with, and the simulator predicts from, the linear model the shard fits at
 warm-up (`warmup.measure_step_cost`): step ≈ c0 + c1·prefill tokens + c2·decode requests +
 c3·context tokens. This warms a shard up as the server would (its pool, batch limits and
-threads), then times decode-only steps of each batch size over the same context, in `--rounds`
-interleaved rounds (after a warm-up round; the batch order rotated each round), measured as
+threads), then times decode-only steps of each batch size over the same context and
+prefill-only steps of each prompt length, in `--rounds` interleaved rounds (after a warm-up round; the batch order rotated each round), measured as
 warm-up measures (the forward and the logits of every sampled row, `warmup.time_step`), and
-prints per batch size the measured median [range], the model's prediction and their ratio: a
-ratio far from 1 is an error the cost model carries into every plan and simulation.
+prints per step the measured median [range], the model's prediction (its token curve, and the
+linear terms alone) and their ratios: a ratio far from 1 is an error the cost model carries
+into every plan and simulation.
 
     python -m superinfer.shard.cost_check [--model default] [--batches 1 2 3 4 6 8 12 16]
-        [--context-tokens 128] [--device-kv-blocks 32] [--max-batch-tokens 2048]
+        [--prefills 1 3 4 8 …] [--context-tokens 128] [--device-kv-blocks 32] [--max-batch-tokens 2048]
         [--max-batch-requests 256] [--rounds 5] [--threads N]
 
 Prints a table and JSON."""
@@ -21,6 +22,7 @@ import pathlib
 import sys
 
 import torch
+from google.protobuf import json_format
 
 from superinfer import _router
 
@@ -32,9 +34,25 @@ from .warmup import _chunks, time_step
 
 
 def predicted_s(cost: dict, prefill: int, decodes: int, context_tokens: int) -> float:
-    """The warm-up model's step time, by the scheduler crate's formula (the simulator's linear
-    machine over the same fields)."""
+    """The warm-up model's step time, by the scheduler crate's formula (the simulator's machine
+    over the same fields): the token curve where the warm-up measured one, else linear."""
     return _router.step_time(json.dumps({"kind": "linear", **cost}), [(prefill, decodes, context_tokens)])[0]
+
+
+def _rows(kind: str, sizes: list[int], steps: dict, times: dict, cost: dict) -> list[dict]:
+    linear = {**cost, "token_curve": {}}
+    rows = []
+    for size in sizes:
+        chunks = steps[(kind, size)]
+        context_tokens = sum(c.start + len(c.token_ids) for c in chunks)
+        shape = (size, 0, context_tokens) if kind == "prefill" else (0, size, context_tokens)
+        measured = times[(kind, size)]
+        predicted, predicted_linear = predicted_s(cost, *shape), predicted_s(linear, *shape)
+        rows.append({"size": size, "measured_ms": spread([1e3 * t for t in measured]),
+                     "predicted_ms": 1e3 * predicted, "measured_over_predicted": spread([t / predicted for t in measured]),
+                     "linear_predicted_ms": 1e3 * predicted_linear,
+                     "measured_over_linear": spread([t / predicted_linear for t in measured])})
+    return rows
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -44,36 +62,35 @@ def run(args: argparse.Namespace) -> dict:
     warm = executor.warmup(pb.WarmupRequest(max_batch_tokens=args.max_batch_tokens,
                                             max_batch_requests=args.max_batch_requests))
     runner = executor.runner
-    cost = {field.name: getattr(warm.cost_model, field.name) for field in warm.cost_model.DESCRIPTOR.fields}
-    # A pool for the largest batch measured (the fit is the server pool's; this only has room).
+    cost = json_format.MessageToDict(warm.cost_model, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    # A pool for the largest step measured (the fit is the server pool's; this only has room).
     per_request = -(-args.context_tokens // runner.block_size)
-    runner.allocate(max(args.batches) * per_request, 0)
-    steps = {b: _chunks(0, b, args.context_tokens, runner.block_size) for b in args.batches}
-    times: dict[int, list[float]] = {b: [] for b in args.batches}
+    runner.allocate(max(max(args.batches) * per_request, -(-max(args.prefills, default=1) // runner.block_size)), 0)
+    steps = {("decode", b): _chunks(0, b, args.context_tokens, runner.block_size) for b in args.batches}
+    steps |= {("prefill", p): _chunks(p, 0, 0, runner.block_size) for p in args.prefills}
+    order = list(steps)
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in order}
     for round_index in range(args.rounds + 1):
-        shift = round_index % len(args.batches)
-        for batch in args.batches[shift:] + args.batches[:shift]:
-            seconds = time_step(runner, steps[batch])
+        shift = round_index % len(order)
+        for key in order[shift:] + order[:shift]:
+            seconds = time_step(runner, steps[key])
             if round_index:  # the first round is a warm-up
-                times[batch].append(seconds)
-    rows = []
-    for batch in args.batches:
-        context_tokens = sum(c.start + len(c.token_ids) for c in steps[batch])
-        predicted = predicted_s(cost, 0, batch, context_tokens)
-        ratios = [t / predicted for t in times[batch]]
-        rows.append({"batch": batch, "measured_ms": spread([1e3 * t for t in times[batch]]),
-                     "predicted_ms": 1e3 * predicted, "measured_over_predicted": spread(ratios)})
+                times[key].append(seconds)
     return {"model": args.model, "threads": torch.get_num_threads(), "context_tokens": args.context_tokens,
             "device_kv_blocks": args.device_kv_blocks, "rounds": args.rounds,
             "cost_model": cost,
-            "decode": rows}
+            "decode": _rows("decode", args.batches, steps, times, cost),
+            "prefill": _rows("prefill", args.prefills, steps, times, cost)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16])
-    parser.add_argument("--context-tokens", type=int, default=128, help="positions of every request's KV")
+    parser.add_argument("--prefills", type=int, nargs="*", default=[1, 3, 4, 8, 12, 16, 32, 48, 100, 256],
+                        help="prompt lengths of prefill-only steps (one request each)")
+    parser.add_argument("--context-tokens", type=int, default=128, help="positions of every decode's KV")
     parser.add_argument("--device-kv-blocks", type=int, default=32, help="the served pool the warm-up fits over")
     parser.add_argument("--max-batch-tokens", type=int, default=2048)
     parser.add_argument("--max-batch-requests", type=int, default=256)
@@ -85,11 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     result = run(args)
     print(f"warm-up fit: {result['cost_model']}")
-    print("batch  measured ms, median [range]   predicted ms   measured / predicted, median [range]")
-    for row in result["decode"]:
-        m, r = row["measured_ms"], row["measured_over_predicted"]
-        print(f"{row['batch']:5d}  {m['median']:7.1f} [{m['min']:.1f}–{m['max']:.1f}]"
-              f"{row['predicted_ms']:17.1f}   {r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}]")
+    for kind, label in (("decode", "requests"), ("prefill", "tokens")):
+        print(f"{kind}: {label}  measured ms, median [range]  predicted ms (curve / linear)  "
+              "measured / predicted, median [range]: curve / linear")
+        for row in result[kind]:
+            m, r, lr = row["measured_ms"], row["measured_over_predicted"], row["measured_over_linear"]
+            print(f"{row['size']:5d}  {m['median']:7.1f} [{m['min']:.1f}–{m['max']:.1f}]"
+                  f"   {row['predicted_ms']:7.1f} / {row['linear_predicted_ms']:7.1f}"
+                  f"   {r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}] / {lr['median']:.2f} [{lr['min']:.2f}–{lr['max']:.2f}]")
     print(json.dumps(result))
     return 0
 

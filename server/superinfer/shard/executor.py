@@ -183,6 +183,8 @@ class ShardExecutor:
                 per_decode_request_s=step.per_decode_request_s, per_context_token_s=step.per_context_token_s,
                 swap_out_bytes_per_s=transfer.swap_out_bytes_per_s, swap_in_bytes_per_s=transfer.swap_in_bytes_per_s,
                 transfer_overhead_s=transfer.transfer_overhead_s, duplex=transfer.duplex,
+                token_curve=shard_pb2.TokenCurve(tokens_s=step.tokens_s, decodes_s=step.decodes_s,
+                                                 per_context_token_s=step.curve_per_context_token_s),
             ),
         )
         if self.config.warmup_report is not None:

@@ -4,7 +4,11 @@ synthetic chunks) and the transfer engine's bandwidth per direction and duplex b
 step ≈ c0 + c1·prefill_tokens + c2·decode_requests + c3·context_tokens, where
 context_tokens = Σ over scheduled requests of (num_computed_tokens + num_new_tokens). The fit
 is the scheduler crate's (`superinfer_scheduler::cost_fit`, non-negative, on relative error),
-the same the simulator's derived profiles use."""
+the same the simulator's derived profiles use. The same timed steps, with steps at every knot
+of the scheduler's token curve (`_router.token_curve_knots`: prefills of each token count,
+decodes of each batch size), also fit the curve the scheduler then prices steps with: step ≈
+T(prefill_tokens + decode_requests) + D(decode_requests) + c·context_tokens, T and D measured
+curves, since a step's cost is not linear in its rows (`TokenCurve`)."""
 import logging
 import time
 from dataclasses import dataclass
@@ -26,6 +30,10 @@ class StepCost:
     per_prefill_token_s: float
     per_decode_request_s: float
     per_context_token_s: float
+    # The token curve (`TokenCurve`): values at the first knots; empty when not measured.
+    tokens_s: tuple[float, ...] = ()
+    decodes_s: tuple[float, ...] = ()
+    curve_per_context_token_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,13 @@ def _shapes(max_tokens: int, max_requests: int, num_blocks: int, block_size: int
     candidates.append((big // 4, quarter, 128))
     shapes = [shape for shape in candidates
               if blocks(*shape) <= num_blocks and shape[0] + shape[1] <= max(max_tokens, 1)]
+    # The token curve's knots: a prefill of each token count up to the largest step above, and
+    # decodes (short contexts) of each batch size up to the largest decode batch above.
+    largest = max((p + d for p, d, _ in shapes), default=0)
+    most = max((d for _, d, _ in shapes), default=0)
+    knots = _router.token_curve_knots()
+    shapes += [(n, 0, 0) for n in knots if n < largest and blocks(n, 0, 0) <= num_blocks]
+    shapes += [(0, d, 32) for d in knots if d < most and blocks(0, d, 32) <= num_blocks and d <= max_tokens]
     return list(dict.fromkeys(shapes))
 
 
@@ -114,7 +129,10 @@ def measure_step_cost(runner: ModelRunner, max_tokens: int, max_requests: int, r
         times.append(seconds)
         log.debug("warm-up forward prefill=%d decodes=%d context=%d: %.4fs", prefill, decodes, context, seconds)
     log.info("warm-up: forward passes timed in %.1f s", time.perf_counter() - started)
-    return StepCost(*_router.fit_step_cost(timed_shapes, times))
+    tokens_s, decodes_s, per_context = _router.fit_step_curve(timed_shapes, times)
+    if not tokens_s:
+        log.warning("warm-up: the timed steps leave a knot of the token curve unmeasured; steps are priced linearly")
+    return StepCost(*_router.fit_step_cost(timed_shapes, times), tuple(tokens_s), tuple(decodes_s), per_context)
 
 
 def _time_transfer(engine: TransferEngine, swap_out, swap_in, repeats: int) -> float:

@@ -143,7 +143,7 @@ def derived(hardware_key: str, model_key: str, block_size: int = 16, max_batch_t
 def measured(path: str | Path) -> Profile:
     """A profile measured on a real machine: the JSON a shard writes at warm-up
     (`superinfer launch --warmup-report PATH`), with the Warmup cost model (the `CostModel`
-    fields) and the KV geometry, `{"cost_model": {...}, "block_size",
+    fields, its token curve included when the warm-up measured one) and the KV geometry, `{"cost_model": {...}, "block_size",
     "block_bytes", "num_device_blocks", "num_host_blocks", "max_batch_tokens",
     "max_batch_requests"}`; the measured model is both the truth and the belief."""
     document = json.loads(Path(path).read_text())
@@ -151,6 +151,8 @@ def measured(path: str | Path) -> Profile:
         cost = {k: document["cost_model"][k] for k in (
             "step_base_s", "per_prefill_token_s", "per_decode_request_s", "per_context_token_s",
             "swap_out_bytes_per_s", "swap_in_bytes_per_s", "transfer_overhead_s", "duplex")}
+        if document["cost_model"].get("token_curve"):  # measured at warm-up since 2026-12-02
+            cost["token_curve"] = document["cost_model"]["token_curve"]
         link = {"out_bytes_per_s": cost["swap_out_bytes_per_s"], "in_bytes_per_s": cost["swap_in_bytes_per_s"],
                 "overhead_s": cost["transfer_overhead_s"], "duplex": cost["duplex"]}
         return Profile(

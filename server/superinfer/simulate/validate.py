@@ -25,6 +25,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from superinfer import _router
 from superinfer.bench.outcomes import Slo
 from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.report import read_json
@@ -81,8 +82,9 @@ def tally(report: list[dict], within: float = 0.15) -> dict:
 
 
 def lone_decode_s(cost: dict, context_tokens: float) -> float:
-    """A cost model's step time for one decode at the given context."""
-    return cost["step_base_s"] + cost["per_decode_request_s"] + cost["per_context_token_s"] * context_tokens
+    """A cost model's step time for one decode at the given context (the scheduler's formula:
+    its token curve when it has one)."""
+    return _router.step_time(json.dumps({"kind": "linear", **cost}), [(0, 1, round(context_tokens))])[0]
 
 
 def unloaded_profile(compare_json: Path, calibration: list[WorkloadRequest], like: Profile) -> Profile:

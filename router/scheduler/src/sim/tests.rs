@@ -17,6 +17,7 @@ fn linear() -> CostModel {
         transfer_overhead_s: 1e-4,
         duplex: true,
         correction: 1.0,
+        ..CostModel::default()
     }
 }
 

@@ -36,6 +36,7 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
             transfer_overhead_s: 0.0,
             duplex: true,
             correction: 1.0,
+            ..CostModel::default()
         },
         prefix_caching: true,
         rotation_cooldown_steps: 4,

@@ -177,6 +177,7 @@ impl Shard for ScriptedShard {
                 swap_in_bytes_per_s: 1e9,
                 transfer_overhead_s: 1e-4,
                 duplex: false,
+                token_curve: None,
             }),
         }))
     }

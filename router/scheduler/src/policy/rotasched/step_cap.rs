@@ -58,18 +58,7 @@ impl Core {
             decode_requests: ctx.shape.decode_requests + unplaced.decode_requests,
             context_tokens: ctx.shape.context_tokens + unplaced.context_tokens,
         };
-        let left = deadline.at - ctx.now - self.cost.predict_step(committed);
         let computed = u64::from(self.requests[&urgency.id].num_computed);
-        // A chunk of c tokens adds c prefill tokens and (computed + c) attended positions.
-        let scale = self.cost.correction;
-        let per_token = (self.cost.per_prefill_token_s + self.cost.per_context_token_s) * scale;
-        let fixed = self.cost.per_context_token_s * scale * computed as f64;
-        if left <= fixed {
-            return 0;
-        }
-        if per_token <= 0.0 {
-            return u32::MAX;
-        }
-        ((left - fixed) / per_token).floor().min(f64::from(u32::MAX)) as u32
+        self.cost.prefill_tokens_within(committed, computed, deadline.at - ctx.now)
     }
 }
