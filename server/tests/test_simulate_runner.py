@@ -75,6 +75,23 @@ def test_derived_profiles_follow_the_hardware():
     assert derived("gh200-144g", "mixtral-8x7b").num_device_blocks > 0
 
 
+def test_a_derived_profiles_belief_is_the_warm_ups_token_curve():
+    from superinfer import _router
+
+    gh200 = derived("gh200", "llama-3-8b")
+    assert gh200.cost_model["token_curve"]["tokens_s"], "the belief has a token curve, as a warm-up measures"
+    shapes = [(0, batch, batch * context) for batch in (1, 3, 20, 100, 200) for context in (300, 1500)]
+    shapes += [(prefill, 0, prefill) for prefill in (50, 700, 3000, 6000)] + [(600, 40, 600 + 40 * 900)]
+    truth = _router.step_time(json.dumps(gh200.step_time), shapes)
+
+    def worst(cost_model: dict) -> float:
+        believed = _router.step_time(json.dumps({"kind": "linear", **cost_model}), shapes)
+        return max(abs(b - t) / t for b, t in zip(believed, truth))
+
+    curve, linear = worst(gh200.cost_model), worst({**gh200.cost_model, "token_curve": {}})
+    assert curve < 0.08 and curve < linear, (curve, linear)
+
+
 def test_simulate_command_writes_a_simulated_report(tmp_path):
     out = tmp_path / "sim"
     code = main(["simulate", "--profile", "gh200:llama-3-8b", "--policies", "fcfs,rotasched", "--rates", "20,40",
@@ -203,6 +220,25 @@ def test_validate_analyses_an_existing_bench_compare_directory(tmp_path, monkeyp
     profile = validate.unloaded_profile(measured / "compare.json", calibration, fitted)
     assert profile.cost_model["per_prefill_token_s"] == pytest.approx((0.08 - 0.02) / 41)
     assert (profile.num_device_blocks, profile.max_batch_tokens, profile.max_batch_requests) == (6, 256, 8)
+
+
+def test_a_shared_machine_is_the_median_of_the_servers_warm_ups():
+    from superinfer import _router
+    from superinfer.simulate.validate import shared_machine
+
+    def warm_up(scale: float, tokens_s: list[float]) -> dict:
+        return {"kind": "linear", **COST, "step_base_s": COST["step_base_s"] * scale,
+                "token_curve": {"tokens_s": tokens_s, "decodes_s": [0.001 * scale], "per_context_token_s": 1e-6 * scale}}
+
+    machine = shared_machine([warm_up(1.0, [0.010, 0.020, 0.030]), warm_up(1.5, [0.012, 0.018]),
+                              warm_up(0.5, [0.011, 0.025, 0.040])])
+    assert machine["step_base_s"] == pytest.approx(COST["step_base_s"])
+    # Each knot the median over the servers, as far as every curve reaches.
+    assert machine["token_curve"] == {"tokens_s": [0.011, 0.020], "decodes_s": [0.001], "per_context_token_s": 1e-6}
+    assert machine["swap_out_bytes_per_s"] == COST["swap_out_bytes_per_s"]
+    assert _router.step_time(json.dumps(machine), [(2, 0, 2)])[0] == pytest.approx(0.020 + 2e-6)
+    # A server without a curve leaves the machine linear.
+    assert "token_curve" not in shared_machine([warm_up(1.0, [0.01, 0.02]), {"kind": "linear", **COST}])
 
 
 def test_the_headline_over_several_seeds_reports_each_figure_with_its_range(tmp_path):

@@ -21,7 +21,10 @@ def test_the_warmup_report_is_the_measured_profile(tiny_llama_dir, tmp_path):
         "per_decode_request_s": cost.per_decode_request_s, "per_context_token_s": cost.per_context_token_s,
         "swap_out_bytes_per_s": cost.swap_out_bytes_per_s, "swap_in_bytes_per_s": cost.swap_in_bytes_per_s,
         "transfer_overhead_s": cost.transfer_overhead_s, "duplex": cost.duplex,
+        "token_curve": {"tokens_s": list(cost.token_curve.tokens_s), "decodes_s": list(cost.token_curve.decodes_s),
+                        "per_context_token_s": cost.token_curve.per_context_token_s},
     }
+    assert len(cost.token_curve.tokens_s) >= 2, "the warm-up measured a token curve"
     assert (profile.num_device_blocks, profile.num_host_blocks) == (24, 8)
     assert (profile.max_batch_tokens, profile.max_batch_requests) == (96, 6)
     assert profile.block_size == executor.runner.block_size

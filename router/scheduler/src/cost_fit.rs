@@ -60,7 +60,8 @@ pub fn fit_step_cost(samples: &[(StepShape, f64)]) -> StepCoefficients {
 /// is linear in its knots' values (a count between two knots weighs on both, by its
 /// distance), so one solve finds them all. Gives [`TokenCurve::NONE`] when the samples span
 /// fewer than two token knots or leave a knot without a sample near it (between its
-/// neighbours). A knot value that noise drives below 0 is read as 0.
+/// neighbours). Every value is kept non-negative by solving with that constraint (a knot or
+/// the context term that noise would drive below 0 is fitted at 0 and the rest re-solved).
 pub fn fit_token_curve(samples: &[(StepShape, f64)]) -> TokenCurve {
     let tokens = |shape: &StepShape| shape.prefill_tokens + shape.decode_requests;
     let samples: Vec<_> = samples
@@ -107,29 +108,81 @@ pub fn fit_token_curve(samples: &[(StepShape, f64)]) -> TokenCurve {
         features[width - 1] = shape.context_tokens as f64;
         features[c] / seconds
     });
+    // Every knot needs a sample that weighs on it; a context column of zeros is left out.
+    let norms: Vec<f64> = weighted.column_iter().map(|column| column.norm()).collect();
+    if norms[..width - 1].iter().any(|&norm| !(norm > 0.0 && norm.is_finite())) {
+        return TokenCurve::NONE;
+    }
+    let columns: Vec<usize> = (0..width).filter(|&c| c < width - 1 || norms[c] > 0.0).collect();
     let ones = DVector::from_element(samples.len(), 1.0);
-    let mut best: Option<(Vec<f64>, f64, bool)> = None;
-    for with_context in [true, false] {
-        let columns: Vec<usize> = (0..width - usize::from(!with_context)).collect();
-        let Some(solution) = least_squares(&weighted.select_columns(&columns), &ones) else { continue };
-        let mut coefficients = vec![0.0; width];
+    let Some(solution) = non_negative_least_squares(&weighted.select_columns(&columns), &ones) else {
+        return TokenCurve::NONE;
+    };
+    let mut coefficients = vec![0.0; width];
+    for (&column, &value) in columns.iter().zip(solution.iter()) {
+        coefficients[column] = value;
+    }
+    TokenCurve::new(&coefficients[..token_count], &coefficients[token_count..width - 1], coefficients[width - 1])
+        .unwrap_or(TokenCurve::NONE)
+}
+
+/// The solution of `a x ≈ b` in least squares with every `x ≥ 0` (Lawson and Hanson's active
+/// set method, on columns scaled to unit norm): terms join the solved set while one would
+/// lower the residual, and a solve that drives one below 0 steps back to where it reaches 0
+/// and drops it. `None` when a column is all zero or a solve fails.
+fn non_negative_least_squares(a: &DMatrix<f64>, b: &DVector<f64>) -> Option<DVector<f64>> {
+    let n = a.ncols();
+    let norms: Vec<f64> = a.column_iter().map(|column| column.norm()).collect();
+    if norms.iter().any(|&norm| !(norm > 0.0 && norm.is_finite())) {
+        return None;
+    }
+    let scaled = DMatrix::from_fn(a.nrows(), n, |row, column| a[(row, column)] / norms[column]);
+    let tolerance = 1e-10 * scaled.norm().max(1.0) * b.norm().max(1.0);
+    // The least-squares solution over the `passive` columns, zeros elsewhere.
+    let solve = |passive: &[bool]| -> Option<DVector<f64>> {
+        let columns: Vec<usize> = (0..n).filter(|&c| passive[c]).collect();
+        let solution = scaled.select_columns(&columns).svd(true, true).solve(b, 1e-12).ok()?;
+        let mut full = DVector::zeros(n);
         for (&column, &value) in columns.iter().zip(solution.iter()) {
-            coefficients[column] = value;
+            full[column] = value;
         }
-        let admissible = coefficients.iter().all(|&value| value >= 0.0);
-        let residual = (&weighted * DVector::from_column_slice(&coefficients) - &ones).norm_squared();
-        let better = match &best {
-            None => true,
-            Some((_, r, a)) => (admissible && !a) || (admissible == *a && residual < *r),
+        Some(full)
+    };
+    let mut x = DVector::zeros(n);
+    let mut passive = vec![false; n];
+    for _ in 0..3 * n + 10 {
+        let gradient = scaled.transpose() * (b - &scaled * &x);
+        let Some(join) = (0..n)
+            .filter(|&c| !passive[c] && gradient[c] > tolerance)
+            .max_by(|&i, &j| gradient[i].total_cmp(&gradient[j]))
+        else {
+            break;
         };
-        if better {
-            best = Some((coefficients, residual, admissible));
+        passive[join] = true;
+        loop {
+            let s = solve(&passive)?;
+            if (0..n).all(|c| !passive[c] || s[c] > 0.0) {
+                x = s;
+                break;
+            }
+            // Step from x towards s until the first passive term reaches 0, and drop it.
+            let step = (0..n)
+                .filter(|&c| passive[c] && s[c] <= 0.0)
+                .map(|c| x[c] / (x[c] - s[c]))
+                .fold(f64::INFINITY, f64::min);
+            x += (&s - &x) * step;
+            for c in 0..n {
+                if passive[c] && x[c] <= tolerance {
+                    passive[c] = false;
+                    x[c] = 0.0;
+                }
+            }
+            if !passive.iter().any(|&p| p) {
+                break;
+            }
         }
     }
-    let Some((coefficients, _, _)) = best else { return TokenCurve::NONE };
-    let clamped: Vec<f64> = coefficients.iter().map(|value| value.max(0.0)).collect();
-    TokenCurve::new(&clamped[..token_count], &clamped[token_count..width - 1], clamped[width - 1])
-        .unwrap_or(TokenCurve::NONE)
+    Some(DVector::from_iterator(n, x.iter().zip(&norms).map(|(value, norm)| (value / norm).max(0.0))))
 }
 
 /// The least-squares solution of `a x ≈ b`, columns scaled to unit norm first (features span
@@ -233,6 +286,53 @@ mod tests {
             worst_linear = worst_linear.max(error(&linear));
         }
         assert!(worst_linear > 0.1, "the linear fit was expected to miss the cliff: {worst_linear}");
+    }
+
+    #[test]
+    fn non_negative_least_squares_fixes_a_negative_term_at_zero_and_refits_the_rest() {
+        // Unconstrained: x = (1, -1). With x >= 0: x2 = 0 and x1 minimises (x1 - 1)² + x1².
+        let a = DMatrix::from_row_slice(3, 2, &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let b = DVector::from_column_slice(&[1.0, -1.0, 0.0]);
+        let x = non_negative_least_squares(&a, &b).unwrap();
+        assert!((x[0] - 0.5).abs() < 1e-9 && x[1] == 0.0, "{x}");
+        // A solution that is non-negative already is the least-squares one.
+        let b = DVector::from_column_slice(&[1.0, 2.0, 3.0]);
+        let x = non_negative_least_squares(&a, &b).unwrap();
+        assert!((x[0] - 1.0).abs() < 1e-9 && (x[1] - 2.0).abs() < 1e-9, "{x}");
+    }
+
+    /// A memory-bound machine: a step reads 16 GB of weights and 128 KiB per attended
+    /// position at 3.2 TB/s, or computes 16 GFLOP per token at 600 TFLOP/s, whichever is
+    /// longer, plus 1.5 ms.
+    fn roofline(shape: StepShape) -> f64 {
+        let tokens = (shape.prefill_tokens + shape.decode_requests) as f64;
+        let memory = (16e9 + 131_072.0 * shape.context_tokens as f64) / 3.2e12;
+        0.0015 + memory.max(tokens * 16e9 / 600e12)
+    }
+
+    #[test]
+    fn the_curve_keeps_the_context_term_of_a_memory_bound_decode() {
+        // Shapes as a warm-up times them: decodes at each knot over short contexts, a few
+        // batches over long ones, prefills at each knot.
+        let mut shapes = Vec::new();
+        for n in TokenCurve::KNOTS.into_iter().filter(|&n| n <= 8192) {
+            shapes.push(StepShape { prefill_tokens: n, decode_requests: 0, context_tokens: n });
+            if n <= 256 {
+                shapes.push(StepShape { prefill_tokens: 0, decode_requests: n, context_tokens: n * 32 });
+            }
+        }
+        for (batch, context) in [(1, 2048), (32, 1024), (64, 2048), (256, 256), (256, 2048)] {
+            shapes.push(StepShape { prefill_tokens: 0, decode_requests: batch, context_tokens: batch * context });
+        }
+        let samples: Vec<_> = shapes.iter().map(|&s| (s, roofline(s))).collect();
+        let curve = fit_token_curve(&samples);
+        assert!(curve.per_context_token_s > 0.0, "{curve:?}");
+        let model = CostModel { token_curve: curve, ..CostModel::default() };
+        for (batch, context) in [(1, 300), (20, 1500), (100, 1500), (200, 1500), (200, 300)] {
+            let shape = StepShape { prefill_tokens: 0, decode_requests: batch, context_tokens: batch * context };
+            let error = (model.predict_step(shape) - roofline(shape)).abs() / roofline(shape);
+            assert!(error < 0.08, "{batch} decodes over {context}: {error}");
+        }
     }
 
     #[test]

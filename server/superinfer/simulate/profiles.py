@@ -92,17 +92,25 @@ class Profile:
         return asdict(self)
 
 
-def _fit_linear(roofline: dict, link: dict) -> dict:
-    """The scheduler's belief about a roofline machine: the warm-up's fit over step shapes like
-    those of a warm-up (pure prefills and pure decode batches)."""
+def _fit_belief(roofline: dict, link: dict, max_batch_tokens: int, max_batch_requests: int) -> dict:
+    """The scheduler's belief about a roofline machine, as a warm-up would measure it: the
+    linear fit and the token curve over step shapes like a warm-up's (pure prefills and pure
+    decode batches, and a prefill and a short-context decode batch at each of the curve's
+    knots within the batch limits)."""
     shapes = [(prefill, 0, prefill) for prefill in (128, 512, 1024, 2048, 4096, 8192)]
     shapes += [(0, batch, batch * context) for batch in (1, 8, 32, 64, 128, 256) for context in (256, 1024, 2048)]
+    knots = _router.token_curve_knots()
+    shapes += [(n, 0, n) for n in knots if n <= max(max_batch_tokens, 8192)]
+    shapes += [(0, d, d * 32) for d in knots if d <= max(max_batch_requests, 256)]
+    shapes = list(dict.fromkeys(shapes))
     times = _router.step_time(json.dumps(roofline), shapes)
     c0, c1, c2, c3 = _router.fit_step_cost(shapes, times)
+    tokens_s, decodes_s, per_context = _router.fit_step_curve(shapes, times)
     return {
         "step_base_s": c0, "per_prefill_token_s": c1, "per_decode_request_s": c2, "per_context_token_s": c3,
         "swap_out_bytes_per_s": link["out_bytes_per_s"], "swap_in_bytes_per_s": link["in_bytes_per_s"],
         "transfer_overhead_s": link["overhead_s"], "duplex": link["duplex"],
+        "token_curve": {"tokens_s": tokens_s, "decodes_s": decodes_s, "per_context_token_s": per_context},
     }
 
 
@@ -134,7 +142,8 @@ def derived(hardware_key: str, model_key: str, block_size: int = 16, max_batch_t
     if kv_bytes <= block_bytes:
         raise ValueError(f"{model.name} does not fit in {hw.name}'s memory")
     return Profile(
-        f"{hw.name} / {model.name} (derived)", roofline, link, _fit_linear(roofline, link), block_size,
+        f"{hw.name} / {model.name} (derived)", roofline, link,
+        _fit_belief(roofline, link, max_batch_tokens, max_batch_requests), block_size,
         block_bytes, int(kv_bytes // block_bytes), int(hw.host_bytes / 2 // block_bytes),
         max_batch_tokens, max_batch_requests,
     )

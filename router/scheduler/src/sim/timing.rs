@@ -26,8 +26,9 @@ pub struct Roofline {
 /// The true step time of the simulated machine.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum StepTimeModel {
-    /// The linear model the shard measures at warm-up, taken as the truth (its `correction`
-    /// is ignored: that is the scheduler's belief, not the machine).
+    /// The cost model the shard measures at warm-up (its token curve, else its linear terms),
+    /// taken as the truth (its `correction` is ignored: that is the scheduler's belief, not
+    /// the machine). The JSON kind keeps its name, "linear".
     Linear(CostModel),
     Roofline(Roofline),
 }
