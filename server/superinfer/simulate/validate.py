@@ -1,7 +1,7 @@
 """Validation of the simulator on this machine: the same workload is benched against the real
 server (`superinfer bench compare`, every policy's server up at once, interleaved) and
 simulated, then attainment and p50/p99 TTFT are compared, for every policy. The simulation
-predicts from what was known before the measured runs: the linear cost model each shard fitted
+predicts from what was known before the measured runs: the cost model (token curve and linear terms) each shard measured
 at warm-up ("warm-up", with the step charges given: `--step-overhead-ms`, `--transfer-stall`,
 planning), and a two-term model built from the unloaded latencies the bench measured first
 ("unloaded"). Nothing is fitted to the run it is compared with. Prints the relative error of
@@ -87,6 +87,30 @@ def lone_decode_s(cost: dict, context_tokens: float) -> float:
     return _router.step_time(json.dumps({"kind": "linear", **cost}), [(0, 1, round(context_tokens))])[0]
 
 
+_STEP_TERMS = ("step_base_s", "per_prefill_token_s", "per_decode_request_s", "per_context_token_s")
+
+
+def shared_machine(step_times: list[dict]) -> dict:
+    """One simulated machine for every server of a run (they ran on the same cores, their
+    warm-ups one after the other, and one warm-up is one noisy sample of that machine): each
+    step term of their warm-up models, and each knot of their token curves, the median over
+    the servers. Transfers keep each server's own link."""
+    machine = dict(step_times[0])
+    for key in _STEP_TERMS:
+        machine[key] = statistics.median(float(step_time[key]) for step_time in step_times)
+    curves = [step_time.get("token_curve") or {} for step_time in step_times]
+    if all(curve.get("tokens_s") for curve in curves):
+        def knots(name: str) -> list[float]:
+            count = min(len(curve.get(name, [])) for curve in curves)
+            return [statistics.median(curve[name][i] for curve in curves) for i in range(count)]
+        machine["token_curve"] = {"tokens_s": knots("tokens_s"), "decodes_s": knots("decodes_s"),
+                                  "per_context_token_s": statistics.median(c.get("per_context_token_s", 0.0)
+                                                                           for c in curves)}
+    else:
+        machine.pop("token_curve", None)
+    return machine
+
+
 def unloaded_profile(compare_json: Path, calibration: list[WorkloadRequest], like: Profile) -> Profile:
     """The two-term model from the unloaded latencies (`profiles.from_bench`), its prefill cost
     spread over the calibration requests' own prompts (`from_bench` reads the fixed
@@ -127,10 +151,15 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
     context = statistics.median(s.prompt_tokens + s.max_new_tokens / 2 for s in calibration) if calibration else 0.0
     profiles: dict[str, dict[str, Profile]] = {}
     overheads: dict[str, float] = {}
-    for policy in dict.fromkeys(r.series for r in runs):
-        # The linear model the shard fitted at warm-up, as the scheduler uses it; its pools and
-        # batch limits are the ones that server ran with.
-        fitted = measured_profile(measured_dir / f"warmup-{policy}.json")
+    policies = list(dict.fromkeys(r.series for r in runs))
+    # The cost model each shard measured at warm-up, as its scheduler uses it; its pools and
+    # batch limits are the ones that server ran with.
+    warm_ups = {policy: measured_profile(measured_dir / f"warmup-{policy}.json") for policy in policies}
+    if args.shared_machine:
+        machine = shared_machine([profile.step_time for profile in warm_ups.values()])
+        warm_ups = {policy: replace(profile, step_time=machine) for policy, profile in warm_ups.items()}
+    for policy in policies:
+        fitted = warm_ups[policy]
         if args.step_overhead_from_unloaded:
             if not unloaded_latency:
                 raise SystemExit("simulate validate: the bench measured no unloaded latency")
@@ -197,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                         "instead of measuring; the workload options above are then ignored")
     parser.add_argument("--trace", type=Path, default=None,
                         help="the trace a trace workload was built from (default: the repository's Azure trace)")
+    parser.add_argument("--shared-machine", action="store_true",
+                        help="simulate every server on one machine, each term and knot the median of the servers' "
+                        "warm-ups (each scheduler still believes its own warm-up)")
     parser.add_argument("--step-overhead-from-unloaded", action="store_true",
                         help="charge every step the unloaded gap between tokens less the warm-up fit's lone "
                         "decode step (per policy; an explicit --step-overhead-ms overrides it)")
