@@ -34,8 +34,8 @@ pub struct StepShape {
 
 /// Values at the first `len` of [`TokenCurve::KNOTS`], linear in between and from an
 /// implicit 0 at count 0, and past the last knot extended along the last segment (never
-/// downwards). Between knots a larger count may cost less: on this project's 2-core AMD CI
-/// machine a step of 4 rows runs faster than one of 3 (MKL's GEMM takes another path from 4
+/// downwards). Between knots a larger count may cost less: on a 2-vCPU AMD EPYC a step of
+/// 4 rows runs faster than one of 3 (MKL's GEMM takes another path from 4
 /// rows), and a model that forbade that would price every 4–16-token step as a 3-token one.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Knots {
