@@ -65,3 +65,30 @@ def test_plots_get_one_run_per_point_with_pooled_samples():
     merged = {r.series: r for r in compare.median_runs(RESULTS)}
     assert merged["fcfs"].summary["attainment"]["ttft"] == 0.8
     assert merged["fcfs"].ttft_s == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_a_comparison_keeps_every_finished_run_when_a_later_one_fails(tmp_path, monkeypatch):
+    # `bench compare` writes compare.json after every run: a server that dies, or a user's ^C,
+    # an hour into a comparison loses only the run in progress.
+    import json
+
+    from superinfer.bench.outcomes import Slo
+    from superinfer.cli import main
+
+    def two_runs_then_a_failure(*args, on_run, **kwargs):
+        slo = Slo(ttft_ms=1000.0, tbt_ms=100.0)
+        on_run(RESULTS[:1], slo, None)
+        on_run(RESULTS[:2], slo, None)
+        raise RuntimeError("the fcfs server exited")
+
+    monkeypatch.setattr(compare, "run_comparison", two_runs_then_a_failure)
+    out = tmp_path / "compare"
+    with pytest.raises(RuntimeError, match="server exited"):
+        main(["bench", "compare", "--policies", "fcfs,rota", "--repeats", "3", "--rates", "1",
+              "--num-requests", "4", "--out", str(out), "--no-progress"])
+    document = json.loads((out / "compare.json").read_text())
+    assert document["complete"] is False and document["runs_planned"] == 6
+    assert [(r["series"], r["repetition"]) for r in document["runs"]] == [("fcfs", 0), ("rota", 0)]
+    assert {p["series"] for p in document["aggregate"]} == {"fcfs", "rota"}
+    assert report.read_json(out / "compare.json")[1].summary["attainment"]["ttft"] == 1.0
+    assert not list(out.glob("*.tmp"))

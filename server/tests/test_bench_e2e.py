@@ -38,6 +38,7 @@ def test_bench_compare_against_the_launched_servers(tmp_path, capsys):
     assert [(r["repetition"], r["seed"], r["series"]) for r in runs] == [
         (0, 0, "fcfs"), (0, 0, "swap"), (1, 1, "swap"), (1, 1, "fcfs")]
     assert document["interleaved"] and document["repeats"] == 2 and document["seeds"] == [0, 1]
+    assert document["complete"] is True and document["runs_planned"] == 4
     for run in runs:
         summary = run["summary"]
         assert summary["failed"] == 0 and summary["completed"] == 4

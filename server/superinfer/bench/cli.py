@@ -127,23 +127,33 @@ def run_compare(args: argparse.Namespace) -> int:
     options = LaunchOptions(args.device_kv_blocks, args.host_kv_blocks, args.model,
                             tuple(shlex.split(args.launch_args)), args.startup_timeout, args.out)
     config = workload_config(args)
+    planned = len(policies) * len(args.rates) * args.repeats
+
+    def header(results: list[RunResult], slo, unloaded) -> dict:
+        return {"label": "measured", "command": "compare", "policies": policies, "api": args.api,
+                "launch": {"device_kv_blocks": args.device_kv_blocks, "host_kv_blocks": args.host_kv_blocks,
+                           "model": args.model, "extra_args": list(options.extra_args)},
+                "workload": asdict(config), "rates": args.rates, "repeats": args.repeats,
+                "seeds": [config.seed + k for k in range(args.repeats)], "interleaved": True,
+                # A comparison is written after every run: `complete` is false until the last.
+                "complete": len(results) == planned, "runs_planned": planned,
+                "slo": asdict(slo), "unloaded": unloaded,
+                "aggregate": compare.aggregate(results), "paired": compare.paired_differences(results)}
+
+    def checkpoint(results: list[RunResult], slo, unloaded) -> None:
+        report.write_json(args.out / "compare.json", header(results, slo, unloaded), results)
+
     results, slo, unloaded = compare.run_comparison(
         policies, options, lambda url: _inputs(args, url), config, args.rates, args.repeats, slo_request(args),
-        args.api, args.request_timeout, not args.no_send_slo, not args.no_progress,
+        args.api, args.request_timeout, not args.no_send_slo, not args.no_progress, on_run=checkpoint,
     )
-    points, pairs = compare.aggregate(results), compare.paired_differences(results)
-    header = {"label": "measured", "command": "compare", "policies": policies, "api": args.api,
-              "launch": {"device_kv_blocks": args.device_kv_blocks, "host_kv_blocks": args.host_kv_blocks,
-                         "model": args.model, "extra_args": list(options.extra_args)},
-              "workload": asdict(config), "rates": args.rates, "repeats": args.repeats,
-              "seeds": [config.seed + k for k in range(args.repeats)], "interleaved": True,
-              "slo": asdict(slo), "unloaded": unloaded, "aggregate": points, "paired": pairs}
-    report.write_json(args.out / "compare.json", header, results)
+    checkpoint(results, slo, unloaded)
+    document = header(results, slo, unloaded)
     written = plots.write_plots(compare.median_runs(results), args.out, prefix="compare_")
-    print(report.spread_table(points))
+    print(report.spread_table(document["aggregate"]))
     if len(policies) > 1:
-        print(report.paired_table(pairs, "ttft_attainment"))
-        print(report.paired_table(pairs, "both_attainment"))
+        print(report.paired_table(document["paired"], "ttft_attainment"))
+        print(report.paired_table(document["paired"], "both_attainment"))
     print(f"wrote {args.out / 'compare.json'} and {len(written)} plots in {args.out}")
     return 0
 

@@ -14,7 +14,7 @@ same one whatever the others took first.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
@@ -143,10 +143,13 @@ def run_comparison(
     request_timeout_s: float,
     send_slo: bool,
     progress: bool,
+    on_run: Callable[[list[RunResult], Slo, dict | None], None] | None = None,
 ) -> tuple[list[RunResult], Slo, dict | None]:
     """Starts every policy's server, replays each slot of `interleaved(...)` and returns the runs
     (each tagged with its repetition and seed), the objectives and the unloaded latency.
-    `inputs_for(url)` gives the WorkloadInputs (the first server's tokenizer is used)."""
+    `inputs_for(url)` gives the WorkloadInputs (the first server's tokenizer is used).
+    `on_run(runs so far, objectives, unloaded)` is called after every slot, so a caller can keep
+    what was measured if a later slot fails or the run is interrupted."""
     if len(set(policies)) != len(policies):
         raise ValueError(f"each policy once, got {policies}")
     with ExitStack() as stack:
@@ -171,4 +174,6 @@ def run_comparison(
             print(f"repetition {slot.repetition} (seed {slot.seed}) rate {slot.rate:g} {slot.policy}: "
                   f"TTFT ok {attainment['ttft']:.0%}, both {attainment['both']:.0%}", flush=True)
             results.append(result)
+            if on_run is not None:
+                on_run(results, slo, unloaded)
     return results, slo, unloaded

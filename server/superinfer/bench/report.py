@@ -7,10 +7,14 @@ from superinfer.bench.runner import RunResult
 
 
 def write_json(path: Path, header: dict, results: list[RunResult]) -> None:
+    """Writes the report whole or not at all (a temporary file renamed over `path`), so a
+    reader, or a run interrupted while writing, never sees half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     document = dict(header)
     document["runs"] = [r.to_json() for r in results]
-    path.write_text(json.dumps(document, indent=1, allow_nan=False))
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(document, indent=1, allow_nan=False))
+    partial.replace(path)
 
 
 def read_json(path: Path) -> list[RunResult]:
