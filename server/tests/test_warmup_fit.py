@@ -49,12 +49,17 @@ def test_cost_check_reports_each_batch_against_the_fit(tiny_llama_dir, tmp_path,
     assert cost_check.main(["--model", str(tiny_llama_dir), "--cache-dir", str(tmp_path), "--batches", "1", "3",
                             "--context-tokens", "40", "--device-kv-blocks", "16", "--max-batch-tokens", "64",
                             "--max-batch-requests", "8", "--rounds", "2", "--threads", "1",
-                            "--prefills", "4", "16"]) == 0
+                            "--prefills", "4", "16", "--mixed", "8:24:2"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [row["size"] for row in result["decode"]] == [1, 3]
+    with pytest.raises(SystemExit):
+        cost_check.main(["--mixed", "8:x:2"])
     assert [row["size"] for row in result["prefill"]] == [4, 16]
+    # A chunk of 8 after 24 computed beside 2 decodes over 40: 8 + 2 rows, 32 + 2 * 40 positions.
+    assert [row["size"] for row in result["mixed"]] == [[8, 24, 2]]
     assert result["cost_model"]["token_curve"]["tokens_s"], "the warm-up measured a token curve"
-    for row in result["decode"] + result["prefill"]:
+    assert cost_check._shape("mixed", (8, 24, 2), cost_check.mixed_chunks(8, 24, 2, 40, 16)) == (8, 2, 112)
+    for row in result["decode"] + result["prefill"] + result["mixed"]:
         assert row["predicted_ms"] > 0 and row["linear_predicted_ms"] > 0
         assert row["measured_ms"]["min"] <= row["measured_ms"]["median"]
         # One prediction per step: the median ratio is the median time over the prediction.

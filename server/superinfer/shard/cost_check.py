@@ -4,14 +4,16 @@ The scheduler plans with, and the simulator predicts from, the linear model the 
 warm-up (`warmup.measure_step_cost`): step ≈ c0 + c1·prefill tokens + c2·decode requests +
 c3·context tokens. This warms a shard up as the server would (its pool, batch limits and
 threads), then times decode-only steps of each batch size over the same context and
-prefill-only steps of each prompt length, in `--rounds` interleaved rounds (after a warm-up round; the batch order rotated each round), measured as
+prefill-only steps of each prompt length, and mixed steps — a prefill chunk of a longer prompt
+(its earlier chunks already computed) beside running decodes, the step RotaSched's step-time cap
+sizes (`--mixed CHUNK:COMPUTED:DECODES`) — in `--rounds` interleaved rounds (after a warm-up round; the batch order rotated each round), measured as
 warm-up measures (the forward and the logits of every sampled row, `warmup.time_step`), and
 prints per step the measured median [range], the model's prediction (its token curve, and the
 linear terms alone) and their ratios: a ratio far from 1 is an error the cost model carries
 into every plan and simulation.
 
     python -m superinfer.shard.cost_check [--model default] [--batches 1 2 3 4 6 8 12 16]
-        [--prefills 1 3 4 8 …] [--context-tokens 128] [--device-kv-blocks 32] [--max-batch-tokens 2048]
+        [--prefills 1 3 4 8 …] [--mixed 128:384:4 …] [--context-tokens 128] [--device-kv-blocks 32] [--max-batch-tokens 2048]
         [--max-batch-requests 256] [--rounds 5] [--threads N]
 
 Prints a table and JSON."""
@@ -30,6 +32,7 @@ from ..pb import shard_pb2 as pb
 from .cli import build_executor, cache_dir
 from .config import ShardConfig
 from .throughput_bench import spread
+from .batch import Chunk
 from .warmup import _chunks, time_step
 
 
@@ -39,13 +42,42 @@ def predicted_s(cost: dict, prefill: int, decodes: int, context_tokens: int) -> 
     return _router.step_time(json.dumps({"kind": "linear", **cost}), [(prefill, decodes, context_tokens)])[0]
 
 
-def _rows(kind: str, sizes: list[int], steps: dict, times: dict, cost: dict) -> list[dict]:
+def mixed_chunks(chunk: int, computed: int, decodes: int, context: int, block_size: int) -> list[Chunk]:
+    """A prefill chunk of `chunk` tokens at positions computed .. computed + chunk - 1 (the
+    prompt's earlier positions already in its blocks) and `decodes` decodes over `context`."""
+    blocks = -(-(computed + chunk) // block_size)
+    out = [Chunk([1] * chunk, computed, list(range(blocks)))]
+    for chunk_of_decode in _chunks(0, decodes, context, block_size):
+        out.append(Chunk(chunk_of_decode.token_ids, chunk_of_decode.start, [b + blocks for b in chunk_of_decode.block_table]))
+    return out
+
+
+def parse_mixed(text: str) -> tuple[int, int, int]:
+    try:
+        chunk, computed, decodes = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--mixed takes CHUNK:COMPUTED:DECODES, got {text!r}") from None
+    if chunk < 1 or computed < 0 or decodes < 0:
+        raise argparse.ArgumentTypeError(f"--mixed needs CHUNK >= 1, COMPUTED >= 0, DECODES >= 0, got {text!r}")
+    return chunk, computed, decodes
+
+
+def _shape(kind: str, size, chunks: list[Chunk]) -> tuple[int, int, int]:
+    """(prefill tokens, decode requests, context tokens) as the scheduler counts them."""
+    context_tokens = sum(c.start + len(c.token_ids) for c in chunks)
+    if kind == "prefill":
+        return size, 0, context_tokens
+    if kind == "decode":
+        return 0, size, context_tokens
+    chunk, _computed, decodes = size
+    return chunk, decodes, context_tokens
+
+
+def _rows(kind: str, sizes: list, steps: dict, times: dict, cost: dict) -> list[dict]:
     linear = {**cost, "token_curve": {}}
     rows = []
     for size in sizes:
-        chunks = steps[(kind, size)]
-        context_tokens = sum(c.start + len(c.token_ids) for c in chunks)
-        shape = (size, 0, context_tokens) if kind == "prefill" else (0, size, context_tokens)
+        shape = _shape(kind, size, steps[(kind, size)])
         measured = times[(kind, size)]
         predicted, predicted_linear = predicted_s(cost, *shape), predicted_s(linear, *shape)
         rows.append({"size": size, "measured_ms": spread([1e3 * t for t in measured]),
@@ -66,9 +98,10 @@ def run(args: argparse.Namespace) -> dict:
                                      always_print_fields_with_no_presence=True)
     # A pool for the largest step measured (the fit is the server pool's; this only has room).
     per_request = -(-args.context_tokens // runner.block_size)
-    runner.allocate(max(max(args.batches) * per_request, -(-max(args.prefills, default=1) // runner.block_size)), 0)
     steps = {("decode", b): _chunks(0, b, args.context_tokens, runner.block_size) for b in args.batches}
     steps |= {("prefill", p): _chunks(p, 0, 0, runner.block_size) for p in args.prefills}
+    steps |= {("mixed", m): mixed_chunks(*m, args.context_tokens, runner.block_size) for m in args.mixed}
+    runner.allocate(max(max(b) + 1 for chunks in steps.values() for c in chunks for b in [c.block_table]), 0)
     order = list(steps)
     times: dict[tuple[str, int], list[float]] = {key: [] for key in order}
     for round_index in range(args.rounds + 1):
@@ -81,7 +114,8 @@ def run(args: argparse.Namespace) -> dict:
             "device_kv_blocks": args.device_kv_blocks, "rounds": args.rounds,
             "cost_model": cost,
             "decode": _rows("decode", args.batches, steps, times, cost),
-            "prefill": _rows("prefill", args.prefills, steps, times, cost)}
+            "prefill": _rows("prefill", args.prefills, steps, times, cost),
+            "mixed": _rows("mixed", args.mixed, steps, times, cost)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16])
     parser.add_argument("--prefills", type=int, nargs="*", default=[1, 3, 4, 8, 12, 16, 32, 48, 100, 256],
                         help="prompt lengths of prefill-only steps (one request each)")
+    parser.add_argument("--mixed", type=parse_mixed, nargs="*", default=[(128, 0, 4), (128, 384, 4), (256, 256, 4), (64, 448, 8)],
+                        metavar="CHUNK:COMPUTED:DECODES",
+                        help="mixed steps: a prefill chunk of CHUNK tokens after COMPUTED already computed, beside "
+                             "DECODES decodes over --context-tokens")
     parser.add_argument("--context-tokens", type=int, default=128, help="positions of every decode's KV")
     parser.add_argument("--device-kv-blocks", type=int, default=32, help="the served pool the warm-up fits over")
     parser.add_argument("--max-batch-tokens", type=int, default=2048)
@@ -102,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     result = run(args)
     print(f"warm-up fit: {result['cost_model']}")
-    for kind, label in (("decode", "requests"), ("prefill", "tokens")):
+    for kind, label in (("decode", "requests"), ("prefill", "tokens"), ("mixed", "chunk:computed:decodes")):
         print(f"{kind}: {label}  measured ms, median [range]  predicted ms (curve / linear)  "
               "measured / predicted, median [range]: curve / linear")
         for row in result[kind]:
             m, r, lr = row["measured_ms"], row["measured_over_predicted"], row["measured_over_linear"]
-            print(f"{row['size']:5d}  {m['median']:7.1f} [{m['min']:.1f}–{m['max']:.1f}]"
+            size = row["size"] if kind != "mixed" else ":".join(map(str, row["size"]))
+            print(f"{size:>5}  {m['median']:7.1f} [{m['min']:.1f}–{m['max']:.1f}]"
                   f"   {row['predicted_ms']:7.1f} / {row['linear_predicted_ms']:7.1f}"
                   f"   {r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}] / {lr['median']:.2f} [{lr['min']:.2f}–{lr['max']:.2f}]")
     print(json.dumps(result))
