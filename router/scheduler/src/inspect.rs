@@ -38,6 +38,8 @@ impl Core {
             cancelled: c.cancelled,
             recent_lag_samples: self.lag_samples.len() as u32,
             cost_correction: self.cost.correction,
+            step_time_deviation: self.timing.deviation,
+            step_overhead_s: self.timing.overhead_s,
             // The policy's own (`Scheduler::stats` fills it in).
             reserve_blocks: 0,
         }

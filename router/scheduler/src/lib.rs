@@ -42,6 +42,7 @@ mod request;
 mod scheduler;
 mod stats;
 mod step;
+mod step_timing;
 
 #[cfg(test)]
 mod tests;
@@ -55,3 +56,4 @@ pub use plan::{ScheduledEntry, StepPlan, StepResults, Transfer};
 pub use request::RequestSpec;
 pub use scheduler::Scheduler;
 pub use stats::SchedulerStats;
+pub use step_timing::StepTiming;

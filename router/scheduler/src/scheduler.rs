@@ -11,6 +11,7 @@ use crate::kv::BlockManager;
 use crate::plan::{StepPlan, StepResults};
 use crate::policy::Policy;
 use crate::stats::SchedulerStats;
+use crate::step_timing::StepTiming;
 use crate::request::{Phase, RequestSpec, RequestState};
 
 /// Lag samples kept between two `take_lag_samples` calls; older ones are dropped.
@@ -28,6 +29,10 @@ pub(crate) struct PlannedEntry {
 pub(crate) struct PendingStep {
     pub(crate) entries: Vec<PlannedEntry>,
     pub(crate) shape: StepShape,
+    /// When it was planned, and whether no other step was in flight then (its plan-to-results
+    /// time is then its own: `StepTiming::overhead_s`).
+    pub(crate) planned_at: f64,
+    pub(crate) alone: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -58,6 +63,8 @@ pub struct Scheduler {
 pub(crate) struct Core {
     pub(crate) config: SchedulerConfig,
     pub(crate) cost: CostModel,
+    /// How far steps stray from the cost model, and their overhead beyond compute.
+    pub(crate) timing: StepTiming,
     pub(crate) blocks: BlockManager,
     pub(crate) requests: BTreeMap<u64, RequestState>,
     /// Requests in `Phase::Waiting`, in service order (preempted ones go back to the front).
@@ -165,6 +172,7 @@ impl Core {
         );
         Ok(Core {
             cost: config.cost_model,
+            timing: StepTiming::default(),
             blocks,
             config,
             requests: BTreeMap::new(),
@@ -225,6 +233,9 @@ impl Core {
                 self.apply_entry(entry, sampled.get(&entry.id).copied(), now);
             }
             if let Some(measured) = results.step_time_s {
+                let ratio = measured / self.cost.predict_step_uncorrected(step.shape);
+                let cycle_s = step.alone.then_some(now - step.planned_at);
+                self.timing.observe(ratio, self.cost.correction, measured, cycle_s, self.config.ema_alpha);
                 self.cost.observe_step(step.shape, measured, self.config.ema_alpha);
             }
         }

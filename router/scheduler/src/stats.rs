@@ -36,6 +36,10 @@ pub struct SchedulerStats {
     pub recent_lag_samples: u32,
     /// Cost-model correction factor (measured / predicted step time).
     pub cost_correction: f64,
+    /// How far steps stray from the corrected prediction (mean absolute deviation, relative).
+    pub step_time_deviation: f64,
+    /// Seconds a step takes from plan to results beyond its compute.
+    pub step_overhead_s: f64,
     /// Free device blocks RotaSched currently keeps in reserve for arrivals.
     pub reserve_blocks: u32,
 }

@@ -251,7 +251,8 @@ impl Core {
             ctx.plan.rotate_in_budget_bytes = Some(ctx.budget.limit(Direction::In));
         }
         if !ctx.entries.is_empty() {
-            let pending = PendingStep { entries: ctx.entries, shape: ctx.shape };
+            let alone = self.pending.is_empty();
+            let pending = PendingStep { entries: ctx.entries, shape: ctx.shape, planned_at: ctx.now, alone };
             self.pending.insert(ctx.plan.step_id, pending);
         }
         ctx.plan

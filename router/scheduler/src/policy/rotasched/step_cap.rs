@@ -1,5 +1,6 @@
 //! The step-time cap: a step may not outlast the earliest next-token deadline of the running
-//! decodes with no late gap left to spend, so prefill chunks are cut to fit.
+//! decodes with no late gap left to spend, so prefill chunks are cut to fit — with room for the
+//! step's overhead and for its time straying from the prediction (`StepTiming`).
 
 use super::super::urgency::Urgency;
 use crate::cost_model::StepShape;
@@ -59,6 +60,8 @@ impl Core {
             context_tokens: ctx.shape.context_tokens + unplaced.context_tokens,
         };
         let computed = u64::from(self.requests[&urgency.id].num_computed);
-        self.cost.prefill_tokens_within(committed, computed, deadline.at - ctx.now)
+        // The step's results must reach the decodes by their deadline: its overhead and a
+        // margin for a step running long come off the time left (`StepTiming`).
+        self.cost.prefill_tokens_within(committed, computed, self.timing.compute_within(ctx.now, deadline.at))
     }
 }

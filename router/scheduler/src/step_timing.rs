@@ -1,0 +1,77 @@
+//! What the cost model's mean does not say about a step: how far its measured time strays from
+//! the prediction, and how long a step takes beyond its compute (planning, the request to the
+//! shard and its reply). A plan that must end by a deadline keeps both as a margin: RotaSched's
+//! step-time cap sizes prefill chunks so the step ends by the running decodes' next-token
+//! deadline, and a chunk sized to the predicted mean exactly misses it whenever the step runs a
+//! little long — on a prompt spread over several capped steps, once per step.
+
+/// Online estimates, each an exponential moving average with the scheduler's `ema_alpha`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTiming {
+    /// Mean absolute deviation of measured / predicted step time from the cost model's
+    /// correction, relative to it (0.05: steps stray 5% from the corrected prediction).
+    pub deviation: f64,
+    /// Seconds from planning a step to applying its results, beyond the shard's measured
+    /// compute; learned from steps planned while no other step was in flight (with a step in
+    /// flight, the interval also holds the earlier step's compute).
+    pub overhead_s: f64,
+}
+
+impl StepTiming {
+    /// How many deviations of a step's time a deadline-bound plan leaves room for (for
+    /// normally distributed errors, the mean absolute deviation is 0.8 σ: two of them cover
+    /// about 95% of steps).
+    pub const DEVIATIONS: f64 = 2.0;
+
+    /// Folds one step in: `ratio` is its measured over its uncorrected predicted time,
+    /// `correction` the cost model's correction before this step, `cycle_s` the time from its
+    /// plan to its results when it was planned alone (None otherwise). Values that are not
+    /// finite are ignored.
+    pub fn observe(&mut self, ratio: f64, correction: f64, measured_s: f64, cycle_s: Option<f64>, alpha: f64) {
+        if ratio.is_finite() && correction.is_finite() && correction > 0.0 {
+            let sample = ((ratio - correction) / correction).abs().min(1.0);
+            self.deviation = (1.0 - alpha) * self.deviation + alpha * sample;
+        }
+        if let Some(cycle_s) = cycle_s.filter(|c| c.is_finite() && measured_s.is_finite()) {
+            let sample = (cycle_s - measured_s).clamp(0.0, 1.0);
+            self.overhead_s = (1.0 - alpha) * self.overhead_s + alpha * sample;
+        }
+    }
+
+    /// The seconds of compute a step planned at `now` may take to deliver its results by
+    /// `deadline`: the time left, less the overhead, over the margin for a step running long.
+    pub fn compute_within(&self, now: f64, deadline: f64) -> f64 {
+        (deadline - now - self.overhead_s) / (1.0 + Self::DEVIATIONS * self.deviation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_the_spread_and_the_overhead() {
+        let mut timing = StepTiming::default();
+        // Steps alternately 10% over and under a correction of 1.0, 4 ms of overhead each.
+        for k in 0..200 {
+            let ratio = if k % 2 == 0 { 1.1 } else { 0.9 };
+            timing.observe(ratio, 1.0, 0.1 * ratio, Some(0.1 * ratio + 0.004), 0.2);
+        }
+        assert!((timing.deviation - 0.1).abs() < 1e-6, "{timing:?}");
+        assert!((timing.overhead_s - 0.004).abs() < 1e-6, "{timing:?}");
+        // 0.3 s to the deadline: 0.296 s less the overhead, over 1.2 for two deviations.
+        assert!((timing.compute_within(10.0, 10.3) - 0.296 / 1.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_step_with_another_in_flight_says_nothing_of_the_overhead_and_bad_values_are_ignored() {
+        let mut timing = StepTiming::default();
+        timing.observe(1.0, 1.0, 0.1, None, 0.2);
+        timing.observe(f64::NAN, 1.0, 0.1, Some(f64::INFINITY), 0.2);
+        assert_eq!(timing, StepTiming::default());
+        // A cycle shorter than the compute (clocks of two processes) counts as no overhead.
+        timing.observe(1.0, 1.0, 0.1, Some(0.09), 0.2);
+        assert_eq!(timing.overhead_s, 0.0);
+        assert_eq!(timing.compute_within(1.0, 1.5), 0.5);
+    }
+}
