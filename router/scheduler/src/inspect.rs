@@ -40,6 +40,7 @@ impl Core {
             cost_correction: self.cost.correction,
             step_time_deviation: self.timing.deviation,
             step_overhead_s: self.timing.overhead_s,
+            chunk_step_ratio: self.timing.chunk_ratio.unwrap_or(0.0),
             // The policy's own (`Scheduler::stats` fills it in).
             reserve_blocks: 0,
         }

@@ -235,7 +235,8 @@ impl Core {
             if let Some(measured) = results.step_time_s {
                 let ratio = measured / self.cost.predict_step_uncorrected(step.shape);
                 let cycle_s = step.alone.then_some(now - step.planned_at);
-                self.timing.observe(ratio, self.cost.correction, measured, cycle_s, self.config.ema_alpha);
+                let mixed = step.shape.prefill_tokens > 0 && step.shape.decode_requests > 0;
+                self.timing.observe(ratio, self.cost.correction, mixed, measured, cycle_s, self.config.ema_alpha);
                 self.cost.observe_step(step.shape, measured, self.config.ema_alpha);
             }
         }

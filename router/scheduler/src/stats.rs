@@ -40,6 +40,9 @@ pub struct SchedulerStats {
     pub step_time_deviation: f64,
     /// Seconds a step takes from plan to results beyond its compute.
     pub step_overhead_s: f64,
+    /// Measured over predicted time of steps holding a prefill chunk beside decodes (0 before
+    /// the first).
+    pub chunk_step_ratio: f64,
     /// Free device blocks RotaSched currently keeps in reserve for arrivals.
     pub reserve_blocks: u32,
 }

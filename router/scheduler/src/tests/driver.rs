@@ -92,9 +92,11 @@ pub(crate) enum Timing {
     /// bandwidth plus the overhead, queued behind earlier ones (one queue when not duplex) —
     /// and is acknowledged with the first step that ends after it lands. A step that computes
     /// nothing takes `idle_step_s`. Steps stray from `step_factor` by ± `jitter` (alternately,
-    /// by step id), and each takes `overhead_s` more on the clock than it reports as measured
-    /// (the router's and the RPC's share of a real step).
-    Machine { step_factor: f64, idle_step_s: f64, jitter: f64, overhead_s: f64 },
+    /// by step id), a step holding a prefill chunk beside decodes takes `mixed_factor` times
+    /// more (a CPU's chunk attending its prompt's computed prefix), and each step takes
+    /// `overhead_s` more on the clock than it reports as measured (the router's and the RPC's
+    /// share of a real step).
+    Machine { step_factor: f64, idle_step_s: f64, jitter: f64, mixed_factor: f64, overhead_s: f64 },
 }
 
 pub(crate) struct Driver {
@@ -146,7 +148,7 @@ impl Driver {
     pub(crate) fn on_machine(config: SchedulerConfig, step_factor: f64, link: LinkModel) -> Self {
         let block_bytes = config.block_bytes;
         let mut driver = Driver::new(config);
-        driver.timing = Timing::Machine { step_factor, idle_step_s: 0.001, jitter: 0.0, overhead_s: 0.0 };
+        driver.timing = Timing::Machine { step_factor, idle_step_s: 0.001, jitter: 0.0, mixed_factor: 1.0, overhead_s: 0.0 };
         driver.link = Some(Link::new(link, block_bytes));
         driver
     }
@@ -196,11 +198,13 @@ impl Driver {
             // through drifting measurements.
             Timing::Scripted => (self.step_s, plan.predicted_step_s.max(1e-6)),
             Timing::Machine { idle_step_s, .. } if plan.scheduled.is_empty() => (idle_step_s, idle_step_s),
-            Timing::Machine { step_factor, jitter, overhead_s, .. } => {
+            Timing::Machine { step_factor, jitter, mixed_factor, overhead_s, .. } => {
                 // The machine is the warm-up's model scaled, whatever the scheduler has learnt.
                 let model = self.scheduler.config().cost_model;
+                let shape = step_shape(&plan);
                 let stray = if plan.step_id % 2 == 0 { 1.0 + jitter } else { 1.0 - jitter };
-                let took = (model.predict_step_uncorrected(step_shape(&plan)) * step_factor * stray).max(1e-6);
+                let kind = if shape.prefill_tokens > 0 && shape.decode_requests > 0 { mixed_factor } else { 1.0 };
+                let took = (model.predict_step_uncorrected(shape) * step_factor * stray * kind).max(1e-6);
                 (took + overhead_s, took)
             }
         };

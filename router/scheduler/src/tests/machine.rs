@@ -77,17 +77,21 @@ fn rotation_meets_a_burst_ttft_that_baselines_miss_on_an_inexact_machine() {
 
 /// Running decodes with a tight TBT objective (none of its gaps may be late) when a long prompt
 /// arrives: RotaSched cuts the prompt into chunks so each step ends by the decodes' next-token
-/// deadline. On a machine whose steps stray ±5% from the model and take 2 ms more than their
-/// compute (the router's and the RPC's share), chunks sized to the mean prediction make steps
-/// that run long late gaps — 6 per decode (18 in all) before the cap kept a margin. With the
-/// margin learnt online (`StepTiming`), none is late and the prompt still gets through.
+/// deadline. On a machine whose steps stray ±5% from the model, whose mixed steps (a chunk
+/// beside decodes) run 15% slower than it, and whose steps take 2 ms more than their compute
+/// (the router's and the RPC's share), chunks sized to the mean prediction made most capped
+/// steps late gaps — 13 of the first decode's before the cap kept a margin. With the margin
+/// learnt online (`StepTiming`), only the first mixed step, before any was measured, may be
+/// late, and the prompt still gets through.
 #[test]
 fn the_step_cap_keeps_a_margin_for_steps_that_run_long_and_for_their_overhead() {
     let mut cfg = rotation_friendly(PolicyKind::RotaSched, 128);
     cfg.max_batch_tokens = 64;
     let tbt = 0.03;
     let mut d = Driver::on_machine(cfg, 1.0, BELIEVED);
-    d.timing = super::driver::Timing::Machine { step_factor: 1.0, idle_step_s: 0.001, jitter: 0.05, overhead_s: 0.002 };
+    d.timing = super::driver::Timing::Machine {
+        step_factor: 1.0, idle_step_s: 0.001, jitter: 0.05, mixed_factor: 1.15, overhead_s: 0.002,
+    };
     for id in 0..3 {
         d.add(with_slo(spec(id, 8, 60, 0.0), 1.0, tbt));
     }
@@ -100,15 +104,14 @@ fn the_step_cap_keeps_a_margin_for_steps_that_run_long_and_for_their_overhead() 
     d.run_to_completion(5000);
     d.assert_all_free();
     let timing = d.scheduler.core.timing;
-    assert!((0.04..0.06).contains(&timing.deviation), "{timing:?}");
     assert!((0.0019..0.0021).contains(&timing.overhead_s), "{timing:?}");
+    assert!(timing.chunk_ratio.is_some_and(|r| (1.1..1.2).contains(&r)), "{timing:?}");
     // The prompt was cut (its steps shared with the decodes), not run whole.
     let chunked = d.plans.iter().filter(|p| p.scheduled.iter().any(|e| e.id == 9 && e.num_new_tokens > 1)).count();
     assert!(chunked >= 10, "the 120-token prompt ran in {chunked} steps");
-    let late: Vec<(u64, f64)> = (0..3u64)
-        .flat_map(|id| d.token_times[&id].windows(2).map(move |w| (id, w[1] - w[0])))
-        .filter(|(_, gap)| *gap > tbt + 1e-9)
-        .collect();
-    assert!(late.is_empty(), "late gaps: {late:?}");
+    for id in 0..3u64 {
+        let late: Vec<f64> = d.token_times[&id].windows(2).map(|w| w[1] - w[0]).filter(|gap| *gap > tbt + 1e-9).collect();
+        assert!(late.len() <= 1, "request {id}'s late gaps: {late:?}");
+    }
     assert!(d.token_times[&9][0] - arrival < 30.0);
 }

@@ -61,7 +61,8 @@ impl Core {
         };
         let computed = u64::from(self.requests[&urgency.id].num_computed);
         // The step's results must reach the decodes by their deadline: its overhead and a
-        // margin for a step running long come off the time left (`StepTiming`).
-        self.cost.prefill_tokens_within(committed, computed, self.timing.compute_within(ctx.now, deadline.at))
+        // margin for a mixed step running long come off the time left (`StepTiming`).
+        let within = self.timing.mixed_step_within(ctx.now, deadline.at, self.cost.correction);
+        self.cost.prefill_tokens_within(committed, computed, within)
     }
 }
