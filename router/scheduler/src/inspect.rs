@@ -41,6 +41,7 @@ impl Core {
             step_time_deviation: self.timing.deviation,
             step_overhead_s: self.timing.overhead_s,
             chunk_step_ratio: self.timing.chunk_ratio.unwrap_or(0.0),
+            chunk_step_deviation: self.timing.chunk_deviation.unwrap_or(0.0),
             // The policy's own (`Scheduler::stats` fills it in).
             reserve_blocks: 0,
         }

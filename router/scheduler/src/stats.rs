@@ -36,8 +36,11 @@ pub struct SchedulerStats {
     pub recent_lag_samples: u32,
     /// Cost-model correction factor (measured / predicted step time).
     pub cost_correction: f64,
-    /// How far steps stray from the corrected prediction (mean absolute deviation, relative).
+    /// How far steps stray from the corrected prediction (mean absolute deviation, relative),
+    /// over steps without a prefill chunk beside decodes.
     pub step_time_deviation: f64,
+    /// The same over steps with one, from their own ratio (0 before the first).
+    pub chunk_step_deviation: f64,
     /// Seconds a step takes from plan to results beyond its compute.
     pub step_overhead_s: f64,
     /// Measured over predicted time of steps holding a prefill chunk beside decodes (0 before

@@ -9,10 +9,13 @@
 /// Online estimates, each an exponential moving average with the scheduler's `ema_alpha`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTiming {
-    /// Mean absolute deviation of a step's measured / predicted time from what its kind is
-    /// expected to run at (the chunk ratio for mixed steps, the correction for the others),
-    /// relative to it (0.05: steps stray 5%).
+    /// Mean absolute deviation of a step's measured / predicted time from the correction,
+    /// relative to it (0.05: steps stray 5%), over the steps that are not mixed.
     pub deviation: f64,
+    /// The same over mixed steps, from their chunk ratio; None before the first. Their spread
+    /// is their own: a chunk after a long computed prefix runs slower than one after a short
+    /// one, by more than the ratio's mean tells.
+    pub chunk_deviation: Option<f64>,
     /// Measured over uncorrected predicted time of mixed steps (a prefill chunk beside
     /// decodes: the steps the cap sizes); None before the first. The warm-up's curve is timed
     /// on prefill-only and decode-only steps and prices a chunk's attention over the prompt's
@@ -39,10 +42,14 @@ impl StepTiming {
     pub fn observe(&mut self, ratio: f64, correction: f64, mixed: bool, measured_s: f64, cycle_s: Option<f64>, alpha: f64) {
         let ema = |old: f64, sample: f64| (1.0 - alpha) * old + alpha * sample;
         if ratio.is_finite() && ratio > 0.0 && correction.is_finite() && correction > 0.0 {
-            let expected = if mixed { self.chunk_ratio.unwrap_or(correction) } else { correction };
-            self.deviation = ema(self.deviation, ((ratio - expected) / expected).abs().min(1.0));
             if mixed {
+                // The first mixed step is measured against the correction (all that is known).
+                let expected = self.chunk_ratio.unwrap_or(correction);
+                let stray = ((ratio - expected) / expected).abs().min(1.0);
+                self.chunk_deviation = Some(self.chunk_deviation.map_or(stray, |old| ema(old, stray)));
                 self.chunk_ratio = Some(self.chunk_ratio.map_or(ratio, |old| ema(old, ratio)));
+            } else {
+                self.deviation = ema(self.deviation, ((ratio - correction) / correction).abs().min(1.0));
             }
         }
         if let Some(cycle_s) = cycle_s.filter(|c| c.is_finite() && measured_s.is_finite()) {
@@ -56,7 +63,8 @@ impl StepTiming {
     /// chunk ratio.
     pub fn mixed_step_within(&self, now: f64, deadline: f64, correction: f64) -> f64 {
         let ratio = self.chunk_ratio.unwrap_or(correction);
-        (deadline - now - self.overhead_s) * correction / (ratio * (1.0 + Self::DEVIATIONS * self.deviation))
+        let deviation = self.chunk_deviation.unwrap_or(self.deviation);
+        (deadline - now - self.overhead_s) * correction / (ratio * (1.0 + Self::DEVIATIONS * deviation))
     }
 }
 
@@ -82,9 +90,19 @@ mod tests {
             timing.observe(1.2, 1.0, true, 0.12, None, 0.2);
         }
         assert!((timing.chunk_ratio.unwrap() - 1.2).abs() < 1e-6, "{timing:?}");
-        assert!(timing.deviation < 1e-6, "{timing:?}");
+        assert!(timing.chunk_deviation.unwrap() < 1e-6, "{timing:?}");
+        assert!((timing.deviation - 0.1).abs() < 1e-6, "the other steps' spread is kept apart: {timing:?}");
         assert!((timing.mixed_step_within(10.0, 10.3, 1.0) - 0.296 / 1.2).abs() < 1e-6);
         assert!((timing.mixed_step_within(10.0, 10.3, 2.0) - 0.296 / 0.6).abs() < 1e-6);
+        // Mixed steps alternately 1.0x and 1.4x: ratio about 1.2, deviation about 1/6.
+        for k in 0..400 {
+            timing.observe(if k % 2 == 0 { 1.0 } else { 1.4 }, 1.0, true, 0.1, None, 0.2);
+        }
+        let deviation = timing.chunk_deviation.unwrap();
+        assert!((0.14..0.2).contains(&deviation), "{timing:?}");
+        let ratio = timing.chunk_ratio.unwrap();
+        let expected = 0.296 / (ratio * (1.0 + 2.0 * deviation));
+        assert!((timing.mixed_step_within(10.0, 10.3, 1.0) - expected).abs() < 1e-9);
     }
 
     #[test]
