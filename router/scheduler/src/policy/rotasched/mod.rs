@@ -12,6 +12,7 @@
 //! 3. **Step-time cap.** A step may not outlast the earliest next-token deadline of the running
 //!    decodes with no late gap left to spend (the TBT objective holds for `tbt_percentile` of a
 //!    request's gaps; `tbt_late_share` of them may be late): prefill chunks are cut to fit,
+//!    with a margin for the step's overhead and for mixed steps running long (`StepTiming`),
 //!    unless the prompt would miss its own first-token deadline by waiting one more step.
 //! 4. **Room.** When an urgent request lacks blocks, the running requests with the most slack
 //!    are evicted — rotated out within the budget, or dropped for recompute when the cost model
