@@ -48,6 +48,8 @@ def test_bench_compare_against_the_launched_servers(tmp_path, capsys):
         assert 0 < summary["ttft_s"]["p50"] < summary["e2e_s"]["p50"]
         # The router counted predicted and measured step time over the run.
         assert summary["step_load_factor"] is not None and summary["step_load_factor"] > 0
+        # 64 device blocks hold 4 short requests: nothing was moved or dropped.
+        assert summary["kv_moves"] == {"rotations_out": 0, "rotations_in": 0, "recomputes": 0}
     point = next(p for p in document["aggregate"] if p["series"] == "swap")
     assert point["repetitions"] == 2 and point["figures"]["both_attainment"]["median"] == 1.0
     pair = next(p for p in document["paired"] if (p["a"], p["b"], p["figure"]) == ("fcfs", "swap", "both_attainment"))

@@ -87,3 +87,12 @@ def test_load_factor_from_two_scrapes_of_the_step_counters():
     assert load_factor(before, after) == 2.0
     assert load_factor(None, after) is None
     assert load_factor(before, before) is None  # no step between the scrapes
+
+
+def test_kv_moves_between_two_scrapes():
+    from superinfer.bench.runner import kv_moves
+
+    before = {"superinfer_rotations_out_total": 3.0, "superinfer_rotations_in_total": 2.0, "superinfer_recomputes_total": 0.0}
+    after = {"superinfer_rotations_out_total": 7.0, "superinfer_rotations_in_total": 6.0, "superinfer_recomputes_total": 1.0}
+    assert kv_moves(before, after) == {"rotations_out": 4, "rotations_in": 4, "recomputes": 1}
+    assert kv_moves(before, None) is None

@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from superinfer.bench.outcomes import Slo
-from superinfer.bench.runner import RunResult, Target, load_factor, reduce, replay, step_counters
+from superinfer.bench.runner import RunResult, Target, kv_moves, load_factor, reduce, replay, step_counters
 from superinfer.bench.server_process import LaunchedServer, LaunchOptions
 from superinfer.bench.sweep import SloRequest, WorkloadInputs, calibrate, workloads_for
 from superinfer.bench.workload import WorkloadConfig
@@ -168,11 +168,15 @@ def run_comparison(
             before = step_counters(target)
             records = replay(target, workloads[slot.repetition][slot.rate], slo if send_slo else None, progress)
             result = reduce(records, slo, slot.policy, slot.rate)
-            result.summary["step_load_factor"] = load_factor(before, step_counters(target))
+            after = step_counters(target)
+            result.summary["step_load_factor"] = load_factor(before, after)
+            result.summary["kv_moves"] = moves = kv_moves(before, after)
             result.repetition, result.seed, result.position = slot.repetition, slot.seed, position
             attainment = result.summary["attainment"]
+            moved = "" if moves is None else (f", {moves['rotations_out']} rotated out, "
+                                              f"{moves['recomputes']} recomputed")
             print(f"repetition {slot.repetition} (seed {slot.seed}) rate {slot.rate:g} {slot.policy}: "
-                  f"TTFT ok {attainment['ttft']:.0%}, both {attainment['both']:.0%}", flush=True)
+                  f"TTFT ok {attainment['ttft']:.0%}, both {attainment['both']:.0%}{moved}", flush=True)
             results.append(result)
             if on_run is not None:
                 on_run(results, slo, unloaded)

@@ -101,22 +101,32 @@ def reduce(records: list[RequestRecord], slo: Slo, series: str, rate: float, lab
 
 
 _STEP_COUNTERS = ("superinfer_step_model_microseconds_total", "superinfer_step_shard_microseconds_total")
+# What the scheduler moved or dropped: the KV side of a policy, next to its latencies.
+_MOVE_COUNTERS = {"rotations_out": "superinfer_rotations_out_total", "rotations_in": "superinfer_rotations_in_total",
+                  "recomputes": "superinfer_recomputes_total"}
 
 
 def step_counters(target: Target) -> dict[str, float] | None:
-    """The server's step-time counters from /metrics (0 before its first step; None when the
-    page cannot be read)."""
+    """The server's step-time and KV-move counters from /metrics (0 before its first step;
+    None when the page cannot be read)."""
     try:
         with urllib.request.urlopen(f"{target.url.rstrip('/')}/metrics", timeout=10) as response:
             text = response.read().decode()
     except OSError:
         return None
-    found = dict.fromkeys(_STEP_COUNTERS, 0.0)
+    found = dict.fromkeys((*_STEP_COUNTERS, *_MOVE_COUNTERS.values()), 0.0)
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in _STEP_COUNTERS:
+        if name in found:
             found[name] = float(value)
     return found
+
+
+def kv_moves(before: dict | None, after: dict | None) -> dict[str, int] | None:
+    """Requests rotated out, rotated back in and dropped for recompute between two scrapes."""
+    if before is None or after is None:
+        return None
+    return {key: int(after.get(name, 0.0) - before.get(name, 0.0)) for key, name in _MOVE_COUNTERS.items()}
 
 
 def load_factor(before: dict | None, after: dict | None) -> float | None:

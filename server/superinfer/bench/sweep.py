@@ -6,7 +6,7 @@ import numpy as np
 
 from superinfer.bench.outcomes import Slo
 from superinfer.bench.prompts import PromptBuilder
-from superinfer.bench.runner import RunResult, Target, load_factor, reduce, replay, step_counters, unloaded_latency
+from superinfer.bench.runner import RunResult, Target, kv_moves, load_factor, reduce, replay, step_counters, unloaded_latency
 from superinfer.bench.sharegpt import Conversation
 from superinfer.bench.tokenizer import Tokenizer
 from superinfer.bench.trace import Trace
@@ -71,7 +71,9 @@ def sweep(
         records = replay(target, workloads[rate], slo if send_slo else None, progress)
         result = reduce(records, slo, series, rate)
         # How far the load moved the server's steps from its warm-up model (None: no counters).
-        result.summary["step_load_factor"] = load_factor(before, step_counters(target))
+        after = step_counters(target)
+        result.summary["step_load_factor"] = load_factor(before, after)
+        result.summary["kv_moves"] = kv_moves(before, after)
         results.append(result)
     return results
 
