@@ -39,17 +39,29 @@ impl StepTiming {
     /// `correction` the cost model's correction before this step, `mixed` whether it held a
     /// prefill chunk beside decodes, `cycle_s` the time from its plan to its results when it
     /// was planned alone (None otherwise). Values that are not finite are ignored.
-    pub fn observe(&mut self, ratio: f64, correction: f64, mixed: bool, measured_s: f64, cycle_s: Option<f64>, alpha: f64) {
+    pub fn observe(
+        &mut self,
+        ratio: f64,
+        correction: f64,
+        mixed: bool,
+        measured_s: f64,
+        cycle_s: Option<f64>,
+        alpha: f64,
+    ) {
         let ema = |old: f64, sample: f64| (1.0 - alpha) * old + alpha * sample;
         if ratio.is_finite() && ratio > 0.0 && correction.is_finite() && correction > 0.0 {
             if mixed {
                 // The first mixed step is measured against the correction (all that is known).
                 let expected = self.chunk_ratio.unwrap_or(correction);
                 let stray = ((ratio - expected) / expected).abs().min(1.0);
-                self.chunk_deviation = Some(self.chunk_deviation.map_or(stray, |old| ema(old, stray)));
+                self.chunk_deviation =
+                    Some(self.chunk_deviation.map_or(stray, |old| ema(old, stray)));
                 self.chunk_ratio = Some(self.chunk_ratio.map_or(ratio, |old| ema(old, ratio)));
             } else {
-                self.deviation = ema(self.deviation, ((ratio - correction) / correction).abs().min(1.0));
+                self.deviation = ema(
+                    self.deviation,
+                    ((ratio - correction) / correction).abs().min(1.0),
+                );
             }
         }
         if let Some(cycle_s) = cycle_s.filter(|c| c.is_finite() && measured_s.is_finite()) {
@@ -64,7 +76,8 @@ impl StepTiming {
     pub fn mixed_step_within(&self, now: f64, deadline: f64, correction: f64) -> f64 {
         let ratio = self.chunk_ratio.unwrap_or(correction);
         let deviation = self.chunk_deviation.unwrap_or(self.deviation);
-        (deadline - now - self.overhead_s) * correction / (ratio * (1.0 + Self::DEVIATIONS * deviation))
+        (deadline - now - self.overhead_s) * correction
+            / (ratio * (1.0 + Self::DEVIATIONS * deviation))
     }
 }
 
@@ -78,7 +91,14 @@ mod tests {
         // Steps alternately 10% over and under a correction of 1.0, 4 ms of overhead each.
         for k in 0..200 {
             let ratio = if k % 2 == 0 { 1.1 } else { 0.9 };
-            timing.observe(ratio, 1.0, false, 0.1 * ratio, Some(0.1 * ratio + 0.004), 0.2);
+            timing.observe(
+                ratio,
+                1.0,
+                false,
+                0.1 * ratio,
+                Some(0.1 * ratio + 0.004),
+                0.2,
+            );
         }
         assert!((timing.deviation - 0.1).abs() < 1e-6, "{timing:?}");
         assert!((timing.overhead_s - 0.004).abs() < 1e-6, "{timing:?}");
@@ -89,14 +109,27 @@ mod tests {
         for _ in 0..200 {
             timing.observe(1.2, 1.0, true, 0.12, None, 0.2);
         }
-        assert!((timing.chunk_ratio.unwrap() - 1.2).abs() < 1e-6, "{timing:?}");
+        assert!(
+            (timing.chunk_ratio.unwrap() - 1.2).abs() < 1e-6,
+            "{timing:?}"
+        );
         assert!(timing.chunk_deviation.unwrap() < 1e-6, "{timing:?}");
-        assert!((timing.deviation - 0.1).abs() < 1e-6, "the other steps' spread is kept apart: {timing:?}");
+        assert!(
+            (timing.deviation - 0.1).abs() < 1e-6,
+            "the other steps' spread is kept apart: {timing:?}"
+        );
         assert!((timing.mixed_step_within(10.0, 10.3, 1.0) - 0.296 / 1.2).abs() < 1e-6);
         assert!((timing.mixed_step_within(10.0, 10.3, 2.0) - 0.296 / 0.6).abs() < 1e-6);
         // Mixed steps alternately 1.0x and 1.4x: ratio about 1.2, deviation about 1/6.
         for k in 0..400 {
-            timing.observe(if k % 2 == 0 { 1.0 } else { 1.4 }, 1.0, true, 0.1, None, 0.2);
+            timing.observe(
+                if k % 2 == 0 { 1.0 } else { 1.4 },
+                1.0,
+                true,
+                0.1,
+                None,
+                0.2,
+            );
         }
         let deviation = timing.chunk_deviation.unwrap();
         assert!((0.14..0.2).contains(&deviation), "{timing:?}");
