@@ -45,6 +45,7 @@ def test_cost_check_reports_each_batch_against_the_fit(tiny_llama_dir, tmp_path,
     import json
 
     from superinfer.shard import cost_check
+    from superinfer.shard.warmup import _chunks
 
     assert cost_check.main(["--model", str(tiny_llama_dir), "--cache-dir", str(tmp_path), "--batches", "1", "3",
                             "--context-tokens", "40", "--device-kv-blocks", "16", "--max-batch-tokens", "64",
@@ -58,7 +59,7 @@ def test_cost_check_reports_each_batch_against_the_fit(tiny_llama_dir, tmp_path,
     # A chunk of 8 after 24 computed beside 2 decodes over 40: 8 + 2 rows, 32 + 2 * 40 positions.
     assert [row["size"] for row in result["mixed"]] == [[8, 24, 2]]
     assert result["cost_model"]["token_curve"]["tokens_s"], "the warm-up measured a token curve"
-    assert cost_check._shape("mixed", (8, 24, 2), cost_check.mixed_chunks(8, 24, 2, 40, 16)) == (8, 2, 112)
+    assert cost_check._shape("mixed", (8, 24, 2), _chunks(8, 2, 40, 16, computed=24)) == (8, 2, 112)
     for row in result["decode"] + result["prefill"] + result["mixed"]:
         assert row["predicted_ms"] > 0 and row["linear_predicted_ms"] > 0
         assert row["measured_ms"]["min"] <= row["measured_ms"]["median"]

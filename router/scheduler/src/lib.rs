@@ -56,4 +56,3 @@ pub use plan::{ScheduledEntry, StepPlan, StepResults, Transfer};
 pub use request::RequestSpec;
 pub use scheduler::Scheduler;
 pub use stats::SchedulerStats;
-pub use step_timing::StepTiming;

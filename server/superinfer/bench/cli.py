@@ -140,15 +140,16 @@ def run_compare(args: argparse.Namespace) -> int:
                 "slo": asdict(slo), "unloaded": unloaded,
                 "aggregate": compare.aggregate(results), "paired": compare.paired_differences(results)}
 
-    def checkpoint(results: list[RunResult], slo, unloaded) -> None:
-        report.write_json(args.out / "compare.json", header(results, slo, unloaded), results)
+    def checkpoint(results: list[RunResult], slo, unloaded) -> dict:
+        document = header(results, slo, unloaded)
+        report.write_json(args.out / "compare.json", document, results)
+        return document
 
     results, slo, unloaded = compare.run_comparison(
         policies, options, lambda url: _inputs(args, url), config, args.rates, args.repeats, slo_request(args),
         args.api, args.request_timeout, not args.no_send_slo, not args.no_progress, on_run=checkpoint,
     )
-    checkpoint(results, slo, unloaded)
-    document = header(results, slo, unloaded)
+    document = checkpoint(results, slo, unloaded)
     written = plots.write_plots(compare.median_runs(results), args.out, prefix="compare_")
     print(report.spread_table(document["aggregate"]))
     if len(policies) > 1:

@@ -31,8 +31,8 @@ from superinfer import _router
 from ..pb import shard_pb2 as pb
 from .cli import build_executor, cache_dir
 from .config import ShardConfig
-from .throughput_bench import spread
 from .batch import Chunk
+from .throughput_bench import spread
 from .warmup import _chunks, time_step
 
 
@@ -40,16 +40,6 @@ def predicted_s(cost: dict, prefill: int, decodes: int, context_tokens: int) -> 
     """The warm-up model's step time, by the scheduler crate's formula (the simulator's machine
     over the same fields): the token curve where the warm-up measured one, else linear."""
     return _router.step_time(json.dumps({"kind": "linear", **cost}), [(prefill, decodes, context_tokens)])[0]
-
-
-def mixed_chunks(chunk: int, computed: int, decodes: int, context: int, block_size: int) -> list[Chunk]:
-    """A prefill chunk of `chunk` tokens at positions computed .. computed + chunk - 1 (the
-    prompt's earlier positions already in its blocks) and `decodes` decodes over `context`."""
-    blocks = -(-(computed + chunk) // block_size)
-    out = [Chunk([1] * chunk, computed, list(range(blocks)))]
-    for chunk_of_decode in _chunks(0, decodes, context, block_size):
-        out.append(Chunk(chunk_of_decode.token_ids, chunk_of_decode.start, [b + blocks for b in chunk_of_decode.block_table]))
-    return out
 
 
 def parse_mixed(text: str) -> tuple[int, int, int]:
@@ -96,12 +86,12 @@ def run(args: argparse.Namespace) -> dict:
     runner = executor.runner
     cost = json_format.MessageToDict(warm.cost_model, preserving_proto_field_name=True,
                                      always_print_fields_with_no_presence=True)
-    # A pool for the largest step measured (the fit is the server pool's; this only has room).
-    per_request = -(-args.context_tokens // runner.block_size)
     steps = {("decode", b): _chunks(0, b, args.context_tokens, runner.block_size) for b in args.batches}
     steps |= {("prefill", p): _chunks(p, 0, 0, runner.block_size) for p in args.prefills}
-    steps |= {("mixed", m): mixed_chunks(*m, args.context_tokens, runner.block_size) for m in args.mixed}
-    runner.allocate(max(max(b) + 1 for chunks in steps.values() for c in chunks for b in [c.block_table]), 0)
+    steps |= {("mixed", (chunk, computed, decodes)): _chunks(chunk, decodes, args.context_tokens, runner.block_size, computed)
+              for chunk, computed, decodes in args.mixed}
+    # A pool for the largest step measured (the fit is the server pool's; this only has room).
+    runner.allocate(max(max(c.block_table) + 1 for chunks in steps.values() for c in chunks), 0)
     order = list(steps)
     times: dict[tuple[str, int], list[float]] = {key: [] for key in order}
     for round_index in range(args.rounds + 1):

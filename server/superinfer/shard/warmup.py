@@ -81,11 +81,13 @@ def _shapes(max_tokens: int, max_requests: int, num_blocks: int, block_size: int
     return list(dict.fromkeys(shapes))
 
 
-def _chunks(prefill: int, decodes: int, context: int, block_size: int) -> list[Chunk]:
+def _chunks(prefill: int, decodes: int, context: int, block_size: int, computed: int = 0) -> list[Chunk]:
+    """A prefill chunk of `prefill` tokens after `computed` positions already in its blocks,
+    and `decodes` decodes over `context` positions each, in consecutive blocks."""
     chunks, next_block = [], 0
     if prefill:
-        blocks = -(-prefill // block_size)
-        chunks.append(Chunk([1] * prefill, 0, list(range(next_block, next_block + blocks))))
+        blocks = -(-(computed + prefill) // block_size)
+        chunks.append(Chunk([1] * prefill, computed, list(range(next_block, next_block + blocks))))
         next_block += blocks
     for _ in range(decodes):
         length = max(context, 1)
