@@ -56,18 +56,58 @@ impl FromStr for PolicyKind {
     }
 }
 
+/// The stall bound a request gets when it names none: this many times its TBT objective.
+///
+/// Why 5: at the default TBT objective (200 ms) it is one second, the limit beyond which a
+/// reader notices that a stream has stopped rather than slowed (the usual response-time
+/// limits put an uninterrupted flow of thought at about one second). It leaves a rotation's
+/// round trip and a step or two of room above the TBT objective, so RotaSched can still park a
+/// decode for one gap, while no gap may last the seconds a parked request used to wait.
+pub const DEFAULT_STALL_FACTOR: f64 = 5.0;
+
 /// A request's latency objectives, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slo {
     /// Time to first token, measured from arrival.
     pub ttft_s: f64,
-    /// Time between tokens, measured from the previous token.
+    /// Time between tokens, measured from the previous token; held for the configured
+    /// percentile of a request's gaps (`SchedulerConfig::tbt_percentile`).
     pub tbt_s: f64,
+    /// Largest gap between two tokens allowed at all (the stall bound), at least `tbt_s`. A
+    /// request meets its TBT objective only when no gap exceeds it; RotaSched plans a parked
+    /// request's return by it.
+    pub max_stall_s: f64,
+}
+
+impl Slo {
+    /// Objectives with the default stall bound (`DEFAULT_STALL_FACTOR` times `tbt_s`).
+    pub fn new(ttft_s: f64, tbt_s: f64) -> Self {
+        Slo { ttft_s, tbt_s, max_stall_s: DEFAULT_STALL_FACTOR * tbt_s }
+    }
+
+    /// The same objectives with the given stall bound (`None` keeps the default).
+    pub fn with_max_stall(self, max_stall_s: Option<f64>) -> Self {
+        Slo { max_stall_s: max_stall_s.unwrap_or(self.max_stall_s), ..self }
+    }
+
+    /// Why these objectives cannot be used, if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.ttft_s > 0.0 && self.tbt_s > 0.0) {
+            return Err("slo times must be > 0".into());
+        }
+        if !(self.max_stall_s >= self.tbt_s) {
+            return Err(format!(
+                "the stall bound ({} s) must be at least the TBT objective ({} s)",
+                self.max_stall_s, self.tbt_s
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for Slo {
     fn default() -> Self {
-        Slo { ttft_s: 2.0, tbt_s: 0.2 }
+        Slo::new(2.0, 0.2)
     }
 }
 
@@ -158,9 +198,8 @@ impl SchedulerConfig {
         if !(self.ema_alpha > 0.0 && self.ema_alpha <= 1.0) {
             return fail("ema_alpha must lie in (0, 1]");
         }
-        let slo = self.default_slo;
-        if !(slo.ttft_s > 0.0 && slo.tbt_s > 0.0) {
-            return fail("default_slo times must be > 0");
+        if let Err(why) = self.default_slo.check() {
+            return fail(&format!("default_slo: {why}"));
         }
         self.cost_model.validate()
     }

@@ -36,6 +36,7 @@ impl Core {
             prefix_cache_queried_tokens: c.prefix_queried_tokens,
             finished: c.finished,
             cancelled: c.cancelled,
+            expired: c.expired,
             recent_lag_samples: self.lag_samples.len() as u32,
             cost_correction: self.cost.correction,
             step_time_deviation: self.timing.deviation,

@@ -27,6 +27,7 @@
 //! Decisions never depend on hash-map iteration order, so identical inputs give identical plans
 //! (the simulator relies on it).
 
+mod admission;
 mod arrival_rate;
 pub mod attainment;
 mod byte_budget;
@@ -49,7 +50,8 @@ mod tests;
 
 pub mod sim;
 
-pub use config::{PolicyKind, SchedulerConfig, Slo};
+pub use admission::AdmissionView;
+pub use config::{PolicyKind, SchedulerConfig, Slo, DEFAULT_STALL_FACTOR};
 pub use cost_model::{CostModel, Direction, StepShape, TokenCurve};
 pub use error::SchedulerError;
 pub use plan::{ScheduledEntry, StepPlan, StepResults, Transfer};

@@ -15,6 +15,10 @@ pub struct RequestSpec {
     pub slo: Option<Slo>,
     /// Arrival time, seconds on the engine's clock.
     pub arrival: f64,
+    /// Priority class: lower is served first (vLLM's convention); 0 by default. Under memory
+    /// pressure higher numbers leave the device first; under overload lower numbers keep
+    /// their objectives.
+    pub priority: i32,
 }
 
 /// Where a request's KV is. Transfers in flight are phases of their own: their blocks belong
@@ -45,6 +49,7 @@ pub(crate) struct RequestState {
     pub(crate) max_new_tokens: u32,
     pub(crate) slo: Slo,
     pub(crate) arrival: f64,
+    pub(crate) priority: i32,
     pub(crate) phase: Phase,
     /// Positions whose KV is (or, once planned steps finish, will be) in the request's blocks.
     pub(crate) num_computed: u32,
@@ -78,6 +83,7 @@ impl RequestState {
             max_new_tokens: spec.max_new_tokens,
             slo: spec.slo.unwrap_or(default_slo),
             arrival: spec.arrival,
+            priority: spec.priority,
             phase: Phase::Waiting,
             num_computed: 0,
             pending_steps: 0,
@@ -153,5 +159,17 @@ impl RequestState {
             None => self.arrival + self.slo.ttft_s,
             Some(t) => t + self.slo.tbt_s,
         }
+    }
+
+    /// The latest its next token may come without breaking the stall bound (None before the
+    /// first token: the first-token objective governs that one).
+    pub(crate) fn stall_deadline(&self) -> Option<f64> {
+        self.last_token_at.map(|t| t + self.slo.max_stall_s)
+    }
+
+    /// The order in which priority classes yield: lower priority numbers and older requests
+    /// first. Total, so two requests never evict each other in turn.
+    pub(crate) fn rank(&self) -> (i32, u64) {
+        (self.priority, self.seq)
     }
 }

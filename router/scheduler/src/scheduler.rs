@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::admission::AdmissionView;
 use crate::config::SchedulerConfig;
 use crate::cost_model::{CostModel, StepShape};
 use crate::error::SchedulerError;
@@ -46,6 +47,8 @@ pub(crate) struct Counters {
     pub(crate) prefix_queried_tokens: u64,
     pub(crate) finished: u64,
     pub(crate) cancelled: u64,
+    /// Queued requests ended by the queue time-out (`expire_queued`).
+    pub(crate) expired: u64,
 }
 
 /// The scheduling state machine: a core every policy shares (requests, blocks, queue,
@@ -129,6 +132,17 @@ impl Scheduler {
         self.core.cancel(id);
     }
 
+    /// What admission needs to predict a new request's first-token time (`admission`).
+    pub fn admission_view(&self) -> AdmissionView {
+        self.core.admission_view()
+    }
+
+    /// Ends the queued requests (no token yet, no KV) whose first-token deadline passed more
+    /// than `timeout_s` before `now`; returns their ids. The engine fails them.
+    pub fn expire_queued(&mut self, now: f64, timeout_s: f64) -> Vec<u64> {
+        self.core.expire_queued(now, timeout_s)
+    }
+
     /// Lag samples (now - deadline of each produced token, seconds; positive = late) recorded
     /// since the previous call, oldest first.
     pub fn take_lag_samples(&mut self) -> Vec<f64> {
@@ -196,9 +210,7 @@ impl Core {
             return Err(invalid("max_new_tokens must be > 0"));
         }
         if let Some(slo) = request.slo {
-            if !(slo.ttft_s > 0.0 && slo.tbt_s > 0.0) {
-                return Err(invalid("slo times must be > 0"));
-            }
+            slo.check().map_err(|why| invalid(&why))?;
         }
         if self.requests.contains_key(&id) {
             return Err(SchedulerError::DuplicateId(id));

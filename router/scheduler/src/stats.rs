@@ -31,6 +31,8 @@ pub struct SchedulerStats {
     pub prefix_cache_queried_tokens: u64,
     pub finished: u64,
     pub cancelled: u64,
+    /// Queued requests ended by the queue time-out.
+    pub expired: u64,
     /// Lag (now - deadline, seconds) of each token produced since the last call to
     /// `Scheduler::take_lag_samples`; positive means late.
     pub recent_lag_samples: u32,

@@ -57,16 +57,24 @@ impl Core {
         }
     }
 
-    /// Running requests (KV on device, acknowledged) in admission order.
-    pub(crate) fn running_by_seq(&self) -> Vec<u64> {
-        let mut running: Vec<(u64, u64)> = self
+    /// Running requests (KV on device, acknowledged) by priority class, then admission order.
+    pub(crate) fn running_by_rank(&self) -> Vec<u64> {
+        let mut running: Vec<((i32, u64), u64)> = self
             .requests
             .values()
             .filter(|r| r.phase == Phase::Running && !r.doomed)
-            .map(|r| (r.seq, r.id))
+            .map(|r| (r.rank(), r.id))
             .collect();
         running.sort_unstable();
         running.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// The waiting queue by priority class, in queue order within a class (preempted requests
+    /// are at the front of theirs).
+    pub(crate) fn waiting_by_priority(&self) -> Vec<u64> {
+        let mut queue: Vec<u64> = self.waiting.iter().copied().collect();
+        queue.sort_by_key(|id| self.requests[id].priority);
+        queue
     }
 
     /// Tokens this request may compute now under the budgets (0 = none).

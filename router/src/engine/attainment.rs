@@ -40,7 +40,7 @@ mod tests {
 
     use super::*;
 
-    const SLO: Slo = Slo { ttft_s: 0.5, tbt_s: 0.1 };
+    const SLO: Slo = Slo::new(0.5, 0.1);
 
     fn times(arrival: Instant, offsets_ms: &[u64]) -> TokenTimes {
         let mut times = TokenTimes::default();
@@ -68,7 +68,7 @@ mod tests {
     #[test]
     fn an_objective_too_large_for_a_duration_is_simply_met() {
         let arrival = Instant::now();
-        let huge = Slo { ttft_s: 1e27, tbt_s: 1e27 };
+        let huge = Slo::new(1e27, 1e27);
         let verdict = times(arrival, &[100, 200]).attainment(arrival, huge, 90.0).unwrap();
         assert!(verdict.ttft_met && verdict.tbt_met);
     }

@@ -146,7 +146,7 @@ mod tests {
         let request = greedy_request(vec![5, 6], 8);
         let arrival = request.arrival;
         requests.insert(5, ActiveRequest::new(request, events));
-        let slo = superinfer_scheduler::Slo { ttft_s: 1.0, tbt_s: 0.05 };
+        let slo = superinfer_scheduler::Slo::new(1.0, 0.05);
         let reply = || pb::StepResponse { outputs: vec![output(5, Some(7), vec![])], ..Default::default() };
         // A prefill chunk without a token stamps nothing.
         let chunk = pb::StepResponse { outputs: vec![output(5, None, vec![])], ..Default::default() };

@@ -65,6 +65,9 @@ pub struct OpenAiSampling {
     pub n: Option<u32>,
     #[serde(default)]
     pub slo: Option<SloParameters>,
+    /// Priority class: lower is served first (vLLM's top-level `priority`); 0 when absent.
+    #[serde(default)]
+    pub priority: Option<i64>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub ignore_eos: bool,
     /// `{"type": "text" | "json_object"}`, `{"type": "json_schema", "json_schema": {"name",
@@ -118,6 +121,7 @@ impl OpenAiSampling {
             top_n_tokens,
             details: true,
             slo: self.slo.clone(),
+            priority: self.priority,
             ignore_eos: self.ignore_eos,
             grammar,
             ..GenerateParameters::default()
@@ -382,7 +386,7 @@ mod tests {
             "model": "tgi", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 7, "temperature": 0, "presence_penalty": 0.5, "stop": "\n",
             "stream": true, "stream_options": {"include_usage": true},
-            "slo": {"ttft_ms": 100, "tbt_ms": 20}, "ignore_eos": true}))
+            "slo": {"ttft_ms": 100, "tbt_ms": 20}, "ignore_eos": true, "priority": -2}))
         .unwrap();
         let parameters = request.sampling.to_parameters(None).unwrap();
         assert!(!parameters.do_sample);
@@ -395,9 +399,11 @@ mod tests {
             parameters.slo,
             Some(SloParameters {
                 ttft_ms: 100.0,
-                tbt_ms: 20.0
+                tbt_ms: 20.0,
+                max_stall_ms: None
             })
         );
+        assert_eq!(parameters.priority, Some(-2));
         assert!(request.stream_options.unwrap().include_usage);
     }
 

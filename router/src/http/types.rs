@@ -12,11 +12,15 @@ where
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
-/// Per-request latency objectives (milliseconds); absent fields take the server defaults.
+/// Per-request latency objectives (milliseconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SloParameters {
     pub ttft_ms: f64,
     pub tbt_ms: f64,
+    /// The longest gap between two tokens allowed at all (the stall bound), at least
+    /// `tbt_ms`; absent: `DEFAULT_STALL_FACTOR` times `tbt_ms`.
+    #[serde(default)]
+    pub max_stall_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -64,6 +68,9 @@ pub struct GenerateParameters {
     pub adapter_id: Option<String>,
     #[serde(default)]
     pub slo: Option<SloParameters>,
+    /// Priority class: lower is served first (vLLM's convention); 0 when absent.
+    #[serde(default)]
+    pub priority: Option<i64>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub ignore_eos: bool,
 }

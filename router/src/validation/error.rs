@@ -63,6 +63,10 @@ pub enum ValidationError {
     Slo(&'static str),
     #[error("`slo.{0}` must be at most {1} milliseconds. Given: {2}")]
     SloAboveLimit(&'static str, f64, f64),
+    #[error("`slo.max_stall_ms` must be at least `slo.tbt_ms` ({0}). Given: {1}")]
+    StallBelowTbt(f64, f64),
+    #[error("`priority` must be an integer between {0} and {1}. Given: {2}")]
+    Priority(i64, i64, i64),
     #[error("`n` must be between 1 and {0}, and `n` times the prompts at most {0}. Given: {1}")]
     ChoiceCount(usize, usize),
     #[error("`prompt` supports up to {0} prompts. Given: {1}")]

@@ -47,6 +47,8 @@ pub struct ValidParameters {
     pub return_full_text: bool,
     pub ignore_eos: bool,
     pub slo: Option<Slo>,
+    /// Priority class (lower first; 0 when the request names none).
+    pub priority: i32,
     /// The grammar the output must follow, parsed; the HTTP layer compiles it.
     pub grammar: Option<GrammarSpec>,
 }
@@ -92,6 +94,7 @@ pub fn validate_parameters(
         other => other,
     };
     let slo = parameters.slo.as_ref().map(validate_slo).transpose()?;
+    let priority = validate_priority(parameters.priority)?;
     Ok(ValidParameters {
         sampling,
         best_of,
@@ -104,8 +107,21 @@ pub fn validate_parameters(
         return_full_text: parameters.return_full_text.unwrap_or(false),
         ignore_eos: parameters.ignore_eos,
         slo,
+        priority,
         grammar,
     })
+}
+
+/// Priority classes the server takes: any integer of this magnitude (vLLM takes any integer;
+/// the bound keeps the class a 32-bit label).
+pub const MAX_PRIORITY: i64 = 1_000_000;
+
+fn validate_priority(priority: Option<i64>) -> Result<i32, ValidationError> {
+    match priority {
+        None => Ok(0),
+        Some(p) if (-MAX_PRIORITY..=MAX_PRIORITY).contains(&p) => Ok(p as i32),
+        Some(p) => Err(ValidationError::Priority(-MAX_PRIORITY, MAX_PRIORITY, p)),
+    }
 }
 
 /// The sampling values, in TGI's order of checks (the seed is decided by the caller).
@@ -202,7 +218,8 @@ fn validate_stop(stop: &[String], limits: &ValidationLimits) -> Result<(), Valid
 }
 
 fn validate_slo(slo: &SloParameters) -> Result<Slo, ValidationError> {
-    for (name, value) in [("ttft_ms", slo.ttft_ms), ("tbt_ms", slo.tbt_ms)] {
+    let stall = slo.max_stall_ms.map(|value| ("max_stall_ms", value));
+    for (name, value) in [("ttft_ms", slo.ttft_ms), ("tbt_ms", slo.tbt_ms)].into_iter().chain(stall) {
         if !(value.is_finite() && value > 0.0) {
             return Err(ValidationError::Slo(name));
         }
@@ -210,11 +227,11 @@ fn validate_slo(slo: &SloParameters) -> Result<Slo, ValidationError> {
             return Err(ValidationError::SloAboveLimit(name, MAX_SLO_MS, value));
         }
     }
+    if let Some(stall) = slo.max_stall_ms.filter(|stall| *stall < slo.tbt_ms) {
+        return Err(ValidationError::StallBelowTbt(slo.tbt_ms, stall));
+    }
     // The API speaks milliseconds; everything past validation, seconds.
-    Ok(Slo {
-        ttft_s: slo.ttft_ms / 1e3,
-        tbt_s: slo.tbt_ms / 1e3,
-    })
+    Ok(Slo::new(slo.ttft_ms / 1e3, slo.tbt_ms / 1e3).with_max_stall(slo.max_stall_ms.map(|ms| ms / 1e3)))
 }
 
 /// Rules for streamed requests, checked before anything is scheduled.

@@ -220,7 +220,7 @@ fn grammars_are_parsed_and_watermark_is_not_supported() {
 #[test]
 fn slo_must_be_positive() {
     let slo = |ttft_ms, tbt_ms| GenerateParameters {
-        slo: Some(SloParameters { ttft_ms, tbt_ms }),
+        slo: Some(SloParameters { ttft_ms, tbt_ms, max_stall_ms: None }),
         ..Default::default()
     };
     assert_eq!(
@@ -232,12 +232,35 @@ fn slo_must_be_positive() {
         "`slo.tbt_ms` must be a strictly positive number of milliseconds"
     );
     let valid = check(slo(100.0, 50.0)).unwrap();
+    assert_eq!(valid.slo, Some(Slo { ttft_s: 0.1, tbt_s: 0.05, max_stall_s: 0.25 }));
+}
+
+#[test]
+fn the_stall_bound_is_checked_and_defaults_to_a_multiple_of_tbt() {
+    let slo = |max_stall_ms| GenerateParameters {
+        slo: Some(SloParameters { ttft_ms: 500.0, tbt_ms: 50.0, max_stall_ms }),
+        ..Default::default()
+    };
     assert_eq!(
-        valid.slo,
-        Some(Slo {
-            ttft_s: 0.1,
-            tbt_s: 0.05
-        })
+        message(slo(Some(20.0))),
+        "`slo.max_stall_ms` must be at least `slo.tbt_ms` (50). Given: 20"
+    );
+    assert_eq!(
+        message(slo(Some(-1.0))),
+        "`slo.max_stall_ms` must be a strictly positive number of milliseconds"
+    );
+    assert_eq!(check(slo(Some(400.0))).unwrap().slo.unwrap().max_stall_s, 0.4);
+    assert_eq!(check(slo(None)).unwrap().slo.unwrap().max_stall_s, 0.25);
+}
+
+#[test]
+fn priority_is_an_integer_class_zero_by_default() {
+    let priority = |priority| GenerateParameters { priority, ..Default::default() };
+    assert_eq!(check(priority(None)).unwrap().priority, 0);
+    assert_eq!(check(priority(Some(-3))).unwrap().priority, -3);
+    assert_eq!(
+        message(priority(Some(5_000_000))),
+        "`priority` must be an integer between -1000000 and 1000000. Given: 5000000"
     );
 }
 
@@ -368,7 +391,7 @@ fn each_stop_sequence_is_limited_in_bytes_and_empty_ones_pass() {
 #[test]
 fn slo_is_bounded_above_by_an_hour() {
     let slo = |ttft_ms, tbt_ms| GenerateParameters {
-        slo: Some(SloParameters { ttft_ms, tbt_ms }),
+        slo: Some(SloParameters { ttft_ms, tbt_ms, max_stall_ms: None }),
         ..Default::default()
     };
     assert_eq!(

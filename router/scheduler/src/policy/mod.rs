@@ -91,7 +91,7 @@ impl Core {
     /// could not return on time, so blocks can end up held with nobody able to move. With no
     /// transfer or step result still to come, rotated requests are dropped for recompute
     /// (newest first) and then the oldest request with work is served, evicting the newest
-    /// running ones for recompute as vLLM does. The oldest thus always progresses, and it fits
+    /// running ones for recompute as vLLM does (oldest and newest by priority class first). The oldest thus always progresses, and it fits
     /// the device pool alone, so nothing livelocks.
     fn break_deadlock(&mut self, ctx: &mut StepCtx) {
         if !ctx.plan.is_empty() {
@@ -104,7 +104,7 @@ impl Core {
             .requests
             .values()
             .filter(|r| r.has_work() && matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated))
-            .min_by_key(|r| r.seq)
+            .min_by_key(|r| r.rank())
             .map(|r| r.id);
         let Some(oldest) = oldest else { return };
         if settling {
@@ -135,7 +135,7 @@ impl Core {
             .values()
             .filter(|r| r.phase == phase && !r.doomed)
             .filter(|r| phase != Phase::Running || (r.has_work() && self.evictable(ctx, r.id)))
-            .max_by_key(|r| r.seq)
+            .max_by_key(|r| r.rank())
             .map(|r| r.id)
     }
 }

@@ -1,7 +1,8 @@
 //! recompute (vLLM V1, SGLang) and swap (vLLM V0): blocks on demand; when a running request
-//! needs a block and none is free, the newest running request is preempted. recompute drops
-//! its KV (it returns to the front of the queue); swap copies it to host and brings it back,
-//! oldest first, before any new request is admitted.
+//! needs a block and none is free, the newest running request of the lowest priority class is
+//! preempted (vLLM's priority scheduling). recompute drops its KV (it returns to the front of
+//! the queue); swap copies it to host and brings it back, highest class and oldest first, before
+//! any new request is admitted. The queue is served by priority class, then in order.
 
 use crate::request::Phase;
 use crate::scheduler::Core;
@@ -9,7 +10,7 @@ use crate::step::{Fit, StepCtx};
 
 impl Core {
     pub(crate) fn plan_reactive(&mut self, ctx: &mut StepCtx, swap: bool) {
-        let running = self.running_by_seq();
+        let running = self.running_by_rank();
         for decodes in [true, false] {
             for id in &running {
                 let request = &self.requests[id];
@@ -24,8 +25,7 @@ impl Core {
         if !ctx.plan.preempted_for_recompute.is_empty() {
             return;
         }
-        let queue: Vec<u64> = self.waiting.iter().copied().collect();
-        for id in queue {
+        for id in self.waiting_by_priority() {
             if self.admit(ctx, id, 0) != Fit::Scheduled {
                 break;
             }
@@ -54,18 +54,18 @@ impl Core {
     }
 
     fn newest_evictable(&self, ctx: &StepCtx) -> Option<u64> {
-        let running = self.running_by_seq();
+        let running = self.running_by_rank();
         running.into_iter().rev().find(|id| self.evictable(ctx, *id))
     }
 
     /// Brings rotated requests back oldest first while they fit; true when none is left out
     /// (only then may new requests be admitted).
     fn rotate_in_oldest(&mut self, ctx: &mut StepCtx) -> bool {
-        let mut rotated: Vec<(u64, u64)> = self
+        let mut rotated: Vec<((i32, u64), u64)> = self
             .requests
             .values()
             .filter(|r| r.phase == Phase::Rotated && !r.doomed)
-            .map(|r| (r.seq, r.id))
+            .map(|r| (r.rank(), r.id))
             .collect();
         rotated.sort_unstable();
         for (_, id) in rotated {

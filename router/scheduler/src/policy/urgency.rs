@@ -5,11 +5,18 @@ use crate::cost_model::{Direction, StepShape};
 use crate::request::Phase;
 use crate::scheduler::Core;
 
+/// A parked request becomes punctual again this many (predicted) steps before its return would
+/// break the stall bound: one step for the rotation in to be issued while it is due, one for
+/// the step that then computes its token.
+pub(crate) const STALL_RETURN_STEPS: f64 = 2.0;
+
 /// How urgent one request is this step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Urgency {
     pub(crate) id: u64,
     pub(crate) seq: u64,
+    /// Its priority class (lower first).
+    pub(crate) priority: i32,
     /// Deadline minus (now + predicted service time); negative = will be late even if served
     /// now.
     pub(crate) slack: f64,
@@ -73,15 +80,26 @@ impl Core {
             Phase::RotatingIn | Phase::RotatingOut => 2.0 * step_s,
         };
         let deadline = r.next_deadline();
-        let slack = deadline - (now + service);
+        let mut slack = deadline - (now + service);
         let starving = now - deadline > self.config.late_starvation_s;
         let late = r.last_token_at.is_none() && slack < 0.0 && !starving;
-        let parked = r.phase == Phase::Rotated && r.last_token_at.is_some() && slack < 0.0 && !starving;
-        Urgency { id, seq: r.seq, slack, late, parked }
+        let mut parked = r.phase == Phase::Rotated && r.last_token_at.is_some() && slack < 0.0 && !starving;
+        if let Some(stall_deadline) = r.stall_deadline().filter(|_| parked) {
+            // Its gap is late already, so it may wait — but only while its return still beats
+            // the stall bound. Within two steps of that it is punctual again, with the stall
+            // deadline as its deadline: it is served before the requests with more slack, and
+            // may make room for itself as any punctual request does.
+            let stall_slack = stall_deadline - (now + service);
+            if stall_slack <= STALL_RETURN_STEPS * step_s {
+                parked = false;
+                slack = stall_slack;
+            }
+        }
+        Urgency { id, seq: r.seq, priority: r.priority, slack, late, parked }
     }
 
-    /// Punctual requests by slack (least first), then the parked, then the late class, each in
-    /// arrival order.
+    /// Punctual requests by priority class, then slack (least first), then the parked, then
+    /// the late class, each by priority class and arrival order.
     pub(crate) fn urgency_order(&self, now: f64, step_s: f64) -> Vec<Urgency> {
         let mut order: Vec<Urgency> = self
             .requests
@@ -95,6 +113,7 @@ impl Core {
             let key = |u: &Urgency| if u.deferred_class() { 0.0 } else { u.slack };
             class(a)
                 .cmp(&class(b))
+                .then(a.priority.cmp(&b.priority))
                 .then(key(a).total_cmp(&key(b)))
                 .then(a.seq.cmp(&b.seq))
         });
@@ -128,8 +147,9 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use super::Eviction;
-    use crate::config::{PolicyKind, SchedulerConfig};
+    use super::{Eviction, STALL_RETURN_STEPS};
+    use crate::config::{PolicyKind, SchedulerConfig, Slo};
+    use crate::request::Phase;
     use crate::cost_model::CostModel;
     use crate::request::RequestSpec;
     use crate::scheduler::Scheduler;
@@ -152,10 +172,32 @@ mod tests {
         };
         let mut s = Scheduler::new(config).unwrap();
         let prompt = (0..context).collect();
-        let spec = RequestSpec { id: 1, prompt_token_ids: prompt, max_new_tokens: 8, slo: None, arrival: 0.0 };
+        let spec = RequestSpec { id: 1, prompt_token_ids: prompt, max_new_tokens: 8, slo: None, arrival: 0.0, priority: 0 };
         s.add(spec, 0.0).unwrap();
         s.plan(0.0);
         s.core.cheaper_eviction(1, 0.02)
+    }
+
+    /// A rotated request past its TBT deadline is parked (deferred) while its return can still
+    /// beat its stall bound; within `STALL_RETURN_STEPS` steps of that it is punctual again,
+    /// its slack measured to the stall deadline.
+    #[test]
+    fn a_parked_request_turns_punctual_as_its_stall_bound_nears() {
+        let config = SchedulerConfig { policy: PolicyKind::RotaSched, ..SchedulerConfig::default() };
+        let mut s = Scheduler::new(config).unwrap();
+        let slo = Slo::new(1.0, 0.1).with_max_stall(Some(1.0));
+        let spec = RequestSpec { id: 1, prompt_token_ids: vec![1, 2, 3], max_new_tokens: 8, slo: Some(slo), arrival: 0.0, priority: 0 };
+        s.add(spec, 0.0).unwrap();
+        let request = s.core.requests.get_mut(&1).unwrap();
+        request.phase = Phase::Rotated;
+        request.last_token_at = Some(0.0);
+        let step_s = 0.01;
+        // The return itself takes 2 steps (the transfer of no blocks is free).
+        let parked = s.core.urgency(1, 0.5, step_s);
+        assert!(parked.parked && parked.deferred_class());
+        let due = s.core.urgency(1, 1.0 - 2.0 * step_s - STALL_RETURN_STEPS * step_s + 1e-6, step_s);
+        assert!(!due.deferred_class(), "{due:?}");
+        assert!(due.slack <= STALL_RETURN_STEPS * step_s && due.slack > 0.0, "{due:?}");
     }
 
     #[test]

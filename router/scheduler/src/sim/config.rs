@@ -16,6 +16,8 @@ pub struct SimRequest {
     /// Tokens generated before the simulated client stops it (EOS ignored).
     pub max_new_tokens: u32,
     pub slo: Option<Slo>,
+    /// Priority class (lower first; `RequestSpec::priority`).
+    pub priority: i32,
 }
 
 /// What a step costs on the simulated machine beyond its forward pass (`StepTimeModel`). All

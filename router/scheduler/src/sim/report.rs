@@ -17,6 +17,10 @@ pub struct RequestOutcome {
     pub e2e_s: Option<f64>,
     /// The configured percentile of this request's gaps between tokens (0 with one token).
     pub tbt_s: Option<f64>,
+    /// Its longest gap between tokens (0 with one token), judged against the stall bound.
+    pub max_gap_s: Option<f64>,
+    /// Its priority class.
+    pub priority: i32,
     /// Why it failed, when it did.
     pub error: Option<String>,
 }
@@ -29,6 +33,7 @@ pub struct GapStats {
     pub p50: Option<f64>,
     pub p90: Option<f64>,
     pub p99: Option<f64>,
+    pub max: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +63,7 @@ pub struct SimReport {
 pub struct Timeline {
     pub arrival: f64,
     pub max_new_tokens: u32,
+    pub priority: i32,
     first_token: Option<f64>,
     last_token: f64,
     tokens: u32,
@@ -65,10 +71,11 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    pub fn new(arrival: f64, max_new_tokens: u32) -> Self {
+    pub fn new(arrival: f64, max_new_tokens: u32, priority: i32) -> Self {
         Timeline {
             arrival,
             max_new_tokens,
+            priority,
             first_token: None,
             last_token: arrival,
             tokens: 0,
@@ -107,6 +114,8 @@ impl Timeline {
             ttft_s: self.first_token.map(|t| t - self.arrival),
             e2e_s: produced.then(|| self.last_token - self.arrival),
             tbt_s: produced.then(|| percentile_sorted(&self.gaps, tbt_percentile).unwrap_or(0.0)),
+            max_gap_s: produced.then(|| self.gaps.last().copied().unwrap_or(0.0)),
+            priority: self.priority,
             error: (!finished).then(|| "did not finish before the simulation ended".to_string()),
         }
     }
@@ -126,6 +135,7 @@ pub fn summarize_gaps(gaps: &mut [f32], samples: usize) -> (GapStats, Vec<f64>) 
         p50: percentile_sorted(&sorted, 50.0),
         p90: percentile_sorted(&sorted, 90.0),
         p99: percentile_sorted(&sorted, 99.0),
+        max: sorted.last().copied(),
     };
     let quantiles = match samples {
         0 => Vec::new(),
@@ -143,7 +153,7 @@ mod tests {
 
     #[test]
     fn timeline_measures_ttft_gaps_and_end() {
-        let mut timeline = Timeline::new(1.0, 3);
+        let mut timeline = Timeline::new(1.0, 3, 0);
         assert!(!timeline.token(1.5));
         assert!(!timeline.token(1.6));
         assert!(timeline.token(1.9));
@@ -152,6 +162,7 @@ mod tests {
         assert!((outcome.ttft_s.unwrap() - 0.5).abs() < 1e-12);
         assert!((outcome.e2e_s.unwrap() - 0.9).abs() < 1e-12);
         assert!((outcome.tbt_s.unwrap() - 0.3).abs() < 1e-12);
+        assert!((outcome.max_gap_s.unwrap() - 0.3).abs() < 1e-12);
         assert_eq!(all.len(), 2);
         let (stats, quantiles) = summarize_gaps(&mut all, 3);
         assert_eq!(stats.count, 2);

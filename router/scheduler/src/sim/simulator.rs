@@ -89,13 +89,16 @@ impl<'a> Simulation<'a> {
                 max_new_tokens: request.max_new_tokens,
                 slo: request.slo,
                 arrival: request.arrival,
+                priority: request.priority,
             };
             match scheduler.add(spec, self.now) {
                 Ok(()) => {
                     self.live
-                        .insert(id, Timeline::new(request.arrival, request.max_new_tokens));
+                        .insert(id, Timeline::new(request.arrival, request.max_new_tokens, request.priority));
                 }
-                Err(error) => self.outcomes[index] = Some(rejected(id, request.arrival, error.to_string())),
+                Err(error) => {
+                    self.outcomes[index] = Some(rejected(id, request.arrival, request.priority, error.to_string()))
+                }
             }
             self.next_arrival += 1;
         }
@@ -218,6 +221,7 @@ impl<'a> Simulation<'a> {
                     rejected(
                         i as u64,
                         requests[i].arrival,
+                        requests[i].priority,
                         "never arrived before the simulation ended".into(),
                     )
                 })
@@ -242,7 +246,7 @@ impl<'a> Simulation<'a> {
     }
 }
 
-fn rejected(id: u64, arrival: f64, error: String) -> RequestOutcome {
+fn rejected(id: u64, arrival: f64, priority: i32, error: String) -> RequestOutcome {
     RequestOutcome {
         id,
         arrival,
@@ -251,6 +255,8 @@ fn rejected(id: u64, arrival: f64, error: String) -> RequestOutcome {
         ttft_s: None,
         e2e_s: None,
         tbt_s: None,
+        max_gap_s: None,
+        priority,
         error: Some(error),
     }
 }

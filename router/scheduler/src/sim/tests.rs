@@ -31,7 +31,7 @@ fn config(policy: PolicyKind, device_blocks: u32, requests: Vec<SimRequest>) -> 
             max_batch_tokens: 512,
             max_batch_requests: 64,
             cost_model: linear(),
-            default_slo: Slo { ttft_s: 1.0, tbt_s: 0.1 },
+            default_slo: Slo::new(1.0, 0.1),
             ..SchedulerConfig::default()
         },
         step_time: StepTimeModel::Linear(linear()),
@@ -64,6 +64,7 @@ fn workload_with_outputs(count: usize, mean_gap: f64, min_new: u32, spread_new: 
                 prompt_tokens: 32 + (next() * 200.0) as u32,
                 max_new_tokens: min_new + (next() * f64::from(spread_new)) as u32,
                 slo: None,
+                priority: 0,
             }
         })
         .collect()
@@ -75,7 +76,7 @@ fn lone_request_matches_the_closed_form() {
     let prefill = 0.010 + 100.0 * 0.001;
     let decode = 0.010 + 0.002;
     for policy in PolicyKind::ALL {
-        let request = SimRequest { arrival: 2.0, prompt_tokens: 100, max_new_tokens: 5, slo: None };
+        let request = SimRequest { arrival: 2.0, prompt_tokens: 100, max_new_tokens: 5, slo: None, priority: 0 };
         let report = simulate(&config(policy, 256, vec![request])).expect("valid config");
         let outcome = &report.outcomes[0];
         assert!(outcome.finished, "{policy}: {:?}", outcome.error);
@@ -119,7 +120,7 @@ fn finishes_everything_under_memory_pressure(policies: &[PolicyKind]) {
 
 #[test]
 fn a_request_larger_than_the_pool_is_reported_not_simulated() {
-    let request = SimRequest { arrival: 0.0, prompt_tokens: 10_000, max_new_tokens: 4, slo: None };
+    let request = SimRequest { arrival: 0.0, prompt_tokens: 10_000, max_new_tokens: 4, slo: None, priority: 0 };
     let report = simulate(&config(PolicyKind::Fcfs, 8, vec![request])).expect("valid config");
     assert!(!report.outcomes[0].finished && report.outcomes[0].error.is_some());
 }
@@ -165,7 +166,7 @@ const OVERLOAD_BLOCKS: u32 = 256;
 /// forward, so the closed form moves by exactly that much per step.
 #[test]
 fn a_per_step_charge_lengthens_every_step() {
-    let one = || vec![SimRequest { arrival: 0.0, prompt_tokens: 100, max_new_tokens: 5, slo: None }];
+    let one = || vec![SimRequest { arrival: 0.0, prompt_tokens: 100, max_new_tokens: 5, slo: None, priority: 0 }];
     let plain = simulate(&config(PolicyKind::Fcfs, 64, one())).expect("valid");
     let mut charged = config(PolicyKind::Fcfs, 64, one());
     charged.charges.per_step_s = 0.003;

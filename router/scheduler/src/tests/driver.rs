@@ -25,7 +25,7 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
         max_batch_tokens: 64,
         max_batch_requests: 16,
         policy,
-        default_slo: Slo { ttft_s: 1.0, tbt_s: 0.1 },
+        default_slo: Slo::new(1.0, 0.1),
         cost_model: CostModel {
             step_base_s: 0.01,
             per_prefill_token_s: 0.0001,
@@ -48,7 +48,13 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
 }
 
 pub(crate) fn with_slo(mut spec: RequestSpec, ttft_s: f64, tbt_s: f64) -> RequestSpec {
-    spec.slo = Some(Slo { ttft_s, tbt_s });
+    spec.slo = Some(Slo::new(ttft_s, tbt_s));
+    spec
+}
+
+/// The spec with its stall bound set (its objectives must be set already).
+pub(crate) fn with_stall(mut spec: RequestSpec, max_stall_s: f64) -> RequestSpec {
+    spec.slo = spec.slo.map(|slo| slo.with_max_stall(Some(max_stall_s)));
     spec
 }
 
@@ -76,6 +82,7 @@ pub(crate) fn spec(id: u64, prompt_len: u32, max_new_tokens: u32, arrival: f64) 
         max_new_tokens,
         slo: None,
         arrival,
+        priority: 0,
     }
 }
 

@@ -51,7 +51,7 @@ fn run(policy: PolicyKind, device_blocks: u32, host_blocks: u32, ack_delay: u64,
                     }
                 }
                 if *tight_slo {
-                    s.slo = Some(Slo { ttft_s: 0.02, tbt_s: 0.015 });
+                    s.slo = Some(Slo::new(0.02, 0.015));
                 }
                 next_id += 1;
                 // Requests that can never fit are rejected; that is part of the contract.

@@ -1,6 +1,6 @@
 //! Scripted RotaSched scenarios with a fake clock.
 
-use super::driver::{burst, config, spec, with_slo, Driver, BLOCK_BYTES};
+use super::driver::{burst, config, spec, with_slo, with_stall, Driver, BLOCK_BYTES};
 use crate::config::{PolicyKind, SchedulerConfig};
 
 
@@ -281,9 +281,9 @@ fn a_prompt_about_to_miss_its_first_token_parks_a_decode_with_late_gaps_to_spare
     let mut cfg = rotation_friendly(12);
     cfg.tbt_percentile = 90.0;
     let mut d = Driver::new(cfg);
-    // 40 tokens: 39 gaps, 3 of which may be late.
-    d.add(with_slo(spec(1, 8, 40, 0.0), 1.0, 0.015));
-    d.add(with_slo(spec(2, 8, 40, 0.0), 1.0, 0.015));
+    // 40 tokens: 39 gaps, 3 of which may be late; a stall bound the round trip fits in.
+    d.add(with_stall(with_slo(spec(1, 8, 40, 0.0), 1.0, 0.015), 0.5));
+    d.add(with_stall(with_slo(spec(2, 8, 40, 0.0), 1.0, 0.015), 0.5));
     for _ in 0..9 {
         d.step();
     }
@@ -331,4 +331,111 @@ fn a_request_already_late_is_not_rotated_out_again() {
     };
     assert!(rotations(0.0) > 0, "punctual decodes with slack make room");
     assert_eq!(rotations(1.0), 0, "late ones are not put at risk again");
+}
+
+/// The largest gap between `id`'s tokens, in seconds.
+fn max_gap(d: &Driver, id: u64) -> f64 {
+    d.token_times[&id].windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max)
+}
+
+/// A parking scenario (two decodes holding the memory, a prompt about to miss its first token,
+/// late gaps to spare) in which the decodes' stall bound decides: with the default bound
+/// (5 x 15 ms) a round trip cannot come back in time, so neither is parked and no gap breaks
+/// it; with a bound of 0.5 s one is parked for the prompt.
+#[test]
+fn a_decode_is_parked_only_when_it_can_return_within_its_stall_bound() {
+    let run = |stall_s: Option<f64>| {
+        let mut cfg = rotation_friendly(12);
+        cfg.tbt_percentile = 80.0;
+        let mut d = Driver::new(cfg);
+        // 12 tokens: 11 gaps, 2 of which may be late; 5 blocks each, all held by now.
+        for id in [1, 2] {
+            let slo = with_slo(spec(id, 8, 12, 0.0), 1.0, 0.015);
+            d.add(stall_s.map_or(slo.clone(), |stall| with_stall(slo, stall)));
+        }
+        for _ in 0..9 {
+            d.step();
+        }
+        d.add(with_slo(spec(3, 24, 4, d.now), 0.075, 0.015));
+        let parked = !d.step().rotate_out.is_empty();
+        d.run_to_completion(400);
+        d.assert_all_free();
+        (parked, max_gap(&d, 1).max(max_gap(&d, 2)))
+    };
+    let (parked, gap) = run(None);
+    assert!(!parked && gap <= 0.075 + 1e-9, "parked: {parked}, longest gap {gap} s");
+    let (parked, gap) = run(Some(0.5));
+    assert!(parked && gap <= 0.5, "parked: {parked}, longest gap {gap} s");
+}
+
+/// Decodes parked for a stream of urgent prompts come back within their stall bound and one
+/// step (the mechanism, a parked request turning punctual as its bound nears, is tested in
+/// `urgency`).
+#[test]
+fn a_parked_decode_returns_within_its_stall_bound_while_prompts_keep_arriving() {
+    let mut cfg = rotation_friendly(12);
+    cfg.tbt_percentile = 90.0;
+    let mut d = Driver::new(cfg);
+    let stall_s = 0.3;
+    d.add(with_stall(with_slo(spec(1, 8, 36, 0.0), 10.0, 0.015), stall_s));
+    d.add(with_stall(with_slo(spec(2, 8, 36, 0.0), 10.0, 0.015), stall_s));
+    for _ in 0..9 {
+        d.step();
+    }
+    // A stream of urgent prompts, one every three steps, each holding blocks for a while.
+    let mut parked = false;
+    for i in 0..40u64 {
+        if i % 3 == 0 {
+            d.add(with_slo(spec(100 + i, 24, 12, d.now), 0.075, 0.05));
+        }
+        parked |= d.step().rotate_out.iter().any(|t| t.request_id <= 2);
+    }
+    d.run_to_completion(2000);
+    assert!(parked, "a decode was parked for a prompt");
+    for id in [1, 2] {
+        let gap = max_gap(&d, id);
+        assert!(gap <= stall_s + d.step_s + 1e-9, "request {id}: a gap of {gap} s");
+    }
+    d.assert_all_free();
+}
+
+/// Under memory pressure the lower class (higher number) is rotated out first, whatever its
+/// slack; under overload the higher class keeps its first-token objective.
+#[test]
+fn priority_classes_decide_who_rotates_out_and_who_is_served_first() {
+    let mut d = Driver::new(rotation_friendly(14));
+    // Equal requests but for their class: the one with class 1 has less slack, yet it goes.
+    let mut low = with_slo(spec(1, 15, 40, 0.0), 1.0, 0.1);
+    low.priority = 1;
+    d.add(low);
+    d.add(with_slo(spec(2, 15, 40, 0.0), 1.0, 0.2));
+    d.step();
+    d.step();
+    d.add(with_slo(spec(3, 26, 4, d.now), 0.05, 0.1));
+    assert_eq!(first_rotation(&mut d), vec![1]);
+    d.run_to_completion(500);
+    d.assert_all_free();
+
+    // Overload: 24 prompts at once, a third of them in class 0, the rest in class 1, in a pool
+    // that holds four at a time.
+    let first_tokens = |policy: PolicyKind| {
+        let mut d = Driver::new(config(policy, 24));
+        for id in 0..24u64 {
+            let mut request = with_slo(spec(id, 16, 8, 0.0), 0.15, 0.1);
+            request.priority = if id % 3 == 2 { 0 } else { 1 };
+            d.add(request);
+        }
+        d.run_to_completion(2000);
+        let met = |class: i32| {
+            (0..24u64)
+                .filter(|id| (if id % 3 == 2 { 0 } else { 1 }) == class)
+                .filter(|id| d.token_times[id][0] <= 0.15)
+                .count()
+        };
+        (met(0), met(1))
+    };
+    for policy in PolicyKind::ALL {
+        let (high, low) = first_tokens(policy);
+        assert_eq!(high, 8, "{policy}: every class-0 request meets its first token ({low} of class 1)");
+    }
 }

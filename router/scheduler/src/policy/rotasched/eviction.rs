@@ -10,6 +10,7 @@ use crate::step::StepCtx;
 
 pub(super) struct Victim {
     pub(super) id: u64,
+    priority: i32,
     slack: f64,
     pub(super) eviction: Eviction,
 }
@@ -63,7 +64,7 @@ impl Core {
         if short > 0 && self.needs_parking(requester, step_s) {
             // No running request has slack for a round trip: park decodes with late gaps to
             // spend (see `parking_candidates`).
-            let parked = self.parking_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
+            let parked = self.parking_candidates(ctx, requester.id, step_s).into_iter().map(|id| (id, None));
             let (freed, left) = self.evict_until(ctx, short, parked, Walk::ForRequester, step_s);
             freed_now |= freed;
             short = left;
@@ -140,9 +141,21 @@ impl Core {
     /// other in turn. Only running requests may do this: a rotated one returning by evicting a
     /// newer one would push that one out in turn, a wave of copies every step.
     fn newer_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
-        let Some(requester_seq) = self.requests.get(&requester).map(|r| r.seq) else { return Vec::new() };
-        let candidates = self.eviction_candidates(ctx, requester);
-        candidates.into_iter().rev().filter(|id| self.requests[id].seq > requester_seq).collect()
+        let Some(requester_rank) = self.requests.get(&requester).map(|r| r.rank()) else { return Vec::new() };
+        let mut candidates: Vec<u64> = self
+            .eviction_candidates(ctx, requester)
+            .into_iter()
+            .filter(|id| self.requests[id].rank() > requester_rank)
+            .collect();
+        // Lowest class first, newest first within it.
+        candidates.sort_by_key(|id| std::cmp::Reverse(self.requests[id].rank()));
+        candidates
+    }
+
+    /// Whether `id` may leave the device for a request of priority `requester_priority` (None:
+    /// for no request in particular): never for a request of a lower class.
+    pub(super) fn yields_to(&self, id: u64, requester_priority: Option<i32>) -> bool {
+        requester_priority.is_none_or(|p| self.requests[&id].priority >= p)
     }
 
     /// Running requests that could leave the device now: not the requester, not in this step,
@@ -150,7 +163,7 @@ impl Core {
     pub(super) fn eviction_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
         let cooldown = self.config.rotation_cooldown_steps;
         let recent = |id: &u64| self.requests[id].rotated_in_step.is_some_and(|s| s + cooldown > self.step_id);
-        self.running_by_seq()
+        self.running_by_rank()
             .into_iter()
             .filter(|id| *id != requester && self.evictable(ctx, *id))
             .filter(|id| self.blocks.private_device_blocks(*id) > 0 && !recent(id))
@@ -165,13 +178,16 @@ impl Core {
         worth && ctx.budget.fits(Direction::Out, bytes)
     }
 
-    /// Eviction candidates that may be rotated out now, most slack first: with enough tokens
-    /// left to be worth the round trip, able to risk a late gap should the return fail, and
-    /// with more slack than the round trip takes (so they return on time).
+    /// Eviction candidates that may be rotated out now, lowest priority class first and most
+    /// slack first within it: with enough tokens left to be worth the round trip, able to risk a
+    /// late gap should the return fail, with more slack than the round trip takes (so they
+    /// return on time), and not of a higher class than the requester.
     pub(super) fn rotation_victims(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<Victim> {
+        let requester_priority = self.requests.get(&requester).map(|r| r.priority);
         let mut victims: Vec<Victim> = self
             .eviction_candidates(ctx, requester)
             .into_iter()
+            .filter(|id| self.yields_to(*id, requester_priority))
             .filter_map(|id| {
                 let r = &self.requests[&id];
                 let eviction = self.cheaper_eviction(id, step_s);
@@ -180,10 +196,11 @@ impl Core {
                     && f64::from(r.tokens_left()) * step_s >= round_trip
                     && r.may_risk_a_late_gap(self.config.tbt_late_share());
                 let slack = self.urgency(id, ctx.now, step_s).slack;
-                (worth && slack > round_trip).then_some(Victim { id, slack, eviction })
+                (worth && slack > round_trip).then_some(Victim { id, priority: r.priority, slack, eviction })
             })
             .collect();
-        victims.sort_by(|a, b| b.slack.total_cmp(&a.slack).then(b.id.cmp(&a.id)));
+        // The lowest class leaves first; within a class, the most slack.
+        victims.sort_by(|a, b| b.priority.cmp(&a.priority).then(b.slack.total_cmp(&a.slack)).then(b.id.cmp(&a.id)));
         victims
     }
 }

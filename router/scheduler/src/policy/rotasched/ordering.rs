@@ -1,7 +1,7 @@
 //! The service order: least slack first, with the requests that can wait (possible victims,
 //! decodes that may park) behind the ones that cannot, and the late and parked classes last.
 
-use super::super::urgency::Urgency;
+use super::super::urgency::{Urgency, STALL_RETURN_STEPS};
 use crate::request::Phase;
 use crate::scheduler::Core;
 use crate::step::StepCtx;
@@ -10,7 +10,7 @@ impl Core {
     /// Whether the running requests need more new blocks for their next tokens than are free.
     pub(super) fn blocks_short_for_running(&self) -> bool {
         let needed: u64 = self
-            .running_by_seq()
+            .running_by_rank()
             .into_iter()
             .filter_map(|id| {
                 let r = &self.requests[&id];
@@ -33,7 +33,7 @@ impl Core {
         let mut spare: std::collections::BTreeSet<u64> =
             self.rotation_victims(ctx, u64::MAX, step_s).iter().map(|v| v.id).collect();
         if punctual.iter().any(|u| self.needs_parking(u, step_s)) {
-            spare.extend(self.parking_candidates(ctx, u64::MAX));
+            spare.extend(self.parking_candidates(ctx, u64::MAX, step_s));
         }
         let (deferred, urgent): (Vec<Urgency>, Vec<Urgency>) =
             punctual.into_iter().partition(|u| spare.contains(&u.id));
@@ -49,24 +49,32 @@ impl Core {
 
     /// Decodes that may be parked on host, best first, for a prompt about to miss its
     /// first-token deadline when no running request has slack for a round trip: eviction
-    /// candidates with tokens left and with two late gaps or more to spare (one for the
-    /// parking, one for the unforeseen) — most to spare first, then newest. Their next gap will
-    /// be late (the objective holds for a percentile of gaps); they come back, parked, with the
-    /// blocks punctual requests leave.
-    pub(super) fn parking_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+    /// candidates of the requester's class or lower, with tokens left, with two late gaps or
+    /// more to spare (one for the parking, one for the unforeseen), and able to come back
+    /// within their stall bound — the round trip plus the steps a return is planned ahead
+    /// (`STALL_RETURN_STEPS`) and one more for the unforeseen. Lowest class first, then most
+    /// late gaps to spare, then newest. Their next gap will be late (the objective holds for a
+    /// percentile of gaps); they come back with the blocks punctual requests leave, or, as
+    /// their stall bound nears, as punctual requests themselves.
+    pub(super) fn parking_candidates(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<u64> {
         let share = self.config.tbt_late_share();
-        let mut candidates: Vec<(u32, u64, u64)> = self
+        let requester_priority = self.requests.get(&requester).map(|r| r.priority);
+        let mut candidates: Vec<(i32, u32, u64, u64)> = self
             .eviction_candidates(ctx, requester)
             .into_iter()
-            .filter(|id| self.is_running_decode(*id))
+            .filter(|id| self.is_running_decode(*id) && self.yields_to(*id, requester_priority))
             .filter_map(|id| {
                 let r = &self.requests[&id];
                 let spare = r.late_gaps_left(share);
                 let worth = r.tokens_left() >= self.config.min_rotation_tokens_left;
-                (spare > 1 && worth).then_some((spare, r.seq, id))
+                let round_trip = self.cheaper_eviction(id, step_s).round_trip_s();
+                let returns_in_time = r.stall_deadline().is_some_and(|at| {
+                    at - ctx.now > round_trip + (STALL_RETURN_STEPS + 1.0) * step_s
+                });
+                (spare > 1 && worth && returns_in_time).then_some((r.priority, spare, r.seq, id))
             })
             .collect();
-        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
-        candidates.into_iter().map(|(_, _, id)| id).collect()
+        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
+        candidates.into_iter().map(|(_, _, _, id)| id).collect()
     }
 }

@@ -1,0 +1,264 @@
+//! SLO admission: what a new request's first token would take if it were admitted now, from
+//! the cost model and the queue ahead of it. The engine publishes an [`AdmissionView`] of the
+//! scheduler after each turn; the HTTP layer asks it about each request as it arrives, so a
+//! request that cannot meet its first-token objective is refused at once (`--admission slo`)
+//! and a router in front can send it elsewhere. The same view serves the simulator.
+//!
+//! The prediction has two parts and takes the later:
+//! - **Compute.** The prefill tokens ahead of the request (waiting and part-computed prompts of
+//!   its priority class or higher) plus its own, cut into steps beside the running decodes
+//!   (each step takes what `max_batch_tokens` leaves them), each priced by the cost model.
+//! - **Memory.** The blocks those prompts need beyond the free ones (and, for RotaSched, what
+//!   rotating running requests out to host can free) come from running requests finishing:
+//!   each frees its blocks after its tokens left at the decode step time. The request's own
+//!   prefill starts once enough have finished.
+
+use crate::config::PolicyKind;
+use crate::cost_model::{CostModel, StepShape};
+use crate::request::Phase;
+use crate::scheduler::Core;
+
+/// A request ahead in the queue.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Queued {
+    priority: i32,
+    /// Prefill tokens still to compute.
+    tokens: u64,
+    /// Device blocks it needs that it does not hold.
+    blocks: u64,
+}
+
+/// The scheduler's state as admission needs it, detached from the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionView {
+    cost: CostModel,
+    block_size: u64,
+    max_batch_tokens: u64,
+    /// Running decodes and the positions they attend (every step the prefill shares).
+    decodes: u64,
+    context_tokens: u64,
+    queued: Vec<Queued>,
+    /// Device blocks free now, plus what rotating running requests out can free (RotaSched).
+    free_blocks: u64,
+    /// Running requests by when they finish (seconds from now) with the blocks they free.
+    finishing: Vec<(f64, u64)>,
+}
+
+impl Default for AdmissionView {
+    /// An idle server: nothing queued, nothing running, memory plentiful.
+    fn default() -> Self {
+        AdmissionView {
+            cost: CostModel::default(),
+            block_size: 16,
+            max_batch_tokens: 2048,
+            decodes: 0,
+            context_tokens: 0,
+            queued: Vec::new(),
+            free_blocks: u64::MAX,
+            finishing: Vec::new(),
+        }
+    }
+}
+
+impl AdmissionView {
+    /// Predicted seconds from now to the first token of a request with a prompt of
+    /// `prompt_tokens` in class `priority`, with `in_transit_tokens` more prompt tokens
+    /// already admitted but not yet in this view.
+    pub fn predict_ttft(&self, prompt_tokens: u64, priority: i32, in_transit_tokens: u64) -> f64 {
+        let ahead = self.queued.iter().filter(|q| q.priority <= priority);
+        let (tokens_ahead, blocks_ahead) = ahead.fold((in_transit_tokens, 0), |(t, b), q| (t + q.tokens, b + q.blocks));
+        let blocks_in_transit = in_transit_tokens.div_ceil(self.block_size);
+        let own_blocks = (prompt_tokens + 1).div_ceil(self.block_size);
+        let compute_s = self.prefill_s(tokens_ahead + prompt_tokens);
+        let short = (blocks_ahead + blocks_in_transit + own_blocks).saturating_sub(self.free_blocks);
+        if short == 0 {
+            return compute_s;
+        }
+        let mut freed = 0;
+        let mut wait_s = self.finishing.last().map_or(0.0, |(at, _)| *at);
+        for (at, blocks) in &self.finishing {
+            freed += blocks;
+            if freed >= short {
+                wait_s = *at;
+                break;
+            }
+        }
+        compute_s.max(wait_s + self.prefill_s(prompt_tokens))
+    }
+
+    /// Seconds to prefill `tokens` in steps beside the running decodes.
+    fn prefill_s(&self, tokens: u64) -> f64 {
+        let room = self.max_batch_tokens.saturating_sub(self.decodes).max(1);
+        let mut left = tokens.max(1);
+        let mut seconds = 0.0;
+        let mut context = self.context_tokens;
+        while left > 0 {
+            let chunk = left.min(room);
+            context += chunk;
+            let shape = StepShape { prefill_tokens: chunk, decode_requests: self.decodes, context_tokens: context };
+            seconds += self.cost.predict_step(shape);
+            left -= chunk;
+        }
+        seconds
+    }
+}
+
+impl Core {
+    /// The admission view of the current state (see the module).
+    pub(crate) fn admission_view(&self) -> AdmissionView {
+        let mut view = AdmissionView {
+            cost: self.cost,
+            block_size: u64::from(self.config.block_size),
+            max_batch_tokens: u64::from(self.config.max_batch_tokens),
+            free_blocks: u64::from(self.blocks.free_device()),
+            ..AdmissionView::default()
+        };
+        let mut decode_shape = StepShape::default();
+        let mut running = Vec::new();
+        for r in self.requests.values().filter(|r| !r.doomed) {
+            match r.phase {
+                Phase::Running if r.is_decode() || !r.has_work() => {
+                    decode_shape.decode_requests += 1;
+                    decode_shape.context_tokens += u64::from(r.num_computed) + 1;
+                    running.push(r);
+                }
+                Phase::Running | Phase::Waiting => {
+                    let prompt_end = u64::from(r.prompt_len.max(r.num_positions()));
+                    let target = prompt_end + 1;
+                    view.queued.push(Queued {
+                        priority: r.priority,
+                        tokens: u64::from(r.uncomputed()),
+                        blocks: self.blocks.new_blocks_needed(r.id, target),
+                    });
+                    if r.phase == Phase::Running {
+                        running.push(r);
+                    }
+                }
+                Phase::Rotated | Phase::RotatingOut | Phase::RotatingIn => view.queued.push(Queued {
+                    priority: r.priority,
+                    tokens: 0,
+                    blocks: u64::from(self.blocks.host_slots(r.id)),
+                }),
+            }
+        }
+        view.decodes = decode_shape.decode_requests;
+        view.context_tokens = decode_shape.context_tokens;
+        let decode_s = self.cost.predict_step(decode_shape);
+        if self.config.policy == PolicyKind::RotaSched {
+            let rotatable: u64 = running.iter().map(|r| u64::from(self.blocks.private_device_blocks(r.id))).sum();
+            view.free_blocks += rotatable.min(u64::from(self.blocks.free_host()));
+        }
+        view.finishing = running
+            .iter()
+            .map(|r| {
+                let blocks = u64::from(self.blocks.private_device_blocks(r.id));
+                (f64::from(r.tokens_left()) * decode_s, blocks)
+            })
+            .collect();
+        view.finishing.sort_by(|a, b| a.0.total_cmp(&b.0));
+        view
+    }
+
+    /// Waiting requests that never produced a token and whose first-token deadline passed more
+    /// than `timeout_s` before `now`: removed (counted as expired) and returned, oldest first.
+    pub(crate) fn expire_queued(&mut self, now: f64, timeout_s: f64) -> Vec<u64> {
+        let expired: Vec<u64> = self
+            .requests
+            .values()
+            .filter(|r| r.phase == Phase::Waiting && !r.doomed && r.last_token_at.is_none() && r.pending_steps == 0)
+            .filter(|r| now - r.next_deadline() > timeout_s)
+            .map(|r| r.id)
+            .collect();
+        for id in &expired {
+            self.waiting.retain(|w| w != id);
+            self.blocks.release(*id);
+            self.requests.remove(id);
+            self.counters.expired += 1;
+        }
+        self.debug_check("expire_queued");
+        expired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{PolicyKind, SchedulerConfig};
+    use crate::cost_model::CostModel;
+    use crate::request::RequestSpec;
+    use crate::scheduler::Scheduler;
+
+    fn scheduler(policy: PolicyKind, device_blocks: u32) -> Scheduler {
+        let config = SchedulerConfig {
+            block_size: 16,
+            num_device_blocks: device_blocks,
+            num_host_blocks: 0,
+            max_batch_tokens: 256,
+            policy,
+            cost_model: CostModel {
+                step_base_s: 0.01,
+                per_prefill_token_s: 0.001,
+                per_decode_request_s: 0.0,
+                per_context_token_s: 0.0,
+                ..CostModel::default()
+            },
+            ..SchedulerConfig::default()
+        };
+        Scheduler::new(config).unwrap()
+    }
+
+    fn spec(id: u64, prompt: u32, new_tokens: u32, priority: i32) -> RequestSpec {
+        RequestSpec { id, prompt_token_ids: (0..prompt).map(|i| id as u32 * 997 + i).collect(), max_new_tokens: new_tokens, slo: None, arrival: 0.0, priority }
+    }
+
+    #[test]
+    fn an_idle_server_predicts_one_prefill() {
+        let s = scheduler(PolicyKind::Fcfs, 64);
+        let ttft = s.admission_view().predict_ttft(100, 0, 0);
+        assert!((ttft - (0.01 + 0.1)).abs() < 1e-9, "{ttft}");
+    }
+
+    #[test]
+    fn the_queue_ahead_of_its_class_delays_it_and_lower_classes_do_not() {
+        let mut s = scheduler(PolicyKind::Fcfs, 1000);
+        for id in 0..4 {
+            s.add(spec(id, 256, 4, 1), 0.0).unwrap();
+        }
+        let view = s.admission_view();
+        // Four prompts of 256 tokens queued in class 1: a class-1 request waits behind all of
+        // them (5 steps of 256 tokens), a class-0 one behind none.
+        let behind = view.predict_ttft(256, 1, 0);
+        let ahead = view.predict_ttft(256, 0, 0);
+        assert!((behind - 5.0 * 0.266).abs() < 1e-9, "{behind}");
+        assert!((ahead - 0.266).abs() < 1e-9, "{ahead}");
+        // Requests admitted but not yet in the view count too.
+        assert!(view.predict_ttft(256, 0, 256) > ahead + 0.2);
+    }
+
+    #[test]
+    fn a_full_pool_waits_for_running_requests_to_finish() {
+        let mut s = scheduler(PolicyKind::Fcfs, 8);
+        // One request takes the whole pool (fcfs reserves its worst case: 8 blocks).
+        s.add(spec(1, 64, 60, 0), 0.0).unwrap();
+        let plan = s.plan(0.0);
+        assert_eq!(plan.scheduled.len(), 1);
+        let view = s.admission_view();
+        let ttft = view.predict_ttft(16, 0, 0);
+        // It must wait for the 60 tokens of the running request (after its prefill, 59 decode
+        // steps of 10 ms each), then its own prefill.
+        assert!(ttft > 0.5, "{ttft}");
+    }
+
+    #[test]
+    fn queued_requests_expire_past_their_deadline_and_the_timeout() {
+        let mut s = scheduler(PolicyKind::Fcfs, 8);
+        s.add(spec(1, 64, 60, 0), 0.0).unwrap();
+        s.add(spec(2, 64, 60, 0), 0.0).unwrap();
+        s.plan(0.0);
+        // The default objective is 2 s to the first token: at 2.5 s with a 1 s time-out the
+        // queued request is kept, at 3.5 s it expires; the running one never does.
+        assert!(s.expire_queued(2.5, 1.0).is_empty());
+        assert_eq!(s.expire_queued(3.5, 1.0), vec![2]);
+        assert_eq!(s.num_requests(), 1);
+        assert_eq!(s.stats().expired, 1);
+    }
+}
