@@ -23,6 +23,16 @@ pub enum SchedulerKind {
     Rotasched,
 }
 
+/// Which requests are admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AdmissionKind {
+    /// Every request is queued (TGI); only --max-concurrent-requests refuses.
+    All,
+    /// A request whose first token is predicted past its objective by more than
+    /// --admission-slack-ms is refused at once with 429 and Retry-After.
+    Slo,
+}
+
 #[derive(Debug, Clone, Parser)]
 #[command(name = "superinfer-router", about = "SuperInfer's HTTP router", version)]
 pub struct RouterConfig {
@@ -72,6 +82,23 @@ pub struct RouterConfig {
     /// to a tenth of its gaps may be longer); RotaSched spends the rest on prefill.
     #[arg(long, env = "TBT_SLO_PERCENTILE", default_value_t = 90.0)]
     pub tbt_slo_percentile: f64,
+    /// Default stall bound, in milliseconds: the longest gap between two tokens a request
+    /// allows at all (its TBT objective is missed above it, whatever the percentile). Default:
+    /// 5 times --tbt-slo-ms (1 s at the default 200 ms, about where a reader sees a stream stop).
+    #[arg(long, env = "MAX_STALL_MS")]
+    pub max_stall_ms: Option<f64>,
+    /// Which requests are admitted: all (TGI), or slo — refuse with 429 those whose first token
+    /// is predicted (cost model and queue) past their objective by more than --admission-slack-ms.
+    #[arg(long, env = "ADMISSION", value_enum, default_value_t = AdmissionKind::All)]
+    pub admission: AdmissionKind,
+    /// With --admission slo: how far past its first-token objective a request may be predicted
+    /// and still be admitted, in milliseconds.
+    #[arg(long, visible_alias = "admission-slack", env = "ADMISSION_SLACK_MS", default_value_t = 0.0)]
+    pub admission_slack_ms: f64,
+    /// Fail a queued request (never started) once its first-token deadline has passed by more
+    /// than this many milliseconds, with an error event (off by default).
+    #[arg(long, env = "QUEUE_TIMEOUT_MS")]
+    pub queue_timeout_ms: Option<f64>,
     /// Largest number of tokens (prefill chunks + decodes) in one model step. TGI's
     /// --max-batch-prefill-tokens counts prefill tokens only.
     #[arg(long, visible_alias = "max-batch-prefill-tokens", env = "MAX_BATCH_TOKENS", default_value_t = 2048)]

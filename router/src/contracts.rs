@@ -16,12 +16,21 @@ pub fn percentile(values: Vec<f64>, p: f64) -> Option<f64> {
     attainment::percentile(&values, p)
 }
 
-/// `(ttft_met, tbt_met)` of a request with first token after `ttft_s` and TBT `tbt_s` (its
-/// gaps' percentile) against objectives in seconds.
+/// `(ttft_met, tbt_met)` of a request with first token after `ttft_s`, TBT `tbt_s` (its
+/// gaps' percentile) and longest gap `max_gap_s` against objectives in seconds (`tbt_met`
+/// holds the stall bound too; `max_stall_s` None: the default multiple of `tbt_slo_s`).
 #[pyfunction]
-pub fn meets(ttft_s: f64, tbt_s: f64, ttft_slo_s: f64, tbt_slo_s: f64) -> (bool, bool) {
-    let verdict = attainment::meets(ttft_s, tbt_s, Slo { ttft_s: ttft_slo_s, tbt_s: tbt_slo_s });
+#[pyo3(signature = (ttft_s, tbt_s, max_gap_s, ttft_slo_s, tbt_slo_s, max_stall_s=None))]
+pub fn meets(ttft_s: f64, tbt_s: f64, max_gap_s: f64, ttft_slo_s: f64, tbt_slo_s: f64, max_stall_s: Option<f64>) -> (bool, bool) {
+    let slo = Slo::new(ttft_slo_s, tbt_slo_s).with_max_stall(max_stall_s);
+    let verdict = attainment::meets(ttft_s, tbt_s, max_gap_s, slo);
     (verdict.ttft_met, verdict.tbt_met)
+}
+
+/// The stall bound a request gets by default: this many times its TBT objective.
+#[pyfunction]
+pub fn default_stall_factor() -> f64 {
+    superinfer_scheduler::DEFAULT_STALL_FACTOR
 }
 
 fn shape((prefill_tokens, decode_requests, context_tokens): (u64, u64, u64)) -> StepShape {

@@ -19,6 +19,10 @@ pub enum HttpError {
     Generation(String),
     #[error("Model is overloaded")]
     Overloaded,
+    /// The request cannot meet its objective here now (SLO admission, queue time-out): 429, with
+    /// `Retry-After` when known, so a router can send it elsewhere.
+    #[error("Model is overloaded: {message}")]
+    SloOverloaded { message: String, retry_after_s: Option<u64> },
     #[error("Request failed during generation: the generation ended without a result")]
     Incomplete,
     #[error("unhealthy: {0}")]
@@ -43,6 +47,10 @@ impl From<EngineError> for HttpError {
     fn from(error: EngineError) -> Self {
         match error {
             EngineError::Unavailable(_) | EngineError::Draining => HttpError::Unavailable(error.to_string()),
+            EngineError::SloUnreachable { retry_after_s, .. } => {
+                HttpError::SloOverloaded { message: error.to_string(), retry_after_s: Some(retry_after_s) }
+            }
+            EngineError::QueueTimeout { .. } => HttpError::SloOverloaded { message: error.to_string(), retry_after_s: None },
             other => HttpError::Generation(other.to_string()),
         }
     }
@@ -63,7 +71,7 @@ impl HttpError {
             }
             HttpError::Tokenizer(_) => StatusCode::UNPROCESSABLE_ENTITY,
             HttpError::Generation(_) => StatusCode::FAILED_DEPENDENCY,
-            HttpError::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+            HttpError::Overloaded | HttpError::SloOverloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             HttpError::Incomplete | HttpError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
             HttpError::Unhealthy(_) | HttpError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             HttpError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -79,7 +87,7 @@ impl HttpError {
             }
             HttpError::Template(_) => "template_error",
             HttpError::Generation(_) => "generation",
-            HttpError::Overloaded => "overloaded",
+            HttpError::Overloaded | HttpError::SloOverloaded { .. } => "overloaded",
             HttpError::Incomplete => "incomplete_generation",
             HttpError::Unhealthy(_) => "healthcheck",
             HttpError::Unavailable(_) => "unavailable",
@@ -104,9 +112,23 @@ impl HttpError {
     }
 }
 
+impl HttpError {
+    /// Seconds after which a retry may succeed here (the `Retry-After` header), when known.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            HttpError::SloOverloaded { retry_after_s, .. } => *retry_after_s,
+            _ => None,
+        }
+    }
+}
+
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        (self.status(), Json(self.body())).into_response()
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after_s() {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
+        }
+        response
     }
 }
 

@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client::{ClientError, ShardClient};
-use crate::config::{RouterConfig, SchedulerKind};
-use crate::engine::{spawn_engine, EngineConfig, EngineHandle, EngineTimeouts, ModelInfo};
+use crate::config::{AdmissionKind, RouterConfig, SchedulerKind};
+use crate::engine::{spawn_engine, Admission, EngineConfig, EngineHandle, EngineTimeouts, ModelInfo};
 use crate::http::{self, HttpConfig};
 use crate::metrics::{install_recorder_with_limits, MetricLimits, MetricsError};
 use crate::pb;
@@ -174,9 +174,10 @@ pub async fn start_engine(
     // Before the engine starts, so that its series are described and none is recorded into the
     // no-op recorder `metrics` has until one is installed.
     install_recorder_with_limits(&metric_limits(config, &model, &engine_timeouts))?;
+    let (admission, queue_timeout) = admission(config)?;
     let engine_config =
         EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone(), timeouts: engine_timeouts,
-            async_scheduling: config.async_scheduling };
+            async_scheduling: config.async_scheduling, admission, queue_timeout };
     let engine = spawn_engine(engine_config, client, tracker, shutdown.child_token())?;
     Ok((engine, model))
 }
@@ -214,11 +215,41 @@ pub fn scheduler_config(
         max_batch_tokens: config.max_batch_tokens,
         max_batch_requests: config.max_batch_requests,
         policy: policy(config.scheduler),
-        default_slo: Slo { ttft_s: config.ttft_slo_ms / 1e3, tbt_s: config.tbt_slo_ms / 1e3 },
+        default_slo: default_slo(config)?,
         cost_model,
         tbt_percentile: config.tbt_slo_percentile,
         ..SchedulerConfig::default()
     })
+}
+
+/// The server's default objectives: --ttft-slo-ms, --tbt-slo-ms and the stall bound
+/// (--max-stall-ms, else `DEFAULT_STALL_FACTOR` times --tbt-slo-ms).
+pub fn default_slo(config: &RouterConfig) -> Result<Slo, ServerError> {
+    let slo = Slo::new(config.ttft_slo_ms / 1e3, config.tbt_slo_ms / 1e3);
+    let Some(stall_ms) = config.max_stall_ms else { return Ok(slo) };
+    if !(stall_ms.is_finite() && stall_ms >= config.tbt_slo_ms && stall_ms <= crate::validation::MAX_SLO_MS) {
+        return Err(ServerError::Config(format!(
+            "--max-stall-ms must be at least --tbt-slo-ms ({} ms) and at most {} ms, got {stall_ms}",
+            config.tbt_slo_ms,
+            crate::validation::MAX_SLO_MS
+        )));
+    }
+    Ok(slo.with_max_stall(Some(stall_ms / 1e3)))
+}
+
+/// Admission and the queue time-out from the flags.
+pub fn admission(config: &RouterConfig) -> Result<(Admission, Option<Duration>), ServerError> {
+    let milliseconds = |name: &str, value: f64| {
+        Duration::try_from_secs_f64(value / 1e3)
+            .map_err(|_| ServerError::Config(format!("--{name} must be a number of milliseconds >= 0, got {value}")))
+    };
+    let slack = milliseconds("admission-slack-ms", config.admission_slack_ms)?;
+    let admission = match config.admission {
+        AdmissionKind::All => Admission::All,
+        AdmissionKind::Slo => Admission::Slo { slack_s: slack.as_secs_f64() },
+    };
+    let queue_timeout = config.queue_timeout_ms.map(|ms| milliseconds("queue-timeout-ms", ms)).transpose()?;
+    Ok((admission, queue_timeout))
 }
 
 /// The engine's deadlines from the flags.

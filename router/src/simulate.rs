@@ -16,6 +16,8 @@ use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerStat
 struct SloJson {
     ttft_s: f64,
     tbt_s: f64,
+    #[serde(default)]
+    max_stall_s: Option<f64>,
 }
 
 /// `TokenCurve`, as the shard's warm-up report writes it (absent or empty: no curve).
@@ -117,6 +119,9 @@ struct RequestsJson {
     max_new_tokens: Vec<u32>,
     ttft_s: Option<Vec<f64>>,
     tbt_s: Option<Vec<f64>>,
+    max_stall_s: Option<Vec<f64>>,
+    /// Priority classes (absent: 0 for every request).
+    priority: Option<Vec<i32>>,
 }
 
 #[derive(Deserialize)]
@@ -157,10 +162,9 @@ fn scheduler_config(s: SchedulerJson) -> Result<SchedulerConfig, String> {
         max_batch_tokens: s.max_batch_tokens.unwrap_or(defaults.max_batch_tokens),
         max_batch_requests: s.max_batch_requests.unwrap_or(defaults.max_batch_requests),
         prefix_caching: s.prefix_caching.unwrap_or(defaults.prefix_caching),
-        default_slo: s.default_slo.map_or(defaults.default_slo, |d| Slo {
-            ttft_s: d.ttft_s,
-            tbt_s: d.tbt_s,
-        }),
+        default_slo: s
+            .default_slo
+            .map_or(defaults.default_slo, |d| Slo::new(d.ttft_s, d.tbt_s).with_max_stall(d.max_stall_s)),
         ..defaults
     })
 }
@@ -172,14 +176,15 @@ fn requests(r: RequestsJson) -> Result<Vec<SimRequest>, String> {
         || r.max_new_tokens.len() != n
         || !same(r.ttft_s.as_ref().map(Vec::len))
         || !same(r.tbt_s.as_ref().map(Vec::len))
+        || !same(r.max_stall_s.as_ref().map(Vec::len))
+        || !same(r.priority.as_ref().map(Vec::len))
     {
         return Err("requests: every column must have one entry per request".into());
     }
     let slo = |i: usize| match (&r.ttft_s, &r.tbt_s) {
-        (Some(ttft), Some(tbt)) => Some(Slo {
-            ttft_s: ttft[i],
-            tbt_s: tbt[i],
-        }),
+        (Some(ttft), Some(tbt)) => {
+            Some(Slo::new(ttft[i], tbt[i]).with_max_stall(r.max_stall_s.as_ref().map(|stall| stall[i])))
+        }
         _ => None,
     };
     Ok((0..n)
@@ -188,6 +193,7 @@ fn requests(r: RequestsJson) -> Result<Vec<SimRequest>, String> {
             prompt_tokens: r.prompt_tokens[i],
             max_new_tokens: r.max_new_tokens[i],
             slo: slo(i),
+            priority: r.priority.as_ref().map_or(0, |p| p[i]),
         })
         .collect())
 }
@@ -268,9 +274,11 @@ fn report_json(report: &SimReport, wall_s: f64) -> Value {
             "ttft_s": o.iter().map(|x| x.ttft_s).collect::<Vec<_>>(),
             "e2e_s": o.iter().map(|x| x.e2e_s).collect::<Vec<_>>(),
             "tbt_s": o.iter().map(|x| x.tbt_s).collect::<Vec<_>>(),
+            "max_gap_s": o.iter().map(|x| x.max_gap_s).collect::<Vec<_>>(),
+            "priority": o.iter().map(|x| x.priority).collect::<Vec<_>>(),
             "error": o.iter().map(|x| x.error.clone()).collect::<Vec<_>>(),
         },
-        "gap_stats": {"count": g.count, "mean": g.mean, "p50": g.p50, "p90": g.p90, "p99": g.p99},
+        "gap_stats": {"count": g.count, "mean": g.mean, "p50": g.p50, "p90": g.p90, "p99": g.p99, "max": g.max},
         "gap_quantiles": report.gap_quantiles,
         "makespan_s": report.makespan_s,
         "steps": report.steps,

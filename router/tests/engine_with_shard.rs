@@ -105,6 +105,7 @@ fn request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest
         prompt_logprobs: false,
         top_n_tokens: 0,
         slo: None,
+        priority: 0,
         arrival: Instant::now(),
         span_context: SpanContext::empty_context(),
         constraint: None,

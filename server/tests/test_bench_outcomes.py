@@ -49,7 +49,7 @@ def test_summary_attainment_goodput_throughput():
     ]
     summary = summarize(outcomes, slo, duration_s=2.0, gap_stats=stats([0.04]))
     assert summary["requests"] == 4 and summary["completed"] == 3 and summary["failed"] == 1
-    assert summary["attainment"] == {"ttft": 0.5, "tbt": 0.5, "both": 0.25}
+    assert summary["attainment"] == {"ttft": 0.5, "tbt": 0.5, "stall": 0.75, "both": 0.25}
     assert summary["goodput_rps"] == pytest.approx(0.5)
     assert summary["throughput_rps"] == pytest.approx(1.5)
     assert summary["throughput_tokens_per_s"] == pytest.approx(20.0)
@@ -67,7 +67,7 @@ def test_reduce_uses_every_gap_and_the_run_span():
     assert result.summary["tbt_s"]["count"] == 4
     assert result.summary["tbt_s"]["mean"] == pytest.approx((0.01 + 0.01 + 0.01 + 0.02) / 4)
     # Request 0: TTFT 50 ms, worst gap 10 ms → both; request 1: TTFT 200 ms, worst gap 20 ms → neither.
-    assert result.summary["attainment"] == {"ttft": 0.5, "tbt": 0.5, "both": 0.5}
+    assert result.summary["attainment"] == {"ttft": 0.5, "tbt": 0.5, "stall": 1.0, "both": 0.5}
     assert sorted(result.gaps_s) == pytest.approx([0.01, 0.01, 0.01, 0.02])
     assert not math.isnan(result.summary["e2e_s"]["p99"])
 
@@ -96,3 +96,21 @@ def test_kv_moves_between_two_scrapes():
     after = {"superinfer_rotations_out_total": 7.0, "superinfer_rotations_in_total": 6.0, "superinfer_recomputes_total": 1.0}
     assert kv_moves(before, after) == {"rotations_out": 4, "rotations_in": 4, "recomputes": 1}
     assert kv_moves(before, None) is None
+
+
+def test_one_gap_above_the_stall_bound_misses_tbt_and_classes_are_reported_apart():
+    # p90 of the gaps within 50 ms, but one gap of 400 ms: above the default bound (5 x 50 ms)
+    # and above an explicit 300 ms one, within an explicit 500 ms one.
+    times = [0.1 + 0.04 * k for k in range(20)] + [0.1 + 0.04 * 19 + 0.4]
+    stalled = outcome_from_times(0, 0.0, times, times[-1], True, tbt_percentile=90, priority=1)
+    assert stalled.tbt_s <= 0.05 and abs(stalled.max_gap_s - 0.4) < 1e-9
+    assert not stalled.meets_tbt(Slo(200, 50)) and not stalled.meets_stall(Slo(200, 50))
+    assert not stalled.meets_tbt(Slo(200, 50, max_stall_ms=300))
+    assert stalled.meets_tbt(Slo(200, 50, max_stall_ms=500))
+    smooth = outcome_from_times(1, 0.0, times[:-1], times[-2], True, tbt_percentile=90, priority=0)
+    summary = summarize([stalled, smooth], Slo(200, 50), duration_s=1.0, gap_stats=stats([0.04, 0.4]))
+    assert summary["attainment"]["stall"] == 0.5 and summary["tbt_s"]["max"] == 0.4
+    assert summary["by_priority"]["0"]["attainment"]["both"] == 1.0
+    assert summary["by_priority"]["1"]["attainment"]["both"] == 0.0
+    with pytest.raises(ValueError):
+        Slo(200, 50, max_stall_ms=20)

@@ -81,7 +81,7 @@ pub struct Slo {
 
 impl Slo {
     /// Objectives with the default stall bound (`DEFAULT_STALL_FACTOR` times `tbt_s`).
-    pub fn new(ttft_s: f64, tbt_s: f64) -> Self {
+    pub const fn new(ttft_s: f64, tbt_s: f64) -> Self {
         Slo { ttft_s, tbt_s, max_stall_s: DEFAULT_STALL_FACTOR * tbt_s }
     }
 

@@ -63,6 +63,8 @@ pub struct GenerationRequest {
     /// Objectives (seconds; validation converts the API's milliseconds); `None` takes the
     /// server's defaults (the scheduler's `default_slo`).
     pub slo: Option<Slo>,
+    /// Priority class: lower is served first; 0 by default.
+    pub priority: i32,
     /// When the HTTP layer received the request (queue time and TTFT are measured from here).
     pub arrival: Instant,
     /// The trace span that submitted the request (the HTTP layer's): every step that computes
@@ -145,4 +147,11 @@ pub enum EngineError {
     /// The scheduler refused the request for another reason (e.g. an empty prompt).
     #[error("request refused: {0}")]
     Rejected(String),
+    /// `--admission slo`: its first token is predicted too late to meet its objective.
+    #[error("the first token is predicted in {predicted_ms} ms, over the {objective_ms} ms objective; retry after {retry_after_s} s or elsewhere")]
+    SloUnreachable { predicted_ms: u64, objective_ms: u64, retry_after_s: u64 },
+    /// `--queue-timeout-ms`: it waited in the queue past its first-token deadline by more than
+    /// the time-out, without starting.
+    #[error("the request waited {waited_ms} ms in the queue without starting, past its first-token objective and the queue time-out")]
+    QueueTimeout { waited_ms: u64 },
 }

@@ -6,12 +6,15 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::admission::AdmissionGate;
 use super::api::{EngineError, EngineEvent, GenerationRequest};
 
 /// What the engine task receives from handles and streams.
 #[derive(Debug)]
 pub(crate) enum Command {
-    Submit { id: u64, request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent> },
+    /// `admitted_tokens`: the prompt tokens the admission gate counts in transit until the
+    /// engine's next view holds them (0 without SLO admission).
+    Submit { id: u64, request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent>, admitted_tokens: u64 },
     /// The stream was dropped before its request finished.
     Cancel { id: u64 },
     /// Answered once the engine knows whether the shard is alive.
@@ -52,25 +55,39 @@ pub struct EngineHandle {
     commands: mpsc::UnboundedSender<Command>,
     status: watch::Receiver<EngineStatus>,
     next_id: Arc<AtomicU64>,
+    /// `--admission slo`; None admits everything (TGI).
+    admission: Option<Arc<AdmissionGate>>,
 }
 
 impl EngineHandle {
     pub(crate) fn new(
         commands: mpsc::UnboundedSender<Command>,
         status: watch::Receiver<EngineStatus>,
+        admission: Option<Arc<AdmissionGate>>,
     ) -> Self {
-        Self { commands, status, next_id: Arc::new(AtomicU64::new(1)) }
+        Self { commands, status, next_id: Arc::new(AtomicU64::new(1)), admission }
     }
 
     /// Queues a request. The returned stream yields its events; dropping it cancels the request.
+    /// With SLO admission, a request predicted to miss its first-token objective is refused
+    /// here (`EngineError::SloUnreachable`).
     pub fn submit(&self, request: GenerationRequest) -> Result<RequestStream, EngineError> {
         if let Some(refusal) = self.status.borrow().refusal() {
             return Err(refusal);
         }
+        let admitted_tokens = match &self.admission {
+            Some(gate) => {
+                let prompt = request.prompt_token_ids.len() as u64;
+                gate.admit(prompt, request.priority, request.slo, request.arrival).inspect_err(|_| {
+                    super::metrics::record_admission_refused(request.priority);
+                })?
+            }
+            None => 0,
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = mpsc::unbounded_channel();
         self.commands
-            .send(Command::Submit { id, request, events })
+            .send(Command::Submit { id, request, events, admitted_tokens })
             .map_err(|_| EngineError::Stopped)?;
         Ok(RequestStream { id, events: receiver, commands: self.commands.clone(), done: false })
     }
@@ -153,7 +170,7 @@ mod tests {
     fn handle() -> (EngineHandle, mpsc::UnboundedReceiver<Command>, watch::Sender<EngineStatus>) {
         let (commands, receiver) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(EngineStatus::Running);
-        (EngineHandle::new(commands, status), receiver, status_tx)
+        (EngineHandle::new(commands, status, None), receiver, status_tx)
     }
 
     #[tokio::test]

@@ -18,9 +18,10 @@ use crate::pb;
 /// no value while either is missing.
 pub(crate) fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    for counter in ["superinfer_slo_ttft_met_total", "superinfer_slo_ttft_missed_total", "superinfer_slo_tbt_met_total",
-        "superinfer_slo_tbt_missed_total", "superinfer_engine_failures_total", "superinfer_steps_total"]
-    {
+    for counter in ATTAINMENT_COUNTERS.iter().flatten().chain(&["superinfer_admission_refused_total", "superinfer_queue_timeouts_total"]) {
+        metrics::counter!(*counter, "priority" => "0").increment(0);
+    }
+    for counter in ["superinfer_engine_failures_total", "superinfer_steps_total"] {
         metrics::counter!(counter).increment(0);
     }
     describe_gauge!("superinfer_kv_device_blocks_free", "Free device KV blocks");
@@ -81,7 +82,24 @@ pub(crate) fn describe() {
         "Finished requests whose gaps between tokens met the TBT objective at the configured percentile (--tbt-slo-percentile)");
     describe_counter!("superinfer_slo_tbt_missed_total",
         "Finished requests whose gaps between tokens missed the TBT objective at the configured percentile (--tbt-slo-percentile)");
+    describe_counter!("superinfer_slo_stall_met_total", "Finished requests none of whose gaps between tokens exceeded their stall bound");
+    describe_counter!("superinfer_slo_stall_missed_total", "Finished requests with a gap between tokens above their stall bound");
+    describe_counter!("superinfer_slo_joint_met_total", "Finished requests that met both their TTFT and TBT objectives (goodput)");
+    describe_counter!("superinfer_slo_joint_missed_total", "Finished requests that missed their TTFT or TBT objective");
+    describe_counter!("superinfer_admission_refused_total",
+        "Requests refused with 429 because their first token was predicted past its objective (--admission slo)");
+    describe_counter!("superinfer_queue_timeouts_total",
+        "Queued requests failed because they waited past their first-token deadline by more than --queue-timeout-ms");
 }
+
+/// The attainment counters, (met, missed) per objective: TTFT, TBT (stall bound included),
+/// the stall bound alone, and both objectives together.
+const ATTAINMENT_COUNTERS: [[&str; 2]; 4] = [
+    ["superinfer_slo_ttft_met_total", "superinfer_slo_ttft_missed_total"],
+    ["superinfer_slo_tbt_met_total", "superinfer_slo_tbt_missed_total"],
+    ["superinfer_slo_stall_met_total", "superinfer_slo_stall_missed_total"],
+    ["superinfer_slo_joint_met_total", "superinfer_slo_joint_missed_total"],
+];
 
 /// `correction`: the scheduler's online factor already in `plan.predicted_step_s`.
 pub(crate) fn record_step(plan: &StepPlan, round_trip: Duration, timings: Option<&pb::StepTimings>, correction: f64) {
@@ -196,12 +214,23 @@ pub(crate) fn record_lags(samples: &[f64]) {
     }
 }
 
-/// A finished request's verdict on each of its objectives.
-pub(crate) fn record_attainment(attainment: Attainment) {
-    let ttft = if attainment.ttft_met { "superinfer_slo_ttft_met_total" } else { "superinfer_slo_ttft_missed_total" };
-    let tbt = if attainment.tbt_met { "superinfer_slo_tbt_met_total" } else { "superinfer_slo_tbt_missed_total" };
-    metrics::counter!(ttft).increment(1);
-    metrics::counter!(tbt).increment(1);
+/// A finished request's verdict on each of its objectives, labelled by its priority class.
+pub(crate) fn record_attainment(attainment: Attainment, priority: i32) {
+    let verdicts = [attainment.ttft_met, attainment.tbt_met, attainment.stall_met, attainment.joint()];
+    for (met, [met_name, missed_name]) in verdicts.into_iter().zip(ATTAINMENT_COUNTERS) {
+        let name = if met { met_name } else { missed_name };
+        metrics::counter!(name, "priority" => priority.to_string()).increment(1);
+    }
+}
+
+/// A request refused by SLO admission.
+pub(crate) fn record_admission_refused(priority: i32) {
+    metrics::counter!("superinfer_admission_refused_total", "priority" => priority.to_string()).increment(1);
+}
+
+/// A queued request failed by the queue time-out.
+pub(crate) fn record_queue_timeout(priority: i32) {
+    metrics::counter!("superinfer_queue_timeouts_total", "priority" => priority.to_string()).increment(1);
 }
 
 #[cfg(test)]
@@ -349,15 +378,22 @@ mod tests {
     }
 
     #[test]
-    fn attainment_counts_each_objective_separately() {
+    fn attainment_counts_each_objective_separately_by_priority_class() {
+        let verdict = |ttft_met, tbt_met, stall_met| Attainment { ttft_met, tbt_met, stall_met };
         let text = rendered(|| {
-            record_attainment(Attainment { ttft_met: true, tbt_met: false });
-            record_attainment(Attainment { ttft_met: true, tbt_met: true });
-            record_attainment(Attainment { ttft_met: false, tbt_met: true });
+            record_attainment(verdict(true, false, false), 0);
+            record_attainment(verdict(true, true, true), 0);
+            record_attainment(verdict(false, true, true), 0);
+            record_attainment(verdict(true, true, true), 2);
         });
-        assert_eq!(value(&text, "superinfer_slo_ttft_met_total"), Some(2.0));
-        assert_eq!(value(&text, "superinfer_slo_ttft_missed_total"), Some(1.0));
-        assert_eq!(value(&text, "superinfer_slo_tbt_met_total"), Some(2.0));
-        assert_eq!(value(&text, "superinfer_slo_tbt_missed_total"), Some(1.0));
+        let zero = |name: &str| value(&text, &format!("{name}{{priority=\"0\"}}"));
+        assert_eq!(zero("superinfer_slo_ttft_met_total"), Some(2.0));
+        assert_eq!(zero("superinfer_slo_ttft_missed_total"), Some(1.0));
+        assert_eq!(zero("superinfer_slo_tbt_met_total"), Some(2.0));
+        assert_eq!(zero("superinfer_slo_tbt_missed_total"), Some(1.0));
+        assert_eq!(zero("superinfer_slo_stall_missed_total"), Some(1.0));
+        assert_eq!(zero("superinfer_slo_joint_met_total"), Some(1.0));
+        assert_eq!(zero("superinfer_slo_joint_missed_total"), Some(2.0));
+        assert_eq!(value(&text, "superinfer_slo_joint_met_total{priority=\"2\"}"), Some(1.0));
     }
 }

@@ -10,6 +10,7 @@
 //! - `active`: per-request bookkeeping (stream, limits, progress).
 //! - `metrics`: the engine's /metrics series.
 mod active;
+mod admission;
 mod attainment;
 mod constraints;
 pub mod api;
@@ -24,6 +25,7 @@ mod step_trace;
 #[cfg(test)]
 mod testing;
 
+pub use admission::Admission;
 pub use handle::{EngineHandle, RequestStream};
 pub use model_info::ModelInfo;
 pub use recovery::EngineTimeouts;

@@ -13,6 +13,7 @@
 //! once, which is safe because the shard runs the steps in order, so N+1 is done with them
 //! before any later step reuses them.
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use superinfer_scheduler::{RequestSpec, Scheduler, SchedulerConfig, SchedulerError, SchedulerStats, StepPlan};
@@ -23,6 +24,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::active::{ActiveRequest, ActiveRequests};
+use super::admission::{Admission, AdmissionGate};
 use super::api::{EngineError, EngineEvent, GenerationRequest};
 use super::constraints::allowed_tokens;
 use super::handle::{Command, EngineHandle, EngineStatus};
@@ -50,6 +52,10 @@ pub struct EngineConfig {
     /// One step in flight: plan and send the next step before the previous reply is applied
     /// (`--async-scheduling`).
     pub async_scheduling: bool,
+    /// Admit everything, or only requests that can meet their first-token objective.
+    pub admission: Admission,
+    /// Fail queued requests (never started) this long past their first-token deadline.
+    pub queue_timeout: Option<Duration>,
 }
 
 /// Starts the engine task on `tracker`; it stops when `shutdown` is cancelled, failing the
@@ -62,6 +68,10 @@ pub fn spawn_engine(
     shutdown: CancellationToken,
 ) -> Result<EngineHandle, SchedulerError> {
     metrics::describe();
+    let admission = match config.admission {
+        Admission::All => None,
+        Admission::Slo { slack_s } => Some(Arc::new(AdmissionGate::new(slack_s, config.scheduler.default_slo))),
+    };
     let scheduler = Scheduler::new(config.scheduler)?;
     let (commands_tx, commands) = mpsc::unbounded_channel();
     let (status_tx, status) = watch::channel(EngineStatus::Running);
@@ -81,9 +91,12 @@ pub fn spawn_engine(
         previous_step_end: None,
         async_scheduling: config.async_scheduling,
         in_flight: VecDeque::new(),
+        admission: admission.clone(),
+        arrived_tokens: 0,
+        queue_timeout: config.queue_timeout,
     };
     tracker.spawn(engine.run(commands, shutdown));
-    Ok(EngineHandle::new(commands_tx, status))
+    Ok(EngineHandle::new(commands_tx, status, admission))
 }
 
 pub(super) struct Engine {
@@ -111,6 +124,12 @@ pub(super) struct Engine {
     /// Steps sent and not yet applied, oldest first: at most one, or two with
     /// `async_scheduling`.
     pub(super) in_flight: VecDeque<InFlight>,
+    /// SLO admission's gate, given a fresh view of the scheduler every turn.
+    admission: Option<Arc<AdmissionGate>>,
+    /// Prompt tokens the gate counted in transit that arrived since its last view.
+    arrived_tokens: u64,
+    /// See `EngineConfig::queue_timeout`.
+    queue_timeout: Option<Duration>,
 }
 
 /// A step sent to the shard whose reply the engine has not applied yet.
@@ -180,7 +199,10 @@ impl Engine {
 
     async fn handle(&mut self, command: Command) {
         match command {
-            Command::Submit { id, request, events } => self.submit(id, request, events),
+            Command::Submit { id, request, events, admitted_tokens } => {
+                self.arrived_tokens += admitted_tokens;
+                self.submit(id, request, events)
+            }
             Command::Cancel { id } => {
                 if self.requests.get(id).is_some() {
                     tracing::debug!(id, "request cancelled");
@@ -248,6 +270,7 @@ impl Engine {
             max_new_tokens: request.max_new_tokens,
             slo: request.slo,
             arrival: request.arrival.saturating_duration_since(self.clock_origin).as_secs_f64(),
+            priority: request.priority,
         }
     }
 
@@ -376,20 +399,38 @@ impl Engine {
     }
 
     pub(super) fn publish_stats(&mut self) {
+        self.expire_queued();
+        if let Some(gate) = &self.admission {
+            gate.published(self.scheduler.admission_view(), std::mem::take(&mut self.arrived_tokens));
+        }
         let stats = self.scheduler.stats();
         metrics::record_scheduler(&stats, &self.last_stats, self.requests.len());
         metrics::record_lags(&self.scheduler.take_lag_samples());
         self.last_stats = stats;
     }
 
+    /// Fails the queued requests past their first-token deadline by more than the queue
+    /// time-out (`--queue-timeout-ms`).
+    fn expire_queued(&mut self) {
+        let Some(timeout) = self.queue_timeout else { return };
+        for id in self.scheduler.expire_queued(self.clock(), timeout.as_secs_f64()) {
+            let Some(active) = self.requests.get(id) else { continue };
+            let waited_ms = active.request.arrival.elapsed().as_millis() as u64;
+            tracing::debug!(id, waited_ms, "queued request timed out");
+            metrics::record_queue_timeout(active.request.priority);
+            active.send(EngineEvent::Failed(EngineError::QueueTimeout { waited_ms }));
+            self.release(id);
+        }
+    }
+
     /// Counts a finished request as meeting or missing its objectives (its own, else the
-    /// server's defaults).
+    /// server's defaults), by its priority class.
     fn record_attainment(&self, id: u64) {
         let Some(active) = self.requests.get(id) else { return };
         let slo = active.request.slo.unwrap_or(self.scheduler.config().default_slo);
         let percentile = self.scheduler.config().tbt_percentile;
         if let Some(attainment) = active.token_times.attainment(active.request.arrival, slo, percentile) {
-            metrics::record_attainment(attainment);
+            metrics::record_attainment(attainment, active.request.priority);
         }
     }
 

@@ -12,6 +12,7 @@ pub(crate) fn greedy_request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) ->
         prompt_logprobs: false,
         top_n_tokens: 0,
         slo: None,
+        priority: 0,
         arrival: Instant::now(),
         span_context: SpanContext::empty_context(),
         constraint: None,

@@ -46,6 +46,7 @@ impl ValidRequest {
             prompt_logprobs: self.parameters.decoder_input_details,
             top_n_tokens: self.parameters.top_n_tokens,
             slo: self.parameters.slo,
+            priority: self.parameters.priority,
             arrival: self.arrival,
             span_context: trace_context::span_context(&tracing::Span::current()),
             constraint: self.constraint.clone(),

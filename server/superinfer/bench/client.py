@@ -22,6 +22,7 @@ class RequestRecord:
     index: int
     prompt_tokens: int
     max_new_tokens: int
+    priority: int = 0
     sent_at: float = 0.0
     token_times: list[float] = field(default_factory=list)
     done_at: float = 0.0
@@ -39,7 +40,9 @@ def _payload(api: Api, spec: WorkloadRequest, slo: Slo | None) -> tuple[str, dic
         if spec.ignore_eos:
             parameters["ignore_eos"] = True
         if slo is not None:
-            parameters["slo"] = {"ttft_ms": slo.ttft_ms, "tbt_ms": slo.tbt_ms}
+            parameters["slo"] = slo.request_json()
+        if spec.priority:
+            parameters["priority"] = spec.priority
         return "/generate_stream", {"inputs": spec.prompt, "parameters": parameters}
     body: dict = {
         "model": "tgi",
@@ -51,7 +54,9 @@ def _payload(api: Api, spec: WorkloadRequest, slo: Slo | None) -> tuple[str, dic
     if spec.ignore_eos:
         body["ignore_eos"] = True
     if slo is not None:
-        body["slo"] = {"ttft_ms": slo.ttft_ms, "tbt_ms": slo.tbt_ms}
+        body["slo"] = slo.request_json()
+    if spec.priority:
+        body["priority"] = spec.priority
     return "/v1/completions", body
 
 
@@ -90,7 +95,7 @@ async def send(
     recorded in `record.error`, the request then counts as missing every objective)."""
     if spec.prompt is None:
         raise ValueError(f"request {spec.index} has no prompt text")
-    record = RequestRecord(spec.index, spec.prompt_tokens, spec.max_new_tokens)
+    record = RequestRecord(spec.index, spec.prompt_tokens, spec.max_new_tokens, spec.priority)
     route, body = _payload(api, spec, slo)
     record.sent_at = time.perf_counter() - clock_origin
     try:

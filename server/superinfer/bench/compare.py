@@ -52,15 +52,19 @@ def interleaved(policies: list[str], rates: list[float], repeats: int, seed: int
 FIGURES = {
     "ttft_attainment": lambda s: s["attainment"]["ttft"],
     "tbt_attainment": lambda s: s["attainment"]["tbt"],
+    "stall_attainment": lambda s: s["attainment"].get("stall"),
     "both_attainment": lambda s: s["attainment"]["both"],
     "ttft_p50_s": lambda s: s["ttft_s"]["p50"],
     "ttft_p99_s": lambda s: s["ttft_s"]["p99"],
+    "gap_p50_s": lambda s: s["tbt_s"].get("p50"),
+    "gap_p90_s": lambda s: s["tbt_s"].get("p90"),
     "tbt_p99_s": lambda s: s["tbt_s"]["p99"],
+    "gap_max_s": lambda s: s["tbt_s"].get("max"),
     "goodput_rps": lambda s: s["goodput_rps"],
     "throughput_tokens_per_s": lambda s: s["throughput_tokens_per_s"],
 }
 # Pairwise differences are taken of these (same repetition, same rate).
-PAIRED = ("ttft_attainment", "both_attainment")
+PAIRED = ("ttft_attainment", "both_attainment", "goodput_rps")
 
 
 def spread(values: list[float | None]) -> dict:

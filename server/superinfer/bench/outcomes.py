@@ -1,7 +1,8 @@
 """Latency metrics and SLO attainment. A request meets its TTFT objective when its first token
 came within `ttft_ms`, and its TBT objective when the chosen percentile of its gaps between
-tokens is within `tbt_ms` (a request with one token has no gap and meets it). A failed request
-meets neither. Goodput counts the requests that met both, per second of the run.
+tokens is within `tbt_ms` and no gap exceeds the stall bound `max_stall_ms` (a request with one
+token has no gap and meets it). A failed request meets neither. Goodput counts the requests that
+met both, per second of the run (DistServe's definition).
 Shared by `bench` (outcomes from streamed timestamps) and `simulate` (outcomes from Rust).
 
 The percentile and the verdict are the scheduler crate's (`superinfer_scheduler::attainment`,
@@ -19,12 +20,28 @@ class Slo:
     tbt_ms: float
     # Which percentile of a request's gaps is held against tbt_ms.
     tbt_percentile: float = 90.0
+    # The longest gap allowed at all; None: the scheduler crate's default multiple of tbt_ms.
+    max_stall_ms: float | None = None
 
     def __post_init__(self):
         if self.ttft_ms <= 0 or self.tbt_ms <= 0:
             raise ValueError(f"objectives must be positive, got ttft {self.ttft_ms} ms, tbt {self.tbt_ms} ms")
         if not 0 < self.tbt_percentile <= 100:
             raise ValueError(f"tbt_percentile must lie in (0, 100], got {self.tbt_percentile}")
+        if self.max_stall_ms is not None and not self.max_stall_ms >= self.tbt_ms:
+            raise ValueError(f"the stall bound ({self.max_stall_ms} ms) must be at least tbt_ms ({self.tbt_ms} ms)")
+
+    @property
+    def stall_ms(self) -> float:
+        """The stall bound in force (the server's default rule when none is given)."""
+        return self.max_stall_ms if self.max_stall_ms is not None else _router.default_stall_factor() * self.tbt_ms
+
+    def request_json(self) -> dict:
+        """The objectives as a request's `slo` parameter."""
+        body = {"ttft_ms": self.ttft_ms, "tbt_ms": self.tbt_ms}
+        if self.max_stall_ms is not None:
+            body["max_stall_ms"] = self.max_stall_ms
+        return body
 
 
 @dataclass(frozen=True)
@@ -38,11 +55,24 @@ class Outcome:
     e2e_s: float | None
     # The Slo's percentile of this request's gaps; 0 when it produced fewer than two tokens.
     tbt_s: float | None
+    # Its longest gap (0 with fewer than two tokens), held against the stall bound.
+    max_gap_s: float | None = None
+    priority: int = 0
+
+    @property
+    def longest_gap_s(self) -> float | None:
+        """Its longest gap; outcomes recorded without one (older reports) fall back to the gaps'
+        percentile."""
+        return self.max_gap_s if self.max_gap_s is not None else self.tbt_s
 
     def _verdict(self, slo: Slo) -> tuple[bool, bool]:
         if not self.ok or self.ttft_s is None or self.tbt_s is None:
             return False, False
-        return _router.meets(self.ttft_s, self.tbt_s, slo.ttft_ms / 1e3, slo.tbt_ms / 1e3)
+        return _router.meets(self.ttft_s, self.tbt_s, self.longest_gap_s, slo.ttft_ms / 1e3, slo.tbt_ms / 1e3,
+                             slo.stall_ms / 1e3)
+
+    def meets_stall(self, slo: Slo) -> bool:
+        return self.ok and self.longest_gap_s is not None and self.longest_gap_s <= slo.stall_ms / 1e3
 
     def meets_ttft(self, slo: Slo) -> bool:
         return self._verdict(slo)[0]
@@ -52,26 +82,42 @@ class Outcome:
 
 
 def stats(values) -> dict:
-    """count, mean, p50, p90, p99 (linear interpolation, as numpy); None when empty."""
+    """count, mean, p50, p90, p99 (linear interpolation, as numpy) and max; None when empty."""
     array = np.asarray(values, dtype=float)
     if array.size == 0:
-        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     listed = array.tolist()
     p50, p90, p99 = (_router.percentile(listed, p) for p in (50, 90, 99))
-    return {"count": int(array.size), "mean": float(array.mean()), "p50": p50, "p90": p90, "p99": p99}
+    return {"count": int(array.size), "mean": float(array.mean()), "p50": p50, "p90": p90, "p99": p99,
+            "max": float(array.max())}
 
 
 def outcome_from_times(
-    index: int, sent_at: float, token_times: list[float], done_at: float, ok: bool, tbt_percentile: float
+    index: int, sent_at: float, token_times: list[float], done_at: float, ok: bool, tbt_percentile: float,
+    priority: int = 0,
 ) -> Outcome:
     """Latencies of one streamed request: TTFT from sending to the first token, end-to-end from
     sending to the end of the stream, gaps between consecutive tokens."""
     if not ok or not token_times:
-        return Outcome(index, False, len(token_times), None, None, None)
+        return Outcome(index, False, len(token_times), None, None, None, None, priority)
     gaps = np.diff(np.asarray(token_times, dtype=float))
     tbt = _router.percentile(gaps.tolist(), tbt_percentile) if gaps.size else 0.0
+    max_gap = float(gaps.max()) if gaps.size else 0.0
     end = max(done_at, token_times[-1])
-    return Outcome(index, True, len(token_times), token_times[0] - sent_at, end - sent_at, tbt)
+    return Outcome(index, True, len(token_times), token_times[0] - sent_at, end - sent_at, tbt, max_gap, priority)
+
+
+def attainment(outcomes: list[Outcome], slo: Slo) -> dict:
+    """Shares of `outcomes` meeting TTFT, TBT (stall bound included), the stall bound alone, and
+    both objectives."""
+    total = len(outcomes)
+    share = (lambda k: k / total) if total else (lambda k: 0.0)
+    return {
+        "ttft": share(sum(o.meets_ttft(slo) for o in outcomes)),
+        "tbt": share(sum(o.meets_tbt(slo) for o in outcomes)),
+        "stall": share(sum(o.meets_stall(slo) for o in outcomes)),
+        "both": share(sum(o.meets_ttft(slo) and o.meets_tbt(slo) for o in outcomes)),
+    }
 
 
 def summarize(outcomes: list[Outcome], slo: Slo, duration_s: float, gap_stats: dict) -> dict:
@@ -81,12 +127,10 @@ def summarize(outcomes: list[Outcome], slo: Slo, duration_s: float, gap_stats: d
         raise ValueError(f"a run needs a positive duration, got {duration_s}")
     total = len(outcomes)
     done = [o for o in outcomes if o.ok]
-    meets_ttft = sum(o.meets_ttft(slo) for o in outcomes)
-    meets_tbt = sum(o.meets_tbt(slo) for o in outcomes)
     meets_both = sum(o.meets_ttft(slo) and o.meets_tbt(slo) for o in outcomes)
     output_tokens = sum(o.output_tokens for o in done)
-    share = (lambda k: k / total) if total else (lambda k: 0.0)
-    return {
+    classes = sorted({o.priority for o in outcomes})
+    summary = {
         "requests": total,
         "completed": len(done),
         "failed": total - len(done),
@@ -95,10 +139,18 @@ def summarize(outcomes: list[Outcome], slo: Slo, duration_s: float, gap_stats: d
         "ttft_s": stats([o.ttft_s for o in done]),
         "tbt_s": gap_stats,
         "request_tbt_s": stats([o.tbt_s for o in done]),
+        "request_max_gap_s": stats([o.max_gap_s for o in done if o.max_gap_s is not None]),
         "e2e_s": stats([o.e2e_s for o in done]),
-        "attainment": {"ttft": share(meets_ttft), "tbt": share(meets_tbt), "both": share(meets_both)},
+        "attainment": attainment(outcomes, slo),
         "goodput_rps": meets_both / duration_s,
         "throughput_rps": len(done) / duration_s,
         "throughput_tokens_per_s": output_tokens / duration_s,
         "output_tokens": output_tokens,
     }
+    if len(classes) > 1:
+        summary["by_priority"] = {
+            str(c): {"requests": sum(o.priority == c for o in outcomes),
+                     "attainment": attainment([o for o in outcomes if o.priority == c], slo)}
+            for c in classes
+        }
+    return summary

@@ -40,12 +40,13 @@ def _cells(summary: dict) -> list[str]:
         _ms(summary["ttft_s"]["p50"]),
         _ms(summary["ttft_s"]["p99"]),
         _ms(summary["tbt_s"]["p99"]),
+        _ms(summary["tbt_s"].get("max")),
         f"{summary['goodput_rps']:.2f}",
         f"{summary['throughput_tokens_per_s']:.0f}",
     ]
 
 
-COLUMNS = ["TTFT ok", "TBT ok", "both", "TTFT p50", "TTFT p99", "TBT p99", "goodput", "tok/s"]
+COLUMNS = ["TTFT ok", "TBT ok", "both", "TTFT p50", "TTFT p99", "gap p99", "gap max", "goodput", "tok/s"]
 
 
 def table(results: list[RunResult]) -> str:
@@ -63,7 +64,8 @@ def table(results: list[RunResult]) -> str:
             row += _cells(found.summary) if found else ["-"] * len(COLUMNS)
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = [f"[{label}] attainment = share of requests meeting the objective; times in ms"]
+    lines = [f"[{label}] attainment = share of requests meeting the objective (TBT: its percentile and the "
+             "stall bound); gaps between tokens over every request; times in ms"]
     lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
     return "\n".join(lines)
 
@@ -98,8 +100,10 @@ def _spread_cell(spread: dict, unit=_share, suffix: str = "%") -> str:
     return f"{median}{suffix}" if low == high else f"{median}{suffix} [{low}–{high}]"
 
 
-SPREAD_COLUMNS = (("TTFT ok", "ttft_attainment", _share, "%"), ("both", "both_attainment", _share, "%"),
-                  ("TTFT p99 ms", "ttft_p99_s", _ms, ""), ("goodput", "goodput_rps", lambda v: f"{v:.2f}", ""))
+SPREAD_COLUMNS = (("TTFT ok", "ttft_attainment", _share, "%"), ("TBT ok", "tbt_attainment", _share, "%"),
+                  ("both", "both_attainment", _share, "%"), ("TTFT p99 ms", "ttft_p99_s", _ms, ""),
+                  ("gap p99 ms", "tbt_p99_s", _ms, ""), ("gap max ms", "gap_max_s", _ms, ""),
+                  ("goodput", "goodput_rps", lambda v: f"{v:.2f}", ""))
 
 
 def spread_table(points: list[dict], source: str | None = None) -> str:
@@ -127,14 +131,17 @@ def spread_table(points: list[dict], source: str | None = None) -> str:
 
 
 def paired_table(pairs: list[dict], figure: str = "ttft_attainment") -> str:
-    """`compare.paired_differences` for one figure: a − b in points, per repetition pair."""
-    lines = [f"paired differences of {figure} (a − b, same seed and rate), percentage points: median [min–max], n"]
+    """`compare.paired_differences` for one figure: a − b per repetition pair (shares in
+    percentage points, rates in req/s)."""
+    share = figure.endswith("attainment")
+    unit = "percentage points" if share else "req/s"
+    lines = [f"paired differences of {figure} (a − b, same seed and rate), {unit}: median [min–max], n"]
     seen = set()
     for pair in pairs:
         key = (pair["rate"], frozenset((pair["a"], pair["b"])))
         if pair["figure"] != figure or key in seen or pair["median"] is None:
             continue
         seen.add(key)
-        cell = _spread_cell(pair, lambda v: f"{v * 100:+.0f}", "")
+        cell = _spread_cell(pair, (lambda v: f"{v * 100:+.0f}") if share else (lambda v: f"{v:+.3f}"), "")
         lines.append(f"  rate {pair['rate']:g}: {pair['a']} − {pair['b']}: {cell}, n={pair['n']}")
     return "\n".join(lines)

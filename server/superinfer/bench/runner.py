@@ -88,7 +88,7 @@ async def _replay(target: Target, specs: list[WorkloadRequest], slo_sent: Slo | 
 def reduce(records: list[RequestRecord], slo: Slo, series: str, rate: float, label: str = "measured") -> RunResult:
     """Outcomes, summary and samples of one replay."""
     outcomes = [
-        outcome_from_times(r.index, r.sent_at, r.token_times, r.done_at, r.ok, slo.tbt_percentile)
+        outcome_from_times(r.index, r.sent_at, r.token_times, r.done_at, r.ok, slo.tbt_percentile, r.priority)
         for r in records
     ]
     gaps = np.concatenate([np.diff(r.token_times) for r in records if r.ok] or [np.zeros(0)])

@@ -23,6 +23,9 @@ class SloRequest:
     tbt_scale: float = 5.0
     tbt_percentile: float = 90.0
     calibration_requests: int = 3
+    # The stall bound: absolute, else a multiple of the TBT objective, else the server's rule.
+    max_stall_ms: float | None = None
+    max_stall_scale: float | None = None
 
     @property
     def needs_calibration(self) -> bool:
@@ -33,7 +36,10 @@ class SloRequest:
             raise ValueError("relative objectives need the unloaded latency")
         ttft = self.ttft_ms if self.ttft_ms is not None else unloaded["ttft_s"] * 1e3 * self.ttft_scale
         tbt = self.tbt_ms if self.tbt_ms is not None else unloaded["tbt_s"] * 1e3 * self.tbt_scale
-        return Slo(ttft, tbt, self.tbt_percentile)
+        stall = self.max_stall_ms
+        if stall is None and self.max_stall_scale is not None:
+            stall = self.max_stall_scale * tbt
+        return Slo(ttft, tbt, self.tbt_percentile, stall)
 
 
 @dataclass

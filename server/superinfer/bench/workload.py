@@ -31,10 +31,15 @@ class WorkloadConfig:
     # Generate exactly max_new_tokens (the recorded output length) whatever the model says.
     ignore_eos: bool = False
     seed: int = 0
+    # Share of requests sent in priority class 0; the others go in class 1. 0: every request
+    # in class 0 (no classes).
+    high_priority_share: float = 0.0
 
     def __post_init__(self):
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("a workload needs a bound: num_requests, duration_s or both")
+        if not 0.0 <= self.high_priority_share <= 1.0:
+            raise ValueError(f"high_priority_share must lie in [0, 1], got {self.high_priority_share}")
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class WorkloadRequest:
     max_new_tokens: int
     ignore_eos: bool
     prompt: str | None = None
+    # Priority class (lower first).
+    priority: int = 0
 
 
 def trace_start(config: WorkloadConfig, trace: Trace) -> int:
@@ -108,8 +115,14 @@ def requests_for(
         texts = [c.prompt for c, _p, _o in chosen]
     else:
         raise ValueError(f"unknown length source {config.lengths!r}")
+    priorities = [0] * count
+    if config.high_priority_share > 0:
+        # Drawn from a generator of their own, so the arrivals and lengths stay those of the
+        # same workload without classes.
+        draws = np.random.default_rng([config.seed, 0x9A1]).random(count)
+        priorities = [0 if d < config.high_priority_share else 1 for d in draws]
     return [
-        WorkloadRequest(i, float(arrivals[i]), p, o, config.ignore_eos, texts[i])
+        WorkloadRequest(i, float(arrivals[i]), p, o, config.ignore_eos, texts[i], priorities[i])
         for i, (p, o) in enumerate(pairs)
     ]
 

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         results = read_json(args.out / "simulate.json")
     else:
         return _over_seeds(args, seeds)
-    table = markdown_table(results, ("TTFT ok", "TBT ok", "both", "TTFT p99", "goodput"))
+    table = markdown_table(results, ("TTFT ok", "TBT ok", "both", "TTFT p99", "gap p99", "gap max", "goodput"))
     (args.out / "headline.md").write_text(table + "\n")
     print(table)
     return 0

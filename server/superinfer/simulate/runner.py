@@ -29,16 +29,18 @@ def config_json(profile: Profile, specs: list[WorkloadRequest], options: SimOpti
         "arrival": [s.arrival_s for s in specs],
         "prompt_tokens": [s.prompt_tokens for s in specs],
         "max_new_tokens": [s.max_new_tokens for s in specs],
+        "priority": [s.priority for s in specs],
     }
     if options.send_slo:
         requests["ttft_s"] = [slo.ttft_ms / 1e3] * len(specs)
         requests["tbt_s"] = [slo.tbt_ms / 1e3] * len(specs)
+        requests["max_stall_s"] = [slo.stall_ms / 1e3] * len(specs)
     scheduler = {
         "policy": options.policy, "cost_model": profile.cost_model, "block_size": profile.block_size,
         "num_device_blocks": profile.num_device_blocks, "num_host_blocks": profile.num_host_blocks,
         "block_bytes": profile.block_bytes, "max_batch_tokens": profile.max_batch_tokens,
         "max_batch_requests": profile.max_batch_requests, "prefix_caching": options.prefix_caching,
-        "default_slo": {"ttft_s": slo.ttft_ms / 1e3, "tbt_s": slo.tbt_ms / 1e3},
+        "default_slo": {"ttft_s": slo.ttft_ms / 1e3, "tbt_s": slo.tbt_ms / 1e3, "max_stall_s": slo.stall_ms / 1e3},
     }
     return json.dumps({
         "scheduler": scheduler, "step_time": profile.step_time, "link": profile.link, "charges": profile.charges,
@@ -60,9 +62,10 @@ def run_raw(profile: Profile, specs: list[WorkloadRequest], options: SimOptions)
 def to_result(raw: dict, slo: Slo, series: str, rate: float) -> RunResult:
     columns = raw["requests"]
     outcomes = [
-        Outcome(int(i), bool(done), int(tokens), ttft, e2e, tbt)
-        for i, done, tokens, ttft, e2e, tbt in zip(
-            columns["id"], columns["finished"], columns["output_tokens"], columns["ttft_s"], columns["e2e_s"], columns["tbt_s"])
+        Outcome(int(i), bool(done), int(tokens), ttft, e2e, tbt, max_gap, int(priority))
+        for i, done, tokens, ttft, e2e, tbt, max_gap, priority in zip(
+            columns["id"], columns["finished"], columns["output_tokens"], columns["ttft_s"], columns["e2e_s"],
+            columns["tbt_s"], columns["max_gap_s"], columns["priority"])
     ]
     gap_stats = dict(raw["gap_stats"])
     summary = summarize(outcomes, slo, max(raw["makespan_s"], 1e-9), gap_stats)
