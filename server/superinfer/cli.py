@@ -13,6 +13,7 @@ COMMANDS = {
     "serve": ("superinfer.shard.cli", "run one shard (model runner) on a unix socket"),
     "bench": ("superinfer.bench.cli", "replay a workload against a running server"),
     "simulate": ("superinfer.simulate.cli", "drive the scheduler with a simulated clock"),
+    "suite": ("superinfer.bench.suite", "every policy on every workload of the suite, measured or simulated"),
 }
 
 

@@ -107,6 +107,7 @@ mod tests {
     #[test]
     fn the_engine_view_takes_over_from_the_tokens_in_transit() {
         let gate = AdmissionGate::new(0.0, Slo::new(1.0, 0.1));
+        gate.published(scheduler().admission_view(), 0);
         let now = Instant::now();
         let tokens: u64 = (0..3).map(|_| gate.admit(256, 0, None, now).unwrap()).sum();
         assert!(gate.admit(256, 0, None, now).is_err());

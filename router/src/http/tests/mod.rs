@@ -39,18 +39,22 @@ async fn app_with_template(
     config: HttpConfig,
     chat_template: String,
 ) -> (Router, Arc<Mutex<ShardLog>>) {
+    app_with_args(config, chat_template, &[]).await
+}
+
+/// The app with more router flags.
+async fn app_with_args(
+    config: HttpConfig,
+    chat_template: String,
+    args: &[&str],
+) -> (Router, Arc<Mutex<ShardLog>>) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
     let tokenizer_json = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
     let (socket, log) = ScriptedShard::spawn(tokenizer_json, chat_template);
     let socket = socket.to_string_lossy().to_string();
-    let router_config = RouterConfig::parse_argv([
-        "router",
-        "--uds-path",
-        socket.as_str(),
-        "--shard-connect-timeout-s",
-        "10",
-    ])
-    .unwrap();
+    let mut argv = vec!["router", "--uds-path", socket.as_str(), "--shard-connect-timeout-s", "10"];
+    argv.extend_from_slice(args);
+    let router_config = RouterConfig::parse_argv(argv).unwrap();
     let (engine, model) = crate::server::start_engine(
         &router_config,
         &TaskTracker::new(),
@@ -284,6 +288,14 @@ async fn values_the_engine_cannot_represent_are_422() {
         (
             json!({"slo": {"ttft_ms": 1e30, "tbt_ms": 100}}),
             "`slo.ttft_ms` must be at most 3600000 milliseconds. Given: 1000000000000000000000000000000".to_string(),
+        ),
+        (
+            json!({"slo": {"ttft_ms": 500, "tbt_ms": 100, "max_stall_ms": 50}}),
+            "`slo.max_stall_ms` must be at least `slo.tbt_ms` (100). Given: 50".to_string(),
+        ),
+        (
+            json!({"priority": 2_000_000_000}),
+            "`priority` must be an integer between -1000000 and 1000000. Given: 2000000000".to_string(),
         ),
         (
             json!({"temperature": 1e308}),
@@ -536,4 +548,32 @@ async fn cors_allows_configured_origins() {
         .unwrap();
     let (_, headers, _) = send(&app, other).await;
     assert!(!headers.contains_key("access-control-allow-origin"));
+}
+
+/// `--admission slo`: a request whose first token is predicted past its objective is refused at
+/// once with 429, TGI's error shape and Retry-After, on every route; one whose objective can be
+/// met is served, with its priority and stall bound.
+#[tokio::test]
+async fn slo_admission_refuses_what_cannot_meet_its_first_token_objective() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let (app, _log) = app_with_args(HttpConfig::default(), template, &["--admission", "slo"]).await;
+    // No objective of 1 ms can be met: the prefill alone is predicted longer.
+    let hopeless = json!({"inputs": "Hello", "parameters": {"max_new_tokens": 2, "slo": {"ttft_ms": 1, "tbt_ms": 100}}});
+    let response = app.clone().oneshot(post("/generate", &hopeless)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry_after >= 1);
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(body["error_type"], "overloaded");
+    assert!(body["error"].as_str().unwrap().contains("over the 1 ms objective"), "{body}");
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+        "slo": {"ttft_ms": 1, "tbt_ms": 100}});
+    assert_eq!(send(&app, post("/v1/chat/completions", &chat)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // A reachable objective is admitted and served.
+    let fine = json!({"inputs": "Hello", "parameters": {"max_new_tokens": 2, "priority": -1,
+        "slo": {"ttft_ms": 60000, "tbt_ms": 1000, "max_stall_ms": 5000}}});
+    let (status, _, text) = send(&app, post("/generate", &fine)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
 }
