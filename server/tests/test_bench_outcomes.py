@@ -114,3 +114,14 @@ def test_one_gap_above_the_stall_bound_misses_tbt_and_classes_are_reported_apart
     assert summary["by_priority"]["1"]["attainment"]["both"] == 0.0
     with pytest.raises(ValueError):
         Slo(200, 50, max_stall_ms=20)
+
+
+def test_refusals_are_counted_apart_with_their_latency():
+    records = [
+        RequestRecord(0, 8, 3, sent_at=0.0, token_times=[0.05, 0.06, 0.07], done_at=0.07),
+        RequestRecord(1, 8, 3, sent_at=1.0, done_at=1.004, error="HTTP 429: overloaded", refused=True),
+    ]
+    summary = reduce(records, Slo(ttft_ms=100, tbt_ms=15), "s", 1.0).summary
+    assert summary["refused"] == 1 and summary["failed"] == 1
+    assert summary["refusal_s"]["max"] == pytest.approx(0.004)
+    assert summary["admitted_attainment"]["ttft"] == 1.0 and summary["attainment"]["ttft"] == 0.5

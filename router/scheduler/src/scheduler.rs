@@ -143,6 +143,21 @@ impl Scheduler {
         self.core.expire_queued(now, timeout_s)
     }
 
+    /// Forgets every request and frees every block (the shard restarted empty), keeping what
+    /// was learnt about the machine and the load: the cost model and its correction, the step
+    /// timing, the policy's arrival estimate, and the cumulative counters. The engine re-adds
+    /// the requests it still holds.
+    pub fn reset(&mut self) {
+        let core = &mut self.core;
+        let config = &core.config;
+        core.blocks = BlockManager::new(config.block_size, config.num_device_blocks, config.num_host_blocks, config.prefix_caching);
+        core.requests.clear();
+        core.waiting.clear();
+        core.pending.clear();
+        core.lag_samples.clear();
+        core.debug_check("reset");
+    }
+
     /// Lag samples (now - deadline of each produced token, seconds; positive = late) recorded
     /// since the previous call, oldest first.
     pub fn take_lag_samples(&mut self) -> Vec<f64> {

@@ -12,8 +12,6 @@
 //! so the launcher (and Docker or Kubernetes above it) restarts the server.
 use std::time::{Duration, Instant};
 
-use superinfer_scheduler::{Scheduler, SchedulerStats};
-
 use super::api::{EngineError, EngineEvent};
 use super::handle::EngineStatus;
 use super::step_loop::{refusal, Engine};
@@ -141,20 +139,11 @@ impl Engine {
         }
     }
 
-    /// The shard is back and empty: a fresh scheduler (every block free) takes the requests
-    /// that were still waiting, in arrival order.
+    /// The shard is back and empty: the scheduler forgets every request and block but keeps
+    /// what it learnt (cost model, step timing, arrival estimate, counters), and takes the
+    /// requests that were still waiting, in arrival order.
     fn resume(&mut self, dropped_on_shard: u32, outage: Duration) {
-        let mut config = self.scheduler.config().clone();
-        // Keep what the engine learned about the step time under this machine's load.
-        config.cost_model = *self.scheduler.cost_model();
-        match Scheduler::new(config) {
-            Ok(scheduler) => self.scheduler = scheduler,
-            Err(error) => {
-                self.give_up(format!("cannot rebuild the scheduler: {error}"));
-                return;
-            }
-        }
-        self.last_stats = SchedulerStats::default();
+        self.scheduler.reset();
         let mut waiting: Vec<(u64, std::time::Instant)> =
             self.requests.ids().filter_map(|id| self.requests.get(id).map(|active| (id, active.request.arrival))).collect();
         waiting.sort_by_key(|&(id, arrival)| (arrival, id));

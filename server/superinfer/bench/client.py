@@ -28,6 +28,9 @@ class RequestRecord:
     done_at: float = 0.0
     finish_reason: str | None = None
     error: str | None = None
+    # Refused at once with 429 (SLO admission, or the concurrency limit): sent elsewhere by a
+    # router in front, so judged apart from the requests the server took.
+    refused: bool = False
 
     @property
     def ok(self) -> bool:
@@ -102,6 +105,8 @@ async def send(
         async with session.post(base_url.rstrip("/") + route, json=body) as response:
             if response.status != 200:
                 record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                record.refused = response.status == 429
+                record.done_at = time.perf_counter() - clock_origin
                 return record
             async for raw in response.content:
                 now = time.perf_counter() - clock_origin

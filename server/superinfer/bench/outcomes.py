@@ -58,6 +58,9 @@ class Outcome:
     # Its longest gap (0 with fewer than two tokens), held against the stall bound.
     max_gap_s: float | None = None
     priority: int = 0
+    # Refused at once (429) with the seconds the refusal took; never started.
+    refused: bool = False
+    refusal_s: float | None = None
 
     @property
     def longest_gap_s(self) -> float | None:
@@ -130,6 +133,8 @@ def summarize(outcomes: list[Outcome], slo: Slo, duration_s: float, gap_stats: d
     meets_both = sum(o.meets_ttft(slo) and o.meets_tbt(slo) for o in outcomes)
     output_tokens = sum(o.output_tokens for o in done)
     classes = sorted({o.priority for o in outcomes})
+    refused = [o for o in outcomes if o.refused]
+    admitted = [o for o in outcomes if not o.refused]
     summary = {
         "requests": total,
         "completed": len(done),
@@ -147,6 +152,11 @@ def summarize(outcomes: list[Outcome], slo: Slo, duration_s: float, gap_stats: d
         "throughput_tokens_per_s": output_tokens / duration_s,
         "output_tokens": output_tokens,
     }
+    if refused:
+        # Admission's own figures: how fast it refused, and what the admitted requests got.
+        summary["refused"] = len(refused)
+        summary["refusal_s"] = stats([o.refusal_s for o in refused if o.refusal_s is not None])
+        summary["admitted_attainment"] = attainment(admitted, slo)
     if len(classes) > 1:
         summary["by_priority"] = {
             str(c): {"requests": sum(o.priority == c for o in outcomes),

@@ -89,6 +89,7 @@ def reduce(records: list[RequestRecord], slo: Slo, series: str, rate: float, lab
     """Outcomes, summary and samples of one replay."""
     outcomes = [
         outcome_from_times(r.index, r.sent_at, r.token_times, r.done_at, r.ok, slo.tbt_percentile, r.priority)
+        if not r.refused else Outcome(r.index, False, 0, None, None, None, None, r.priority, True, r.done_at - r.sent_at)
         for r in records
     ]
     gaps = np.concatenate([np.diff(r.token_times) for r in records if r.ok] or [np.zeros(0)])

@@ -231,3 +231,26 @@ fn same_inputs_give_same_plans() {
     };
     assert_eq!(run(), run());
 }
+
+/// A reset (the shard restarted empty) frees every block and forgets every request, but keeps
+/// the learnt cost-model correction, the step timing and the counters.
+#[test]
+fn a_reset_forgets_requests_and_blocks_and_keeps_what_was_learnt() {
+    let link = crate::sim::LinkModel { out_bytes_per_s: 1e6, in_bytes_per_s: 1e6, overhead_s: 0.0, duplex: true };
+    let mut d = Driver::on_machine(config(PolicyKind::RotaSched, 32), 1.3, link);
+    for id in 0..4 {
+        d.add(spec(id, 12, 20, 0.0));
+    }
+    for _ in 0..10 {
+        d.step();
+    }
+    let before = d.scheduler.stats();
+    assert!(before.device_blocks_free < 32 && (before.cost_correction - 1.0).abs() > 0.05);
+    d.scheduler.reset();
+    let after = d.scheduler.stats();
+    assert_eq!((after.device_blocks_free, after.running, after.waiting), (32, 0, 0));
+    assert_eq!(after.cost_correction, before.cost_correction);
+    assert_eq!(after.step_time_deviation, before.step_time_deviation);
+    assert_eq!(after.steps, before.steps);
+    d.scheduler.check_invariants().unwrap();
+}
