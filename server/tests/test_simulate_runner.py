@@ -1,6 +1,7 @@
 """`superinfer simulate` through the real Rust simulator (the built `superinfer._router`):
 closed form on a lone request, determinism, derived profiles, and the command's report."""
 import json
+from pathlib import Path
 from dataclasses import asdict, replace
 
 import pytest
@@ -253,3 +254,25 @@ def test_the_headline_over_several_seeds_reports_each_figure_with_its_range(tmp_
     # The two seeds are different workloads: their runs differ.
     first, second = (json.loads((tmp_path / f"seed-{s}" / "simulate.json").read_text()) for s in (1, 2))
     assert first["runs"][0]["ttft_s"] != second["runs"][0]["ttft_s"]
+
+
+def test_a_returned_request_is_not_rotated_out_before_its_next_token():
+    """A workload where a parked decode's stall bound made it return while the overload fallback
+    evicted it again at once: 1.5 million round trips in 3,000 simulated seconds and 4 of 30
+    requests done. A returned request now keeps the device until it has computed a token."""
+    from dataclasses import replace
+
+    from superinfer.bench.workload import WorkloadConfig, requests_for
+    from superinfer.simulate.runner import SimOptions, run_raw
+
+    warmup = Path(__file__).resolve().parents[2] / "docs/results/suite/warmup-cpu.json"
+    profile = resolve(f"measured:{warmup}")
+    profile = replace(profile, num_device_blocks=96, num_host_blocks=512,
+                      charges={**profile.charges, "transfer_stall": 1.0})
+    config = WorkloadConfig(arrival="gamma", rate=0.6, burstiness=0.3, num_requests=30, lengths="fixed",
+                            prompt_tokens=512, output_tokens=16, ignore_eos=True, seed=3)
+    unloaded = unloaded_latency(profile, 512, 16, "fcfs")
+    slo = Slo(unloaded["ttft_s"] * 5e3, unloaded["tbt_s"] * 5e3)
+    raw = run_raw(profile, requests_for(config), SimOptions("rotasched", slo, max_sim_time_s=3000))
+    assert sum(raw["requests"]["finished"]) == 30
+    assert raw["scheduler"]["rotations_out"] < 60

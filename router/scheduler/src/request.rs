@@ -69,6 +69,10 @@ pub(crate) struct RequestState {
     pub(crate) late_gaps: u32,
     /// Step in which the latest rotation in was issued (rotation cool-down).
     pub(crate) rotated_in_step: Option<u64>,
+    /// Rotated back in and no token computed since: it may not be rotated out again until it
+    /// has one (a return that buys nothing is a round trip wasted, and one evicted again at
+    /// once can thrash).
+    pub(crate) returned_without_token: bool,
     /// Finished or cancelled while a transfer was in flight: removed at acknowledgement.
     pub(crate) doomed: bool,
 }
@@ -93,6 +97,7 @@ impl RequestState {
             last_token_at: None,
             late_gaps: 0,
             rotated_in_step: None,
+            returned_without_token: false,
             doomed: false,
         }
     }

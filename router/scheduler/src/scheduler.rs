@@ -305,6 +305,7 @@ impl Core {
                 }
                 request.tokens.push(token);
                 request.last_token_at = Some(now);
+                request.returned_without_token = false;
                 if self.lag_samples.len() >= MAX_LAG_SAMPLES {
                     self.lag_samples.drain(..MAX_LAG_SAMPLES / 2);
                 }

@@ -238,6 +238,7 @@ impl Core {
         let request = self.requests.get_mut(&id).expect("returning request exists");
         request.phase = Phase::RotatingIn;
         request.rotated_in_step = Some(self.step_id);
+        request.returned_without_token = true;
         ctx.plan.rotate_in.push(transfer);
         true
     }

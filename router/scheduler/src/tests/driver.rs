@@ -120,6 +120,8 @@ pub(crate) struct Driver {
     busy_host: BTreeMap<u64, Vec<u32>>,
     /// request -> step of its latest rotation in.
     rotated_in_at: BTreeMap<u64, u64>,
+    /// When each request's latest rotation in was issued.
+    returned_at: BTreeMap<u64, f64>,
     pub(crate) plans: Vec<StepPlan>,
     pub(crate) finished: BTreeSet<u64>,
     /// Whether to finish requests that reach their length limit (the engine's job).
@@ -142,6 +144,7 @@ impl Driver {
             busy_blocks: BTreeMap::new(),
             busy_host: BTreeMap::new(),
             rotated_in_at: BTreeMap::new(),
+            returned_at: BTreeMap::new(),
             plans: Vec::new(),
             finished: BTreeSet::new(),
             auto_finish: true,
@@ -191,6 +194,7 @@ impl Driver {
             self.busy_blocks.insert(t.id, t.dst_blocks.clone());
             self.busy_host.insert(t.id, t.src_blocks.clone());
             self.rotated_in_at.insert(t.request_id, plan.step_id);
+            self.returned_at.insert(t.request_id, self.now);
         }
         let sampled = plan
             .sampling
@@ -340,6 +344,10 @@ impl Driver {
             if let Some(at) = self.rotated_in_at.get(&t.request_id) {
                 let since = plan.step_id - at;
                 assert!(since >= config.rotation_cooldown_steps, "{} rotated {since} steps after returning", t.request_id);
+            }
+            if let Some(returned) = self.returned_at.get(&t.request_id) {
+                let token_since = self.token_times.get(&t.request_id).and_then(|t| t.last()).is_some_and(|at| at > returned);
+                assert!(token_since, "{} rotated out again before computing a token since its return", t.request_id);
             }
             let request = &self.scheduler.core.requests[&t.request_id];
             assert!(request.tokens_left() >= config.min_rotation_tokens_left);

@@ -159,10 +159,14 @@ impl Core {
     }
 
     /// Running requests that could leave the device now: not the requester, not in this step,
-    /// holding private blocks, and not rotated in within the cool-down (no thrashing).
+    /// holding private blocks, and not rotated in within the cool-down or without a token since
+    /// (no thrashing).
     pub(super) fn eviction_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
         let cooldown = self.config.rotation_cooldown_steps;
-        let recent = |id: &u64| self.requests[id].rotated_in_step.is_some_and(|s| s + cooldown > self.step_id);
+        let recent = |id: &u64| {
+            let r = &self.requests[id];
+            r.returned_without_token || r.rotated_in_step.is_some_and(|s| s + cooldown > self.step_id)
+        };
         self.running_by_rank()
             .into_iter()
             .filter(|id| *id != requester && self.evictable(ctx, *id))
