@@ -145,6 +145,13 @@ pub struct SchedulerConfig {
     /// RotaSched: a late request (hopeless first-token deadline) that has been late for longer
     /// than this is served with the punctual ones again, so nothing starves under overload.
     pub late_starvation_s: f64,
+    /// RotaSched: the most gaps between tokens, as a share of every gap produced so far, that
+    /// its rotations may have made late — a decode parked for a prompt, or a victim whose return
+    /// failed because the blocks it freed were taken. Such a gap lasts up to the stall bound;
+    /// while the share is spent RotaSched rotates out only as swap does (a running request short
+    /// of blocks evicting newer ones), so at 1% the 99th-percentile gap between tokens — the
+    /// figure vLLM's and SGLang's benchmarks report — stays the compute's own.
+    pub rotation_late_gap_share: f64,
     /// Percentile of each request's gaps between tokens that its TBT objective holds for, in
     /// (0, 100]: attainment is judged at it (`attainment::judge`), and RotaSched plans for it —
     /// the rest of the gaps (`tbt_late_share`) may be late, so a running request with such a
@@ -169,6 +176,7 @@ impl Default for SchedulerConfig {
             min_rotation_tokens_left: 4,
             ema_alpha: 0.2,
             late_starvation_s: 10.0,
+            rotation_late_gap_share: 0.005,
             tbt_percentile: 90.0,
         }
     }
@@ -194,6 +202,9 @@ impl SchedulerConfig {
         }
         if !(self.tbt_percentile > 0.0 && self.tbt_percentile <= 100.0) {
             return fail("tbt_percentile must lie in (0, 100]");
+        }
+        if !(0.0..=1.0).contains(&self.rotation_late_gap_share) {
+            return fail("rotation_late_gap_share must lie in [0, 1]");
         }
         if !(self.ema_alpha > 0.0 && self.ema_alpha <= 1.0) {
             return fail("ema_alpha must lie in (0, 1]");

@@ -73,6 +73,9 @@ pub(crate) struct RequestState {
     /// has one (a return that buys nothing is a round trip wasted, and one evicted again at
     /// once can thrash).
     pub(crate) returned_without_token: bool,
+    /// Rotated out (or dropped for recompute) since its previous token: a late gap then is the
+    /// rotation's (`Counters::late_rotation_gaps`).
+    pub(crate) rotated_since_token: bool,
     /// Finished or cancelled while a transfer was in flight: removed at acknowledgement.
     pub(crate) doomed: bool,
 }
@@ -98,6 +101,7 @@ impl RequestState {
             late_gaps: 0,
             rotated_in_step: None,
             returned_without_token: false,
+            rotated_since_token: false,
             doomed: false,
         }
     }

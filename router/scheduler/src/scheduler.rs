@@ -49,6 +49,10 @@ pub(crate) struct Counters {
     pub(crate) cancelled: u64,
     /// Queued requests ended by the queue time-out (`expire_queued`).
     pub(crate) expired: u64,
+    /// Gaps between tokens produced (every token after a request's first).
+    pub(crate) gaps: u64,
+    /// Late gaps of requests rotated out since their previous token.
+    pub(crate) late_rotation_gaps: u64,
 }
 
 /// The scheduling state machine: a core every policy shares (requests, blocks, queue,
@@ -300,9 +304,14 @@ impl Core {
         match token {
             Some(token) if request.num_computed >= known => {
                 let lag = now - request.next_deadline();
-                if lag > 0.0 && request.last_token_at.is_some() {
-                    request.late_gaps += 1;
+                if request.last_token_at.is_some() {
+                    self.counters.gaps += 1;
+                    if lag > 0.0 {
+                        request.late_gaps += 1;
+                        self.counters.late_rotation_gaps += u64::from(request.rotated_since_token);
+                    }
                 }
+                request.rotated_since_token = false;
                 request.tokens.push(token);
                 request.last_token_at = Some(now);
                 request.returned_without_token = false;

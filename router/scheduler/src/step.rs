@@ -209,6 +209,7 @@ impl Core {
         let request = self.requests.get_mut(&id).expect("preempted request exists");
         request.phase = Phase::Waiting;
         request.num_computed = 0;
+        request.rotated_since_token = true;
         self.waiting.push_front(id);
         self.counters.recomputes += 1;
         ctx.plan.preempted_for_recompute.push(id);
@@ -223,7 +224,9 @@ impl Core {
         ctx.budget.take(Direction::Out, moved * self.config.block_bytes);
         self.counters.rotations_out += 1;
         self.counters.bytes_out += moved * self.config.block_bytes;
-        self.requests.get_mut(&id).expect("rotated request exists").phase = Phase::RotatingOut;
+        let request = self.requests.get_mut(&id).expect("rotated request exists");
+        request.phase = Phase::RotatingOut;
+        request.rotated_since_token = true;
         ctx.plan.rotate_out.push(transfer);
         moved
     }

@@ -43,6 +43,9 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
         min_rotation_tokens_left: 2,
         ema_alpha: 0.2,
         late_starvation_s: 10.0,
+        // Scenarios of a few requests: rotation is allowed whatever the gaps so far (the budget
+        // has its own test).
+        rotation_late_gap_share: 1.0,
         tbt_percentile: 100.0,
     }
 }

@@ -439,3 +439,29 @@ fn priority_classes_decide_who_rotates_out_and_who_is_served_first() {
         assert_eq!(high, 8, "{policy}: every class-0 request meets its first token ({low} of class 1)");
     }
 }
+
+/// Parking spends late gaps out of a budget: `rotation_late_gap_share` of every gap produced so far.
+/// The parking scenario with a budget of 1% and 16 gaps produced parks nothing; with 2 gaps
+/// per parking allowed (share 0.5) it parks one.
+#[test]
+fn parking_is_limited_to_a_share_of_the_gaps_produced() {
+    let parks = |share: f64| {
+        let mut cfg = rotation_friendly(12);
+        cfg.tbt_percentile = 80.0;
+        cfg.rotation_late_gap_share = share;
+        let mut d = Driver::new(cfg);
+        for id in [1, 2] {
+            d.add(with_stall(with_slo(spec(id, 8, 12, 0.0), 1.0, 0.015), 0.5));
+        }
+        for _ in 0..9 {
+            d.step();
+        }
+        d.add(with_slo(spec(3, 24, 4, d.now), 0.075, 0.015));
+        let parked = !d.step().rotate_out.is_empty();
+        d.run_to_completion(400);
+        d.assert_all_free();
+        parked
+    };
+    assert!(!parks(0.01));
+    assert!(parks(0.5));
+}

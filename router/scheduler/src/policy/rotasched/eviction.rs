@@ -187,6 +187,9 @@ impl Core {
     /// late gap should the return fail, with more slack than the round trip takes (so they
     /// return on time), and not of a higher class than the requester.
     pub(super) fn rotation_victims(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<Victim> {
+        if !self.rotation_budget_left() {
+            return Vec::new();
+        }
         let requester_priority = self.requests.get(&requester).map(|r| r.priority);
         let mut victims: Vec<Victim> = self
             .eviction_candidates(ctx, requester)

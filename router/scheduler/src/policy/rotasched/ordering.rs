@@ -40,6 +40,13 @@ impl Core {
         urgent.into_iter().chain(deferred).chain(late).collect()
     }
 
+    /// Whether one more late gap from a rotation keeps them within `rotation_late_gap_share`
+    /// of every gap produced so far: parking and proactive rotation wait while it does not.
+    pub(super) fn rotation_budget_left(&self) -> bool {
+        let c = &self.counters;
+        (c.late_rotation_gaps + 1) as f64 <= self.config.rotation_late_gap_share * c.gaps as f64
+    }
+
     /// A waiting prompt close enough to its first-token deadline that waiting for blocks to
     /// free up would miss it.
     pub(super) fn needs_parking(&self, urgency: &Urgency, step_s: f64) -> bool {
@@ -57,6 +64,9 @@ impl Core {
     /// percentile of gaps); they come back with the blocks punctual requests leave, or, as
     /// their stall bound nears, as punctual requests themselves.
     pub(super) fn parking_candidates(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<u64> {
+        if !self.rotation_budget_left() {
+            return Vec::new();
+        }
         let share = self.config.tbt_late_share();
         let requester_priority = self.requests.get(&requester).map(|r| r.priority);
         let mut candidates: Vec<(i32, u32, u64, u64)> = self
