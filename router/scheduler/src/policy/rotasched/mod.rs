@@ -8,7 +8,10 @@
 //!    it (`urgency.rs`). Requests whose deadline is already lost form a *late class*, served
 //!    after every punctual one until they have starved for `late_starvation_s`; a rotated
 //!    request that missed its return is *parked* there (that gap is late anyway), so it comes
-//!    back with the blocks the punctual ones leave instead of evicting them.
+//!    back with the blocks the punctual ones leave instead of evicting them — until its return
+//!    would break its stall bound (`Slo::max_stall_s`): `STALL_RETURN_STEPS` steps before that it
+//!    is punctual again, the stall deadline its deadline. Priority classes order each class
+//!    (lower first).
 //! 3. **Step-time cap.** A step may not outlast the earliest next-token deadline of the running
 //!    decodes with no late gap left to spend (the TBT objective holds for `tbt_percentile` of a
 //!    request's gaps; `tbt_late_share` of them may be late): prefill chunks are cut to fit,
@@ -17,10 +20,15 @@
 //! 4. **Room.** When an urgent request lacks blocks, the running requests with the most slack
 //!    are evicted — rotated out within the budget, or dropped for recompute when the cost model
 //!    says that is cheaper — never one just rotated in, about to finish, unable to return
-//!    before its deadline, or without a late gap it may still risk (a return can fail under
-//!    load). A prompt about to miss its first token when nobody has slack for a round trip
-//!    parks running decodes that have late gaps to spare.
-//! 5. **Return.** Rotated requests come back a step before they are due.
+//!    before its deadline, of a higher priority class than the requester, or without a late gap
+//!    it may still risk (a return can fail under load); the lowest class goes first. A prompt
+//!    about to miss its first token when nobody has slack for a round trip parks running decodes
+//!    that have late gaps to spare and can come back within their stall bound.
+//! 5. **Return.** Rotated requests come back a step before they are due, and keep the device
+//!    until they have computed a token (no round trip that buys nothing).
+//! 6. **Budget.** Rotations may make at most `rotation_late_gap_share` of all gaps late (a
+//!    parked decode, a victim whose return failed); while that is spent, no victim is rotated
+//!    out proactively and no decode is parked, so the 99th-percentile gap stays the compute's.
 //!
 //! Under overload (no running request has slack left) it degrades to the reactive order:
 //! running requests first for blocks, evicting newer ones, so the oldest always progresses.
