@@ -33,13 +33,14 @@ class SuiteWorkload:
     rates: tuple[float, float]
 
 
+# The chat mix: ShareGPT lengths, short prompts, replies to 128 tokens, a 32-block pool.
+_CHAT = ("--lengths sharegpt --max-prompt-tokens 64 --max-total-tokens 192 --ignore-eos --device-kv-blocks 32 "
+         "--host-kv-blocks 512 --num-requests 40")
+
 SUITE = (
     SuiteWorkload("chat-bursty", "ShareGPT chat, short prompts, replies to 128 tokens, bursty arrivals",
-                  "--lengths sharegpt --max-prompt-tokens 64 --max-total-tokens 192 --arrival gamma --burstiness 0.3 "
-                  "--ignore-eos --device-kv-blocks 32 --host-kv-blocks 512 --num-requests 40", (0.5, 0.8)),
-    SuiteWorkload("chat-smooth", "the same chat mix, Poisson arrivals",
-                  "--lengths sharegpt --max-prompt-tokens 64 --max-total-tokens 192 --arrival poisson "
-                  "--ignore-eos --device-kv-blocks 32 --host-kv-blocks 512 --num-requests 40", (0.5, 0.8)),
+                  f"{_CHAT} --arrival gamma --burstiness 0.3", (0.5, 0.8)),
+    SuiteWorkload("chat-smooth", "the same chat mix, Poisson arrivals", f"{_CHAT} --arrival poisson", (0.5, 0.8)),
     SuiteWorkload("code", "code assistant: 256-token prompts, 24-token replies, bursty",
                   "--lengths fixed --prompt-tokens 256 --output-tokens 24 --arrival gamma --burstiness 0.5 "
                   "--ignore-eos --device-kv-blocks 48 --host-kv-blocks 512 --num-requests 30", (0.8, 1.2)),

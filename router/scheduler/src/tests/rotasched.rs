@@ -338,33 +338,37 @@ fn max_gap(d: &Driver, id: u64) -> f64 {
     d.token_times[&id].windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max)
 }
 
-/// A parking scenario (two decodes holding the memory, a prompt about to miss its first token,
-/// late gaps to spare) in which the decodes' stall bound decides: with the default bound
-/// (5 x 15 ms) a round trip cannot come back in time, so neither is parked and no gap breaks
-/// it; with a bound of 0.5 s one is parked for the prompt.
+/// Two decodes of 12 tokens (11 gaps, 2 of which may be late at the 80th percentile; 5 blocks
+/// each, all held after 9 steps) with the given stall bound (None: the default), then a prompt
+/// about to miss its first token. Returns whether a decode was parked for it and the decodes'
+/// longest gap.
+fn parking_scenario(stall_s: Option<f64>, rotation_late_gap_share: f64) -> (bool, f64) {
+    let mut cfg = rotation_friendly(12);
+    cfg.tbt_percentile = 80.0;
+    cfg.rotation_late_gap_share = rotation_late_gap_share;
+    let mut d = Driver::new(cfg);
+    for id in [1, 2] {
+        let slo = with_slo(spec(id, 8, 12, 0.0), 1.0, 0.015);
+        d.add(stall_s.map_or(slo.clone(), |stall| with_stall(slo, stall)));
+    }
+    for _ in 0..9 {
+        d.step();
+    }
+    d.add(with_slo(spec(3, 24, 4, d.now), 0.075, 0.015));
+    let parked = !d.step().rotate_out.is_empty();
+    d.run_to_completion(400);
+    d.assert_all_free();
+    (parked, max_gap(&d, 1).max(max_gap(&d, 2)))
+}
+
+/// The stall bound decides: with the default bound (5 x 15 ms) a round trip cannot come back in
+/// time, so neither decode is parked and no gap breaks it; with a bound of 0.5 s one is parked
+/// for the prompt.
 #[test]
 fn a_decode_is_parked_only_when_it_can_return_within_its_stall_bound() {
-    let run = |stall_s: Option<f64>| {
-        let mut cfg = rotation_friendly(12);
-        cfg.tbt_percentile = 80.0;
-        let mut d = Driver::new(cfg);
-        // 12 tokens: 11 gaps, 2 of which may be late; 5 blocks each, all held by now.
-        for id in [1, 2] {
-            let slo = with_slo(spec(id, 8, 12, 0.0), 1.0, 0.015);
-            d.add(stall_s.map_or(slo.clone(), |stall| with_stall(slo, stall)));
-        }
-        for _ in 0..9 {
-            d.step();
-        }
-        d.add(with_slo(spec(3, 24, 4, d.now), 0.075, 0.015));
-        let parked = !d.step().rotate_out.is_empty();
-        d.run_to_completion(400);
-        d.assert_all_free();
-        (parked, max_gap(&d, 1).max(max_gap(&d, 2)))
-    };
-    let (parked, gap) = run(None);
+    let (parked, gap) = parking_scenario(None, 1.0);
     assert!(!parked && gap <= 0.075 + 1e-9, "parked: {parked}, longest gap {gap} s");
-    let (parked, gap) = run(Some(0.5));
+    let (parked, gap) = parking_scenario(Some(0.5), 1.0);
     assert!(parked && gap <= 0.5, "parked: {parked}, longest gap {gap} s");
 }
 
@@ -440,28 +444,11 @@ fn priority_classes_decide_who_rotates_out_and_who_is_served_first() {
     }
 }
 
-/// Parking spends late gaps out of a budget: `rotation_late_gap_share` of every gap produced so far.
-/// The parking scenario with a budget of 1% and 16 gaps produced parks nothing; with 2 gaps
+/// Parking spends late gaps out of a budget: `rotation_late_gap_share` of every gap produced so
+/// far. The parking scenario with a budget of 1% and 16 gaps produced parks nothing; with 2 gaps
 /// per parking allowed (share 0.5) it parks one.
 #[test]
 fn parking_is_limited_to_a_share_of_the_gaps_produced() {
-    let parks = |share: f64| {
-        let mut cfg = rotation_friendly(12);
-        cfg.tbt_percentile = 80.0;
-        cfg.rotation_late_gap_share = share;
-        let mut d = Driver::new(cfg);
-        for id in [1, 2] {
-            d.add(with_stall(with_slo(spec(id, 8, 12, 0.0), 1.0, 0.015), 0.5));
-        }
-        for _ in 0..9 {
-            d.step();
-        }
-        d.add(with_slo(spec(3, 24, 4, d.now), 0.075, 0.015));
-        let parked = !d.step().rotate_out.is_empty();
-        d.run_to_completion(400);
-        d.assert_all_free();
-        parked
-    };
-    assert!(!parks(0.01));
-    assert!(parks(0.5));
+    assert!(!parking_scenario(Some(0.5), 0.01).0);
+    assert!(parking_scenario(Some(0.5), 0.5).0);
 }
