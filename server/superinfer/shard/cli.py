@@ -241,7 +241,12 @@ def run(args: argparse.Namespace) -> int:
     if shutdown.is_set():
         return 0
     if group is not None and group.rank > 0:
-        return _follow_until(executor, group, shutdown, model_thread)
+        status, followed = _follow_until(executor, group, shutdown, model_thread)
+        executor.close()
+        if not followed:  # a signal: the model thread still waits in a collective for rank 0
+            logging.shutdown()
+            os._exit(status)
+        return _leave_group(group, model_thread, status)
     from .telemetry import ShardTraces
 
     if group is not None:
@@ -250,12 +255,36 @@ def run(args: argparse.Namespace) -> int:
                          model_thread)
     log.info("ready in %.2fs", time.perf_counter() - started)
     server.serve_until(shutdown)
-    return 1 if group is not None and group.failure is not None else 0
+    if group is None:
+        return 0
+    return _leave_group(group, model_thread, 1 if group.failure is not None else 0)
 
 
-def _follow_until(executor, group, shutdown: threading.Event, model_thread) -> int:
+# How long a rank waits for the model thread to leave the group at exit.
+_LEAVE_TIMEOUT_S = 10.0
+
+
+def _leave_group(group, model_thread, status: int) -> int:
+    """Destroys this rank's process groups before the interpreter ends: gloo's worker threads
+    outliving it abort the process (SIGABRT, "terminate called without an active exception")
+    at random, so a clean stop would read as a crash. On the model thread, where every
+    collective ran; if that thread is stuck in a collective (a peer died mid-step) the process
+    ends at once with `status`, without the interpreter's teardown."""
+    left = model_thread.submit(group.close)
+    try:
+        left.result(timeout=_LEAVE_TIMEOUT_S)
+    except Exception as err:  # noqa: BLE001 - stuck or failed: either way this process ends now
+        logging.getLogger("superinfer.shard").warning("rank %d: leaving the group failed (%s); exiting",
+                                                      group.rank, err or type(err).__name__)
+        logging.shutdown()
+        os._exit(status)
+    return status
+
+
+def _follow_until(executor, group, shutdown: threading.Event, model_thread) -> tuple[int, bool]:
     """Ranks > 0: rank 0's commands run on the model thread (they block in torch.distributed,
-    where a signal cannot reach them) until rank 0 stops, a command fails, or a signal arrives."""
+    where a signal cannot reach them) until rank 0 stops, a command fails, or a signal arrives.
+    The exit status, and whether the commands ended (False: a signal came first)."""
     from .follower import follow
 
     status = []
@@ -267,4 +296,4 @@ def _follow_until(executor, group, shutdown: threading.Event, model_thread) -> i
     model_thread.submit(run_commands)
     logging.getLogger("superinfer.shard").info("rank %d of %d: following rank 0", group.rank, group.world_size)
     shutdown.wait()
-    return status[0] if status else 0
+    return (status[0], True) if status else (0, False)
