@@ -31,8 +31,14 @@ def _write_tokenizer(directory: pathlib.Path, vocab_size: int) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-_CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
-_MODEL_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# model_type -> transformers' (config class, model class) of that name prefix.
+_TRANSFORMERS_NAMES = {
+    "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe",
+    "mixtral": "Mixtral", "gemma2": "Gemma2", "gemma3_text": "Gemma3Text", "phi3": "Phi3",
+}
+_CONFIG_CLASSES = {model_type: f"{name}Config" for model_type, name in _TRANSFORMERS_NAMES.items()}
+_MODEL_CLASSES = {model_type: f"{name}ForCausalLM" for model_type, name in _TRANSFORMERS_NAMES.items()}
+_MODEL_CLASSES["gemma3_text"] = "Gemma3ForCausalLM"
 
 
 def build_tiny_model(directory: pathlib.Path, architecture: str, seed: int = 0, **overrides):

@@ -1,5 +1,6 @@
 """The typed model configuration every architecture is built from, parsed once from a Hugging
 Face `config.json` dictionary."""
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,11 @@ class ModelConfig:
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # The MLP's activation as the checkpoint names it (`hidden_act` / `hidden_activation`); each
+    # architecture says which it implements (`DecoderForCausalLM.ACTIVATIONS`).
+    activation: str = "silu"
+    # The whole `config.json`, for the fields only one architecture reads (its module parses them).
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 _SUPPORTED_ROPE = ("default", "linear", "llama3")
@@ -75,8 +81,6 @@ def _as_ids(value: Any) -> tuple[int, ...]:
 
 def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     """Reads the fields every supported decoder needs; raises ConfigError naming a missing one."""
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"unsupported activation {raw.get('hidden_act')!r}; only silu is supported")
     try:
         num_heads = int(raw["num_attention_heads"])
         hidden_size = int(raw["hidden_size"])
@@ -100,6 +104,8 @@ def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             sliding_window=raw.get("sliding_window"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_as_ids(raw.get("eos_token_id")),
+            activation=str(raw.get("hidden_act") or raw.get("hidden_activation") or "silu"),
+            raw=raw,
         )
     except KeyError as missing:
         raise ConfigError(f"model config lacks the field {missing.args[0]!r}") from None

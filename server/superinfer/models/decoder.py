@@ -116,6 +116,14 @@ class DecoderModel(nn.Module):
 class DecoderForCausalLM(nn.Module):
     """Parameter names follow the Hugging Face checkpoints, except the fused projections."""
 
+    # The MLP activations (config.json's names) this architecture implements.
+    ACTIVATIONS: tuple[str, ...] = ("silu",)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        """Raises ConfigError for a config this architecture cannot run (beyond the activation);
+        called on config.json alone, before any weight is read or fetched."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config

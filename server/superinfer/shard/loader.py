@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..models.config import ConfigError, ModelConfig, model_config_from_hf
+from ..models.config import ConfigError, ModelConfig
 from ..models.decoder import DecoderForCausalLM
-from ..models.registry import model_class
+from ..models.registry import check_config, model_class
 from ..models.tensor_parallel import (Partition, RankSlice, TensorParallelGroup, checkpoint_slice, parallelize,
                                      partition)
 from .errors import LoaderError
@@ -57,7 +57,7 @@ def read_config(directory: pathlib.Path) -> ModelConfig:
     if not path.is_file():
         raise LoaderError(f"{directory} has no config.json")
     try:
-        return model_config_from_hf(json.loads(path.read_text()))
+        return check_config(json.loads(path.read_text()))
     except json.JSONDecodeError as err:
         raise LoaderError(f"{path} is not valid JSON: {err}") from None
 
