@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use crate::grammar::UnlistedProperties;
+
 /// Which scheduling policy drives the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SchedulerKind {
@@ -131,6 +133,12 @@ pub struct RouterConfig {
     /// Refuse `grammar`, `response_format` and `tools` (422), as TGI's flag does.
     #[arg(long, env = "DISABLE_GRAMMAR_SUPPORT")]
     pub disable_grammar_support: bool,
+    /// How a JSON schema's object that lists its properties treats the others, when it says
+    /// nothing (no `additionalProperties`): `forbid` closes it, as vLLM's default backend does
+    /// (a model otherwise adds keys until its token budget ends); `allow` keeps JSON Schema's
+    /// letter. A schema's own `"additionalProperties": true` always wins.
+    #[arg(long, env = "GRAMMAR_UNLISTED_PROPERTIES", value_enum, default_value_t = UnlistedProperties::Forbid)]
+    pub grammar_unlisted_properties: UnlistedProperties,
     /// One step in flight: send step N+1 while the shard computes step N (decodes take the
     /// token N samples from the shard); stops apply one step late, the extra token is never
     /// returned. Requests with a grammar wait for each result.

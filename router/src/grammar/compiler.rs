@@ -9,12 +9,14 @@ use serde_json::Value;
 
 use super::constraint::TokenConstraint;
 use super::token_env::token_env;
+use super::unlisted::{close_listed_objects, UnlistedProperties};
 use super::{GrammarError, GrammarSpec};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Clone)]
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
+    unlisted: UnlistedProperties,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -36,7 +38,12 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new_simple(&env).map_err(|error| GrammarError::Unavailable(error.to_string()))?;
         // Compile errors reach the client; nothing goes to stderr.
         factory.quiet();
-        Ok(Self { factory: Arc::new(factory) })
+        Ok(Self { factory: Arc::new(factory), unlisted: UnlistedProperties::default() })
+    }
+
+    /// How JSON schemas' objects treat the properties they do not list (closed by default).
+    pub fn with_unlisted_properties(self, unlisted: UnlistedProperties) -> Self {
+        Self { unlisted, ..self }
     }
 
     /// Tokens the masks cover (the tokenizer's vocabulary, at most the model's).
@@ -47,7 +54,13 @@ impl GrammarCompiler {
     /// A fresh matcher for `spec`, or llguidance's reason it cannot compile.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<TokenConstraint, GrammarError> {
         let grammar = match spec {
-            GrammarSpec::JsonSchema(schema) => TopLevelGrammar::from_json_schema(compact(schema.clone())),
+            GrammarSpec::JsonSchema(schema) => {
+                let schema = match self.unlisted {
+                    UnlistedProperties::Forbid => close_listed_objects(schema.clone()),
+                    UnlistedProperties::Allow => schema.clone(),
+                };
+                TopLevelGrammar::from_json_schema(compact(schema))
+            }
             GrammarSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
         };
         let parser = self.factory.create_parser(grammar).map_err(|error| GrammarError::Compile(error.to_string()))?;

@@ -128,6 +128,28 @@ mod tests {
         assert!(matches!(constraint.advance(letter_x), Err(GrammarError::Matcher(_))));
     }
 
+    /// Whether `text` (tokenized) is a prefix the constraint accepts, token by token.
+    fn accepts(constraint: &mut TokenConstraint, text: &str) -> bool {
+        smollm2().encode(text, false).unwrap().ids.iter().all(|&id| {
+            allowed_ids(&constraint.allowed_tokens().unwrap()).contains(&id) && constraint.advance(id).is_ok()
+        })
+    }
+
+    #[test]
+    fn unlisted_properties_are_closed_unless_the_schema_or_the_server_opens_them() {
+        use crate::grammar::UnlistedProperties;
+
+        let silent = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]});
+        let open = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "additionalProperties": true});
+        let closed_by_default = smollm2_compiler();
+        let allowing = smollm2_compiler().with_unlisted_properties(UnlistedProperties::Allow);
+        let extra_key = r#"{"ok":true,"x""#;
+        assert!(!accepts(&mut closed_by_default.compile(&GrammarSpec::JsonSchema(silent.clone())).unwrap(), extra_key));
+        assert!(accepts(&mut closed_by_default.compile(&GrammarSpec::JsonSchema(silent.clone())).unwrap(), r#"{"ok":true}"#));
+        assert!(accepts(&mut closed_by_default.compile(&GrammarSpec::JsonSchema(open)).unwrap(), extra_key));
+        assert!(accepts(&mut allowing.compile(&GrammarSpec::JsonSchema(silent)).unwrap(), extra_key));
+    }
+
     #[test]
     fn compact_json_completes_at_its_last_token() {
         let tokenizer = smollm2();

@@ -4,6 +4,8 @@
 //! - `token_env`: llguidance's view of the model's tokenizer (each token's bytes, and the
 //!   router's own tokenizer for tokenizing), built once at start-up.
 //! - `compiler`: the `ParserFactory` over that view, shared by every request; compiles a spec.
+//! - `unlisted`: the server's reading of an object schema's unlisted properties (closed by
+//!   default), applied to every JSON schema before it is compiled.
 //! - `constraint`: one request's matcher: its allowed-token bitmask (the Step's
 //!   `allowed_tokens`) and its advance on every sampled token.
 //!
@@ -15,10 +17,12 @@ pub(crate) mod compiler;
 mod constraint;
 mod spec;
 mod token_env;
+mod unlisted;
 
 pub use compiler::GrammarCompiler;
 pub use constraint::{Advance, TokenConstraint};
 pub use spec::{GrammarSpec, ResponseFormat};
+pub use unlisted::UnlistedProperties;
 
 /// Why a grammar cannot be served. Each is the request's own failure (422 at validation, or
 /// the request alone fails while generating).

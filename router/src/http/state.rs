@@ -8,7 +8,7 @@ use tokio::sync::Semaphore;
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::engine::{EngineHandle, ModelInfo};
 use crate::error::HttpError;
-use crate::grammar::{GrammarCompiler, GrammarError};
+use crate::grammar::{GrammarCompiler, GrammarError, UnlistedProperties};
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidationLimits;
 
@@ -26,6 +26,7 @@ pub struct HttpConfig {
     pub max_client_batch_size: usize,
     /// Grammars (and so `response_format` and `tools`) are refused with 422.
     pub disable_grammar_support: bool,
+    pub grammar_unlisted_properties: UnlistedProperties,
     /// Request bodies larger than this are answered 413.
     pub payload_limit: usize,
     /// When set, the generation routes require `Authorization: Bearer <key>`.
@@ -56,6 +57,7 @@ impl Default for HttpConfig {
             max_total_tokens: 2048,
             max_client_batch_size: 4,
             disable_grammar_support: false,
+            grammar_unlisted_properties: UnlistedProperties::default(),
             payload_limit: 2_000_000,
             api_key: None,
             model_id: String::new(),
@@ -124,6 +126,7 @@ impl AppState {
             Err(GrammarError::Disabled)
         } else {
             GrammarCompiler::new(&info.tokenizer_json, tokenizer.clone(), &info.eos_token_ids, info.vocab_size)
+                .map(|compiler| compiler.with_unlisted_properties(config.grammar_unlisted_properties))
                 .inspect_err(|error| tracing::warn!(%error, "grammars are disabled"))
         };
         let limits = ValidationLimits {

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::{app, post, send, sse_data};
+use crate::grammar::UnlistedProperties;
 use crate::http::HttpConfig;
 
 #[tokio::test]
@@ -34,6 +35,34 @@ async fn tgi_grammars_shape_the_output_and_end_it() {
     let parsed: Value = serde_json::from_str(generated).unwrap_or_else(|error| panic!("{generated}: {error}"));
     assert!(parsed["ok"].is_boolean(), "{parsed}");
     assert_eq!(last["details"]["finish_reason"], "eos_token");
+}
+
+#[tokio::test]
+async fn a_schema_silent_on_other_properties_gets_only_those_it_lists() {
+    // Without `additionalProperties`, the object is closed (vLLM's default reading): the scripted
+    // shard, taking the lowest allowed token, cannot add keys until max_new_tokens.
+    let (app, _) = app(HttpConfig::default()).await;
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 3},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["name", "age"]});
+    let request = json!({"inputs": "x", "parameters": {"max_new_tokens": 60, "details": true,
+        "grammar": {"type": "json", "value": schema}}});
+    let (status, _, text) = send(&app, post("/generate", &request)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let generated = body["generated_text"].as_str().unwrap();
+    let parsed: Value = serde_json::from_str(generated).unwrap_or_else(|error| panic!("{generated}: {error}"));
+    let mut keys: Vec<&String> = parsed.as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["age", "name"], "{generated}");
+    assert_eq!(body["details"]["finish_reason"], "eos_token");
+
+    // JSON Schema's letter, as the server may be told to read it: the same shard keeps adding keys.
+    let allowing = HttpConfig { grammar_unlisted_properties: UnlistedProperties::Allow, ..HttpConfig::default() };
+    let (permissive, _) = super::app(allowing).await;
+    let (status, _, text) = send(&permissive, post("/generate", &request)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["details"]["finish_reason"], "length", "{body}");
 }
 
 #[tokio::test]
