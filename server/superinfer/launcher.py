@@ -64,8 +64,24 @@ def run(args: argparse.Namespace) -> int:
         restore_signal_handlers(previous_handlers)
 
 
+def check_model(config: LaunchConfig) -> None:
+    """The model's config.json judged before any shard starts (and before torch is imported):
+    an architecture the shard cannot run is refused in seconds, with the supported list, and
+    none of its weights is fetched."""
+    from superinfer.shard.errors import LoaderError
+    from superinfer.shard.hub import options_from_environment
+    from superinfer.shard.model_source import check_model as check
+
+    cache = Path(config.hub_cache) if config.hub_cache else None
+    try:
+        check(config.model, options_from_environment(os.environ, config.revision, cache))
+    except LoaderError as error:
+        raise LaunchError(str(error)) from None
+
+
 def _serve(config: LaunchConfig, supervisor: Supervisor, socket_dir: Path) -> int:
     socket_path = socket_dir / "shard.sock"
+    check_model(config)
     # Children inherit the environment; the router reads its unset flags from it.
     start_shards(config, supervisor, socket_path)
     if config.node_rank > 0:

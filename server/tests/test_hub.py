@@ -128,7 +128,8 @@ def test_progress_is_logged_as_lines(caplog):
 
 class FakeHub(BaseHTTPRequestHandler):
     """The Hub's HTTP API as huggingface_hub uses it for a snapshot: the revision's commit, the
-    file tree at that commit, and each file's metadata (HEAD) and bytes (GET)."""
+    file tree at that commit, and each file's metadata (HEAD) and bytes (GET), by commit or by
+    branch (one file alone: config.json, fetched first)."""
 
     repos: dict[str, dict[str, bytes]] = {}
     authorizations: list[str] = []
@@ -163,10 +164,15 @@ class FakeHub(BaseHTTPRequestHandler):
                     for name, data in files.items()]
             return self._send(200, json.dumps(tree).encode())
         repo_id, _, rest = path.lstrip("/").partition("/resolve/")
-        data = self.repos.get(repo_id, {}).get(rest.removeprefix(COMMIT + "/"))
+        if repo_id not in self.repos:
+            return self._send(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
+        revision, _, name = rest.partition("/")
+        if revision not in ("main", COMMIT):
+            return self._send(404, b'{"error": "Invalid rev id"}', {"X-Error-Code": "RevisionNotFound"})
+        data = self.repos[repo_id].get(name)
         if data is None:
             return self._send(404, b"{}", {"X-Error-Code": "EntryNotFound"})
-        self.served.append(rest.removeprefix(COMMIT + "/"))
+        self.served.append(name)
         headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
         return self._send(200, data, headers, "application/octet-stream")
 
@@ -219,3 +225,56 @@ def test_the_hubs_refusals_are_explained(fake_hub, tmp_path):
         resolve_model("acme/absent", tmp_path, options)
     with pytest.raises(LoaderError, match="the Hugging Face Hub has no revision 'v9' of model 'acme/tiny-llama'"):
         resolve_model("acme/tiny-llama", tmp_path, HubOptions("v9", tmp_path / "hub", endpoint=fake_hub))
+
+
+def _unsupported_repo(tiny_llama_dir) -> dict[str, bytes]:
+    files = {path.name: path.read_bytes() for path in tiny_llama_dir.iterdir()}
+    config = json.loads(files["config.json"])
+    files["config.json"] = json.dumps({**config, "model_type": "mamba", "architectures": ["MambaForCausalLM"]}).encode()
+    return files
+
+
+def test_an_unsupported_architecture_is_refused_before_any_weight_is_fetched(fake_hub, tiny_llama_dir, tmp_path):
+    FakeHub.repos["acme/tiny-mamba"] = _unsupported_repo(tiny_llama_dir)
+    options = HubOptions(cache=tmp_path / "hub", endpoint=fake_hub)
+    with pytest.raises(LoaderError) as error:
+        resolve_model("acme/tiny-mamba", tmp_path, options)
+    assert "model 'acme/tiny-mamba' cannot be served: unsupported architecture 'mamba'; supported: " in str(error.value)
+    assert "llama" in str(error.value) and "qwen2" in str(error.value)
+    assert set(FakeHub.served) == {"config.json"}
+    # Cached, the refusal needs no Hub.
+    with pytest.raises(LoaderError, match="unsupported architecture 'mamba'"):
+        resolve_model("acme/tiny-mamba", tmp_path, HubOptions(cache=tmp_path / "hub", **OFFLINE))
+
+
+def test_unsupported_activations_and_rope_scalings_are_named_with_what_is_supported(tiny_llama_dir, tmp_path):
+    config = json.loads((tiny_llama_dir / "config.json").read_text())
+    for change, message in (({"hidden_act": "relu2"}, "unsupported activation 'relu2' for llama; supported: silu"),
+                            ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
+                             "unsupported rope scaling 'yarn'; supported: ")):
+        directory = tmp_path / "-".join(change)
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(LoaderError, match=message):
+            resolve_model(str(directory), tmp_path, HubOptions(cache=tmp_path / "hub", **OFFLINE))
+
+
+def test_launch_refuses_an_unsupported_model_id_in_seconds(fake_hub, tiny_llama_dir, tmp_path):
+    # The whole command, as a user runs it, against the stand-in Hub: refused before any shard
+    # starts, with the supported list, and no weight fetched.
+    import os
+    import subprocess
+    import sys
+    import time
+
+    FakeHub.repos["acme/tiny-mamba"] = _unsupported_repo(tiny_llama_dir)
+    superinfer = pathlib.Path(sys.executable).parent / "superinfer"
+    env = {**os.environ, "HF_ENDPOINT": fake_hub, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0"}
+    started = time.monotonic()
+    done = subprocess.run([str(superinfer), "launch", "--model-id", "acme/tiny-mamba"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert "unsupported architecture 'mamba'; supported: " in done.stderr and "llama" in done.stderr
+    assert set(FakeHub.served) == {"config.json"}
+    assert elapsed < 5, f"refused after {elapsed:.1f} s"

@@ -1,6 +1,8 @@
 """Model ids on the Hugging Face Hub: found in the local hub cache, or downloaded into it with
 `huggingface_hub` (unless offline), with errors that say what to do. Owns no state; the cache
 is huggingface_hub's own, laid out as it lays it out, so other tools share it."""
+import contextlib
+import json
 import logging
 import pathlib
 import time
@@ -92,11 +94,9 @@ def _not_cached(model_id: str, options: HubOptions) -> str:
             f"which has {', '.join(revisions)}")
 
 
-def snapshot(model_id: str, options: HubOptions) -> pathlib.Path:
-    """The directory of `model_id`'s files: the cached snapshot, downloading what is missing
-    when online (huggingface_hub asks the Hub which commit the revision is and falls back to the
-    cache when the Hub cannot be reached)."""
-    from huggingface_hub import snapshot_download
+@contextlib.contextmanager
+def _explained(model_id: str, options: HubOptions, doing: str):
+    """huggingface_hub's errors as LoaderErrors that say what to do."""
     from huggingface_hub.errors import (
         GatedRepoError,
         HFValidationError,
@@ -107,16 +107,8 @@ def snapshot(model_id: str, options: HubOptions) -> pathlib.Path:
     )
 
     revision = f" (revision {options.revision!r})" if options.revision else ""
-    if not options.offline:
-        log.info("fetching model %r%s from the Hugging Face Hub into %s (files already cached are kept; "
-                 "HF_HUB_OFFLINE=1 uses the cache only)", model_id, revision, _cache_path(options))
-    started = time.perf_counter()
     try:
-        directory = snapshot_download(
-            model_id, revision=options.revision, cache_dir=options.cache, token=options.token,
-            endpoint=options.endpoint, local_files_only=options.offline, allow_patterns=list(MODEL_FILES),
-            tqdm_class=ProgressLog,
-        )
+        yield
     except GatedRepoError:
         raise LoaderError(f"model {model_id!r} is gated on the Hugging Face Hub: accept its conditions on its "
                           "page and set HF_TOKEN to a token of that account") from None
@@ -141,7 +133,40 @@ def snapshot(model_id: str, options: HubOptions) -> pathlib.Path:
         raise LoaderError(f"model {model_id!r} is not a local directory, a .gguf file or a Hugging Face model id: "
                           f"{err}") from None
     except Exception as err:  # noqa: BLE001 — HTTP errors, a full disk, ...: the shard reports them as one
-        raise LoaderError(f"downloading model {model_id!r}{revision} failed: {type(err).__name__}: {err}") from err
+        raise LoaderError(f"{doing} model {model_id!r}{revision} failed: {type(err).__name__}: {err}") from err
+
+
+def fetch_config(model_id: str, options: HubOptions) -> dict:
+    """`model_id`'s config.json alone (from the cache, else downloaded into it): what the
+    architecture check needs, before any weight is fetched."""
+    from huggingface_hub import hf_hub_download
+
+    with _explained(model_id, options, "fetching config.json of"):
+        path = hf_hub_download(model_id, "config.json", revision=options.revision, cache_dir=options.cache,
+                               token=options.token, endpoint=options.endpoint, local_files_only=options.offline)
+    try:
+        return json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise LoaderError(f"config.json of model {model_id!r} cannot be read: {err}") from None
+
+
+def snapshot(model_id: str, options: HubOptions) -> pathlib.Path:
+    """The directory of `model_id`'s files: the cached snapshot, downloading what is missing
+    when online (huggingface_hub asks the Hub which commit the revision is and falls back to the
+    cache when the Hub cannot be reached)."""
+    from huggingface_hub import snapshot_download
+
+    revision = f" (revision {options.revision!r})" if options.revision else ""
+    if not options.offline:
+        log.info("fetching model %r%s from the Hugging Face Hub into %s (files already cached are kept; "
+                 "HF_HUB_OFFLINE=1 uses the cache only)", model_id, revision, _cache_path(options))
+    started = time.perf_counter()
+    with _explained(model_id, options, "downloading"):
+        directory = snapshot_download(
+            model_id, revision=options.revision, cache_dir=options.cache, token=options.token,
+            endpoint=options.endpoint, local_files_only=options.offline, allow_patterns=list(MODEL_FILES),
+            tqdm_class=ProgressLog,
+        )
     if not options.offline:
         log.info("model %r ready in %s (%.1f s)", model_id, directory, time.perf_counter() - started)
     return pathlib.Path(directory)

