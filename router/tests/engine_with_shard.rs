@@ -109,6 +109,7 @@ fn request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest
         arrival: Instant::now(),
         span_context: SpanContext::empty_context(),
         constraint: None,
+        adapter: None,
     }
 }
 

@@ -19,6 +19,9 @@ pub struct RequestSpec {
     /// pressure higher numbers leave the device first; under overload lower numbers keep
     /// their objectives.
     pub priority: i32,
+    /// KV namespace: the LoRA adapter the request runs with (0: the base model). Cached prefix
+    /// blocks are shared only within one namespace.
+    pub kv_namespace: u64,
 }
 
 /// Where a request's KV is. Transfers in flight are phases of their own: their blocks belong
@@ -50,6 +53,7 @@ pub(crate) struct RequestState {
     pub(crate) slo: Slo,
     pub(crate) arrival: f64,
     pub(crate) priority: i32,
+    pub(crate) kv_namespace: u64,
     pub(crate) phase: Phase,
     /// Positions whose KV is (or, once planned steps finish, will be) in the request's blocks.
     pub(crate) num_computed: u32,
@@ -91,6 +95,7 @@ impl RequestState {
             slo: spec.slo.unwrap_or(default_slo),
             arrival: spec.arrival,
             priority: spec.priority,
+            kv_namespace: spec.kv_namespace,
             phase: Phase::Waiting,
             num_computed: 0,
             pending_steps: 0,

@@ -115,7 +115,7 @@ impl Core {
         if ctx.requests_left == 0 || !request.has_work() {
             return Fit::NoBudget;
         }
-        let probe = self.blocks.probe_prefix(&request.tokens);
+        let probe = self.blocks.probe_prefix(request.kv_namespace, &request.tokens);
         let bs = u64::from(self.blocks.block_size());
         let cached_tokens = u64::from(probe.hit_blocks) * bs;
         let available = ctx.tokens_left.saturating_sub(ctx.decode_reserve).min(ctx.prefill_token_cap);
@@ -131,7 +131,7 @@ impl Core {
             return Fit::NoBlocks(needed - free);
         }
         let tokens = self.requests[&id].tokens.clone();
-        let covered = self.blocks.acquire_prefix(id, &tokens);
+        let covered = self.blocks.acquire_prefix(id, self.requests[&id].kv_namespace, &tokens);
         let grown = self.blocks.grow(id, target);
         debug_assert!(grown, "admission was sized from the probe");
         self.counters.prefix_queried_tokens += tokens.len() as u64;

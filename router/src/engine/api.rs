@@ -73,6 +73,17 @@ pub struct GenerationRequest {
     /// The grammar the output must follow, fresh (no token consumed); the engine takes it and
     /// advances it with every sampled token.
     pub constraint: Option<TokenConstraint>,
+    /// The LoRA adapter the request runs with; `None`: the base model.
+    pub adapter: Option<AdapterRef>,
+}
+
+/// A LoRA adapter the shard loaded: the id requests and the shard name it by, and its KV
+/// namespace (its position in the shard's list, from 1; 0 is the base model's), which keeps
+/// prefix-cache blocks of different adapters apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterRef {
+    pub id: String,
+    pub namespace: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,6 @@
 //! Facts about the served model and its KV pools, learned from the shard at start-up
 //! (`Info` + `Warmup`); the HTTP layer builds its tokenizer and chat template from them.
+use super::api::AdapterRef;
 use crate::pb;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +22,8 @@ pub struct ModelInfo {
     pub num_device_blocks: u32,
     pub num_host_blocks: u32,
     pub world_size: u32,
+    /// The LoRA adapters the shard loaded, in its order (which numbers their KV namespaces).
+    pub adapters: Vec<String>,
 }
 
 impl ModelInfo {
@@ -42,7 +45,14 @@ impl ModelInfo {
             num_device_blocks: warmup.num_device_blocks,
             num_host_blocks: warmup.num_host_blocks,
             world_size: info.world_size.max(1),
+            adapters: info.adapters.clone(),
         }
+    }
+
+    /// The loaded adapter named `id`, if any.
+    pub fn adapter(&self, id: &str) -> Option<AdapterRef> {
+        let position = self.adapters.iter().position(|adapter| adapter == id)?;
+        Some(AdapterRef { id: id.to_string(), namespace: position as u64 + 1 })
     }
 
     /// Longest sequence (prompt + generated tokens) the device pool can hold at all.

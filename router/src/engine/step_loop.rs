@@ -271,6 +271,7 @@ impl Engine {
             slo: request.slo,
             arrival: request.arrival.saturating_duration_since(self.clock_origin).as_secs_f64(),
             priority: request.priority,
+            kv_namespace: request.adapter.as_ref().map_or(0, |adapter| adapter.namespace),
         }
     }
 

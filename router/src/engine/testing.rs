@@ -16,5 +16,6 @@ pub(crate) fn greedy_request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) ->
         arrival: Instant::now(),
         span_context: SpanContext::empty_context(),
         constraint: None,
+        adapter: None,
     }
 }

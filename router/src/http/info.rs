@@ -89,16 +89,17 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
-/// The served model, OpenAI style.
+/// The served model and its LoRA adapters, OpenAI style: a request's `model` picks one.
 #[utoipa::path(get, path = "/v1/models", tag = "OpenAI", responses((status = 200, body = ModelList)))]
 pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
-    Json(ModelList {
-        object: "list".to_string(),
-        data: vec![ModelCard {
-            id: state.model_id.clone(),
-            object: "model".to_string(),
-            created: super::openai_types::unix_now(),
-            owned_by: state.model_id.clone(),
-        }],
-    })
+    let created = super::openai_types::unix_now();
+    let card = |id: &str| ModelCard {
+        id: id.to_string(),
+        object: "model".to_string(),
+        created,
+        owned_by: state.model_id.clone(),
+    };
+    let mut data = vec![card(&state.model_id)];
+    data.extend(state.info.adapters.iter().map(|adapter| card(adapter)));
+    Json(ModelList { object: "list".to_string(), data })
 }

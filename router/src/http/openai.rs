@@ -224,6 +224,7 @@ fn prepare_chat(
     state.chat_template()?;
     let top_n_tokens = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     let mut parameters = request.sampling.to_parameters(top_n_tokens)?;
+    parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
     let tools = match tool_plan {
         Some(plan) => {
             // As TGI: the instruction and the tools follow the last message, for templates
@@ -258,7 +259,8 @@ fn prepare_completion(
         return Err(ValidationError::ClientBatchSize(limit, prompts.len()).into());
     }
     let n = choice_count(state, request.sampling.choices(), prompts.len())?;
-    let parameters = request.sampling.to_parameters(request.logprobs)?;
+    let mut parameters = request.sampling.to_parameters(request.logprobs)?;
+    parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
     // OpenAI's order: prompt by prompt, each prompt's n choices together.
     Ok(prompts
         .into_iter()

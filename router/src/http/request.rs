@@ -9,7 +9,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::state::AppState;
 use super::types::GenerateParameters;
-use crate::engine::api::{GenerationRequest, TokenConstraint};
+use crate::engine::api::{AdapterRef, GenerationRequest, TokenConstraint};
 use crate::grammar::{GrammarError, GrammarSpec};
 use crate::error::HttpError;
 use crate::trace_context;
@@ -28,6 +28,8 @@ pub(crate) struct ValidRequest {
     pub validated: Instant,
     /// The compiled grammar, fresh; each engine request gets its own copy.
     pub constraint: Option<TokenConstraint>,
+    /// The LoRA adapter asked for; `None`: the base model.
+    pub adapter: Option<AdapterRef>,
 }
 
 impl ValidRequest {
@@ -50,6 +52,7 @@ impl ValidRequest {
             arrival: self.arrival,
             span_context: trace_context::span_context(&tracing::Span::current()),
             constraint: self.constraint.clone(),
+            adapter: self.adapter.clone(),
         }
     }
 }
@@ -71,6 +74,7 @@ pub(crate) async fn validate_request(
     add_special_tokens: bool,
     arrival: Instant,
 ) -> Result<ValidRequest, HttpError> {
+    let adapter = state.adapter(parameters.adapter_id.as_deref())?;
     let parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
     if inputs.is_empty() {
@@ -101,6 +105,7 @@ pub(crate) async fn validate_request(
         arrival,
         validated: Instant::now(),
         constraint,
+        adapter,
     })
 }
 

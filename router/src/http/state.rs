@@ -6,11 +6,12 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 
 use crate::chat_template::{ChatTemplate, TemplateError};
+use crate::engine::api::AdapterRef;
 use crate::engine::{EngineHandle, ModelInfo};
 use crate::error::HttpError;
 use crate::grammar::{GrammarCompiler, GrammarError, UnlistedProperties};
 use crate::tokenizer::Tokenizer;
-use crate::validation::ValidationLimits;
+use crate::validation::{ValidationError, ValidationLimits};
 
 /// Everything the HTTP layer is configured with (parsed once by the CLI).
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +106,8 @@ pub(crate) struct AppState {
     pub model_id: String,
     /// Shard processes serving the model (its tensor-parallel degree).
     pub num_shard: u32,
+    /// The model's facts, the LoRA adapters it serves among them.
+    pub info: ModelInfo,
 }
 
 impl AppState {
@@ -152,7 +155,27 @@ impl AppState {
             limits,
             model_id,
             num_shard: info.world_size,
+            info: info.clone(),
         })
+    }
+
+    /// The adapter a request names (`adapter_id`); `None` (the base model) when it names none
+    /// or the served model itself, a 422 when it names an adapter the server did not load.
+    pub fn adapter(&self, id: Option<&str>) -> Result<Option<AdapterRef>, ValidationError> {
+        match id {
+            None | Some("") => Ok(None),
+            Some(id) if id == self.model_id => Ok(None),
+            Some(id) => self.info.adapter(id).map(Some).ok_or_else(|| {
+                let loaded = if self.info.adapters.is_empty() { "none".to_string() } else { self.info.adapters.join(", ") };
+                ValidationError::UnknownAdapter(id.to_string(), loaded)
+            }),
+        }
+    }
+
+    /// The adapter an OpenAI request's `model` selects: a loaded adapter's id selects it; any
+    /// other name (the served model's, or whatever a client library sends) is the base model.
+    pub fn adapter_for_model(&self, model: Option<&str>) -> Option<String> {
+        model.filter(|name| self.info.adapters.iter().any(|adapter| adapter == name)).map(str::to_string)
     }
 
     pub fn chat_template(&self) -> Result<&ChatTemplate, HttpError> {

@@ -63,7 +63,8 @@ pub struct GenerateParameters {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub grammar: Option<serde_json::Value>,
-    /// LoRA adapters are not supported; accepted and ignored as TGI does without adapters.
+    /// The LoRA adapter to run with (one of `--lora-adapters`); absent, empty or the served
+    /// model's id: the base model. An adapter the server did not load is a 422.
     #[serde(default)]
     pub adapter_id: Option<String>,
     #[serde(default)]

@@ -77,4 +77,7 @@ pub enum ValidationError {
     Unsupported(&'static str),
     #[error("`presence_penalty` must be >= -2.0 and <= 2.0")]
     PresencePenalty,
+    /// `adapter_id` names no adapter the server loaded (`--lora-adapters`).
+    #[error("adapter `{0}` is not loaded; loaded adapters: {1}")]
+    UnknownAdapter(String, String),
 }

@@ -11,7 +11,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "architecture", "dtype", "device_type", "block_size", "num_layers", "num_kv_heads", "head_dim", "block_bytes", "max_position_embeddings", "vocab_size", "tokenizer_json", "chat_template", "eos_token_ids", "bos_token", "eos_token", "world_size")
+    __slots__ = ("model_id", "architecture", "dtype", "device_type", "block_size", "num_layers", "num_kv_heads", "head_dim", "block_bytes", "max_position_embeddings", "vocab_size", "tokenizer_json", "chat_template", "eos_token_ids", "bos_token", "eos_token", "world_size", "adapters")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class InfoResponse(_message.Message):
     BOS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     architecture: str
     dtype: str
@@ -46,7 +47,8 @@ class InfoResponse(_message.Message):
     bos_token: str
     eos_token: str
     world_size: int
-    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_bytes: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., world_size: _Optional[int] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_bytes: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., world_size: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()
@@ -129,16 +131,18 @@ class SamplingParameters(_message.Message):
     def __init__(self, do_sample: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., top_n_tokens: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
-    __slots__ = ("id", "prompt_token_ids", "parameters", "prompt_logprobs")
+    __slots__ = ("id", "prompt_token_ids", "parameters", "prompt_logprobs", "adapter_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     id: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     parameters: SamplingParameters
     prompt_logprobs: bool
-    def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ...) -> None: ...
+    adapter_id: str
+    def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., adapter_id: _Optional[str] = ...) -> None: ...
 
 class ScheduledRequest(_message.Message):
     __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table", "sample", "allowed_tokens", "input_from_shard")

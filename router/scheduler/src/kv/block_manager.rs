@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use super::device_pool::DevicePool;
 use super::host_pool::HostPool;
-use super::prefix_hash::{extend_chain, ROOT_HASH};
+use super::prefix_hash::{chain_root, extend_chain};
 use crate::cost_model::Direction;
 
 /// Where one block-sized span of a request's KV lives.
@@ -43,8 +43,10 @@ pub(crate) struct TransferDone {
 #[derive(Debug, Default)]
 pub(super) struct Table {
     pub(super) slots: Vec<Slot>,
-    /// Prefix-hash chain of the request's full blocks computed so far.
+    /// Prefix-hash chain of the request's full blocks computed so far, from `root`.
     pub(super) hashes: Vec<u64>,
+    /// The chain's start: the request's KV namespace (`prefix_hash::chain_root`).
+    pub(super) root: u64,
 }
 
 #[derive(Debug)]
@@ -130,28 +132,29 @@ impl BlockManager {
         self.transfers.values().any(|t| t.request == id)
     }
 
-    /// How much of `tokens` the cache holds. At least one token is always left to compute (the
-    /// shard must run the last position to sample), so only full blocks of `tokens[..len-1]`
-    /// count.
-    pub(crate) fn probe_prefix(&self, tokens: &[u32]) -> PrefixProbe {
+    /// How much of `tokens` the cache holds for KV namespace `namespace` (a LoRA adapter; 0:
+    /// the base model). At least one token is always left to compute (the shard must run the
+    /// last position to sample), so only full blocks of `tokens[..len-1]` count.
+    pub(crate) fn probe_prefix(&self, namespace: u64, tokens: &[u32]) -> PrefixProbe {
         let mut probe = PrefixProbe::default();
         if !self.prefix_caching || tokens.is_empty() {
             return probe;
         }
+        let root = chain_root(namespace);
         let mut hashes = Vec::new();
-        extend_chain(&mut hashes, tokens, tokens.len() - 1, self.block_size as usize);
-        for block in self.matching_blocks(tokens, &hashes) {
+        extend_chain(&mut hashes, root, tokens, tokens.len() - 1, self.block_size as usize);
+        for block in self.matching_blocks(root, tokens, &hashes) {
             probe.hit_blocks += 1;
             probe.hits_on_free += u32::from(self.device.is_free(block));
         }
         probe
     }
 
-    fn matching_blocks(&self, tokens: &[u32], hashes: &[u64]) -> Vec<u32> {
+    fn matching_blocks(&self, root: u64, tokens: &[u32], hashes: &[u64]) -> Vec<u32> {
         let bs = self.block_size as usize;
         let mut blocks = Vec::new();
         for (i, hash) in hashes.iter().enumerate() {
-            let parent = if i == 0 { ROOT_HASH } else { hashes[i - 1] };
+            let parent = if i == 0 { root } else { hashes[i - 1] };
             match self.device.lookup(*hash, parent, &tokens[i * bs..(i + 1) * bs]) {
                 Some(block) => blocks.push(block),
                 None => break,
@@ -160,12 +163,13 @@ impl BlockManager {
         blocks
     }
 
-    /// Creates the request's table from its cached prefix; returns the tokens it covers.
-    pub(crate) fn acquire_prefix(&mut self, id: u64, tokens: &[u32]) -> u32 {
-        let mut table = Table::default();
+    /// Creates the request's table from its cached prefix in `namespace`; returns the tokens it
+    /// covers.
+    pub(crate) fn acquire_prefix(&mut self, id: u64, namespace: u64, tokens: &[u32]) -> u32 {
+        let mut table = Table { root: chain_root(namespace), ..Table::default() };
         if self.prefix_caching && !tokens.is_empty() {
-            extend_chain(&mut table.hashes, tokens, tokens.len() - 1, self.block_size as usize);
-            let hits = self.matching_blocks(tokens, &table.hashes);
+            extend_chain(&mut table.hashes, table.root, tokens, tokens.len() - 1, self.block_size as usize);
+            let hits = self.matching_blocks(table.root, tokens, &table.hashes);
             for block in &hits {
                 self.device.incref(*block);
             }
@@ -217,10 +221,10 @@ impl BlockManager {
         let bs = self.block_size as usize;
         let limit = (scheduled as usize).min(table.slots.len() * bs);
         let before = table.hashes.len();
-        extend_chain(&mut table.hashes, tokens, limit, bs);
+        extend_chain(&mut table.hashes, table.root, tokens, limit, bs);
         for i in before..table.hashes.len() {
             if let Slot::Device(block) = table.slots[i] {
-                let parent = if i == 0 { ROOT_HASH } else { table.hashes[i - 1] };
+                let parent = if i == 0 { table.root } else { table.hashes[i - 1] };
                 self.device.register(block, table.hashes[i], parent, &tokens[i * bs..(i + 1) * bs]);
             }
         }

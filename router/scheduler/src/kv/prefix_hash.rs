@@ -17,13 +17,24 @@ pub(crate) fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
     hasher.finish()
 }
 
-/// Extends `hashes` (the chain of the first `hashes.len()` full blocks of `tokens`) to cover
-/// every full block of `tokens[..limit_tokens]`.
-pub(crate) fn extend_chain(hashes: &mut Vec<u64>, tokens: &[u32], limit_tokens: usize, block_size: usize) {
+/// The chain value before the first block of KV computed in `namespace` (a LoRA adapter; 0:
+/// the base model). The same tokens give other K/V under another adapter, so chains of
+/// different namespaces never match.
+pub(crate) fn chain_root(namespace: u64) -> u64 {
+    if namespace == 0 {
+        ROOT_HASH
+    } else {
+        block_hash(ROOT_HASH, &[namespace as u32, (namespace >> 32) as u32])
+    }
+}
+
+/// Extends `hashes` (the chain from `root` of the first `hashes.len()` full blocks of
+/// `tokens`) to cover every full block of `tokens[..limit_tokens]`.
+pub(crate) fn extend_chain(hashes: &mut Vec<u64>, root: u64, tokens: &[u32], limit_tokens: usize, block_size: usize) {
     let full_blocks = limit_tokens.min(tokens.len()) / block_size;
     while hashes.len() < full_blocks {
         let index = hashes.len();
-        let parent = hashes.last().copied().unwrap_or(ROOT_HASH);
+        let parent = hashes.last().copied().unwrap_or(root);
         let block = &tokens[index * block_size..(index + 1) * block_size];
         hashes.push(block_hash(parent, block));
     }
@@ -39,14 +50,14 @@ mod tests {
         let mut b = a.clone();
         b[0] = 99;
         let (mut ha, mut hb) = (Vec::new(), Vec::new());
-        extend_chain(&mut ha, &a, 8, 4);
-        extend_chain(&mut hb, &b, 8, 4);
+        extend_chain(&mut ha, ROOT_HASH, &a, 8, 4);
+        extend_chain(&mut hb, ROOT_HASH, &b, 8, 4);
         assert_eq!(ha.len(), 2);
         // Second blocks hold the same tokens but different prefixes.
         assert_eq!(a[4..8], b[4..8]);
         assert_ne!(ha[1], hb[1]);
         let mut again = Vec::new();
-        extend_chain(&mut again, &a, 7, 4);
+        extend_chain(&mut again, ROOT_HASH, &a, 7, 4);
         assert_eq!(again, ha[..1]);
     }
 }

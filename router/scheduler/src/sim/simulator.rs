@@ -90,6 +90,7 @@ impl<'a> Simulation<'a> {
                 slo: request.slo,
                 arrival: request.arrival,
                 priority: request.priority,
+                kv_namespace: 0,
             };
             match scheduler.add(spec, self.now) {
                 Ok(()) => {

@@ -208,10 +208,10 @@ fn a_placeholder_is_never_published_to_the_prefix_cache() {
     s.add(request, 0.0).unwrap();
     let first = s.plan(0.0);
     let _second = s.plan(0.0);
-    assert_eq!(s.core.blocks.probe_prefix(&with_token).hit_blocks, 1, "only the prompt's full block");
+    assert_eq!(s.core.blocks.probe_prefix(0, &with_token).hit_blocks, 1, "only the prompt's full block");
     s.complete(&StepResults { step_id: first.step_id, sampled: vec![(1, 40)], ..StepResults::default() }, 0.01);
     // Known now: the next plan publishes it with its entry.
     let _third = s.plan(0.01);
-    assert_eq!(s.core.blocks.probe_prefix(&with_token).hit_blocks, 2);
+    assert_eq!(s.core.blocks.probe_prefix(0, &with_token).hit_blocks, 2);
     s.check_invariants().unwrap();
 }

@@ -86,6 +86,7 @@ pub(crate) fn spec(id: u64, prompt_len: u32, max_new_tokens: u32, arrival: f64) 
         slo: None,
         arrival,
         priority: 0,
+        kv_namespace: 0,
     }
 }
 

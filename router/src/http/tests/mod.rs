@@ -2,6 +2,7 @@
 //! scheduler) and a scripted shard on a unix socket that answers every request with the
 //! tokens of a fixed text. Stop sequences, cancellation, SSE shapes and concurrency limits are
 //! thereby checked deterministically; the integration tests run the same against the model.
+mod adapters;
 mod grammar;
 mod invocations;
 mod tools;

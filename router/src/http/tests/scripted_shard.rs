@@ -18,6 +18,9 @@ pub(super) const EOS: u32 = 2;
 pub(super) const SCRIPT: &str = "Hello world. Goodbye!";
 
 /// What the shard saw.
+/// The LoRA adapters the scripted shard says it loaded.
+pub(super) const ADAPTERS: [&str; 2] = ["sql-lora", "chat-lora"];
+
 #[derive(Default)]
 pub(super) struct ShardLog {
     pub new_requests: Vec<pb::NewRequest>,
@@ -151,6 +154,7 @@ impl Shard for ScriptedShard {
             bos_token: "<|im_start|>".into(),
             eos_token: "<|im_end|>".into(),
             world_size: 1,
+            adapters: ADAPTERS.iter().map(|adapter| adapter.to_string()).collect(),
         }))
     }
 
