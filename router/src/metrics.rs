@@ -28,6 +28,14 @@ pub const PREFIXES: [&str; 2] = ["superinfer", "tgi"];
 pub const TTFT_HISTOGRAM: &str = "superinfer_time_to_first_token_seconds";
 /// Time between consecutive tokens of one request (seconds).
 pub const ITL_HISTOGRAM: &str = "superinfer_inter_token_latency_seconds";
+/// vLLM's names of the request latencies (`engine::vllm_metrics`), read by routers and
+/// autoscalers written for vLLM: time to first token, between tokens (and vLLM's older name of
+/// it), arrival to last token, arrival to first step (seconds).
+pub const VLLM_TTFT_HISTOGRAM: &str = "vllm:time_to_first_token_seconds";
+pub const VLLM_ITL_HISTOGRAM: &str = "vllm:inter_token_latency_seconds";
+pub const VLLM_TPOT_HISTOGRAM: &str = "vllm:time_per_output_token_seconds";
+pub const VLLM_E2E_HISTOGRAM: &str = "vllm:e2e_request_latency_seconds";
+pub const VLLM_QUEUE_HISTOGRAM: &str = "vllm:request_queue_time_seconds";
 /// Name of the engine's histogram of token lags (production time minus deadline, seconds).
 pub const LAG_HISTOGRAM: &str = "superinfer_token_lag_seconds";
 /// Requests per step.

@@ -22,6 +22,7 @@ mod recovery;
 mod step_loop;
 mod step_request;
 mod step_trace;
+mod vllm_metrics;
 #[cfg(test)]
 mod testing;
 

@@ -9,7 +9,7 @@ use superinfer_scheduler::StepResults;
 use super::active::ActiveRequests;
 use crate::grammar::Advance;
 use super::api::{EngineError, EngineEvent, FinishReason, GeneratedToken, TokenLogprob};
-use super::metrics;
+use super::{metrics, vllm_metrics};
 use crate::pb;
 
 /// What the engine must do after a step besides informing the scheduler.
@@ -71,8 +71,15 @@ pub(crate) fn apply_step_response(
         }
         active.generated_tokens += 1;
         match active.token_times.record(now) {
-            Some(gap_s) => metrics::record_token_gap(gap_s),
-            None => metrics::record_first_token(now.saturating_duration_since(active.request.arrival)),
+            Some(gap_s) => {
+                metrics::record_token_gap(gap_s);
+                vllm_metrics::record_token_gap(gap_s);
+            }
+            None => {
+                let ttft = now.saturating_duration_since(active.request.arrival);
+                metrics::record_first_token(ttft);
+                vllm_metrics::record_first_token(ttft);
+            }
         }
         connected &= active.send(EngineEvent::Token(generated_token(sampled, is_eos, grammar_complete)));
         if let Some(reason) = active.finish_reason(is_eos, grammar_complete) {

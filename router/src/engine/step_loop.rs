@@ -25,7 +25,7 @@ use tracing::Instrument;
 
 use super::active::{ActiveRequest, ActiveRequests};
 use super::admission::{Admission, AdmissionGate};
-use super::api::{EngineError, EngineEvent, GenerationRequest};
+use super::api::{EngineError, EngineEvent, FinishReason, GenerationRequest};
 use super::constraints::allowed_tokens;
 use super::handle::{Command, EngineHandle, EngineStatus};
 use super::metrics;
@@ -33,6 +33,7 @@ use super::postprocess::apply_step_response;
 use super::recovery::{EngineTimeouts, Recovery, RecoveryTurn};
 use super::step_request::build_step_request;
 use super::step_trace::annotate_step;
+use super::vllm_metrics;
 use crate::client::{ClientError, ShardClient};
 use crate::pb;
 
@@ -68,6 +69,7 @@ pub fn spawn_engine(
     shutdown: CancellationToken,
 ) -> Result<EngineHandle, SchedulerError> {
     metrics::describe();
+    vllm_metrics::describe();
     let admission = match config.admission {
         Admission::All => None,
         Admission::Slo { slack_s } => Some(Arc::new(AdmissionGate::new(slack_s, config.scheduler.default_slo))),
@@ -206,6 +208,7 @@ impl Engine {
             Command::Cancel { id } => {
                 if self.requests.get(id).is_some() {
                     tracing::debug!(id, "request cancelled");
+                    vllm_metrics::record_aborted();
                     self.scheduler.cancel(id);
                     self.release(id);
                 }
@@ -333,11 +336,13 @@ impl Engine {
         metrics::record_step(&step.plan, step.started.elapsed(), response.timings.as_ref(), correction);
         let outcome = apply_step_response(response, &mut self.requests, &self.eos_token_ids, Instant::now());
         self.scheduler.complete(&outcome.results, self.clock());
-        for (id, _reason) in outcome.finished {
+        for (id, reason) in outcome.finished {
             self.record_attainment(id);
+            self.record_finished(id, reason);
             self.scheduler.finish(id);
             self.release(id);
         }
+        outcome.disconnected.iter().for_each(|_| vllm_metrics::record_aborted());
         for id in outcome.disconnected.into_iter().chain(outcome.failed) {
             self.scheduler.cancel(id);
             self.release(id);
@@ -406,6 +411,7 @@ impl Engine {
         }
         let stats = self.scheduler.stats();
         metrics::record_scheduler(&stats, &self.last_stats, self.requests.len());
+        vllm_metrics::record_scheduler(&stats, &self.last_stats);
         metrics::record_lags(&self.scheduler.take_lag_samples());
         self.last_stats = stats;
     }
@@ -433,6 +439,19 @@ impl Engine {
         if let Some(attainment) = active.token_times.attainment(active.request.arrival, slo, percentile) {
             metrics::record_attainment(attainment, active.request.priority);
         }
+    }
+
+    /// vLLM's per-request series for a request that generated to its end.
+    fn record_finished(&self, id: u64, reason: FinishReason) {
+        let Some(active) = self.requests.get(id) else { return };
+        let arrival = active.request.arrival;
+        vllm_metrics::record_finished(&vllm_metrics::Finished {
+            reason,
+            end_to_end: arrival.elapsed(),
+            queued: active.first_scheduled.map(|first| first.saturating_duration_since(arrival)),
+            prompt_tokens: active.request.prompt_token_ids.len() as u32,
+            generated_tokens: active.generated_tokens,
+        });
     }
 
     /// Seconds since the engine started: the scheduler's clock.

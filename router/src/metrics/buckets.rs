@@ -8,7 +8,8 @@ use metrics_exporter_prometheus::Matcher;
 
 use super::{
     BATCH_SIZE_HISTOGRAM, BATCH_TOKENS_HISTOGRAM, GRAMMAR_MASK_HISTOGRAM, GRAMMAR_STEP_MASK_HISTOGRAM, ITL_HISTOGRAM, LAG_BUCKETS, LAG_HISTOGRAM, PREFIXES,
-    TGI_BATCH_NEXT_SIZE_HISTOGRAM, TTFT_HISTOGRAM,
+    TGI_BATCH_NEXT_SIZE_HISTOGRAM, TTFT_HISTOGRAM, VLLM_E2E_HISTOGRAM, VLLM_ITL_HISTOGRAM, VLLM_QUEUE_HISTOGRAM,
+    VLLM_TPOT_HISTOGRAM, VLLM_TTFT_HISTOGRAM,
 };
 
 /// The limits the buckets are derived from; `server::start_engine` fills them from the flags
@@ -124,6 +125,12 @@ pub fn histogram_buckets(limits: &MetricLimits) -> Vec<(Matcher, Vec<f64>)> {
         // (rotated out, parked) is past any objective and lands in +Inf.
         (Matcher::Full(ITL_HISTOGRAM.into()), latency_buckets(limits.tbt_objective_s, limits.step_deadline_s)),
         (Matcher::Full(LAG_HISTOGRAM.into()), LAG_BUCKETS.to_vec()),
+        // vLLM's names of the same latencies (engine::vllm_metrics), with the same buckets.
+        (Matcher::Full(VLLM_TTFT_HISTOGRAM.into()), latency_buckets(limits.ttft_objective_s, limits.ttft_ceiling_s())),
+        (Matcher::Full(VLLM_ITL_HISTOGRAM.into()), latency_buckets(limits.tbt_objective_s, limits.step_deadline_s)),
+        (Matcher::Full(VLLM_TPOT_HISTOGRAM.into()), latency_buckets(limits.tbt_objective_s, limits.step_deadline_s)),
+        (Matcher::Full(VLLM_E2E_HISTOGRAM.into()), duration_buckets(limits.request_ceiling_s())),
+        (Matcher::Full(VLLM_QUEUE_HISTOGRAM.into()), duration_buckets(limits.request_ceiling_s())),
         (Matcher::Full(BATCH_SIZE_HISTOGRAM.into()), batch_sizes.clone()),
         (Matcher::Full(TGI_BATCH_NEXT_SIZE_HISTOGRAM.into()), batch_sizes),
         (Matcher::Full(BATCH_TOKENS_HISTOGRAM.into()), count_buckets(limits.max_batch_tokens)),
