@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from superinfer import tgi_flags
+from superinfer.models.architectures import supported_architectures
 from superinfer.shard.cli import ATTENTION_BACKENDS, DEVICE_PATTERN, DTYPES
-from superinfer.shard.config import DEFAULT_BLOCK_SIZE, parse_cpu_list, parse_cuda_graphs
+from superinfer.shard.config import DEFAULT_BLOCK_SIZE, parse_cpu_list, parse_cuda_graphs, parse_lora_adapters
 from superinfer.shard.host_memory import DEFAULT_HOST_KV_MEMORY_FRACTION
 
 
@@ -87,6 +88,9 @@ class LaunchConfig:
     cuda_graphs: str | None = None
     # CPUs the shard processes run on (split between this node's ranks); None: inherited.
     shard_cpus: tuple[int, ...] | None = None
+    # --lora-adapters for the shard, as given (its syntax checked here, the adapters by the
+    # shard); None: none.
+    lora_adapters: str | None = None
     # TGI flags given that do not apply here, one warning each.
     ignored_tgi_flags: tuple[str, ...] = ()
     # Shard processes (tensor-parallel ranks, one device each) and their rendezvous; the port
@@ -118,8 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     flag(("--model-id", "--model"), str, "model: a local directory, a .gguf file, or a Hugging Face model id (from "
          "the hub cache, else downloaded; HF_HUB_OFFLINE=1: the cache only; HF_TOKEN for private and gated "
-         "models) (default: the embedded SmolLM2-135M-Instruct)", envs=("MODEL_ID", "MODEL"), dest="model",
-         metavar="MODEL_ID")
+         "models) (default: the embedded SmolLM2-135M-Instruct). Architectures (config.json's model_type): "
+         f"{', '.join(supported_architectures())}", envs=("MODEL_ID", "MODEL"), dest="model", metavar="MODEL_ID")
     flag(("--revision",), str, "branch, tag or commit of a Hugging Face model id (default: its main branch)")
     parser.add_argument("--huggingface-hub-cache", default=None,
                         help="Hugging Face hub cache searched and downloaded into (default: the shard reads "
@@ -164,6 +168,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          "router or clients use (default: every CPU the launcher may use)")
     flag(("--warmup-report",), str, "write what the shard measured at warm-up (cost model, KV pools) to this "
          "JSON file: the simulator's measured: profile")
+    flag(("--lora-adapters",), str, "LoRA adapters served beside the model, separated by commas: id=path, or a "
+         "bare local directory or Hugging Face id (then also its id); each a PEFT LoRA adapter "
+         "(adapter_config.json, adapter_model.safetensors) on the q/k/v/o and gate/up/down projections. A request "
+         "names its adapter by its id (parameters.adapter_id on TGI's routes)")
     parser.add_argument("--json-output", action="store_true",
                         default=_bool(os.environ.get("JSON_OUTPUT", "false")),
                         help="log as JSON lines [env: JSON_OUTPUT]")
@@ -227,6 +235,7 @@ def _check_shard_values(args: argparse.Namespace) -> None:
         raise ValueError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                          f"got {args.attention_backend!r}")
     parse_cuda_graphs(args.cuda_graphs)
+    parse_lora_adapters(args.lora_adapters)
     cpus = parse_cpu_list(args.shard_cpus)
     if cpus is not None and len(cpus) < args.num_shard // args.nnodes:
         raise ValueError(f"--shard-cpus {args.shard_cpus} gives {len(cpus)} CPUs to {args.num_shard // args.nnodes} ranks")
@@ -282,6 +291,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
         shard_cpus=parse_cpu_list(args.shard_cpus),
+        lora_adapters=args.lora_adapters,
         ignored_tgi_flags=tgi_flags.warnings(args, environ),
         num_shard=args.num_shard,
         master_addr=args.master_addr,

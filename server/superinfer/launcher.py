@@ -183,6 +183,7 @@ def shard_argv(config: LaunchConfig, socket_path: Path, rank: int = 0, master_po
         "--attention-backend": config.attention_backend,
         "--cuda-graphs": config.cuda_graphs,
         "--warmup-report": config.warmup_report,
+        "--lora-adapters": config.lora_adapters,
     }
     for name, value in optional.items():
         if value is not None:

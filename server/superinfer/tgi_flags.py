@@ -57,7 +57,6 @@ IGNORED = (
     IgnoredFlag("--ngrok-edge", True, _NGROK),
     IgnoredFlag("--tokenizer-config-path", True, "the tokenizer config is read from the model's directory"),
     IgnoredFlag("--env", False, "there is no environment report", reads_variable=False),
-    IgnoredFlag("--lora-adapters", True, "LoRA adapters are not supported"),
     IgnoredFlag("--usage-stats", True, "SuperInfer sends no usage statistics"),
     IgnoredFlag("--enable-prefill-logprobs", False, "prompt logprobs (decoder_input_details) are always available"),
 )

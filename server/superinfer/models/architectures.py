@@ -20,9 +20,15 @@ class Architecture:
 
 
 ARCHITECTURES: dict[str, Architecture] = {
+    "gemma2": Architecture("gemma", "Gemma2ForCausalLM", ("gelu_pytorch_tanh",)),
+    "gemma3_text": Architecture("gemma", "Gemma3TextForCausalLM", ("gelu_pytorch_tanh",)),
     "llama": Architecture("llama", "LlamaForCausalLM"),
     "mistral": Architecture("mistral", "MistralForCausalLM"),
+    "mixtral": Architecture("mixtral", "MixtralForCausalLM"),
+    "phi3": Architecture("phi3", "Phi3ForCausalLM"),
     "qwen2": Architecture("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": Architecture("qwen3", "Qwen3ForCausalLM"),
+    "qwen3_moe": Architecture("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 
 

@@ -1,5 +1,6 @@
 """The typed model configuration every architecture is built from, parsed once from a Hugging
 Face `config.json` dictionary."""
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,12 +13,19 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float
-    # "default", "linear" or "llama3".
+    # "default", "linear", "llama3" or "longrope".
     kind: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # The leading fraction of head_dim that is rotated (Phi-4-mini: 0.75); the rest passes as is.
+    partial_rotary_factor: float = 1.0
+    # "longrope" (Phi-3): a divisor per frequency for sequences up to / longer than
+    # original_max_position_embeddings, and the multiplier of cos and sin.
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -42,13 +50,15 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     # The MLP's activation as the checkpoint names it (`hidden_act` / `hidden_activation`); each
-    # architecture says which it implements (`DecoderForCausalLM.ACTIVATIONS`).
+    # architecture says which it implements (`architectures.Architecture.activations`).
     activation: str = "silu"
     # The whole `config.json`, for the fields only one architecture reads (its module parses them).
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-_SUPPORTED_ROPE = ("default", "linear", "llama3")
+_SUPPORTED_ROPE = ("default", "linear", "llama3", "longrope")
+# Earlier names of a supported scaling: Phi-3's first checkpoints call LongRoPE "su".
+_ROPE_ALIASES = {"su": "longrope"}
 
 
 def rope_from_hf(raw: dict[str, Any]) -> RopeConfig:
@@ -57,8 +67,11 @@ def rope_from_hf(raw: dict[str, Any]) -> RopeConfig:
     if not params:
         params = {"rope_theta": raw.get("rope_theta", 10000.0), **(raw.get("rope_scaling") or {})}
     kind = params.get("rope_type", params.get("type", "default"))
+    kind = _ROPE_ALIASES.get(kind, kind)
     if kind not in _SUPPORTED_ROPE:
         raise ConfigError(f"unsupported rope scaling {kind!r}; supported: {', '.join(_SUPPORTED_ROPE)}")
+    if kind == "longrope":
+        return _longrope_from_hf(raw, params)
     return RopeConfig(
         theta=float(params.get("rope_theta", raw.get("rope_theta", 10000.0))),
         kind=kind,
@@ -68,7 +81,51 @@ def rope_from_hf(raw: dict[str, Any]) -> RopeConfig:
         original_max_position_embeddings=int(
             params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
         ),
+        partial_rotary_factor=_partial_rotary_factor(raw, params),
     )
+
+
+def _partial_rotary_factor(raw: dict[str, Any], params: dict[str, Any]) -> float:
+    return float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+
+
+def _longrope_from_hf(raw: dict[str, Any], params: dict[str, Any]) -> RopeConfig:
+    """LongRoPE as transformers reads it: a top-level `original_max_position_embeddings` (where
+    Phi-3 keeps it) wins over the one in the rope parameters; without `factor`, the context
+    extension is max / original max, and it sets the default cos/sin multiplier."""
+    max_positions = int(raw.get("max_position_embeddings", 2048))
+    original = int(raw.get("original_max_position_embeddings")
+                   or params.get("original_max_position_embeddings") or max_positions)
+    factor = float(params.get("factor") or max_positions / original)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    try:
+        short_factor = tuple(float(f) for f in params["short_factor"])
+        long_factor = tuple(float(f) for f in params["long_factor"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError("longrope scaling needs short_factor and long_factor lists of numbers") from None
+    return RopeConfig(
+        theta=float(params.get("rope_theta", raw.get("rope_theta", 10000.0))),
+        kind="longrope",
+        factor=factor,
+        original_max_position_embeddings=original,
+        partial_rotary_factor=_partial_rotary_factor(raw, params),
+        short_factor=short_factor,
+        long_factor=long_factor,
+        attention_factor=float(attention_factor),
+    )
+
+
+def _check_rope(rope: RopeConfig, head_dim: int) -> RopeConfig:
+    rotary_dim = int(head_dim * rope.partial_rotary_factor)
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ConfigError(f"partial_rotary_factor {rope.partial_rotary_factor} rotates {rotary_dim} of the "
+                          f"{head_dim} dimensions of a head; that must be a positive even number")
+    if rope.kind == "longrope" and not len(rope.short_factor) == len(rope.long_factor) == rotary_dim // 2:
+        raise ConfigError(f"longrope short_factor and long_factor must have {rotary_dim // 2} entries (half the "
+                          f"rotated dimensions), got {len(rope.short_factor)} and {len(rope.long_factor)}")
+    return rope
 
 
 def _as_ids(value: Any) -> tuple[int, ...]:
@@ -96,7 +153,7 @@ def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rope=rope_from_hf(raw),
+            rope=_check_rope(rope_from_hf(raw), head_dim),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=bool(raw.get("attention_bias", False)),
             o_proj_bias=bool(raw.get("attention_bias", False)),

@@ -25,6 +25,13 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def project(linear: nn.Module, x: torch.Tensor, lora) -> torch.Tensor:
+    """`linear(x)` plus the step's LoRA deltas when the step has adapter rows (`lora`, a
+    `models.lora.LoraBatch`; the projection is then a `LoraLinear`). Without, nothing more is
+    passed: the projection runs exactly as in a model without adapters."""
+    return linear(x) if lora is None else linear(x, lora)
+
+
 class Embedding(nn.Module):
     """nn.Embedding without initialisation (see Linear)."""
 
@@ -61,6 +68,10 @@ class Attention(nn.Module):
         self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        # Per-head norms of queries and keys over head_dim, applied before RoPE (Qwen3): an
+        # architecture that has them sets both; replicated under tensor parallelism.
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
 
     def forward(
         self,
@@ -72,11 +83,19 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; kv_cache: [N, L, 2, block_size, Hkv, D]."""
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)  # [T, H, D]
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)  # [T, Hkv, D]
+        q, k, v = project(self.qkv_proj, x, meta.lora).split(self.split, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         write_kv(kv_cache, layer, k, v.view(num_tokens, self.num_kv_heads, self.head_dim), meta)
-        return self.o_proj(paged_attention(q, kv_cache, layer, meta))
+        return project(self.o_proj, self.attend(q, kv_cache, layer, meta), meta.lora)
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, D] (rotated) -> [T, H·D]; an architecture with its own sliding window per
+        layer, softmax scale or score soft-capping overrides this (Gemma)."""
+        return paged_attention(q, kv_cache, layer, meta)
 
 
 class MLP(nn.Module):
@@ -86,12 +105,21 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, lora=None) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; `lora`: the step's adapter rows (see `project`)."""
+        gate, up = project(self.gate_up_proj, x, lora).split(self.intermediate_size, dim=-1)
+        return project(self.down_proj, self.activation(gate) * up, lora)
+
+    def activation(self, gate: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's gate activation; an architecture with another overrides this (Gemma: GeLU-tanh)."""
+        return F.silu(gate)
 
 
 class DecoderLayer(nn.Module):
+    # Whether `forward` hands the step's LoRA rows to its dense MLP (`models.lora` refuses
+    # MLP adapters on a layer whose forward of its own does not).
+    MLP_TAKES_LORA = True
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.self_attn = Attention(config)
@@ -101,7 +129,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, rope, kv_cache, layer, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, layer, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # A sparse MLP (mixture of experts) in the MLP's place takes no LoRA rows.
+        lora = meta.lora if isinstance(self.mlp, MLP) else None
+        return x + project(self.mlp, self.post_attention_layernorm(x), lora)
 
 
 class DecoderModel(nn.Module):
@@ -116,8 +146,9 @@ class DecoderModel(nn.Module):
 class DecoderForCausalLM(nn.Module):
     """Parameter names follow the Hugging Face checkpoints, except the fused projections."""
 
-    # The MLP activations (config.json's names) this architecture implements.
-    ACTIVATIONS: tuple[str, ...] = ("silu",)
+    # Sliding windows some layers attend with instead of `config.sliding_window` (Gemma's local
+    # layers): the batch builder prepares each one's attention groups once per step.
+    layer_windows: tuple[int, ...] = ()
 
     @classmethod
     def check_config(cls, config: ModelConfig) -> None:
@@ -135,7 +166,7 @@ class DecoderForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids: [T]; kv_cache: [N, L, 2, block_size, Hkv, D] -> final hidden states [T, hidden]."""
         x = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb(meta.positions, x.dtype)
+        rope = self.model.rotary_emb(meta.positions, x.dtype, meta.sequence_lengths)
         for index, layer in enumerate(self.model.layers):
             x = layer(x, rope, kv_cache, index, meta)
         return self.model.norm(x)

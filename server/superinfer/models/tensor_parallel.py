@@ -8,7 +8,8 @@ all-reduce after attention and one after the MLP). The embedding is vocab-parall
 looks up the ids in its rows, zeros elsewhere, one all-reduce): replicating it would keep the
 tied embedding of small models (a fifth of SmolLM2's weights) whole on every rank, and with a
 single non-zero term per element the sum is exact. The LM head is vocab-parallel and its
-logits are gathered on rank 0, which samples.
+logits are gathered on rank 0, which samples. A sparse MLP keeps every expert and 1/N of each
+one's inner dimension, with one all-reduce after the block (models.moe says why).
 
 KV heads are split when the ranks divide them; when the ranks are a multiple of the KV heads
 (more ranks than KV heads), each rank holds one KV head and the ranks sharing it hold copies,
@@ -24,6 +25,7 @@ from torch import nn
 
 from .config import ConfigError, ModelConfig
 from .decoder import DecoderForCausalLM, Linear
+from .moe import SparseMoeBlock, moe_config
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class Partition:
     # this rank's are [vocab_start, vocab_start + vocab_rows), those past vocab_size zero.
     vocab_start: int
     vocab_rows: int
+    # This rank's slice of every expert's inner dimension (a sparse MLP; see models.moe).
+    expert_intermediate_start: int = 0
+    expert_intermediate_size: int = 0
 
     @property
     def is_whole(self) -> bool:
@@ -63,6 +68,10 @@ def partition(config: ModelConfig, rank: int, world_size: int) -> Partition:
                           f"(the number of shards must divide them)")
     if inner % world_size:
         raise ConfigError(f"the MLP's inner dimension {inner} cannot be split over {world_size} shards")
+    experts = moe_config(config)
+    expert_inner = 0 if experts is None else experts.intermediate_size
+    if expert_inner % world_size:
+        raise ConfigError(f"each expert's inner dimension {expert_inner} cannot be split over {world_size} shards")
     local_heads = heads // world_size
     if kv_heads % world_size == 0:
         local_kv, replicas, kv_start = kv_heads // world_size, 1, rank * (kv_heads // world_size)
@@ -75,7 +84,8 @@ def partition(config: ModelConfig, rank: int, world_size: int) -> Partition:
     vocab_rows = -(-config.vocab_size // world_size)
     local_inner = inner // world_size
     return Partition(rank, world_size, rank * local_heads, local_heads, kv_start, local_kv, replicas,
-                     rank * local_inner, local_inner, rank * vocab_rows, vocab_rows)
+                     rank * local_inner, local_inner, rank * vocab_rows, vocab_rows,
+                     rank * (expert_inner // world_size), expert_inner // world_size)
 
 
 class TensorParallelGroup:
@@ -163,6 +173,9 @@ def parallelize(model: DecoderForCausalLM, part: Partition, group: TensorParalle
         attention.qkv_proj = Linear(hidden, q_size + 2 * kv_size, bias=config.qkv_bias)
         attention.o_proj = RowParallelLinear(q_size, hidden, config.o_proj_bias, group)
         mlp = layer.mlp
+        if isinstance(mlp, SparseMoeBlock):
+            mlp.parallelize(part.expert_intermediate_size, group)
+            continue
         mlp.intermediate_size = part.intermediate_size
         mlp.gate_up_proj = Linear(hidden, 2 * part.intermediate_size, bias=config.mlp_bias)
         mlp.down_proj = RowParallelLinear(part.intermediate_size, hidden, config.mlp_bias, group)
@@ -183,16 +196,54 @@ class RankSlice:
     rows: int | None = None
 
 
+@dataclass(frozen=True)
+class FusedRankSlice:
+    """Rows of a checkpoint tensor that stores several projections one after another along
+    dim 0 ([q; k; v] or [gate; up], as Phi-3's checkpoints do): the rank's slice of each part,
+    concatenated in order — the layout of the rank's own fused module."""
+
+    parts: tuple[RankSlice, ...]
+
+
+_FUSED_TENSOR = re.compile(r"^model\.layers\.\d+\.(self_attn\.qkv_proj|mlp\.gate_up_proj)\.(?:weight|bias)$")
+
+
+def _fused_slice(module: str, part: Partition, head_dim: int) -> FusedRankSlice:
+    # (offset of the part in the fused rows, the rank's start within the part, its row count)
+    if module == "mlp.gate_up_proj":
+        inner = part.intermediate_size * part.world_size
+        own = (part.intermediate_start, part.intermediate_size)
+        pieces = [(0, *own), (inner, *own)]
+    else:
+        q_rows = part.num_heads * part.world_size * head_dim
+        kv_rows = part.num_kv_heads * part.world_size // part.kv_replicas * head_dim
+        own_kv = (part.kv_head_start * head_dim, part.num_kv_heads * head_dim)
+        pieces = [(0, part.head_start * head_dim, part.num_heads * head_dim), (q_rows, *own_kv),
+                  (q_rows + kv_rows, *own_kv)]
+    return FusedRankSlice(tuple(RankSlice(0, offset + start, offset + start + size) for offset, start, size in pieces))
+
+
 _LAYER_TENSOR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.(weight|bias)$")
+_EXPERT_TENSOR = re.compile(
+    r"^model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
 
 
-def checkpoint_slice(name: str, shape: tuple[int, ...], part: Partition, head_dim: int) -> RankSlice | None:
+def checkpoint_slice(name: str, shape: tuple[int, ...], part: Partition,
+                     head_dim: int) -> RankSlice | FusedRankSlice | None:
     """The slice of checkpoint tensor `name` (of `shape`) rank `part.rank` holds; None: whole."""
     if part.is_whole:
         return None
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return RankSlice(0, min(part.vocab_start, shape[0]), min(part.vocab_start + part.vocab_rows, shape[0]),
                          part.vocab_rows)
+    expert = _EXPERT_TENSOR.match(name)
+    if expert is not None:
+        # Every expert's inner dimension, as the dense MLP's (the router: replicated).
+        start, stop = part.expert_intermediate_start, part.expert_intermediate_start + part.expert_intermediate_size
+        return RankSlice(1 if expert.group(1) in ("down_proj", "w2") else 0, start, stop)
+    fused = _FUSED_TENSOR.match(name)
+    if fused is not None:
+        return _fused_slice(fused.group(1), part, head_dim)
     match = _LAYER_TENSOR.match(name)
     if match is None:
         return None  # norms: replicated

@@ -4,7 +4,8 @@ each request's block table, with no gather into a scratch buffer — the GPU pat
 The pool is [N, L, 2, block_size, Hkv, D]; a kernel gets one layer's strided view of it, so
 token t of a request lives in block `block_table[t // block_size]` at row `t % block_size`.
 Keys are walked in tiles of KEY_TILE tokens whatever the block size (each key's block id is
-loaded from the table), with an online softmax in float32 and scale 1/sqrt(D).
+loaded from the table), with an online softmax in float32 and scale 1/sqrt(D) (or the model's,
+with the scores optionally soft-capped: Gemma 2).
 
 Both kernels fold the G query heads that share a KV head into the rows of one program, so each
 K/V tile is loaded once per KV head (grouped-query attention). When a decode batch is too small
@@ -40,14 +41,40 @@ NO_WINDOW = 1 << 30
 
 
 @triton.jit
+def _logits(dots, score_scale, cap_log2, SOFTCAP: tl.constexpr):
+    # q·k products -> softmax logits in log2 units: dots·score_scale (scale·log2 e), or with
+    # soft-capping (Gemma 2) cap·tanh(dots·score_scale)·log2 e, score_scale then scale / cap.
+    # tanh from exp2 (no libdevice under the interpreter), on |x| so exp2 never overflows.
+    if SOFTCAP:
+        x = dots * score_scale
+        decay = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))  # e^(-2|x|)
+        tanh = (1.0 - decay) / (1.0 + decay)
+        dots = tl.where(x < 0, -tanh, tanh) * cap_log2
+    else:
+        dots = dots * score_scale
+    return dots
+
+
+def _score_scales(head_dim: int, scale: float | None, softcap: float | None) -> tuple[float, float]:
+    """The kernels' (score_scale, cap_log2) for a softmax scale (None: 1/sqrt(D)) and a
+    soft-cap (None: none); see _logits."""
+    if softcap is not None:
+        return (head_dim**-0.5 if scale is None else scale) / softcap, softcap * math.log2(math.e)
+    if scale is None:
+        return math.log2(math.e) / math.sqrt(head_dim), 0.0
+    return math.log2(math.e) * scale, 0.0
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, kv_ptr, out_ptr, block_tables_ptr, context_lens_ptr, partial_ptr, lse_ptr,
     stride_q_token, stride_q_head,
     stride_kv_block, stride_kv_kind, stride_kv_slot, stride_kv_head,
     stride_out_token, stride_table,
-    scale_log2, window,
+    scale_log2, window, cap_log2,
     GROUP: tl.constexpr, BLOCK_GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, KEY_TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     # One program per (request, KV head, split of the context): its G query heads against
     # that split's keys. With one split it writes the output; with several, each writes its
@@ -80,7 +107,7 @@ def _decode_kernel(
         k = tl.load(kv_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)  # [KT, BD]
         v = tl.load(kv_ptr + stride_kv_kind + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         # One query per head: a broadcast product, not tl.dot (whose tiles need >= 16 rows).
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale_log2  # [BG, KT], log2 units
+        scores = _logits(tl.sum(q[:, None, :] * k[None, :, :], axis=2), scale_log2, cap_log2, SOFTCAP)  # [BG, KT]
         scores = tl.where(key_ok[None, :], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         probs = tl.exp2(scores - new_max[:, None])
@@ -129,9 +156,9 @@ def _prefill_kernel(
     stride_q_token, stride_q_head,
     stride_kv_block, stride_kv_kind, stride_kv_slot, stride_kv_head,
     stride_out_token, stride_table,
-    scale_log2, window,
+    scale_log2, window, cap_log2,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    QUERY_TILE: tl.constexpr, KEY_TILE: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    QUERY_TILE: tl.constexpr, KEY_TILE: tl.constexpr, UPCAST_DOT: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     # One program per (request, KV head, tile of QUERY_TILE rows); row r is query token
     # r // G of the chunk under query head kv_head·G + r % G, so K/V tiles serve all G heads.
@@ -174,7 +201,7 @@ def _prefill_kernel(
             scores = tl.dot(q, tl.trans(k))
         causal = (keys[None, :] <= query_pos[:, None]) & (keys[None, :] > query_pos[:, None] - window)
         visible = key_ok[None, :] & causal
-        scores = tl.where(visible, scores * scale_log2, float("-inf"))
+        scores = tl.where(visible, _logits(scores, scale_log2, cap_log2, SOFTCAP), float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         probs = tl.exp2(scores - new_max[:, None])
         rescale = tl.exp2(row_max - new_max)
@@ -221,11 +248,13 @@ def decode_splits(batch: int, num_kv_heads: int, max_context_len: int) -> int:
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, out: torch.Tensor, window: int = NO_WINDOW,
-                     num_splits: int = 1) -> None:
+                     num_splits: int = 1, scale: float | None = None, softcap: float | None = None) -> None:
     """One query per request: q [B, H, D]; block_tables [B, W] (padded with any valid block);
     context_lens [B] (keys per request, its own token included); out [B, H·D] is written.
-    num_splits > 1 cuts each context into that many parts run in parallel, then combined."""
+    num_splits > 1 cuts each context into that many parts run in parallel, then combined.
+    scale: the softmax scale (None: 1/sqrt(D)); softcap: scores capped by softcap·tanh(s / softcap)."""
     batch, num_heads, head_dim = q.shape
+    score_scale, cap_log2 = _score_scales(head_dim, scale, softcap)
     layer_pool = kv_cache[:, layer]  # [N, 2, block_size, Hkv, D], strided
     num_kv_heads = layer_pool.shape[3]
     group = num_heads // num_kv_heads
@@ -239,9 +268,10 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, layer_pool, out, block_tables, context_lens, partial, lse,
         q.stride(0), q.stride(1), *layer_pool.stride()[:4], out.stride(0), block_tables.stride(0),
-        math.log2(math.e) / math.sqrt(head_dim), window,
+        score_scale, window, cap_log2,
         GROUP=group, BLOCK_GROUP=block_group, BLOCK_SIZE=layer_pool.shape[2],
         HEAD_DIM=head_dim, BLOCK_D=block_d, KEY_TILE=decode_tile, NUM_SPLITS=num_splits,
+        SOFTCAP=softcap is not None,
     )
     if num_splits > 1:
         _combine_splits_kernel[(batch, num_heads)](
@@ -253,12 +283,15 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_
 
 def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor,
                       context_lens: torch.Tensor, query_starts: torch.Tensor, max_query_len: int,
-                      out: torch.Tensor, window: int = NO_WINDOW) -> None:
+                      out: torch.Tensor, window: int = NO_WINDOW, scale: float | None = None,
+                      softcap: float | None = None) -> None:
     """Chunks of new tokens: request b's queries are rows [query_starts[b], query_starts[b+1])
     of q [T, H, D], at positions [context_lens[b] - its length, context_lens[b]), their K/V
     already in the cache; each attends causally to its context. max_query_len bounds the grid
-    (a host-side number the batch builder knows). out [T, H·D] is written."""
+    (a host-side number the batch builder knows). out [T, H·D] is written. scale, softcap: as
+    `decode_attention`'s."""
     num_heads, head_dim = q.shape[1], q.shape[2]
+    score_scale, cap_log2 = _score_scales(head_dim, scale, softcap)
     layer_pool = kv_cache[:, layer]
     num_kv_heads = layer_pool.shape[3]
     group = num_heads // num_kv_heads
@@ -267,27 +300,31 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block
     _prefill_kernel[grid](
         q, layer_pool, out, block_tables, context_lens, query_starts,
         q.stride(0), q.stride(1), *layer_pool.stride()[:4], out.stride(0), block_tables.stride(0),
-        math.log2(math.e) / math.sqrt(head_dim), window,
+        score_scale, window, cap_log2,
         GROUP=group, BLOCK_SIZE=layer_pool.shape[2], HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), QUERY_TILE=query_tile, KEY_TILE=KEY_TILE,
         UPCAST_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and INTERPRETED),
+        SOFTCAP=softcap is not None,
     )
 
 
-def kernel_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> torch.Tensor:
-    """q: [T, H, D] (rotated) -> [T, H·D]: `paged_attention`'s contract on the Triton kernels."""
+def kernel_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata,
+                     layer_window: int | None = None, scale: float | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
+    """q: [T, H, D] (rotated) -> [T, H·D]: `paged_attention`'s contract on the Triton kernels
+    (a layer's own window replaces the groups')."""
     num_tokens, num_heads, head_dim = q.shape
     out = q.new_empty(num_tokens, num_heads * head_dim)
     for group in meta.kernel_groups:
         _check(q, kv_cache, group)
         rows = slice(group.row_start, group.row_start + group.num_rows)
-        window = NO_WINDOW if group.sliding_window is None else group.sliding_window
+        window = layer_window or (NO_WINDOW if group.sliding_window is None else group.sliding_window)
         if group.max_query_len == 1:
             # A sliding window bounds the keys a query visits, so the split count too.
             splits = decode_splits(group.num_rows, kv_cache.shape[4], min(group.max_context_len, window))
             decode_attention(q[rows], kv_cache, layer, group.block_tables, group.context_lens, out[rows],
-                             window, splits)
+                             window, splits, scale, softcap)
         else:
             prefill_attention(q[rows], kv_cache, layer, group.block_tables, group.context_lens,
-                              group.query_starts, group.max_query_len, out[rows], window)
+                              group.query_starts, group.max_query_len, out[rows], window, scale, softcap)
     return out

@@ -6,7 +6,7 @@ Flat order: every prefill chunk (more than one token) first, then every decode; 
 rows are contiguous. `ChunkRows` maps each chunk, in the caller's order, back to its rows."""
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,6 +22,8 @@ class Chunk:
     start: int
     # The request's device blocks in position order (at least the ones this chunk reaches).
     block_table: list[int]
+    # The LoRA adapter slot its rows run with (`models.lora`); 0: the base model.
+    adapter: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class BatchLayout:
     sliding_window: int | None = None
     # "sdpa": gather + SDPA (the CPU's path); "triton": the paged kernels read the cache in place.
     attention_backend: str = "sdpa"
+    # Sliding windows some layers use instead of `sliding_window` (Gemma's local layers next to
+    # global ones): on the SDPA backend each gets groups of its own (`AttentionMetadata.window_groups`).
+    layer_windows: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -165,6 +170,9 @@ def _decode_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device
 
 
 def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
+    if layout.layer_windows and layout.attention_backend == "sdpa":
+        batch = build_batch(chunks, replace(layout, layer_windows=()), device)
+        return _with_window_groups(batch, chunks, layout, device)
     if layout.attention_backend == "sdpa" and chunks and all(len(c.token_ids) == 1 for c in chunks):
         return _decode_batch(chunks, layout, device)
     return general_batch(chunks, layout, device)
@@ -186,6 +194,7 @@ def general_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device
     # positions[t] = start of its chunk + index within the chunk.  [T]
     chunk_of_row = torch.repeat_interleave(torch.arange(len(ordered)), lengths)
     positions = starts[chunk_of_row] + torch.arange(int(lengths.sum())) - offsets[chunk_of_row]
+    sequence_lengths = (starts + lengths)[chunk_of_row]  # [T]
     block_size = layout.block_size
     widest = int(((starts + lengths).max() + block_size - 1) // block_size)
     all_tables = _padded([c.block_table for c in ordered], widest)
@@ -200,7 +209,7 @@ def general_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device
             kernel_groups.append(_kernel_group(decodes, len(input_ids) - len(decode), layout, device))
         meta = AttentionMetadata(
             positions=to(positions), slot_blocks=to(slot_blocks), slot_offsets=to(positions % block_size),
-            groups=(), kernel_groups=tuple(kernel_groups),
+            groups=(), kernel_groups=tuple(kernel_groups), sequence_lengths=to(sequence_lengths),
         )
         return StepBatch(to(input_ids), meta, first_rows)
     groups = []
@@ -220,5 +229,69 @@ def general_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device
             )
             for g in groups
         ),
+        sequence_lengths=to(sequence_lengths),
     )
     return StepBatch(to(input_ids), meta, first_rows)
+
+
+def _window_rows(chunks: list[Chunk], layout: BatchLayout, window: int):
+    """The keys a sliding window reaches, per request: key j of request b is position
+    first_keys[b] + j, so the gather skips everything further back. Returns the key positions
+    [B, S] and their cache rows [B, 2, Hkv, S] (layer 0, as `_context_rows`); keys past a
+    request's context read its last key (finite) and are masked."""
+    block_size, num_kv_heads = layout.block_size, layout.num_kv_heads
+    starts = torch.tensor([c.start for c in chunks], dtype=torch.int64)
+    context = starts + torch.tensor([len(c.token_ids) for c in chunks], dtype=torch.int64)
+    first_keys = (starts - window + 1).clamp(min=0)  # the oldest key the chunk's first query sees
+    keys = int((context - first_keys).max())
+    key_pos = first_keys[:, None] + torch.arange(keys)[None, :]  # [B, S]
+    stored = torch.minimum(key_pos, (context - 1)[:, None])
+    tables = _padded([c.block_table for c in chunks], int(-(-int(context.max()) // block_size)))
+    per_block = layout.num_layers * 2 * block_size * num_kv_heads
+    token_rows = tables.gather(1, stored // block_size) * per_block + (stored % block_size) * num_kv_heads
+    kv_offset = torch.arange(2)[None, :, None, None] * (block_size * num_kv_heads)
+    head_offset = torch.arange(num_kv_heads)[None, None, :, None]
+    return key_pos, token_rows[:, None, None, :] + kv_offset + head_offset
+
+
+def _window_group(chunks: list[Chunk], row_start: int, layout: BatchLayout, window: int, decode: bool,
+                  device: torch.device) -> AttentionGroup:
+    """`_group` for a layer with its own sliding window, over only the keys it reaches."""
+    lengths = torch.tensor([len(c.token_ids) for c in chunks], dtype=torch.int64)
+    starts = torch.tensor([c.start for c in chunks], dtype=torch.int64)
+    key_pos, context_rows = _window_rows(chunks, layout, window)
+    queries = int(lengths.max())
+    q_index = torch.arange(queries)[None, :]
+    # Padded queries are clamped to the last real one so no row is empty.
+    query_pos = (starts[:, None] + torch.minimum(q_index, (lengths - 1)[:, None]))[:, :, None]  # [B, Q, 1]
+    allowed = (key_pos[:, None, :] <= query_pos) & (key_pos[:, None, :] > query_pos - window)  # [B, Q, S]
+    to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+    buffer = torch.empty((*context_rows.shape, layout.head_dim), dtype=layout.dtype, device=device)
+    num_rows = int(lengths.sum())
+    if decode:
+        # [B, 1, 1, S] serves the G query heads alike; none when every request sees all its keys.
+        mask = None if bool(allowed.all()) else allowed[:, None]
+        return AttentionGroup(row_start, num_rows, to(context_rows), to(mask), context_buffer=buffer)
+    mask = allowed[:, None].repeat(1, 1, layout.query_groups, 1)  # [B, 1, G·Q, S]
+    offsets = torch.cumsum(lengths, 0) - lengths
+    query_rows = row_start + offsets[:, None] + torch.minimum(q_index, (lengths - 1)[:, None])
+    real_queries = (torch.arange(len(chunks))[:, None] * queries + q_index)[q_index < lengths[:, None]]
+    return AttentionGroup(row_start, num_rows, to(context_rows), to(mask), context_buffer=buffer,
+                          query_rows=to(query_rows), real_queries=to(real_queries))
+
+
+def _with_window_groups(batch: StepBatch, chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
+    """`batch` plus the groups of each of the layout's layer windows, over the same rows as its
+    own groups (every prefill chunk first, then every decode)."""
+    prefill = [c for c in chunks if len(c.token_ids) > 1]
+    decode = [c for c in chunks if len(c.token_ids) == 1]
+    decode_start = sum(len(c.token_ids) for c in chunks) - len(decode)
+    window_groups = []
+    for window in layout.layer_windows:
+        groups = []
+        if prefill:
+            groups.append(_window_group(prefill, 0, layout, window, False, device))
+        if decode:
+            groups.append(_window_group(decode, decode_start, layout, window, True, device))
+        window_groups.append((window, tuple(groups)))
+    return replace(batch, meta=replace(batch.meta, window_groups=tuple(window_groups)))

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 
+from ..models.architectures import supported_architectures
 from .config import DEFAULT_BLOCK_SIZE
 from .host_memory import DEFAULT_HOST_KV_MEMORY_FRACTION
 
@@ -23,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="unix socket to listen on (rank 0; the other ranks of a tensor-parallel shard serve none)")
     parser.add_argument("--model", default="default",
                         help='"default" (embedded SmolLM2-135M-Instruct), a local HF directory, a .gguf file, '
-                        "or a Hugging Face model id (from the hub cache, else downloaded)")
+                        "or a Hugging Face model id (from the hub cache, else downloaded). Architectures: "
+                        f"{', '.join(supported_architectures())}")
     parser.add_argument("--revision", default=None,
                         help="branch, tag or commit of a Hugging Face model id (default: its main branch)")
     parser.add_argument("--huggingface-hub-cache", "--hf-cache-dir", type=pathlib.Path, default=None,
@@ -66,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-report", type=pathlib.Path, default=None,
                         help="write what warm-up measured (cost model, KV pools and geometry) to this JSON file, "
                         "the simulator's `measured:` profile")
+    parser.add_argument("--lora-adapters", default=os.environ.get("LORA_ADAPTERS") or None,
+                        help="LoRA adapters served beside the model, separated by commas: id=path or a bare path "
+                        "or Hugging Face id (its own id), each a PEFT adapter (adapter_config.json, "
+                        "adapter_model.safetensors) targeting q/k/v/o and gate/up/down projections; a request "
+                        "names one by its id [env: LORA_ADAPTERS]")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--otlp-endpoint", default=os.environ.get("OTLP_ENDPOINT") or None,
                         help="OpenTelemetry collector (OTLP/gRPC) for the shard's spans, e.g. http://localhost:4317; "
@@ -102,7 +109,7 @@ def cache_dir(arg: pathlib.Path | None) -> pathlib.Path:
 def shard_config(args: argparse.Namespace):
     import torch
 
-    from .config import ParallelConfig, ShardConfig, parse_cuda_graphs
+    from .config import ParallelConfig, ShardConfig, parse_cuda_graphs, parse_lora_adapters
     from .device import resolve_device
     from .hub import options_from_environment
 
@@ -124,6 +131,7 @@ def shard_config(args: argparse.Namespace):
         warmup_report=args.warmup_report, parallel=parallel,
         attention_backend=attention_backend(args.attention_backend),
         cuda_graphs=parse_cuda_graphs(args.cuda_graphs),
+        lora_adapters=parse_lora_adapters(args.lora_adapters),
     )
 
 
@@ -137,6 +145,10 @@ def build_executor(config, group=None):
 
     source = resolve_model(config.model, config.cache_dir, config.hub)
     loaded = load_model(source, config.dtype, config.device, None if group is None else group.tensor_parallel)
+    if config.lora_adapters:
+        from .lora import load_adapters
+
+        loaded = load_adapters(loaded, config.lora_adapters, config.hub)
     runner = ModelRunner(loaded, config.device, config.dtype, config.block_size, config.attention_backend)
     return ShardExecutor(runner, with_host_pool_size(config, runner.geometry.block_bytes, group), group)
 
@@ -203,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)) or 1)
     torch.set_num_interop_threads(1)
     from .device import DeviceError
-    from .errors import LoaderError
+    from .errors import LoaderError, LoraError
     from .server import ShardServer
 
     try:
@@ -230,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
         executor = model_thread.run(build_executor, config, group)
         if group is not None:
             model_thread.run(group.wait_for_all)  # rank 0 answers Health only once every rank has its weights
+    except LoraError as err:
+        log.error("cannot serve the LoRA adapters: %s", err)
+        return 1
     except LoaderError as err:
         log.error("cannot load the model: %s", err)
         return 1

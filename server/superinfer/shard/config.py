@@ -51,6 +51,36 @@ def parse_cpu_list(text: str | None) -> tuple[int, ...] | None:
 
 
 @dataclass(frozen=True)
+class LoraAdapterSpec:
+    """One adapter of `--lora-adapters`: the id requests name it by, and where it is."""
+
+    adapter_id: str
+    # A local directory in PEFT's format (adapter_config.json, adapter_model.safetensors) or a
+    # Hugging Face model id.
+    source: str
+
+
+def parse_lora_adapters(text: str | None) -> tuple[LoraAdapterSpec, ...]:
+    """TGI's --lora-adapters: entries separated by commas, each `id=path` or a bare path or
+    hub id (then also its id); None or "": none."""
+    if text is None or not text.strip():
+        return ()
+    specs: list[LoraAdapterSpec] = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        adapter_id, separator, source = (part.strip() for part in entry.partition("="))
+        if not separator:
+            source = adapter_id
+        if not adapter_id or not source:
+            raise ValueError(f"--lora-adapters entries are id=path or a path, got {entry!r}")
+        if any(spec.adapter_id == adapter_id for spec in specs):
+            raise ValueError(f"--lora-adapters names the adapter id {adapter_id!r} twice")
+        specs.append(LoraAdapterSpec(adapter_id, source))
+    return tuple(specs)
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     """This process's place in a tensor-parallel shard (`--num-shard`); one rank: none."""
 
@@ -100,6 +130,9 @@ class ShardConfig:
     # Batch sizes of the decode CUDA graphs (`--cuda-graphs`, TGI's flag); None: 1, 2, 4 and
     # multiples of 8 up to the step's request limit; (): none. GPU only.
     cuda_graphs: tuple[int, ...] | None = None
+    # LoRA adapters served beside the base model (`--lora-adapters`), in slot order: slot k + 1
+    # is the k-th (slot 0 is the base model).
+    lora_adapters: tuple[LoraAdapterSpec, ...] = ()
 
 
 DEFAULT_CPU_KV_BLOCKS = 512

@@ -5,6 +5,11 @@ class LoaderError(RuntimeError):
     """The model could not be found or read (missing, corrupt or unsupported files)."""
 
 
+class LoraError(LoaderError):
+    """A LoRA adapter (`--lora-adapters`) cannot be served with this model; the message names
+    the adapter and says why."""
+
+
 class PlanError(ValueError):
     """A Step plan failed validation; it is rejected whole (INVALID_ARGUMENT) and no state changed."""
 

@@ -110,6 +110,7 @@ class ShardExecutor:
             bos_token=tokenizer.bos_token,
             eos_token=tokenizer.eos_token,
             world_size=self.world_size,
+            adapters=list(self.runner.loaded.adapters),
         )
 
     @property
@@ -174,7 +175,8 @@ class ShardExecutor:
             cache, step, transfer = self.warm_up(max_tokens, max_requests)
         model_config = self.runner.config
         self.limits = PlanLimits(cache.num_device_blocks, cache.num_host_blocks, self.runner.block_size,
-                                 model_config.vocab_size, model_config.max_position_embeddings)
+                                 model_config.vocab_size, model_config.max_position_embeddings,
+                                 adapters=self.runner.loaded.adapters)
         self._warmup_reply = shard_pb2.WarmupResponse(
             num_device_blocks=cache.num_device_blocks,
             num_host_blocks=cache.num_host_blocks,
@@ -405,7 +407,7 @@ class ShardExecutor:
                 tokens = [*tokens[:-1], 0]
             if PENDING_TOKEN in tokens:
                 raise RuntimeError(f"request {work.request_id}: a token still on the device is not the chunk's last input")
-            chunks.append(Chunk(tokens, work.start, list(work.block_table)))
+            chunks.append(Chunk(tokens, work.start, list(work.block_table), adapter=state.adapter))
             needed = []
             if state.prompt_logprobs and work.start + 1 < state.prompt_len:
                 needed.extend(range(min(end + 1, state.prompt_len) - work.start - 1))

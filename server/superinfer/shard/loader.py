@@ -2,12 +2,13 @@
 registry, weights from safetensors (with the renames our fused modules need), tokenizer info.
 
 Checkpoint names map onto the modules one to one except: q/k/v projections are concatenated
-into `qkv_proj`, gate/up into `gate_up_proj`, a tied `lm_head.weight` is skipped and stale
-rotary buffers are ignored.
+into `qkv_proj`, gate/up into `gate_up_proj`, a sparse MLP's per-expert tensors are stacked
+(`_EXPERT_PART`; Mixtral's `block_sparse_moe` becomes `mlp`), a tied `lm_head.weight` is skipped and stale rotary buffers are ignored.
 
 Under tensor parallelism each rank reads only its slice of every sharded tensor
 (`models.tensor_parallel.checkpoint_slice`) straight from the files, so its resident weights
-are about 1/N of the model's."""
+are about 1/N of the model's. Checkpoints that store the projections already fused (Phi-3's
+`qkv_proj`, `gate_up_proj`) are taken as they are; a rank reads its rows of each fused part."""
 import json
 import logging
 import pathlib
@@ -20,9 +21,10 @@ from safetensors import SafetensorError, safe_open
 
 from ..models.config import ConfigError, ModelConfig
 from ..models.decoder import DecoderForCausalLM
+from ..models.moe import moe_config
 from ..models.registry import check_config, model_class
-from ..models.tensor_parallel import (Partition, RankSlice, TensorParallelGroup, checkpoint_slice, parallelize,
-                                     partition)
+from ..models.tensor_parallel import (FusedRankSlice, Partition, RankSlice, TensorParallelGroup, checkpoint_slice,
+                                     parallelize, partition)
 from .errors import LoaderError
 from .model_source import ModelSource
 from .progress import PROGRESS_INTERVAL_S, ProgressLog
@@ -40,6 +42,17 @@ _FUSED_PARTS = {
 }
 _FUSED_COUNT = {"self_attn.qkv_proj": 3, "mlp.gate_up_proj": 2}
 _LAYER_PART = re.compile(r"^(model\.layers\.\d+)\.(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.(weight|bias)$")
+# A sparse MLP's experts, one tensor per expert in the checkpoints (Qwen3-MoE's names; Mixtral's
+# original w1/w3/w2 under block_sparse_moe), stacked into mlp.experts.gate_up_proj [E, 2I, H]
+# (gate then up rows per expert) and mlp.experts.down_proj [E, H, I].
+_EXPERT_PART = re.compile(
+    r"^(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+# checkpoint name -> (stacked parameter, position of this part within an expert's rows)
+_EXPERT_PARTS = {"gate_proj": ("gate_up_proj", 0), "w1": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+                 "w3": ("gate_up_proj", 1), "down_proj": ("down_proj", 0), "w2": ("down_proj", 0)}
+_EXPERT_WIDTH = {"gate_up_proj": 2, "down_proj": 1}
+# Mixtral's router, `mlp.gate` here as in Qwen3-MoE.
+_MIXTRAL_ROUTER = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.gate\.weight$")
 
 
 @dataclass
@@ -50,6 +63,8 @@ class LoadedModel:
     tokenizer: TokenizerInfo
     # What this rank holds of the model (the whole of it without tensor parallelism).
     partition: Partition | None = None
+    # The LoRA adapters installed on the model (`shard.lora`), by id: adapters[k] is slot k + 1.
+    adapters: tuple[str, ...] = ()
 
 
 def read_config(directory: pathlib.Path) -> ModelConfig:
@@ -96,6 +111,8 @@ def _read_slice(handle, name: str, part: Partition | None, head_dim: int) -> tor
     piece = checkpoint_slice(name, tuple(lazy.get_shape()), part, head_dim)
     if piece is None:
         return handle.get_tensor(name)
+    if isinstance(piece, FusedRankSlice):
+        return torch.cat([lazy[rows.start : rows.stop] for rows in piece.parts], dim=0)
     index = (slice(None),) * piece.dim + (slice(piece.start, piece.stop),)
     return _pad(lazy[index], piece)
 
@@ -136,12 +153,19 @@ class _StateBuilder:
         self.dtype = dtype
         self.state: dict[str, torch.Tensor] = {}
         self.parts: dict[str, dict[int, torch.Tensor]] = {}
+        experts = moe_config(config)
+        self.num_experts = 0 if experts is None else experts.num_experts
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         if name.endswith("rotary_emb.inv_freq"):
             return  # derived, recomputed by the model
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             return
+        expert = _EXPERT_PART.match(name)
+        if expert is not None and int(expert.group(2)) < self.num_experts:
+            self._add_expert(*expert.groups(), tensor)
+            return
+        name = _MIXTRAL_ROUTER.sub(r"\1.mlp.gate.weight", name)
         match = _LAYER_PART.match(name)
         if match is None:
             self.state[name] = _aligned(tensor.to(self.dtype))
@@ -153,6 +177,17 @@ class _StateBuilder:
         pieces[position] = tensor.to(self.dtype)
         if len(pieces) == _FUSED_COUNT[fused]:
             self.state[key] = torch.cat([pieces[i] for i in range(len(pieces))], dim=0)
+            del self.parts[key]
+
+    def _add_expert(self, prefix: str, expert: str, part: str, tensor: torch.Tensor) -> None:
+        stacked, position = _EXPERT_PARTS[part]
+        width = _EXPERT_WIDTH[stacked]
+        key = f"{prefix}.mlp.experts.{stacked}"
+        pieces = self.parts.setdefault(key, {})
+        pieces[int(expert) * width + position] = tensor.to(self.dtype)
+        if len(pieces) == width * self.num_experts:
+            rows = [torch.cat([pieces[e * width + p] for p in range(width)]) for e in range(self.num_experts)]
+            self.state[key] = torch.stack(rows)  # [E, 2I, H] or [E, H, I]
             del self.parts[key]
 
     def finish(self) -> dict[str, torch.Tensor]:

@@ -1,8 +1,11 @@
 """Runs the model: one forward pass per step over a mix of prefill chunks and decodes,
 reading and writing K/V through the paged cache. Owns the model and (after Warmup) the cache."""
+from dataclasses import replace
+
 import torch
 
 from ..models.config import ModelConfig
+from ..models.lora import lora_batch
 from .batch import BatchLayout, Chunk, StepBatch, build_batch
 from .decode_graphs import DecodeGraphs, feed_inputs
 from .kv_cache import KVCache, KVGeometry
@@ -32,6 +35,7 @@ class ModelRunner:
             config.head_dim, dtype, config.sliding_window,
             # None: the Triton kernels on a GPU, gather + SDPA on the CPU.
             attention_backend or ("triton" if device.type == "cuda" else "sdpa"),
+            self.model.layer_windows,
         )
 
     @property
@@ -64,9 +68,14 @@ class ModelRunner:
         a device tensor of token ids, its rows) — those chunks' last input is taken from the
         tensor (a token sampled on the device by the step before), not from the chunk."""
         kv = cache if cache is not None else self._device_cache()
-        if cache is None and self.graphs is not None and self.graphs.fits(chunks):
+        # Steps with LoRA rows run eagerly: the decode graphs are captured without adapters.
+        adapted = bool(self.loaded.adapters) and any(chunk.adapter for chunk in chunks)
+        if cache is None and self.graphs is not None and not adapted and self.graphs.fits(chunks):
             return self.graphs.run(chunks, feed)
         batch = build_batch(chunks, self.layout, self.device)
+        if adapted:
+            spans = [(batch.first_rows[i], len(chunk.token_ids), chunk.adapter) for i, chunk in enumerate(chunks)]
+            batch = replace(batch, meta=replace(batch.meta, lora=lora_batch(spans, self.device)))
         if feed is not None:
             fed_chunks, source, source_rows = feed
             rows = [batch.first_rows[index] + len(chunks[index].token_ids) - 1 for index in fed_chunks]

@@ -23,6 +23,8 @@ class PlanLimits:
     vocab_size: int
     max_position_embeddings: int
     max_top_n_tokens: int = 64
+    # The LoRA adapters loaded, by id (slot k + 1 is adapters[k]); a request names one or none.
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,19 @@ def _new_requests(step, known: dict[int, RequestState], limits: PlanLimits) -> l
         if max(prompt) >= limits.vocab_size:
             raise PlanError(f"request {new.id}: token id {max(prompt)} is outside the vocabulary ({limits.vocab_size})")
         params = sampling_params(new.parameters, new.id, limits)
-        created[new.id] = RequestState(new.id, prompt, len(prompt), params, new.prompt_logprobs)
+        created[new.id] = RequestState(new.id, prompt, len(prompt), params, new.prompt_logprobs,
+                                       adapter=_adapter_slot(new, limits))
     return list(created.values())
+
+
+def _adapter_slot(new, limits: PlanLimits) -> int:
+    """The slot of the LoRA adapter `new` (a NewRequest) names; 0 for none (the base model)."""
+    if not new.adapter_id:
+        return 0
+    if new.adapter_id not in limits.adapters:
+        loaded = ", ".join(repr(adapter) for adapter in limits.adapters) or "none"
+        raise PlanError(f"request {new.id}: unknown LoRA adapter {new.adapter_id!r} (loaded: {loaded})")
+    return limits.adapters.index(new.adapter_id) + 1
 
 
 def _check_ids(blocks, limit: int, what: str, transfer_id: int) -> None:

@@ -1,0 +1,100 @@
+"""LoRA adapters through the HTTP API: a random Llama served with two random PEFT adapters
+(`--lora-adapters`, made with PEFT itself) gives, for concurrent requests naming the base
+model, one adapter or the other (TGI's `adapter_id`, OpenAI's `model`) — which run in the same
+batches — transformers + PEFT's greedy continuations; an adapter not loaded is a 422 and
+`/v1/models` lists the adapters."""
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from conftest import REPO, SUPERINFER, launch
+from test_architectures import NEAR_TIE_LOGPROB, PYTHON, REFERENCE
+
+STEPS = 16
+PROMPTS = [" ".join(f"t{(13 * i + 5 * j) % 500 + 3}" for j in range(8 + 3 * i)) for i in range(6)]
+ADAPTERS = {
+    "sql": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    "chat": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                          "up_proj", "down_proj"]},
+}
+
+
+def run(*args: str, stdin: str | None = None) -> str:
+    return subprocess.run([str(PYTHON), str(REFERENCE), *args], cwd=REPO, input=stdin, check=True,
+                          capture_output=True, text=True, timeout=600).stdout
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    run("build", str(root / "base"), "llama", "{}")
+    for seed, (name, config) in enumerate(ADAPTERS.items()):
+        run("adapter", str(root / name), str(root / "base"), str(seed + 1), json.dumps(config))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory):
+    adapters = ",".join(f"{name}={models / name}" for name in ADAPTERS)
+    args = ["--model-id", str(models / "base"), "--lora-adapters", adapters, "--device-kv-blocks", "64",
+            "--host-kv-blocks", "64", "--max-batch-tokens", "512"]
+    with launch(tmp_path_factory.mktemp("lora-server"), args) as instance:
+        yield instance
+
+
+def generate(url: str, text: str, adapter: str | None) -> dict:
+    parameters = {"max_new_tokens": STEPS, "details": True, "decoder_input_details": True, "ignore_eos": True,
+                  "adapter_id": adapter}
+    response = requests.post(f"{url}/generate", json={"inputs": text, "parameters": parameters}, timeout=600)
+    response.raise_for_status()
+    return response.json()["details"]
+
+
+def test_mixed_concurrent_requests_get_their_adapters_greedy_tokens(models, server):
+    # Every prompt under the base model and under each adapter, all at once.
+    jobs = [(text, adapter) for text in PROMPTS for adapter in (None, *ADAPTERS)]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        served = list(pool.map(lambda job: generate(server.url, *job), jobs))
+    for adapter in (None, *ADAPTERS):
+        mine = [details for (_, name), details in zip(jobs, served) if name == adapter]
+        prompts = [[token["id"] for token in details["prefill"]] for details in mine]
+        extra = [] if adapter is None else [str(models / adapter)]
+        reference = json.loads(run("greedy", str(models / "base"), str(STEPS), *extra, stdin=json.dumps(prompts)))
+        for want, got in zip(reference, mine):
+            got_ids = [token["id"] for token in got["tokens"]]
+            if got_ids != want["tokens"]:
+                position = next(p for p, (a, b) in enumerate(zip(want["tokens"], got_ids)) if a != b)
+                assert want["gaps"][position] < NEAR_TIE_LOGPROB, (adapter, want["tokens"], got_ids)
+    # The adapters change the output: a test of adapters that did nothing would pass above.
+    by_adapter = {name: [d["tokens"][0]["id"] for (_, n), d in zip(jobs, served) if n == name]
+                  for name in (None, *ADAPTERS)}
+    assert by_adapter[None] != by_adapter["sql"] and by_adapter[None] != by_adapter["chat"]
+
+
+def test_openai_model_names_an_adapter_and_models_lists_them(server):
+    status, text = server.get("/v1/models")
+    assert status == 200
+    assert [card["id"] for card in json.loads(text)["data"]][1:] == list(ADAPTERS)
+
+    def completion(model: str) -> str:
+        body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0}
+        return requests.post(f"{server.url}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+
+    def tgi(adapter: str | None) -> str:
+        body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 6, "adapter_id": adapter}}
+        return requests.post(f"{server.url}/generate", json=body, timeout=120).json()["generated_text"]
+
+    assert completion("chat") == tgi("chat") != tgi(None)
+    # Any other name a client library sends is the base model.
+    assert completion("whatever-the-client-sends") == tgi(None)
+
+
+def test_an_adapter_not_loaded_is_422(server):
+    response = requests.post(f"{server.url}/generate", json={"inputs": "t5 t6", "parameters": {"adapter_id": "absent"}},
+                             timeout=60)
+    assert response.status_code == 422
+    assert response.json()["error"] == ("Input validation error: adapter `absent` is not loaded; "
+                                        "loaded adapters: sql, chat")
