@@ -37,7 +37,7 @@ clients: $(CLIENTS)/.deps
 run: build
 	$(VENV)/bin/superinfer launch $(ARGS)
 
-test: test-rust test-python test-integration
+test: test-rust test-python gpu-dry-run test-integration test-helm
 
 # The engine's tests drive the real Python shard, so they need the project's environment and
 # the built extension (the shard calls the scheduler crate's cost-model fit through it).
@@ -91,11 +91,30 @@ clean:
 proto: $(VENV)/.deps
 	cd server && ../$(PY) -m superinfer.pb.generate
 
-# Wheels a GPU host without network lacks (pytest and its dependencies, for Python 3.12), in
-# .whl/ where scripts/gpu_check.sh installs them from; carry .whl to the GPU host.
-.PHONY: gpu-wheels
-gpu-wheels: $(VENV)/.deps
-	$(PY) -m pip download --quiet --only-binary=:all: --python-version 3.12 --dest .whl pytest==9.2.0
+# What a GPU host without network needs beyond its own packages, for scripts/gpu_run.sh: the
+# router's abi3 wheel (built here, it loads on the host's Python 3.12) and scripts/gpu_wheels.txt's
+# wheels for CPython 3.12 on manylinux x86_64, in .whl/ (git-ignored), which the device run
+# carries (docs/benchmarks.md, "Running on a GPU"). Prints the bundle's size and what travels.
+# Built in its own target folder: `maturin build` and `make build`'s `maturin develop` configure
+# pyo3 differently, and in one folder each would rebuild the whole router after the other.
+GPU_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+.PHONY: gpu-bundle gpu-dry-run
+gpu-bundle: $(VENV)/.deps
+	rm -rf .whl && mkdir .whl
+	CARGO_TARGET_DIR=target/gpu-bundle $(VENV)/bin/maturin build --release --quiet -o .whl
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_PLATFORMS) -d .whl -r scripts/gpu_wheels.txt
+	$(PY) scripts/gpu_imports.py --bundle .whl --bundle-only
+	@echo "bundle: $$(du -cb .whl/*.whl | tail -n 1 | cut -f1 | numfmt --to=iec-i) in $$(ls .whl | wc -l) wheels;" \
+		"the tree that travels with it: $$({ git ls-files -z --cached --others --exclude-standard; printf '.whl\0'; } \
+		| du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1 | numfmt --to=iec-i) (at most 64Mi)"
+
+# scripts/gpu_run.sh on this CPU with .venv, no GPU, bundle or network needed: the same imports
+# (and that gpu_wheels.txt covers them) and the same steps, the GPU-only ones skipped, the others at
+# tiny sizes; under two minutes. Results in target/gpu-dry-run/.
+gpu-dry-run: build
+	bash scripts/gpu_run.sh --dry-run
 
 # Compiles (and, with a CUDA build of torch, links) DuplexKV's CUDA sources with the pinned
 # nvcc; needs no GPU. pytest runs the same check (superinfer_kv/tests/test_cuda_compile.py).
@@ -119,3 +138,38 @@ docker: $(VENV)/.deps
 # torch into the image.
 docker-test: docker build clients
 	$(CLIENTS)/bin/python -m pytest -q integration-tests/docker
+
+# The Helm chart (deploy/helm/superinfer, docs/deploy.md), by deploy/helm/check/check.sh: linted
+# with each values file, every rendered object validated against the API schemas of the oldest
+# and newest Kubernetes releases it supports, the router's flags parsed by vllm-router itself.
+# Helm is built from its Go module into target/helm/bin (minutes, once); kubernetes-validate
+# (schemas bundled) and vllm-router from PyPI live in target/helm/venv; the CRD schemas from
+# npm's @kubernetes-models in target/helm/npm. After the first run it needs no network.
+.PHONY: test-helm
+HELM_VERSION := v4.3.2
+KUBE_VERSIONS := 1.25.0 1.37.0
+HELM_TOOLS := target/helm
+HELM := $(HELM_TOOLS)/bin/helm
+$(HELM):
+	command -v go >/dev/null || { echo "make test-helm: needs the Go toolchain"; exit 1; }
+	GOBIN=$(CURDIR)/$(HELM_TOOLS)/bin go install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+
+$(HELM_TOOLS)/venv/.deps: deploy/helm/check/requirements.txt
+	$(PYTHON) -m venv $(HELM_TOOLS)/venv
+	$(HELM_TOOLS)/venv/bin/pip install --quiet -r $<
+	touch $@
+
+# npm ci installs what package-lock.json pins, into the directory holding package.json. The
+# packages declare node >= 22 (what their authors test); they run on node 20 as well, so
+# npm's engine warnings are not shown.
+$(HELM_TOOLS)/npm/.deps: deploy/helm/check/package.json deploy/helm/check/package-lock.json
+	command -v npm >/dev/null || { echo "make test-helm: needs node and npm"; exit 1; }
+	mkdir -p $(HELM_TOOLS)/npm
+	cp $^ $(HELM_TOOLS)/npm/
+	cd $(HELM_TOOLS)/npm && npm ci --loglevel=error --no-audit --no-fund
+	touch $@
+
+test-helm: $(HELM) $(HELM_TOOLS)/venv/.deps $(HELM_TOOLS)/npm/.deps
+	HELM=$(CURDIR)/$(HELM) VALIDATOR_PYTHON=$(CURDIR)/$(HELM_TOOLS)/venv/bin/python \
+	NODE_MODULES=$(CURDIR)/$(HELM_TOOLS)/npm/node_modules KUBE_VERSIONS="$(KUBE_VERSIONS)" \
+	OUT=$(CURDIR)/$(HELM_TOOLS)/rendered deploy/helm/check/check.sh

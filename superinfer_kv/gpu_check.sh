@@ -4,10 +4,10 @@
 #   gpu_check.json   summary: versions, build time, test counts, pass/fail per step
 #   gpu_bench.json   the benchmark figures (python -m superinfer_kv.bench --skip-cpu)
 #   gpu_tests.xml    pytest's junit report; *.log the raw output of each step
-# Needs torch with CUDA, nvcc (on PATH or the pinned PyPI package) and pytest (a host without it
-# gets the wheels `make gpu-wheels` puts in .whl/, which scripts/gpu_check.sh installs); ninja
-# is used when present (without it the extension is built with nvcc directly). No network
-# access is needed.
+# Needs torch with CUDA, nvcc (on PATH or the pinned PyPI package) and pytest; ninja is used
+# when present (without it the extension is built with nvcc directly). No network access is
+# needed. scripts/gpu_run.sh runs the build and the tests (not the benchmark) with the rest of
+# the project's GPU checks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
@@ -35,7 +35,7 @@ print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())
 print(load_cuda_extension())"
 
 if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
-  echo "pytest is missing: run 'make gpu-wheels' and carry .whl/ to this host" >&2
+  echo "pytest is missing on this host: install it (a wheel, where there is no network)" >&2
 fi
 step tests "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
   superinfer_kv/tests/test_cuda_transfer.py

@@ -5,11 +5,14 @@ call's metadata, so a Step's spans are children of the router's step span. Owns 
 provider and its export thread; nothing is installed globally."""
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import grpc
 from opentelemetry import trace
-from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:  # the SDK is needed only when traces are exported
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 SERVICE_NAME = "superinfer.shard"
 # What the executor's phases use when nobody passes a tracer: records nothing.
@@ -19,7 +22,7 @@ NO_TRACES: trace.Tracer = trace.NoOpTracer()
 class ShardTraces:
     """`exporter`: where finished spans go (batched); None: nowhere, and no span is recorded."""
 
-    def __init__(self, exporter: SpanExporter | None = None, service_name: str = SERVICE_NAME):
+    def __init__(self, exporter: "SpanExporter | None" = None, service_name: str = SERVICE_NAME):
         self._provider = None
         self.tracer = NO_TRACES
         if exporter is not None:
