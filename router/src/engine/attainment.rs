@@ -1,7 +1,8 @@
 //! When a request's tokens were produced, for its SLO attainment. The verdict itself is the
 //! scheduler crate's (`superinfer_scheduler::attainment`), shared with the simulator and the
 //! benchmark, at the percentile the server is configured for (`--tbt-slo-percentile`).
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use superinfer_scheduler::attainment::{judge, Attainment};
 use superinfer_scheduler::Slo;
@@ -34,6 +35,43 @@ impl TokenTimes {
     }
 }
 
+/// How far back the recent attainment looks: long enough to hold many requests at a modest
+/// rate, short enough for an autoscaler or a router's scorer to see a replica fall behind.
+pub(crate) const RECENT_WINDOW: Duration = Duration::from_secs(60);
+
+/// The joint verdicts (TTFT and TBT met) of the requests that finished in the last
+/// `RECENT_WINDOW`: a replica's current SLO attainment, which the cumulative counters only give
+/// through a Prometheus `rate` over a range.
+#[derive(Debug, Default)]
+pub(crate) struct RecentAttainment {
+    verdicts: VecDeque<(Instant, bool)>,
+    met: usize,
+}
+
+impl RecentAttainment {
+    pub fn record(&mut self, finished: Instant, joint_met: bool) {
+        self.verdicts.push_back((finished, joint_met));
+        self.met += usize::from(joint_met);
+    }
+
+    /// The share of the window's finished requests that met both objectives; 1 when none
+    /// finished in it (nothing was missed).
+    pub fn share(&mut self, now: Instant) -> f64 {
+        while let Some(&(finished, met)) = self.verdicts.front() {
+            if now.saturating_duration_since(finished) <= RECENT_WINDOW {
+                break;
+            }
+            self.verdicts.pop_front();
+            self.met -= usize::from(met);
+        }
+        if self.verdicts.is_empty() {
+            1.0
+        } else {
+            self.met as f64 / self.verdicts.len() as f64
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -48,6 +86,21 @@ mod tests {
             times.record(arrival + Duration::from_millis(ms));
         }
         times
+    }
+
+    #[test]
+    fn recent_attainment_forgets_what_left_the_window() {
+        let start = Instant::now();
+        let mut recent = RecentAttainment::default();
+        assert_eq!(recent.share(start), 1.0);
+        recent.record(start, false);
+        recent.record(start + Duration::from_secs(30), true);
+        recent.record(start + Duration::from_secs(40), true);
+        assert!((recent.share(start + Duration::from_secs(45)) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(recent.share(start + Duration::from_secs(61)), 1.0);
+        assert_eq!(recent.share(start + Duration::from_secs(101)), 1.0);
+        recent.record(start + Duration::from_secs(102), false);
+        assert_eq!(recent.share(start + Duration::from_secs(102)), 0.0);
     }
 
     #[test]

@@ -86,6 +86,8 @@ pub(crate) fn describe() {
     describe_counter!("superinfer_slo_stall_missed_total", "Finished requests with a gap between tokens above their stall bound");
     describe_counter!("superinfer_slo_joint_met_total", "Finished requests that met both their TTFT and TBT objectives (goodput)");
     describe_counter!("superinfer_slo_joint_missed_total", "Finished requests that missed their TTFT or TBT objective");
+    describe_gauge!("superinfer_slo_joint_attainment_recent",
+        "Share of the requests finished in the last minute that met both their TTFT and TBT objectives (1 when none finished)");
     describe_counter!("superinfer_admission_refused_total",
         "Requests refused with 429 because their first token was predicted past its objective (--admission slo)");
     describe_counter!("superinfer_queue_timeouts_total",
@@ -221,6 +223,12 @@ pub(crate) fn record_attainment(attainment: Attainment, priority: i32) {
         let name = if met { met_name } else { missed_name };
         metrics::counter!(name, "priority" => priority.to_string()).increment(1);
     }
+}
+
+/// The share of the last minute's finished requests that met both objectives (1 when none
+/// finished): a replica's current attainment, for autoscalers and routers' scorers.
+pub(crate) fn record_recent_attainment(share: f64) {
+    metrics::gauge!("superinfer_slo_joint_attainment_recent").set(share);
 }
 
 /// A request refused by SLO admission.

@@ -25,6 +25,7 @@ use tracing::Instrument;
 
 use super::active::{ActiveRequest, ActiveRequests};
 use super::admission::{Admission, AdmissionGate};
+use super::attainment::RecentAttainment;
 use super::api::{EngineError, EngineEvent, FinishReason, GenerationRequest};
 use super::constraints::allowed_tokens;
 use super::handle::{Command, EngineHandle, EngineStatus};
@@ -90,6 +91,7 @@ pub fn spawn_engine(
         draining: false,
         drain_waiters: Vec::new(),
         last_stats: SchedulerStats::default(),
+        recent_attainment: RecentAttainment::default(),
         previous_step_end: None,
         async_scheduling: config.async_scheduling,
         in_flight: VecDeque::new(),
@@ -119,6 +121,8 @@ pub(super) struct Engine {
     /// Drains waiting for the last request to end.
     drain_waiters: Vec<oneshot::Sender<()>>,
     pub(super) last_stats: SchedulerStats,
+    /// Finished requests' joint verdicts over the last minute (`superinfer_slo_joint_attainment_recent`).
+    recent_attainment: RecentAttainment,
     /// When the previous step's reply was applied, while steps follow back to back.
     previous_step_end: Option<Instant>,
     /// See `EngineConfig::async_scheduling`.
@@ -413,6 +417,7 @@ impl Engine {
         metrics::record_scheduler(&stats, &self.last_stats, self.requests.len());
         vllm_metrics::record_scheduler(&stats, &self.last_stats);
         metrics::record_lags(&self.scheduler.take_lag_samples());
+        metrics::record_recent_attainment(self.recent_attainment.share(Instant::now()));
         self.last_stats = stats;
     }
 
@@ -432,12 +437,13 @@ impl Engine {
 
     /// Counts a finished request as meeting or missing its objectives (its own, else the
     /// server's defaults), by its priority class.
-    fn record_attainment(&self, id: u64) {
+    fn record_attainment(&mut self, id: u64) {
         let Some(active) = self.requests.get(id) else { return };
         let slo = active.request.slo.unwrap_or(self.scheduler.config().default_slo);
         let percentile = self.scheduler.config().tbt_percentile;
         if let Some(attainment) = active.token_times.attainment(active.request.arrival, slo, percentile) {
             metrics::record_attainment(attainment, active.request.priority);
+            self.recent_attainment.record(Instant::now(), attainment.joint());
         }
     }
 
