@@ -108,12 +108,13 @@ KERNEL_CASES = {
 }
 
 
-def step_chunks(step: int, prompts, tables, tokens) -> list[tuple[int, Chunk]]:
-    """(request, chunk) pairs of one step: request 0's prompt in two chunks (steps 0 and 1),
-    request 1's whole in step 0, then a decode for every request with a token."""
+def step_chunks(step: int, prompts, tables, tokens, split: int = 5) -> list[tuple[int, Chunk]]:
+    """(request, chunk) pairs of one step: request 0's prompt in two chunks (steps 0 and 1, the
+    first `split` tokens first), request 1's whole in step 0, then a decode for every request
+    with a token."""
     if step == 0:
-        return [(1, Chunk(prompts[1], 0, tables[1])), (0, Chunk(prompts[0][:5], 0, tables[0]))]
-    chunks = [(0, Chunk(prompts[0][5:], 5, tables[0]))] if step == 1 else []
+        return [(1, Chunk(prompts[1], 0, tables[1])), (0, Chunk(prompts[0][:split], 0, tables[0]))]
+    chunks = [(0, Chunk(prompts[0][split:], split, tables[0]))] if step == 1 else []
     for request in (0, 1):
         if tokens[request]:
             position = len(prompts[request]) + len(tokens[request]) - 1
@@ -127,14 +128,20 @@ def greedy_case() -> dict:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from conftest import build_tiny_model
 
-    from superinfer.shard.loader import load_model
-    from superinfer.shard.model_runner import ModelRunner
-    from superinfer.shard.model_source import ModelSource
-
     directory = pathlib.Path(tempfile.mkdtemp()) / "tiny-llama"
     build_tiny_model(directory, "llama")
     prompts = [[5, 17, 99, 3, 42, 7, 250, 11, 64], [8, 300, 21]]
     tables = [[9, 2, 14, 0], [5, 11, 3]]  # long enough for every position the steps reach
+    return greedy_on_backends(directory, prompts, tables, steps=8)
+
+
+def greedy_on_backends(directory: pathlib.Path, prompts, tables, steps: int, split: int = 5) -> dict:
+    """Per backend (SDPA, Triton), the greedy tokens of `prompts` and every logit row they were
+    picked from, over `steps` steps of `step_chunks` through the model runner."""
+    from superinfer.shard.loader import load_model
+    from superinfer.shard.model_runner import ModelRunner
+    from superinfer.shard.model_source import ModelSource
+
     results = {}
     for backend in ("sdpa", "triton"):
         loaded = load_model(ModelSource(str(directory), directory), torch.float32, torch.device("cpu"))
@@ -142,8 +149,8 @@ def greedy_case() -> dict:
         runner.allocate(16, 0)
         tokens = [[], []]
         logits_seen = []
-        for step in range(8):
-            requests_chunks = step_chunks(step, prompts, tables, tokens)
+        for step in range(steps):
+            requests_chunks = step_chunks(step, prompts, tables, tokens, split)
             hidden, batch = runner.forward([chunk for _, chunk in requests_chunks])
             logits = runner.logits(hidden)
             for (request, chunk), first in zip(requests_chunks, batch.first_rows):

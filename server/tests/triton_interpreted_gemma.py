@@ -78,37 +78,14 @@ def greedy_case() -> dict:
     one prefilled in two chunks, through the model runner on each backend."""
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from conftest import build_tiny_model
-
-    from superinfer.shard.loader import load_model
-    from superinfer.shard.model_runner import ModelRunner
-    from superinfer.shard.model_source import ModelSource
+    from triton_interpreted import greedy_on_backends
 
     directory = pathlib.Path(tempfile.mkdtemp()) / "tiny-gemma2"
     build_tiny_model(directory, "gemma2", head_dim=16, sliding_window=6, attn_logit_softcapping=2.0,
                      final_logit_softcapping=8.0)
     prompts = [[5, 17, 99, 3, 42, 7, 250, 11, 64, 8, 31], [8, 300, 21]]
     tables = [[9, 2, 14, 0, 6], [5, 11, 3, 1]]
-    results = {}
-    for backend in ("sdpa", "triton"):
-        loaded = load_model(ModelSource(str(directory), directory), torch.float32, torch.device("cpu"))
-        runner = ModelRunner(loaded, torch.device("cpu"), torch.float32, 4, attention_backend=backend)
-        runner.allocate(16, 0)
-        tokens, logits_seen = [[], []], []
-        for step in range(6):
-            if step == 0:
-                requests = [(1, Chunk(prompts[1], 0, tables[1])), (0, Chunk(prompts[0][:7], 0, tables[0]))]
-            else:
-                requests = [(0, Chunk(prompts[0][7:], 7, tables[0]))] if step == 1 else []
-                requests += [(r, Chunk([tokens[r][-1]], len(prompts[r]) + len(tokens[r]) - 1, tables[r]))
-                             for r in (0, 1) if tokens[r]]
-            hidden, batch = runner.forward([chunk for _, chunk in requests])
-            logits = runner.logits(hidden)
-            for (request, chunk), first in zip(requests, batch.first_rows):
-                if chunk.start + len(chunk.token_ids) == len(prompts[request]) + len(tokens[request]):
-                    logits_seen.append(logits[first + len(chunk.token_ids) - 1])
-                    tokens[request].append(int(logits_seen[-1].argmax()))
-        results[backend] = {"tokens": tokens, "logits": torch.stack(logits_seen)}
-    return results
+    return greedy_on_backends(directory, prompts, tables, steps=6, split=7)
 
 
 def main(out_path: str) -> None:
