@@ -33,6 +33,26 @@ pub fn default_stall_factor() -> f64 {
     superinfer_scheduler::DEFAULT_STALL_FACTOR
 }
 
+/// The scheduler's defaults, as the router's flags take them: the policies (the baselines
+/// first, the default last), the objectives of a request that names none (ms), the TBT
+/// percentile, the stall factor and the step's limits. Python's benchmark and simulator read
+/// them here rather than keeping copies.
+#[pyfunction]
+pub fn scheduler_defaults(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use superinfer_scheduler as s;
+    let defaults = pyo3::types::PyDict::new(py);
+    let policies: Vec<&str> = s::PolicyKind::ALL.iter().map(|kind| kind.as_str()).collect();
+    defaults.set_item("policies", policies)?;
+    defaults.set_item("default_policy", s::PolicyKind::default().as_str())?;
+    defaults.set_item("ttft_slo_ms", s::DEFAULT_TTFT_S * 1e3)?;
+    defaults.set_item("tbt_slo_ms", s::DEFAULT_TBT_S * 1e3)?;
+    defaults.set_item("tbt_percentile", s::DEFAULT_TBT_PERCENTILE)?;
+    defaults.set_item("stall_factor", s::DEFAULT_STALL_FACTOR)?;
+    defaults.set_item("max_batch_tokens", s::DEFAULT_MAX_BATCH_TOKENS)?;
+    defaults.set_item("max_batch_requests", s::DEFAULT_MAX_BATCH_REQUESTS)?;
+    Ok(defaults)
+}
+
 fn shape((prefill_tokens, decode_requests, context_tokens): (u64, u64, u64)) -> StepShape {
     StepShape { prefill_tokens, decode_requests, context_tokens }
 }

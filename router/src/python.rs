@@ -99,6 +99,7 @@ fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crate::contracts::percentile, m)?)?;
     m.add_function(wrap_pyfunction!(crate::contracts::meets, m)?)?;
     m.add_function(wrap_pyfunction!(crate::contracts::default_stall_factor, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::contracts::scheduler_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(crate::contracts::fit_step_cost, m)?)?;
     m.add_function(wrap_pyfunction!(crate::contracts::step_time, m)?)?;
     m.add_function(wrap_pyfunction!(crate::contracts::token_curve_knots, m)?)?;

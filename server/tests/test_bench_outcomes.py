@@ -125,3 +125,22 @@ def test_refusals_are_counted_apart_with_their_latency():
     assert summary["refused"] == 1 and summary["failed"] == 1
     assert summary["refusal_s"]["max"] == pytest.approx(0.004)
     assert summary["admitted_attainment"]["ttft"] == 1.0 and summary["attainment"]["ttft"] == 0.5
+
+
+def test_the_scheduler_defaults_are_the_routers_flag_defaults():
+    # Defined once in the scheduler crate; the router's flags and the Python side read them.
+    import json
+
+    from superinfer import _router
+    from superinfer.bench.outcomes import SCHEDULER_DEFAULTS, Slo
+    from superinfer.bench.suite import BASELINES
+
+    flags = {flag["name"]: flag["default"] for flag in json.loads(_router.router_flags())}
+    assert float(flags["--ttft-slo-ms"]) == SCHEDULER_DEFAULTS["ttft_slo_ms"]
+    assert float(flags["--tbt-slo-ms"]) == SCHEDULER_DEFAULTS["tbt_slo_ms"]
+    assert float(flags["--tbt-slo-percentile"]) == SCHEDULER_DEFAULTS["tbt_percentile"] == Slo(1, 1).tbt_percentile
+    assert int(flags["--max-batch-tokens"]) == SCHEDULER_DEFAULTS["max_batch_tokens"]
+    assert int(flags["--max-batch-requests"]) == SCHEDULER_DEFAULTS["max_batch_requests"]
+    assert flags["--scheduler"] == SCHEDULER_DEFAULTS["default_policy"] == SCHEDULER_DEFAULTS["policies"][-1]
+    assert BASELINES == tuple(SCHEDULER_DEFAULTS["policies"][:-1])
+    assert SCHEDULER_DEFAULTS["stall_factor"] == _router.default_stall_factor()

@@ -65,6 +65,20 @@ impl FromStr for PolicyKind {
 /// decode for one gap, while no gap may last the seconds a parked request used to wait.
 pub const DEFAULT_STALL_FACTOR: f64 = 5.0;
 
+// The defaults every front end uses — the router's flags, `SchedulerConfig::default` (the
+// simulator's base), and Python's benchmark and simulator through
+// `_router.scheduler_defaults()` — defined here once.
+/// Time-to-first-token objective of a request that names none.
+pub const DEFAULT_TTFT_S: f64 = 2.0;
+/// Time-between-tokens objective of a request that names none.
+pub const DEFAULT_TBT_S: f64 = 0.2;
+/// Percentile of a request's gaps its TBT objective holds for.
+pub const DEFAULT_TBT_PERCENTILE: f64 = 90.0;
+/// Most tokens (prefill chunks and decodes) in one step.
+pub const DEFAULT_MAX_BATCH_TOKENS: u32 = 2048;
+/// Most requests in one step.
+pub const DEFAULT_MAX_BATCH_REQUESTS: u32 = 256;
+
 /// A request's latency objectives, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slo {
@@ -107,7 +121,7 @@ impl Slo {
 
 impl Default for Slo {
     fn default() -> Self {
-        Slo::new(2.0, 0.2)
+        Slo::new(DEFAULT_TTFT_S, DEFAULT_TBT_S)
     }
 }
 
@@ -166,8 +180,8 @@ impl Default for SchedulerConfig {
             num_device_blocks: 1024,
             num_host_blocks: 4096,
             block_bytes: 1 << 20,
-            max_batch_tokens: 2048,
-            max_batch_requests: 64,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            max_batch_requests: DEFAULT_MAX_BATCH_REQUESTS,
             policy: PolicyKind::RotaSched,
             default_slo: Slo::default(),
             cost_model: CostModel::default(),
@@ -177,7 +191,7 @@ impl Default for SchedulerConfig {
             ema_alpha: 0.2,
             late_starvation_s: 10.0,
             rotation_late_gap_share: 0.005,
-            tbt_percentile: 90.0,
+            tbt_percentile: DEFAULT_TBT_PERCENTILE,
         }
     }
 }

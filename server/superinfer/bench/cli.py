@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from superinfer.bench import compare, plots, report
+from superinfer.bench.outcomes import SCHEDULER_DEFAULTS
 from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.runner import RunResult, Target
 from superinfer.bench.server_process import LaunchOptions
@@ -48,7 +49,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     slo.add_argument("--tbt-slo-ms", type=float, default=None)
     slo.add_argument("--ttft-slo-scale", type=float, default=5.0)
     slo.add_argument("--tbt-slo-scale", type=float, default=5.0)
-    slo.add_argument("--tbt-percentile", type=float, default=90.0, help="percentile of a request's gaps held to the TBT objective")
+    slo.add_argument("--tbt-percentile", type=float, default=SCHEDULER_DEFAULTS["tbt_percentile"],
+                     help="percentile of a request's gaps held to the TBT objective")
     slo.add_argument("--max-stall-ms", type=float, default=None,
                      help="stall bound: the longest gap allowed at all (default: the server's rule, 5x the TBT objective)")
     slo.add_argument("--max-stall-scale", type=float, default=None,
@@ -67,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=float, default=600.0)
     add_workload_arguments(parser)
     launch = parser.add_argument_group("compare: servers launched per policy")
-    launch.add_argument("--policies", default="fcfs,recompute,swap,rotasched")
+    launch.add_argument("--policies", default=",".join(SCHEDULER_DEFAULTS["policies"]))
     launch.add_argument("--device-kv-blocks", type=int, default=None)
     launch.add_argument("--host-kv-blocks", type=int, default=None)
     launch.add_argument("--model", default=None)

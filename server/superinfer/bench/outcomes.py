@@ -13,13 +13,17 @@ import numpy as np
 
 from superinfer import _router
 
+# The scheduler crate's defaults (policies, objectives, TBT percentile, step limits): the
+# router's flags are defined from the same constants.
+SCHEDULER_DEFAULTS = _router.scheduler_defaults()
+
 
 @dataclass(frozen=True)
 class Slo:
     ttft_ms: float
     tbt_ms: float
-    # Which percentile of a request's gaps is held against tbt_ms.
-    tbt_percentile: float = 90.0
+    # Which percentile of a request's gaps is held against tbt_ms (the scheduler's default).
+    tbt_percentile: float = SCHEDULER_DEFAULTS["tbt_percentile"]
     # The longest gap allowed at all; None: the scheduler crate's default multiple of tbt_ms.
     max_stall_ms: float | None = None
 

@@ -21,7 +21,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-BASELINES = ("fcfs", "recompute", "swap")
+from superinfer.bench.outcomes import SCHEDULER_DEFAULTS
+
+# Every policy but the one the project is for (the scheduler crate's list).
+BASELINES = tuple(policy for policy in SCHEDULER_DEFAULTS["policies"] if policy != "rotasched")
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated names: " + ", ".join(w.name for w in SUITE))
     parser.add_argument("--repeats", type=int, default=3, help="repetitions per workload (seeds 0, 1, …)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiplies every workload's rates")
-    parser.add_argument("--policies", default="fcfs,recompute,swap,rotasched")
+    parser.add_argument("--policies", default=",".join(SCHEDULER_DEFAULTS["policies"]))
     parser.add_argument("--simulate", metavar="PROFILE", default=None,
                         help="simulate on PROFILE (as `superinfer simulate --profile`) instead of measuring")
     parser.add_argument("--extra", default="",

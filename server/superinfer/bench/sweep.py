@@ -4,7 +4,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from superinfer.bench.outcomes import Slo
+from superinfer.bench.outcomes import SCHEDULER_DEFAULTS, Slo
 from superinfer.bench.prompts import PromptBuilder
 from superinfer.bench.runner import RunResult, Target, kv_moves, load_factor, reduce, replay, step_counters, unloaded_latency
 from superinfer.bench.sharegpt import Conversation
@@ -21,7 +21,7 @@ class SloRequest:
     tbt_ms: float | None = None
     ttft_scale: float = 5.0
     tbt_scale: float = 5.0
-    tbt_percentile: float = 90.0
+    tbt_percentile: float = SCHEDULER_DEFAULTS["tbt_percentile"]
     calibration_requests: int = 3
     # The stall bound: absolute, else a multiple of the TBT objective, else the server's rule.
     max_stall_ms: float | None = None

@@ -5,6 +5,7 @@ prints the side-by-side table; everything is labelled "simulated"."""
 import argparse
 from dataclasses import asdict, replace
 
+from superinfer import _router
 from superinfer.bench import plots, report
 from superinfer.bench.cli import add_workload_arguments, slo_request, workload_config, workload_trace
 from superinfer.bench.sharegpt import load_conversations
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="gh200:llama-3-8b",
                         help="HARDWARE:MODEL (gh200, gh200-144g, h200-pcie : llama-3-8b, qwen2.5-32b, "
                              "mixtral-8x7b), measured:PATH (Warmup cost model JSON) or bench:PATH")
-    parser.add_argument("--policies", default="fcfs,recompute,swap,rotasched")
+    parser.add_argument("--policies", default=",".join(_router.scheduler_defaults()["policies"]))
     parser.add_argument("--device-kv-blocks", type=int, default=None, help="override the profile's pool")
     parser.add_argument("--host-kv-blocks", type=int, default=None)
     parser.add_argument("--max-batch-tokens", type=int, default=None)

@@ -14,6 +14,7 @@ policies on the same seed.
 import argparse
 from pathlib import Path
 
+from superinfer.bench.outcomes import SCHEDULER_DEFAULTS
 from superinfer.cli import main as superinfer_main
 
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--profile", default="gh200:llama-3-8b")
     parser.add_argument("--rates", default="35,40,45,50,55,60")
-    parser.add_argument("--policies", default="fcfs,recompute,swap,rotasched")
+    parser.add_argument("--policies", default=",".join(SCHEDULER_DEFAULTS["policies"]))
     parser.add_argument("--ttft-slo-ms", type=float, default=1000.0)
     parser.add_argument("--tbt-slo-ms", type=float, default=100.0)
     parser.add_argument("--duration", type=float, default=120.0)

@@ -15,6 +15,8 @@ from pathlib import Path
 from superinfer import _router
 
 GB = 1e9
+# The scheduler's step limits, where a profile does not say (the router's defaults too).
+_DEFAULTS = _router.scheduler_defaults()
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,8 @@ def measured(path: str | Path) -> Profile:
         return Profile(
             document.get("name", f"measured ({Path(path).name})"), {"kind": "linear", **cost}, link, cost,
             int(document["block_size"]), int(document["block_bytes"]), int(document["num_device_blocks"]),
-            int(document["num_host_blocks"]), int(document.get("max_batch_tokens", 2048)),
-            int(document.get("max_batch_requests", 64)), dict(document.get("charges", {})),
+            int(document["num_host_blocks"]), int(document.get("max_batch_tokens", _DEFAULTS["max_batch_tokens"])),
+            int(document.get("max_batch_requests", _DEFAULTS["max_batch_requests"])), dict(document.get("charges", {})),
         )
     except KeyError as missing:
         raise ValueError(f"{path}: measured profile lacks {missing}") from None
@@ -201,7 +203,8 @@ def from_bench(path: str | Path, num_device_blocks: int = 256, num_host_blocks: 
     link = {"out_bytes_per_s": memcpy_bytes_per_s, "in_bytes_per_s": memcpy_bytes_per_s,
             "overhead_s": 50e-6, "duplex": False}
     return Profile(f"bench-derived ({Path(path).name})", {"kind": "linear", **cost}, link, cost, block_size,
-                   block_bytes, num_device_blocks, num_host_blocks, 2048, 64)
+                   block_bytes, num_device_blocks, num_host_blocks, _DEFAULTS["max_batch_tokens"],
+                   _DEFAULTS["max_batch_requests"])
 
 
 def resolve(spec: str) -> Profile:

@@ -7,7 +7,7 @@ one-minute target, and how many simulated seconds pass per wall second.
 import argparse
 import time
 
-from superinfer.bench.outcomes import Slo
+from superinfer.bench.outcomes import SCHEDULER_DEFAULTS, Slo
 from superinfer.bench.trace import load_trace
 from superinfer.bench.workload import WorkloadConfig, requests_for
 from superinfer.simulate.profiles import derived
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--rate", type=float, default=40.0)
     parser.add_argument("--trace", help="Azure trace CSV for lengths (default: fixed 512 in / 128 out)")
-    parser.add_argument("--policies", default="fcfs,recompute,swap,rotasched")
+    parser.add_argument("--policies", default=",".join(SCHEDULER_DEFAULTS["policies"]))
     args = parser.parse_args(argv)
     trace = load_trace(args.trace) if args.trace else None
     config = WorkloadConfig(arrival="poisson", rate=args.rate, num_requests=args.requests,

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from superinfer import _router
-from superinfer.bench.outcomes import Slo
+from superinfer.bench.outcomes import SCHEDULER_DEFAULTS, Slo
 from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.report import read_json
 from superinfer.bench.trace import DEFAULT_TRACE, Trace, load_trace
@@ -209,7 +209,7 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--policies", default="fcfs,recompute,swap,rotasched")
+    parser.add_argument("--policies", default=",".join(SCHEDULER_DEFAULTS["policies"]))
     parser.add_argument("--rates", default="1,2,4")
     parser.add_argument("--num-requests", type=int, default=40)
     parser.add_argument("--prompt-tokens", type=int, default=64)
