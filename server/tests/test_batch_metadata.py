@@ -5,18 +5,18 @@ import pytest
 import torch
 
 from superinfer.models.attention import paged_attention
-from superinfer.shard.batch import BatchLayout, Chunk, build_batch, general_batch
+from superinfer.shard.batch import BatchLayout, Chunk, general_batch, sdpa_batch
 
 
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("starts", [[9, 0, 14, 14], [14, 14]])
 def test_decode_fast_path_attends_exactly_as_the_general_path(window, starts):
-    layout = BatchLayout(4, 2, 2, 3, 8, torch.float32, window, "sdpa")
+    layout = BatchLayout(4, 2, 2, 3, 8, torch.float32, window)
     generator = torch.Generator().manual_seed(0)
     cache = torch.randn(40, 2, 2, 4, 2, 8, generator=generator)  # [N, L, 2, block_size, Hkv, D]
     tables = [[3, 7, 1, 20], [5, 21, 22, 23], [8, 2, 9, 11], [12, 13, 14, 15]]
     chunks = [Chunk([index + 1], start, tables[index]) for index, start in enumerate(starts)]
-    fast = build_batch(chunks, layout, torch.device("cpu"))
+    fast = sdpa_batch(chunks, layout, torch.device("cpu"))
     general = general_batch(chunks, layout, torch.device("cpu"))
     assert fast.first_rows == general.first_rows
     for name in ("positions", "slot_blocks", "slot_offsets"):

@@ -57,11 +57,11 @@ def test_the_cpu_captures_no_graphs(tiny_llama_dir):
     from conftest import make_runner
 
     from superinfer.shard.config import ShardConfig
-    from superinfer.shard.executor import ShardExecutor
+    from superinfer.shard.warm_start import graph_batch_sizes
 
     runner = make_runner(tiny_llama_dir)
-    executor = ShardExecutor(runner, ShardConfig(model=str(tiny_llama_dir), cache_dir=tiny_llama_dir,
-                                                 device=torch.device("cpu"), dtype=torch.float32))
-    assert executor._graph_batch_sizes(32) == ()
+    config = ShardConfig(model=str(tiny_llama_dir), cache_dir=tiny_llama_dir, device=torch.device("cpu"),
+                         dtype=torch.float32)
+    assert graph_batch_sizes(runner, config, None, 32) == ()
     with pytest.raises(ValueError, match="triton"):
         runner.capture_decode_graphs((1, 2))  # the CPU's sdpa backend has no fixed-shape metadata

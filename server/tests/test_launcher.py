@@ -340,7 +340,7 @@ def test_the_attention_backend_reaches_the_shard(monkeypatch):
     shard = launcher.shard_argv(parse(["--attention-backend", "sdpa"]), Path("/tmp/s.sock"))
     assert shard[shard.index("--attention-backend") + 1] == "sdpa"
     assert "--attention-backend" not in launcher.shard_argv(parse([]), Path("/tmp/s.sock"))
-    with pytest.raises(ValueError, match="--attention-backend must be one of auto, triton, sdpa"):
+    with pytest.raises(ValueError, match="--attention-backend must be one of auto, sdpa, triton, flashinfer"):
         parse(["--attention-backend", "flash"])
 
 

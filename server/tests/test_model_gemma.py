@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from conftest import build_tiny_model, make_runner, runner_greedy, runner_logits
 from superinfer.models.config import ConfigError
 from superinfer.models.registry import check_config
-from superinfer.shard.batch import BatchLayout, Chunk, build_batch
+from superinfer.shard.batch import BatchLayout, Chunk, sdpa_batch
 
 HERE = pathlib.Path(__file__).parent
 PROMPT = [(7 * index + 3) % 512 for index in range(36)]
@@ -115,9 +115,9 @@ def test_local_layers_attend_only_within_their_window(built, tmp_path):
 
 
 def test_window_groups_gather_only_the_keys_a_window_reaches():
-    layout = BatchLayout(4, 2, 1, 2, 8, torch.float32, None, "sdpa", layer_windows=(5,))
+    layout = BatchLayout(4, 2, 1, 2, 8, torch.float32, None, layer_windows=(5,))
     chunks = [Chunk([1, 2, 3], 9, [3, 7, 1]), Chunk([4], 14, [8, 2, 9, 11]), Chunk([5], 2, [6])]
-    meta = build_batch(chunks, layout, torch.device("cpu")).meta
+    meta = sdpa_batch(chunks, layout, torch.device("cpu")).meta
     assert meta.groups_for(None) is meta.groups
     prefill, decode = meta.groups_for(5)
     # The chunk at 9..11 reaches back to position 5; the decodes at 14 and 2 to 10 and 0.

@@ -41,6 +41,8 @@ EXTRA_SCOPES = {
               "superinfer_kv/bench.py", "superinfer_kv/bench_gpu.py"),
     # Regenerating the gRPC stubs (`make proto`, and the test that they are current).
     "test": ("server/superinfer/pb/generate.py",),
+    # FlashInfer's kernels, imported on first use by the backend that runs them and its bench.
+    "gpu": ("server/superinfer/models/flashinfer_attention.py", "server/superinfer/shard/attention_bench.py"),
 }
 
 

@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from superinfer.shard.batch import BatchLayout, Chunk, build_batch
+from superinfer.shard.attention_backends import select_attention_backend
+from superinfer.shard.batch import BatchLayout, Chunk
 from triton_interpreted import KERNEL_CASES
 
 HERE = pathlib.Path(__file__).parent
@@ -58,9 +59,9 @@ def test_greedy_continuation_is_the_same_on_both_backends(interpreted):
 
 
 def test_triton_metadata_is_tensors_of_the_step():
-    layout = BatchLayout(4, 2, 2, 2, 16, torch.float32, None, "triton")
+    layout = BatchLayout(4, 2, 2, 2, 16, torch.float32, None)
     chunks = [Chunk([1], 6, [7, 3]), Chunk([1, 2, 3], 5, [4, 9, 2]), Chunk([5], 0, [8])]
-    meta = build_batch(chunks, layout, torch.device("cpu")).meta
+    meta = select_attention_backend("triton", layout, torch.device("cpu")).build_batch(chunks).meta
     assert meta.groups == ()
     prefill, decode = meta.kernel_groups
     assert (prefill.row_start, prefill.num_rows, prefill.max_query_len, prefill.max_context_len) == (0, 3, 3, 8)
@@ -85,13 +86,13 @@ def test_decode_splits_fill_the_gpu_only_where_contexts_are_long():
 
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="attention backend"):
-        BatchLayout(4, 2, 2, 2, 16, torch.float32, None, "flash")
+        select_attention_backend("flash", BatchLayout(4, 2, 2, 2, 16, torch.float32, None), torch.device("cpu"))
 
 
 def test_cpu_runner_keeps_sdpa_by_default(tiny_llama_dir):
     from conftest import make_runner
 
-    assert make_runner(tiny_llama_dir).layout.attention_backend == "sdpa"
+    assert make_runner(tiny_llama_dir).attention.name == "sdpa"
 
 
 def test_attention_bench_runs_interpreted_on_the_cpu():

@@ -13,7 +13,8 @@ import tempfile
 import torch
 
 from superinfer.models.attention import paged_attention
-from superinfer.shard.batch import BatchLayout, Chunk, build_batch
+from superinfer.shard.attention_backends import select_attention_backend
+from superinfer.shard.batch import BatchLayout, Chunk
 
 NUM_LAYERS = 2
 LAYER = 1
@@ -72,8 +73,8 @@ def kernel_case(case: str, dtype: torch.dtype, num_kv_heads: int, groups: int, h
     kv_cache = kv_cache.to(device, dtype)
     outputs = {}
     for backend in ("sdpa", "triton"):
-        layout = BatchLayout(block_size, NUM_LAYERS, num_kv_heads, groups, head_dim, dtype, window, backend)
-        batch = build_batch(chunks, layout, device)
+        layout = BatchLayout(block_size, NUM_LAYERS, num_kv_heads, groups, head_dim, dtype, window)
+        batch = select_attention_backend(backend, layout, device).build_batch(chunks)
         if backend == "sdpa":
             q = torch.randn(len(batch.input_ids), num_kv_heads * groups, head_dim, generator=generator)
             q = q.to(device, dtype)

@@ -11,7 +11,8 @@ import tempfile
 import torch
 
 from superinfer.models.attention import paged_attention
-from superinfer.shard.batch import BatchLayout, Chunk, build_batch
+from superinfer.shard.attention_backends import select_attention_backend
+from superinfer.shard.batch import BatchLayout, Chunk
 
 NUM_LAYERS = 2
 LAYER = 1
@@ -60,9 +61,9 @@ def kernel_case(window: int | None, scale: float, softcap: float | None, seed: i
     outputs, q = {}, None
     for backend in ("sdpa", "triton"):
         # The model's windows as Gemma declares them: local layers 5, the step's own none.
-        layout = BatchLayout(block_size, NUM_LAYERS, num_kv_heads, groups, head_dim, torch.float32, None, backend,
+        layout = BatchLayout(block_size, NUM_LAYERS, num_kv_heads, groups, head_dim, torch.float32, None,
                              layer_windows=(5,))
-        batch = build_batch(chunks, layout, torch.device("cpu"))
+        batch = select_attention_backend(backend, layout, torch.device("cpu")).build_batch(chunks)
         if q is None:
             q = torch.randn(len(batch.input_ids), num_kv_heads * groups, head_dim, generator=generator)
         outputs[backend] = paged_attention(q, kv_cache, LAYER, batch.meta, window, scale, softcap).double()

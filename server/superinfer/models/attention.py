@@ -13,8 +13,10 @@ A layer with a sliding window of its own (Gemma's local layers) reads groups bui
 window, which gather only the keys it reaches; soft-capped scores (Gemma 2) take an explicit
 matmul path, since SDPA cannot cap them.
 
-That gather + SDPA path is the CPU's. On a GPU the runner builds `KernelGroup`s instead and the
-Triton kernels (triton_attention.py) read the cache through the block tables directly."""
+That gather + SDPA path is the CPU's. On a GPU the Triton backend builds `KernelGroup`s instead
+and its kernels (triton_attention.py) read the cache through the block tables directly; the
+FlashInfer backend builds a `FlashInferPlan` (flashinfer_attention.py). Which metadata a step
+carries is the backend's choice (`shard.attention_backends`); `paged_attention` follows it."""
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:  # models.lora imports the decoder, which imports this module
+    from .flashinfer_attention import FlashInferPlan
     from .lora import LoraBatch
 
 
@@ -87,6 +90,8 @@ class AttentionMetadata:
     # The rows that run with each LoRA adapter (`models.lora`), which the decoder layers pass
     # down to their projections; None: every row runs the base model.
     lora: "LoraBatch | None" = None
+    # Set on the FlashInfer backend (then `groups` is empty): its kernels run instead of SDPA.
+    flashinfer: "FlashInferPlan | None" = None
 
     def groups_for(self, window: int | None) -> tuple[AttentionGroup, ...]:
         """The groups a layer with `window` attends through; None: the step's own."""
@@ -148,6 +153,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: A
     an arbitrary mask, which is what mixing chunked prefills and decodes in one call needs.
     A layer may pass its own sliding window (groups built for it: `AttentionMetadata.window_groups`),
     softmax scale (None: 1/sqrt(D)) and score soft-capping (None: none)."""
+    if meta.flashinfer is not None:
+        return meta.flashinfer.attend(q, kv_cache, layer, window, scale, softcap)
     if meta.kernel_groups is not None:
         # Imported on first use: triton is the GPU backend's dependency, not the CPU path's.
         from .triton_attention import kernel_attention

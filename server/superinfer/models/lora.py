@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..shard.staging import upload
 from .decoder import Attention, MLP
 
 # The projections of the shared decoder an adapter may target, by their path in a layer.
@@ -80,7 +81,7 @@ def lora_batch(spans: Iterable[tuple[int, int, int]], device: torch.device) -> L
             groups.append(LoraRows(slot, merged[0][0], merged[0][1]))
             continue
         index = torch.cat([torch.arange(start, stop) for start, stop in merged])
-        groups.append(LoraRows(slot, merged[0][0], merged[-1][1], index.to(device, non_blocking=True)))
+        groups.append(LoraRows(slot, merged[0][0], merged[-1][1], upload(index, device)))
     return LoraBatch(tuple(groups)) if groups else None
 
 

@@ -1,11 +1,13 @@
-"""Decode attention alone, the Triton kernel against gather + SDPA, in one run: for each batch
-size and context length, both backends read the same random block-first pool (shuffled
-blocks, Llama-3.2-1B's heads by default) through metadata built as the runner builds it.
+"""Decode attention alone, the Triton kernel against gather + SDPA (and FlashInfer's kernels
+where `flashinfer` is installed and the device is a GPU), in one run: for each batch size and
+context length, every backend reads the same random block-first pool (shuffled blocks,
+Llama-3.2-1B's heads by default) through metadata built as the runner builds it.
 
 Method: a warm-up pair, then --pairs interleaved pairs (the order alternating), each side of a
 pair the mean of --iters calls between two synchronisations; reported per point: each side's
 median, every per-pair ratio sdpa/triton (> 1: the kernel is faster), their median and range,
-and the kernel's K/V read rate. Prints JSON.
+the kernel's K/V read rate, and with FlashInfer the median ratio triton/flashinfer (> 1:
+FlashInfer is faster). Prints JSON.
 
   python -m superinfer.shard.attention_bench --device cuda
   TRITON_INTERPRET=1 python -m superinfer.shard.attention_bench --device cpu --batch-sizes 1 \\
@@ -19,7 +21,8 @@ import time
 import torch
 
 from ..models.attention import paged_attention
-from .batch import BatchLayout, Chunk, build_batch
+from .attention_backends import select_attention_backend
+from .batch import BatchLayout, Chunk
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -41,6 +44,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if args.pairs < 1 or args.iters < 1:
         parser.error("--pairs and --iters must be positive")
     return args
+
+
+def _backends(device: torch.device) -> tuple[str, ...]:
+    """SDPA (the reference) and Triton; FlashInfer too on a GPU that has it."""
+    if device.type == "cuda":
+        try:
+            import flashinfer  # noqa: F401
+        except ImportError:
+            return ("sdpa", "triton")
+        return ("sdpa", "triton", "flashinfer")
+    return ("sdpa", "triton")
 
 
 def _sample(call, iters: int, device: torch.device) -> float:
@@ -66,15 +80,17 @@ def _point(args: argparse.Namespace, batch: int, context: int, device: torch.dev
     layer = args.num_layers // 2
     groups = args.num_heads // args.num_kv_heads
     calls = {}
-    for backend in ("sdpa", "triton"):
-        layout = BatchLayout(args.block_size, args.num_layers, args.num_kv_heads, groups, args.head_dim, dtype,
-                             None, backend)
-        meta = build_batch(chunks, layout, device).meta  # once per step in the runner: not timed
+    for backend in _backends(device):
+        layout = BatchLayout(args.block_size, args.num_layers, args.num_kv_heads, groups, args.head_dim, dtype)
+        # Once per step in the runner: not timed.
+        meta = select_attention_backend(backend, layout, device).build_batch(chunks).meta
         calls[backend] = lambda meta=meta: paged_attention(q, pool, layer, meta)
-    max_abs_diff = float((calls["triton"]().float() - calls["sdpa"]().float()).abs().max())
-    times = {"sdpa": [], "triton": []}
+    reference = calls["sdpa"]().float()
+    max_abs_diff = {backend: float((call().float() - reference).abs().max()) for backend, call in calls.items()
+                    if backend != "sdpa"}
+    times = {backend: [] for backend in calls}
     for pair in range(args.pairs + 1):  # pair 0 warms up (compilation, allocator) and is dropped
-        order_of_pair = ("sdpa", "triton") if pair % 2 == 0 else ("triton", "sdpa")
+        order_of_pair = list(calls) if pair % 2 == 0 else list(reversed(calls))
         sample = {backend: _sample(calls[backend], args.iters, device) for backend in order_of_pair}
         if pair:
             for backend in times:
@@ -88,7 +104,12 @@ def _point(args: argparse.Namespace, batch: int, context: int, device: torch.dev
         "sdpa_ms": statistics.median(times["sdpa"]) * 1e3, "triton_ms": triton_s * 1e3,
         "ratios": ratios, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
         "triton_kv_gb_per_s": kv_bytes / triton_s / 1e9,
-        "max_abs_diff": max_abs_diff,
+        "max_abs_diff": max_abs_diff["triton"],
+        **({} if "flashinfer" not in times else {
+            "flashinfer_ms": statistics.median(times["flashinfer"]) * 1e3,
+            "triton_over_flashinfer_median": statistics.median(
+                [t / f for t, f in zip(times["triton"], times["flashinfer"])]),
+            "flashinfer_max_abs_diff": max_abs_diff["flashinfer"]}),
     }
 
 

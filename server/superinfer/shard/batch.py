@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..models.attention import AttentionGroup, AttentionMetadata, KernelGroup
-
-ATTENTION_BACKENDS = ("sdpa", "triton")
+from .staging import upload
 
 
 @dataclass(frozen=True)
@@ -38,15 +37,15 @@ class BatchLayout:
     head_dim: int
     dtype: torch.dtype
     sliding_window: int | None = None
-    # "sdpa": gather + SDPA (the CPU's path); "triton": the paged kernels read the cache in place.
-    attention_backend: str = "sdpa"
     # Sliding windows some layers use instead of `sliding_window` (Gemma's local layers next to
     # global ones): on the SDPA backend each gets groups of its own (`AttentionMetadata.window_groups`).
     layer_windows: tuple[int, ...] = ()
 
-    def __post_init__(self):
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+    @property
+    def rows_per_block(self) -> int:
+        """Rows of one block in the pool viewed as [N·L·2·block_size·Hkv, D] (`KVGeometry`'s
+        block-first layout): where block b's layer-0 K rows start, times b."""
+        return self.num_layers * 2 * self.block_size * self.num_kv_heads
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def _context_rows(chunks: list[Chunk], keys: int, layout: BatchLayout, num_kv_he
     block_tables = _padded([c.block_table for c in chunks], -(-keys // block_size))  # [B, nb]
     positions = torch.arange(keys)
     blocks = block_tables[:, positions // block_size]  # [B, S]
-    per_block = layout.num_layers * 2 * block_size * num_kv_heads
+    per_block = layout.rows_per_block
     token_rows = blocks * per_block + (positions % block_size)[None, :] * num_kv_heads  # [B, S]
     kv_offset = torch.arange(2)[None, :, None, None] * (block_size * num_kv_heads)
     head_offset = torch.arange(num_kv_heads)[None, None, :, None]
@@ -116,9 +115,9 @@ def _kernel_group(chunks: list[Chunk], row_start: int, layout: BatchLayout, devi
     context = [c.start + length for c, length in zip(chunks, lengths)]
     block_tables = _padded([c.block_table for c in chunks], -(-max(context) // layout.block_size))
     query_starts = [0, *itertools.accumulate(lengths)]
-    as_device = lambda values: torch.tensor(values, dtype=torch.int32).to(device, non_blocking=True)  # noqa: E731
+    as_device = lambda values: upload(torch.tensor(values, dtype=torch.int32), device)  # noqa: E731
     return KernelGroup(
-        row_start, sum(lengths), block_tables.to(torch.int32).to(device, non_blocking=True), as_device(context),
+        row_start, sum(lengths), upload(block_tables.to(torch.int32), device), as_device(context),
         as_device(query_starts), max(lengths), max(context), layout.sliding_window,
     )
 
@@ -133,7 +132,7 @@ def _decode_offsets(block_size: int, num_kv_heads: int, span: int) -> tuple[torc
 
 
 def _decode_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
-    """`build_batch` for a step of decodes only on the SDPA backend — the common step — with
+    """`sdpa_batch` for a step of decodes only — the common step — with
     the indices computed from plain lists and a handful of tensor ops (the general path's
     dozens of small ones cost about as much as a small model's decode attention)."""
     block_size, num_kv_heads = layout.block_size, layout.num_kv_heads
@@ -141,7 +140,7 @@ def _decode_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device
     keys = max(starts) + 1
     width = -(-keys // block_size)
     tables = _padded([c.block_table for c in chunks], width)  # [B, W]
-    per_block = layout.num_layers * 2 * block_size * num_kv_heads
+    per_block = layout.rows_per_block
     within, offsets = _decode_offsets(block_size, num_kv_heads, 1 << max(17, (keys - 1).bit_length()))
     # Row of key j's head 0 K vector (layer 0): its block's first row plus its place in the block.
     token_rows = tables.repeat_interleave(block_size, dim=1)[:, :keys] * per_block + within[:keys]  # [B, S]
@@ -155,7 +154,7 @@ def _decode_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device
             allowed &= key_pos > query_pos - layout.sliding_window
         mask = allowed[:, None, None, :]  # [B, 1, 1, S]: every KV head and query head alike
     slot_blocks = [c.block_table[start // block_size] for c, start in zip(chunks, starts)]
-    to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+    to = lambda t: None if t is None else upload(t, device)  # noqa: E731
     meta = AttentionMetadata(
         positions=to(torch.tensor(starts)),
         slot_blocks=to(torch.tensor(slot_blocks)),
@@ -169,17 +168,32 @@ def _decode_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device
     return StepBatch(to(input_ids), meta, list(range(len(chunks))))
 
 
-def build_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
-    if layout.layer_windows and layout.attention_backend == "sdpa":
-        batch = build_batch(chunks, replace(layout, layer_windows=()), device)
-        return _with_window_groups(batch, chunks, layout, device)
-    if layout.attention_backend == "sdpa" and chunks and all(len(c.token_ids) == 1 for c in chunks):
-        return _decode_batch(chunks, layout, device)
-    return general_batch(chunks, layout, device)
+@dataclass(frozen=True)
+class FlatRows:
+    """What every backend's metadata shares: the flat token batch (every prefill chunk first,
+    then every decode) and where each new token's K/V goes. Host tensors."""
+
+    # Chunk indices (in the caller's order) of the prefill chunks and of the decodes.
+    prefill: list[int]
+    decode: list[int]
+    first_rows: list[int]
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_blocks: torch.Tensor  # [T]
+    sequence_lengths: torch.Tensor  # [T]
+
+    def metadata(self, layout: BatchLayout, device: torch.device, **fields) -> AttentionMetadata:
+        """The step's metadata with these rows uploaded and a backend's own `fields`."""
+        return AttentionMetadata(
+            positions=upload(self.positions, device), slot_blocks=upload(self.slot_blocks, device),
+            slot_offsets=upload(self.positions % layout.block_size, device),
+            sequence_lengths=upload(self.sequence_lengths, device), **fields)
+
+    def batch(self, meta: AttentionMetadata, device: torch.device) -> StepBatch:
+        return StepBatch(upload(self.input_ids, device), meta, self.first_rows)
 
 
-def general_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
-    """Any mix of prefill chunks and decodes, on either backend."""
+def flat_rows(chunks: list[Chunk], layout: BatchLayout) -> FlatRows:
     prefill = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
     decode = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
     order = prefill + decode
@@ -199,39 +213,50 @@ def general_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device
     widest = int(((starts + lengths).max() + block_size - 1) // block_size)
     all_tables = _padded([c.block_table for c in ordered], widest)
     slot_blocks = all_tables[chunk_of_row, positions // block_size]
-    to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-    if layout.attention_backend == "triton":
-        kernel_groups = []
-        if prefill:
-            kernel_groups.append(_kernel_group([chunks[i] for i in prefill], 0, layout, device))
-        if decode:
-            decodes = [chunks[i] for i in decode]
-            kernel_groups.append(_kernel_group(decodes, len(input_ids) - len(decode), layout, device))
-        meta = AttentionMetadata(
-            positions=to(positions), slot_blocks=to(slot_blocks), slot_offsets=to(positions % block_size),
-            groups=(), kernel_groups=tuple(kernel_groups), sequence_lengths=to(sequence_lengths),
-        )
-        return StepBatch(to(input_ids), meta, first_rows)
+    return FlatRows(prefill, decode, first_rows, input_ids, positions, slot_blocks, sequence_lengths)
+
+
+def sdpa_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
+    """The SDPA backend's step: gather indices and masks per group (and per layer window)."""
+    if layout.layer_windows:
+        batch = sdpa_batch(chunks, replace(layout, layer_windows=()), device)
+        return _with_window_groups(batch, chunks, layout, device)
+    if chunks and all(len(c.token_ids) == 1 for c in chunks):
+        return _decode_batch(chunks, layout, device)
+    return general_batch(chunks, layout, device)
+
+
+def general_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
+    """The SDPA backend's metadata for any mix of prefill chunks and decodes."""
+    flat = flat_rows(chunks, layout)
+    num_rows = len(flat.input_ids)
     groups = []
-    if prefill:
-        groups.append(_group([chunks[i] for i in prefill], 0, layout, decode=False))
-    if decode:
-        groups.append(_group([chunks[i] for i in decode], len(input_ids) - len(decode), layout, decode=True))
-    meta = AttentionMetadata(
-        positions=to(positions),
-        slot_blocks=to(slot_blocks),
-        slot_offsets=to(positions % block_size),
-        groups=tuple(
-            AttentionGroup(
-                g.row_start, g.num_rows, to(g.context_rows), to(g.mask),
-                context_buffer=torch.empty((*g.context_rows.shape, layout.head_dim), dtype=layout.dtype, device=device),
-                query_rows=to(g.query_rows), real_queries=to(g.real_queries),
-            )
-            for g in groups
-        ),
-        sequence_lengths=to(sequence_lengths),
+    if flat.prefill:
+        groups.append(_group([chunks[i] for i in flat.prefill], 0, layout, decode=False))
+    if flat.decode:
+        groups.append(_group([chunks[i] for i in flat.decode], num_rows - len(flat.decode), layout, decode=True))
+    to = lambda t: None if t is None else upload(t, device)  # noqa: E731
+    groups = tuple(
+        AttentionGroup(
+            g.row_start, g.num_rows, to(g.context_rows), to(g.mask),
+            context_buffer=torch.empty((*g.context_rows.shape, layout.head_dim), dtype=layout.dtype, device=device),
+            query_rows=to(g.query_rows), real_queries=to(g.real_queries),
+        )
+        for g in groups
     )
-    return StepBatch(to(input_ids), meta, first_rows)
+    return flat.batch(flat.metadata(layout, device, groups=groups), device)
+
+
+def kernel_batch(chunks: list[Chunk], layout: BatchLayout, device: torch.device) -> StepBatch:
+    """The Triton backend's metadata: block tables and lengths per group, read in place."""
+    flat = flat_rows(chunks, layout)
+    kernel_groups = []
+    if flat.prefill:
+        kernel_groups.append(_kernel_group([chunks[i] for i in flat.prefill], 0, layout, device))
+    if flat.decode:
+        decodes = [chunks[i] for i in flat.decode]
+        kernel_groups.append(_kernel_group(decodes, len(flat.input_ids) - len(decodes), layout, device))
+    return flat.batch(flat.metadata(layout, device, groups=(), kernel_groups=tuple(kernel_groups)), device)
 
 
 def _window_rows(chunks: list[Chunk], layout: BatchLayout, window: int):
@@ -247,7 +272,7 @@ def _window_rows(chunks: list[Chunk], layout: BatchLayout, window: int):
     key_pos = first_keys[:, None] + torch.arange(keys)[None, :]  # [B, S]
     stored = torch.minimum(key_pos, (context - 1)[:, None])
     tables = _padded([c.block_table for c in chunks], int(-(-int(context.max()) // block_size)))
-    per_block = layout.num_layers * 2 * block_size * num_kv_heads
+    per_block = layout.rows_per_block
     token_rows = tables.gather(1, stored // block_size) * per_block + (stored % block_size) * num_kv_heads
     kv_offset = torch.arange(2)[None, :, None, None] * (block_size * num_kv_heads)
     head_offset = torch.arange(num_kv_heads)[None, None, :, None]
@@ -265,7 +290,7 @@ def _window_group(chunks: list[Chunk], row_start: int, layout: BatchLayout, wind
     # Padded queries are clamped to the last real one so no row is empty.
     query_pos = (starts[:, None] + torch.minimum(q_index, (lengths - 1)[:, None]))[:, :, None]  # [B, Q, 1]
     allowed = (key_pos[:, None, :] <= query_pos) & (key_pos[:, None, :] > query_pos - window)  # [B, Q, S]
-    to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+    to = lambda t: None if t is None else upload(t, device)  # noqa: E731
     buffer = torch.empty((*context_rows.shape, layout.head_dim), dtype=layout.dtype, device=device)
     num_rows = int(lengths.sum())
     if decode:

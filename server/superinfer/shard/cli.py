@@ -10,11 +10,11 @@ import threading
 import time
 
 from ..models.architectures import supported_architectures
-from .config import DEFAULT_BLOCK_SIZE
+from .config import ATTENTION_BACKEND_NAMES, DEFAULT_BLOCK_SIZE
 from .host_memory import DEFAULT_HOST_KV_MEMORY_FRACTION
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
+ATTENTION_BACKENDS = ("auto", *ATTENTION_BACKEND_NAMES)
 # What --device accepts (whether the device exists is resolve_device's question, at start-up).
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 
@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                         help="auto: the Triton paged kernels on a GPU, gather + SDPA on the CPU (triton on the "
-                        "CPU needs TRITON_INTERPRET=1 and is slow)")
+                        "CPU needs TRITON_INTERPRET=1 and is slow); flashinfer: FlashInfer's kernels on a GPU "
+                        "(pip install 'superinfer[gpu]')")
     parser.add_argument("--cuda-graphs", default=None,
                         help="GPU: batch sizes whose decode steps are captured as CUDA graphs, separated by "
                         "commas; 0: none (default: 1, 2, 4 and multiples of 8 up to the step's request limit)")

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 # (TGI's --max-batch-total-tokens); the router learns the shard's actual size from Info.
 DEFAULT_BLOCK_SIZE = 16
 
+# --attention-backend's choices besides "auto" (`attention_backends` implements each).
+ATTENTION_BACKEND_NAMES = ("sdpa", "triton", "flashinfer")
+
 
 def parse_cuda_graphs(text: str | None) -> tuple[int, ...] | None:
     """TGI's --cuda-graphs: batch sizes separated by commas, "0" for none; None or "auto": the

@@ -28,6 +28,7 @@ import torch
 
 from ..models.attention import AttentionMetadata, KernelGroup
 from .batch import Chunk, StepBatch
+from .staging import upload
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ def default_batch_sizes(max_requests: int) -> tuple[int, ...]:
 def feed_inputs(input_ids: torch.Tensor, rows: list[int], source: torch.Tensor, source_rows: list[int]) -> None:
     """input_ids[rows[i]] = source[source_rows[i]], on the device (no host read)."""
     device = input_ids.device
-    index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
-    picked = source.index_select(0, torch.tensor(source_rows, dtype=torch.int64).to(device, non_blocking=True))
+    index = upload(torch.tensor(rows, dtype=torch.int64), device)
+    picked = source.index_select(0, upload(torch.tensor(source_rows, dtype=torch.int64), device))
     input_ids.index_copy_(0, index, picked.to(input_ids.dtype))
 
 
@@ -97,7 +98,7 @@ class DecodeGraphs:
     def __init__(self, runner, batch_sizes: tuple[int, ...], max_context_len: int):
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"batch sizes must be positive, got {batch_sizes}")
-        if runner.layout.attention_backend != "triton":
+        if runner.attention.name != "triton":
             raise ValueError("decode graphs need the triton attention backend (fixed-shape kernel metadata)")
         cache = runner.cache
         if cache is None or cache.padding_block is None:

@@ -7,6 +7,7 @@ import logging
 from .executor import ShardExecutor
 from .rank_commands import HealthCommand, ResetCommand, StepCommand, StopCommand, WarmupCommand
 from .rank_group import RankGroup
+from .rank_step import run_rank_step
 
 log = logging.getLogger(__name__)
 
@@ -17,8 +18,8 @@ def follow(executor: ShardExecutor, group: RankGroup) -> int:
         while True:
             command = group.receive()
             match command:
-                case StepCommand(work):
-                    executor.run_work(work)
+                case StepCommand(work):  # the step function rank 0 runs too: the same collectives
+                    run_rank_step(executor.runner, executor.tracker, work)
                 case WarmupCommand(max_tokens, max_requests):
                     executor.warm_up(max_tokens, max_requests)
                 case HealthCommand():

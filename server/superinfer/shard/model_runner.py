@@ -6,7 +6,8 @@ import torch
 
 from ..models.config import ModelConfig
 from ..models.lora import lora_batch
-from .batch import BatchLayout, Chunk, StepBatch, build_batch
+from .attention_backends import AttentionBackend, select_attention_backend
+from .batch import BatchLayout, Chunk, StepBatch
 from .decode_graphs import DecodeGraphs, feed_inputs
 from .kv_cache import KVCache, KVGeometry
 from .loader import LoadedModel
@@ -32,11 +33,10 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.layout = BatchLayout(
             block_size, config.num_layers, num_kv_heads, num_heads // num_kv_heads,
-            config.head_dim, dtype, config.sliding_window,
-            # None: the Triton kernels on a GPU, gather + SDPA on the CPU.
-            attention_backend or ("triton" if device.type == "cuda" else "sdpa"),
-            self.model.layer_windows,
+            config.head_dim, dtype, config.sliding_window, self.model.layer_windows,
         )
+        # None: the device's default (`attention_backends`).
+        self.attention: AttentionBackend = select_attention_backend(attention_backend, self.layout, device)
 
     @property
     def config(self) -> ModelConfig:
@@ -72,7 +72,7 @@ class ModelRunner:
         adapted = bool(self.loaded.adapters) and any(chunk.adapter for chunk in chunks)
         if cache is None and self.graphs is not None and not adapted and self.graphs.fits(chunks):
             return self.graphs.run(chunks, feed)
-        batch = build_batch(chunks, self.layout, self.device)
+        batch = self.attention.build_batch(chunks)
         if adapted:
             spans = [(batch.first_rows[i], len(chunk.token_ids), chunk.adapter) for i, chunk in enumerate(chunks)]
             batch = replace(batch, meta=replace(batch.meta, lora=lora_batch(spans, self.device)))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .requests import RequestState
+from .staging import upload
 from .token_mask import AllowedTokens
 
 log = logging.getLogger(__name__)
@@ -95,10 +96,10 @@ def typical_p_filter(logits: torch.Tensor, typical_p: float) -> torch.Tensor:
 def _penalized(logits: torch.Tensor, request: RequestState) -> torch.Tensor:
     params = request.params
     if params.repetition_penalty != 1.0:
-        ids = torch.tensor(request.token_ids, dtype=torch.int64, device=logits.device)
+        ids = upload(torch.tensor(request.token_ids, dtype=torch.int64), logits.device)
         logits = apply_repetition_penalty(logits, ids, params.repetition_penalty)
     if params.frequency_penalty != 0.0 and request.num_generated:
-        generated = torch.tensor(request.token_ids[request.prompt_len :], dtype=torch.int64, device=logits.device)
+        generated = upload(torch.tensor(request.token_ids[request.prompt_len :], dtype=torch.int64), logits.device)
         logits = apply_frequency_penalty(logits, generated, params.frequency_penalty)
     return logits
 
@@ -187,6 +188,6 @@ def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int]) -> list[flo
     """logits: [P, V] at consecutive positions; the logprob of each following prompt token."""
     if not next_token_ids:
         return []
-    targets = torch.tensor(next_token_ids, dtype=torch.int64, device=logits.device)
+    targets = upload(torch.tensor(next_token_ids, dtype=torch.int64), logits.device)
     rows = logits[: len(next_token_ids)].log_softmax(-1)
     return rows.gather(1, targets[:, None])[:, 0].tolist()

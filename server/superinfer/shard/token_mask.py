@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .staging import upload
+
 
 # [256, 8] float32: the bias of each of a packed byte's 8 tokens (bit i = token 8·byte + i).
 _BYTE_BIAS = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little") == 1,
@@ -39,4 +41,4 @@ def unpack_allowed(masks: list[bytes], vocab_size: int, device: torch.device) ->
             packed[row, : len(kept)] = kept
     bias = np.take(_BYTE_BIAS, packed, axis=0).reshape(len(masks), -1)[:, :vocab_size]  # [R, V]
     empty_rows = [row for row, mask in enumerate(masks) if mask and not mask.strip(b"\0")]
-    return AllowedTokens(torch.from_numpy(bias).to(device), empty_rows)
+    return AllowedTokens(upload(torch.from_numpy(bias), device), empty_rows)
