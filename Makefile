@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 ARGS ?=
 
-.PHONY: run test test-rust test-python test-integration test-ops soak build venv clients prometheus jaeger bench clean proto
+.PHONY: run test test-rust test-python test-integration test-replicas test-ops soak build venv clients prometheus jaeger bench clean proto
 
 $(VENV)/.deps: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,7 +48,15 @@ test-python: build
 	$(PY) -m pytest -q
 
 test-integration: build clients prometheus
-	$(CLIENTS)/bin/python -m pytest -q integration-tests --ignore=integration-tests/ops --ignore=integration-tests/docker
+	$(CLIENTS)/bin/python -m pytest -q integration-tests --ignore=integration-tests/ops --ignore=integration-tests/docker \
+		--ignore=integration-tests/replicas
+
+# Replicas behind the real vllm-router (pinned in integration-tests/requirements.txt): load spread,
+# worker endpoints, spill-over on 429, drain and kill, KV-cache events and kv_aware routing. Three
+# servers at a time take minutes to warm up on a small machine, so this is its own target (CI runs it
+# after `make test`).
+test-replicas: build clients
+	$(CLIENTS)/bin/python -m pytest -q integration-tests/replicas
 
 # Operations checks against real collectors: traces read back from Jaeger (integration-tests/ops).
 test-ops: build clients jaeger

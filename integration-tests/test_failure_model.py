@@ -112,6 +112,17 @@ def test_sigterm_lets_the_streams_in_flight_finish_and_exits_zero(server):
     assert server.process.wait(timeout=60) == 0, server.log_tail()
 
 
+def test_streams_left_when_the_grace_ends_get_an_error_event_and_the_launcher_exits_zero(tmp_path):
+    with launch(tmp_path, [*SERVER_ARGS, "--graceful-termination-timeout-s", "2"]) as server:
+        stream = Stream(server.url, {"inputs": PROMPT, "parameters": {"max_new_tokens": 300}}).start()
+        assert stream.first_token.wait(120), server.log_tail()
+        server.process.send_signal(signal.SIGTERM)
+        assert stream.join(60), "the stream hung"
+        # An error event the client can read, not a response cut off by a closed connection.
+        assert stream.failure is None and stream.error is not None, (stream.failure, stream.final)
+        assert server.process.wait(timeout=60) == 0, server.log_tail()
+
+
 @pytest.mark.parametrize("fault", ["stall past the recovery bound", "kill"])
 def test_a_shard_that_does_not_come_back_makes_the_launcher_exit_non_zero(tmp_path, fault):
     flags = [*SERVER_ARGS, "--step-timeout-s", "2", "--shard-recovery-timeout-s", "5"]

@@ -9,8 +9,12 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use superinfer_scheduler::{
+    DEFAULT_MAX_BATCH_REQUESTS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_TBT_PERCENTILE, DEFAULT_TBT_S, DEFAULT_TTFT_S,
+};
 
 use crate::grammar::UnlistedProperties;
+use crate::kv_events::KvEventsConfig;
 
 /// Which scheduling policy drives the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -75,14 +79,14 @@ pub struct RouterConfig {
     #[arg(long, env = "HOST_KV_BLOCKS")]
     pub host_kv_blocks: Option<u32>,
     /// Default time-to-first-token objective, in milliseconds.
-    #[arg(long, env = "TTFT_SLO_MS", default_value_t = 2000.0)]
+    #[arg(long, env = "TTFT_SLO_MS", default_value_t = DEFAULT_TTFT_S * 1e3)]
     pub ttft_slo_ms: f64,
     /// Default time-between-tokens objective, in milliseconds.
-    #[arg(long, env = "TBT_SLO_MS", default_value_t = 200.0)]
+    #[arg(long, env = "TBT_SLO_MS", default_value_t = DEFAULT_TBT_S * 1e3)]
     pub tbt_slo_ms: f64,
     /// Percentile of each request's gaps between tokens that the TBT objective is for (90: up
     /// to a tenth of its gaps may be longer); RotaSched spends the rest on prefill.
-    #[arg(long, env = "TBT_SLO_PERCENTILE", default_value_t = 90.0)]
+    #[arg(long, env = "TBT_SLO_PERCENTILE", default_value_t = DEFAULT_TBT_PERCENTILE)]
     pub tbt_slo_percentile: f64,
     /// Default stall bound, in milliseconds: the longest gap between two tokens a request
     /// allows at all (its TBT objective is missed above it, whatever the percentile). Default:
@@ -103,10 +107,10 @@ pub struct RouterConfig {
     pub queue_timeout_ms: Option<f64>,
     /// Largest number of tokens (prefill chunks + decodes) in one model step. TGI's
     /// --max-batch-prefill-tokens counts prefill tokens only.
-    #[arg(long, visible_alias = "max-batch-prefill-tokens", env = "MAX_BATCH_TOKENS", default_value_t = 2048)]
+    #[arg(long, visible_alias = "max-batch-prefill-tokens", env = "MAX_BATCH_TOKENS", default_value_t = DEFAULT_MAX_BATCH_TOKENS)]
     pub max_batch_tokens: u32,
     /// Largest number of requests in one model step.
-    #[arg(long, visible_alias = "max-batch-size", env = "MAX_BATCH_REQUESTS", default_value_t = 256)]
+    #[arg(long, visible_alias = "max-batch-size", env = "MAX_BATCH_REQUESTS", default_value_t = DEFAULT_MAX_BATCH_REQUESTS)]
     pub max_batch_requests: u32,
 
     /// Requests in flight (queued or running) before new ones are refused with 429.
@@ -162,6 +166,11 @@ pub struct RouterConfig {
     /// environment variable only: a flag's value is visible to every local user (`ps`).
     #[arg(skip)]
     pub api_key: Option<String>,
+    /// KV-cache events in vLLM's format, as vLLM's `--kv-events-config` JSON, e.g.
+    /// '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557",
+    /// "replay_endpoint":"tcp://*:5558","topic":"kv-events"}'. Off by default.
+    #[arg(long, env = "KV_EVENTS_CONFIG", value_parser = KvEventsConfig::parse)]
+    pub kv_events_config: Option<KvEventsConfig>,
     /// Origins allowed by CORS (repeatable); none allows none.
     #[arg(long, env = "CORS_ALLOW_ORIGIN", value_delimiter = ',')]
     pub cors_allow_origin: Vec<String>,

@@ -7,6 +7,8 @@
 //! - `server`: start-up wiring, `run(config, shutdown)`.
 //! - `telemetry`: logging and OpenTelemetry traces; `trace_context`: W3C trace context in from
 //!   HTTP headers and out to the shard's gRPC metadata.
+//! - `kv_events`: the prefix cache's changes published in vLLM's KV-event format
+//!   (`--kv-events-config`), for KV-aware routers in front of several servers.
 //! - `grammar`: constrained decoding (JSON schemas, regexes) compiled by llguidance into
 //!   per-request token masks.
 //! - `http`: the HTTP API (TGI's routes, OpenAI's, health/info/metrics, OpenAPI); built on
@@ -27,6 +29,7 @@ pub mod engine;
 pub mod error;
 pub mod grammar;
 pub mod http;
+pub mod kv_events;
 pub mod metrics;
 pub mod server;
 pub mod telemetry;

@@ -3,7 +3,8 @@
 //! and the Python shim decide when the server stops.
 //!
 //! Stopping is graceful: new requests are refused with 503, those in flight get
-//! `--graceful-termination-timeout-s` to finish, then the engine and the HTTP server stop.
+//! `--graceful-termination-timeout-s` to finish, then the engine stops (failing, with an error
+//! event, whatever is left) and the HTTP server closes its connections once those are written.
 //! An engine that gives up on its shard ends `run` with an error (the process exits non-zero).
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use crate::client::{ClientError, ShardClient};
 use crate::config::{AdmissionKind, RouterConfig, SchedulerKind};
 use crate::engine::{spawn_engine, Admission, EngineConfig, EngineHandle, EngineTimeouts, ModelInfo};
 use crate::http::{self, HttpConfig};
+use crate::kv_events::{start_publisher, KvEventsError};
 use crate::metrics::{install_recorder_with_limits, MetricLimits, MetricsError};
 use crate::pb;
 
@@ -42,6 +44,8 @@ pub enum ServerError {
     Http(std::io::Error),
     #[error("the engine stopped: {0}")]
     EngineStopped(String),
+    #[error(transparent)]
+    KvEvents(#[from] KvEventsError),
 }
 
 /// Runs the router until `stop` is cancelled (then drains), the HTTP server fails, or the
@@ -91,6 +95,9 @@ async fn serve(
             result = &mut http => return result.map_err(ServerError::Http),
         }
     }
+    // The engine first: what is still in flight after the grace fails with an error event its
+    // client reads (a response cut by closing its connection would read as a network fault).
+    engine_stop.cancel();
     http_stop.cancel();
     if tokio::time::timeout(HTTP_CLOSE_TIMEOUT, &mut http).await.is_err() {
         tracing::warn!("connections still open after {HTTP_CLOSE_TIMEOUT:?}; closing them");
@@ -130,6 +137,7 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
         max_connections: config.max_connections,
         http_header_timeout: Duration::from_secs(config.http_header_timeout_s),
         http_idle_timeout: Duration::from_secs(config.http_idle_timeout_s),
+        kv_event_sources: config.kv_events_config.as_ref().map(|events| events.sources()).unwrap_or_default(),
     }
 }
 
@@ -176,9 +184,15 @@ pub async fn start_engine(
     // no-op recorder `metrics` has until one is installed.
     install_recorder_with_limits(&metric_limits(config, &model, &engine_timeouts))?;
     let (admission, queue_timeout) = admission(config)?;
+    let kv_events = match config.kv_events_config.as_ref().filter(|events| events.publishes()) {
+        Some(events) => Some(
+            start_publisher(events, scheduler.block_size, model.adapters.clone(), tracker, shutdown.child_token()).await?,
+        ),
+        None => None,
+    };
     let engine_config =
         EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone(), timeouts: engine_timeouts,
-            async_scheduling: config.async_scheduling, admission, queue_timeout };
+            async_scheduling: config.async_scheduling, admission, queue_timeout, kv_events };
     let engine = spawn_engine(engine_config, client, tracker, shutdown.child_token())?;
     Ok((engine, model))
 }

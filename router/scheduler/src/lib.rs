@@ -15,7 +15,8 @@
 //!   `finish`, `cancel`); `policy/` holds `plan` and the four policies (fcfs, recompute, swap,
 //!   rotasched); `step` the machinery they share (budgets, admission, preemption, rotation);
 //!   `inspect` the stats snapshot and the invariant check.
-//! - `kv`: the two-tier block manager — device/host pools, prefix cache, transfers in flight.
+//! - `kv`: the two-tier block manager — device/host pools, prefix cache, transfers in flight;
+//!   [`KvCacheEvent`], the prefix cache's changes for KV-aware routers.
 //! - `byte_budget`, `arrivals`: RotaSched's per-step transfer budget and arrival-rate estimate.
 //! - `stats`: [`SchedulerStats`] — what /metrics exports.
 //! - `sim`: the discrete-event simulator driving the same `Scheduler`.
@@ -51,9 +52,13 @@ mod tests;
 pub mod sim;
 
 pub use admission::AdmissionView;
-pub use config::{PolicyKind, SchedulerConfig, Slo, DEFAULT_STALL_FACTOR};
+pub use config::{
+    PolicyKind, SchedulerConfig, Slo, DEFAULT_MAX_BATCH_REQUESTS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_STALL_FACTOR,
+    DEFAULT_TBT_PERCENTILE, DEFAULT_TBT_S, DEFAULT_TTFT_S,
+};
 pub use cost_model::{CostModel, Direction, StepShape, TokenCurve};
 pub use error::SchedulerError;
+pub use kv::KvCacheEvent;
 pub use plan::{ScheduledEntry, StepPlan, StepResults, Transfer};
 pub use request::RequestSpec;
 pub use scheduler::Scheduler;

@@ -8,7 +8,7 @@ use crate::admission::AdmissionView;
 use crate::config::SchedulerConfig;
 use crate::cost_model::{CostModel, StepShape};
 use crate::error::SchedulerError;
-use crate::kv::BlockManager;
+use crate::kv::{BlockManager, KvCacheEvent};
 use crate::plan::{StepPlan, StepResults};
 use crate::policy::Policy;
 use crate::stats::SchedulerStats;
@@ -153,13 +153,23 @@ impl Scheduler {
     /// the requests it still holds.
     pub fn reset(&mut self) {
         let core = &mut self.core;
-        let config = &core.config;
-        core.blocks = BlockManager::new(config.block_size, config.num_device_blocks, config.num_host_blocks, config.prefix_caching);
+        core.blocks.clear();
         core.requests.clear();
         core.waiting.clear();
         core.pending.clear();
         core.lag_samples.clear();
         core.debug_check("reset");
+    }
+
+    /// Records the prefix cache's changes from now on, for `take_kv_events`.
+    pub fn enable_kv_events(&mut self) {
+        self.core.blocks.enable_kv_events();
+    }
+
+    /// The prefix cache's changes since the previous call, in order (none unless enabled):
+    /// applied in order they give exactly the set of blocks a prompt lookup can find.
+    pub fn take_kv_events(&mut self) -> Vec<KvCacheEvent> {
+        self.core.blocks.take_kv_events()
     }
 
     /// Lag samples (now - deadline of each produced token, seconds; positive = late) recorded

@@ -49,11 +49,31 @@ impl EngineStatus {
     }
 }
 
+/// The requests the engine holds, by where their KV is; published by the engine task after
+/// every turn (a router in front balances on it: `/get_load`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineLoad {
+    /// Requests with their KV on device.
+    pub running: u32,
+    /// Requests without device KV, waiting for (re)admission.
+    pub waiting: u32,
+    /// Requests with their KV on host (rotated out), transfers included.
+    pub rotated: u32,
+}
+
+impl EngineLoad {
+    /// Every request the engine holds (the three phases are disjoint).
+    pub fn requests(&self) -> u32 {
+        self.running + self.waiting + self.rotated
+    }
+}
+
 /// Cloneable access to the engine. Cheap to clone; every clone talks to the same task.
 #[derive(Clone)]
 pub struct EngineHandle {
     commands: mpsc::UnboundedSender<Command>,
     status: watch::Receiver<EngineStatus>,
+    load: watch::Receiver<EngineLoad>,
     next_id: Arc<AtomicU64>,
     /// `--admission slo`; None admits everything (TGI).
     admission: Option<Arc<AdmissionGate>>,
@@ -63,9 +83,15 @@ impl EngineHandle {
     pub(crate) fn new(
         commands: mpsc::UnboundedSender<Command>,
         status: watch::Receiver<EngineStatus>,
+        load: watch::Receiver<EngineLoad>,
         admission: Option<Arc<AdmissionGate>>,
     ) -> Self {
-        Self { commands, status, next_id: Arc::new(AtomicU64::new(1)), admission }
+        Self { commands, status, load, next_id: Arc::new(AtomicU64::new(1)), admission }
+    }
+
+    /// The requests the engine held after its last turn.
+    pub fn load(&self) -> EngineLoad {
+        *self.load.borrow()
     }
 
     /// Queues a request. The returned stream yields its events; dropping it cancels the request.
@@ -170,7 +196,8 @@ mod tests {
     fn handle() -> (EngineHandle, mpsc::UnboundedReceiver<Command>, watch::Sender<EngineStatus>) {
         let (commands, receiver) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(EngineStatus::Running);
-        (EngineHandle::new(commands, status, None), receiver, status_tx)
+        let (_, load) = watch::channel(EngineLoad::default());
+        (EngineHandle::new(commands, status, load, None), receiver, status_tx)
     }
 
     #[tokio::test]

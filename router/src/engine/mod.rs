@@ -27,7 +27,7 @@ mod vllm_metrics;
 mod testing;
 
 pub use admission::Admission;
-pub use handle::{EngineHandle, RequestStream};
+pub use handle::{EngineHandle, EngineLoad, RequestStream};
 pub use model_info::ModelInfo;
 pub use recovery::EngineTimeouts;
 pub use step_loop::{spawn_engine, EngineConfig};

@@ -28,7 +28,7 @@ use super::admission::{Admission, AdmissionGate};
 use super::attainment::RecentAttainment;
 use super::api::{EngineError, EngineEvent, FinishReason, GenerationRequest};
 use super::constraints::allowed_tokens;
-use super::handle::{Command, EngineHandle, EngineStatus};
+use super::handle::{Command, EngineHandle, EngineLoad, EngineStatus};
 use super::metrics;
 use super::postprocess::apply_step_response;
 use super::recovery::{EngineTimeouts, Recovery, RecoveryTurn};
@@ -36,6 +36,7 @@ use super::step_request::build_step_request;
 use super::step_trace::annotate_step;
 use super::vllm_metrics;
 use crate::client::{ClientError, ShardClient};
+use crate::kv_events::KvEventSink;
 use crate::pb;
 
 /// While transfers are in flight and nothing can be computed, the engine polls the shard for
@@ -58,6 +59,8 @@ pub struct EngineConfig {
     pub admission: Admission,
     /// Fail queued requests (never started) this long past their first-token deadline.
     pub queue_timeout: Option<Duration>,
+    /// Where the prefix cache's changes go each turn (`--kv-events-config`); none: not recorded.
+    pub kv_events: Option<KvEventSink>,
 }
 
 /// Starts the engine task on `tracker`; it stops when `shutdown` is cancelled, failing the
@@ -75,9 +78,13 @@ pub fn spawn_engine(
         Admission::All => None,
         Admission::Slo { slack_s } => Some(Arc::new(AdmissionGate::new(slack_s, config.scheduler.default_slo))),
     };
-    let scheduler = Scheduler::new(config.scheduler)?;
+    let mut scheduler = Scheduler::new(config.scheduler)?;
+    if config.kv_events.is_some() {
+        scheduler.enable_kv_events();
+    }
     let (commands_tx, commands) = mpsc::unbounded_channel();
     let (status_tx, status) = watch::channel(EngineStatus::Running);
+    let (load_tx, load) = watch::channel(EngineLoad::default());
     let engine = Engine {
         scheduler,
         client,
@@ -87,6 +94,7 @@ pub fn spawn_engine(
         timeouts: config.timeouts,
         clock_origin: Instant::now(),
         status: status_tx,
+        load: load_tx,
         recovery: None,
         draining: false,
         drain_waiters: Vec::new(),
@@ -98,9 +106,10 @@ pub fn spawn_engine(
         admission: admission.clone(),
         arrived_tokens: 0,
         queue_timeout: config.queue_timeout,
+        kv_events: config.kv_events,
     };
     tracker.spawn(engine.run(commands, shutdown));
-    Ok(EngineHandle::new(commands_tx, status, admission))
+    Ok(EngineHandle::new(commands_tx, status, load, admission))
 }
 
 pub(super) struct Engine {
@@ -114,6 +123,8 @@ pub(super) struct Engine {
     /// Zero of the scheduler's clock (it takes seconds as f64).
     clock_origin: Instant,
     pub(super) status: watch::Sender<EngineStatus>,
+    /// The requests held, by phase, as of the last turn (`EngineHandle::load`).
+    load: watch::Sender<EngineLoad>,
     /// Set while the shard is failed and being probed; the engine then plans nothing.
     pub(super) recovery: Option<Recovery>,
     /// Set by a drain: no new requests, whatever the shard's state.
@@ -136,6 +147,8 @@ pub(super) struct Engine {
     arrived_tokens: u64,
     /// See `EngineConfig::queue_timeout`.
     queue_timeout: Option<Duration>,
+    /// See `EngineConfig::kv_events`.
+    kv_events: Option<KvEventSink>,
 }
 
 /// A step sent to the shard whose reply the engine has not applied yet.
@@ -156,7 +169,8 @@ enum Turn {
 
 impl Engine {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>, shutdown: CancellationToken) {
-        loop {
+        // Checked every turn, not only when idle: a stop fails what is in flight at once.
+        while !shutdown.is_cancelled() {
             while let Ok(command) = commands.try_recv() {
                 self.handle(command).await;
             }
@@ -176,9 +190,6 @@ impl Engine {
                 },
                 _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.cancelled() => break,
-            }
-            if shutdown.is_cancelled() {
-                break;
             }
         }
         tracing::info!(requests = self.requests.len(), "engine stopping");
@@ -410,10 +421,18 @@ impl Engine {
 
     pub(super) fn publish_stats(&mut self) {
         self.expire_queued();
+        if let Some(sink) = &self.kv_events {
+            let events = self.scheduler.take_kv_events();
+            if !events.is_empty() {
+                sink.publish(events);
+            }
+        }
         if let Some(gate) = &self.admission {
             gate.published(self.scheduler.admission_view(), std::mem::take(&mut self.arrived_tokens));
         }
         let stats = self.scheduler.stats();
+        let load = EngineLoad { running: stats.running, waiting: stats.waiting, rotated: stats.rotated };
+        self.load.send_if_modified(|published| std::mem::replace(published, load) != load);
         metrics::record_scheduler(&stats, &self.last_stats, self.requests.len());
         vllm_metrics::record_scheduler(&stats, &self.last_stats);
         metrics::record_lags(&self.scheduler.take_lag_samples());

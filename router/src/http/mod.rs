@@ -2,7 +2,8 @@
 //! - `state`: `HttpConfig` and the state handlers share; `request`: validation of one request;
 //!   `generation`: one generation (detokenization, stop sequences, details).
 //! - routes: `generate` (TGI), `openai` (chat and completions; `tools`: tool calls under a
-//!   grammar), `info` (health, info, metrics, models), `openapi` (spec and docs page).
+//!   grammar), `info` (health, info, metrics, models), `openapi` (spec and docs page),
+//!   `worker_api` (what a load-balancing router in front asks: load, server info, render).
 //! - plumbing: `types` / `openai_types` (bodies), `extract` (JSON body, API key), `sse`,
 //!   `headers`, `stop`, `trace` (the request span, continuing the client's trace),
 //!   `request_log` (a request's outcome: metrics and its one log line).
@@ -30,6 +31,7 @@ mod tools;
 mod tests;
 mod trace;
 pub mod types;
+mod worker_api;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,6 +85,8 @@ pub fn router(
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/invocations", post(invocations::invocations))
+        .route("/v1/chat/completions/render", post(worker_api::render_chat))
+        .route("/v1/completions/render", post(worker_api::render_completion))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             extract::require_api_key,
@@ -98,6 +102,11 @@ pub fn router(
         .route("/info", get(info::info))
         .route("/metrics", get(info::metrics))
         .route("/v1/models", get(info::models))
+        .route("/get_load", get(worker_api::get_load))
+        .route("/get_server_info", get(worker_api::get_server_info))
+        .route("/get_model_info", get(worker_api::get_model_info))
+        .route("/kv_event_sources", get(worker_api::kv_event_sources))
+        .route("/health_generate", get(worker_api::health_generate))
         .route("/api-doc/openapi.json", get(openapi::openapi_json))
         .route("/docs", get(openapi::docs));
     let mut app = generation_routes

@@ -194,7 +194,7 @@ fn respond<T: IntoResponse>(result: Result<T, HttpError>, log: &RequestLog) -> R
 }
 
 /// The conversation (rendered later, under the permit) and its generation parameters.
-fn prepare_chat(
+pub(super) fn prepare_chat(
     state: &AppState,
     request: &ChatRequest,
 ) -> Result<(PromptText, GenerateParameters), HttpError> {
@@ -240,7 +240,7 @@ fn prepare_chat(
     Ok((PromptText::Chat { messages, tools }, parameters))
 }
 
-fn prepare_completion(
+pub(super) fn prepare_completion(
     state: &AppState,
     request: &CompletionRequest,
 ) -> Result<Vec<(PromptText, GenerateParameters)>, HttpError> {

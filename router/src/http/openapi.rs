@@ -5,7 +5,7 @@ use axum::response::Html;
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{generate, info, invocations, openai, openai_types, types};
+use super::{generate, info, invocations, openai, openai_types, types, worker_api};
 use crate::error::ErrorBody;
 
 #[derive(OpenApi)]
@@ -29,6 +29,13 @@ use crate::error::ErrorBody;
         info::info,
         info::metrics,
         info::models,
+        worker_api::get_load,
+        worker_api::get_server_info,
+        worker_api::get_model_info,
+        worker_api::kv_event_sources,
+        worker_api::health_generate,
+        worker_api::render_chat,
+        worker_api::render_completion,
         openapi_json,
         docs,
     ),
@@ -71,6 +78,11 @@ use crate::error::ErrorBody;
         openai_types::StopSequences,
         openai_types::Prompt,
         openai_types::OpenAiSampling,
+        worker_api::WorkerLoad,
+        worker_api::ServerInfo,
+        worker_api::ServedModel,
+        crate::kv_events::KvEventSource,
+        worker_api::RenderedPrompt,
     ))
 )]
 pub(crate) struct ApiDoc;
@@ -135,6 +147,13 @@ mod tests {
             "/info",
             "/metrics",
             "/v1/models",
+            "/get_load",
+            "/get_server_info",
+            "/get_model_info",
+            "/kv_event_sources",
+            "/health_generate",
+            "/v1/chat/completions/render",
+            "/v1/completions/render",
         ] {
             assert!(spec["paths"].get(path).is_some(), "{path} missing");
         }

@@ -1,4 +1,5 @@
 //! The HTTP layer's configuration and the state its handlers share (read-only, behind an Arc).
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use crate::engine::api::AdapterRef;
 use crate::engine::{EngineHandle, ModelInfo};
 use crate::error::HttpError;
 use crate::grammar::{GrammarCompiler, GrammarError, UnlistedProperties};
+use crate::kv_events::KvEventSource;
 use crate::tokenizer::Tokenizer;
 use crate::validation::{ValidationError, ValidationLimits};
 
@@ -44,6 +46,9 @@ pub struct HttpConfig {
     pub http_header_timeout: Duration,
     /// Time a connection may stay open without a request after its last one.
     pub http_idle_timeout: Duration,
+    /// `/kv_event_sources`: where KV-cache events are published, by data-parallel rank; empty
+    /// when they are not.
+    pub kv_event_sources: BTreeMap<String, KvEventSource>,
 }
 
 impl Default for HttpConfig {
@@ -67,6 +72,7 @@ impl Default for HttpConfig {
             max_connections: 8192,
             http_header_timeout: Duration::from_secs(10),
             http_idle_timeout: Duration::from_secs(60),
+            kv_event_sources: BTreeMap::new(),
         }
     }
 }
@@ -108,6 +114,8 @@ pub(crate) struct AppState {
     pub num_shard: u32,
     /// The model's facts, the LoRA adapters it serves among them.
     pub info: ModelInfo,
+    /// This process among replicas (`/get_server_info`): random, fixed for its lifetime.
+    pub instance_id: String,
 }
 
 impl AppState {
@@ -156,6 +164,7 @@ impl AppState {
             model_id,
             num_shard: info.world_size,
             info: info.clone(),
+            instance_id: format!("{:032x}", rand::random::<u128>()),
         })
     }
 

@@ -86,6 +86,9 @@ fn default_parameters() -> GenerateParameters {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct GenerateRequest {
+    /// The prompt; also read as `text`, the name vllm-router forwards on its `/generate` (it
+    /// drops `inputs`).
+    #[serde(alias = "text")]
     pub inputs: String,
     #[serde(default = "default_parameters")]
     pub parameters: GenerateParameters,

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use super::device_pool::DevicePool;
+use super::events::KvCacheEvent;
 use super::host_pool::HostPool;
 use super::prefix_hash::{chain_root, extend_chain};
 use crate::cost_model::Direction;
@@ -47,6 +48,8 @@ pub(super) struct Table {
     pub(super) hashes: Vec<u64>,
     /// The chain's start: the request's KV namespace (`prefix_hash::chain_root`).
     pub(super) root: u64,
+    /// That namespace (0: the base model), named in the prefix cache's events.
+    pub(super) namespace: u64,
 }
 
 #[derive(Debug)]
@@ -83,6 +86,32 @@ impl BlockManager {
 
     pub(crate) fn block_size(&self) -> u32 {
         self.block_size
+    }
+
+    /// Records every change to the prefix cache's findable set from now on (`take_kv_events`).
+    pub(crate) fn enable_kv_events(&mut self) {
+        self.device.enable_events();
+    }
+
+    /// The changes recorded since the previous call, in order.
+    pub(crate) fn take_kv_events(&mut self) -> Vec<KvCacheEvent> {
+        self.device.take_events()
+    }
+
+    /// Forgets every table and transfer and frees every block (the shard restarted empty);
+    /// the event log goes on, with everything cleared.
+    pub(crate) fn clear(&mut self) {
+        self.device = self.device.cleared();
+        self.host = HostPool::new(self.host.num_blocks());
+        self.tables.clear();
+        self.transfers.clear();
+        self.next_transfer_id = 1;
+    }
+
+    /// The hashes a prompt lookup can find now.
+    #[cfg(test)]
+    pub(crate) fn findable_prefixes(&self) -> std::collections::BTreeSet<u64> {
+        self.device.findable()
     }
 
     /// Blocks needed to hold `tokens` positions.
@@ -166,7 +195,7 @@ impl BlockManager {
     /// Creates the request's table from its cached prefix in `namespace`; returns the tokens it
     /// covers.
     pub(crate) fn acquire_prefix(&mut self, id: u64, namespace: u64, tokens: &[u32]) -> u32 {
-        let mut table = Table { root: chain_root(namespace), ..Table::default() };
+        let mut table = Table { root: chain_root(namespace), namespace, ..Table::default() };
         if self.prefix_caching && !tokens.is_empty() {
             extend_chain(&mut table.hashes, table.root, tokens, tokens.len() - 1, self.block_size as usize);
             let hits = self.matching_blocks(table.root, tokens, &table.hashes);
@@ -225,7 +254,7 @@ impl BlockManager {
         for i in before..table.hashes.len() {
             if let Slot::Device(block) = table.slots[i] {
                 let parent = if i == 0 { table.root } else { table.hashes[i - 1] };
-                self.device.register(block, table.hashes[i], parent, &tokens[i * bs..(i + 1) * bs]);
+                self.device.register(block, table.hashes[i], parent, table.namespace, &tokens[i * bs..(i + 1) * bs]);
             }
         }
     }

@@ -4,8 +4,13 @@
 //! never allocatable. A block at zero is free; if it still holds a cached full block it stays
 //! findable by its prefix hash until allocation evicts it. Allocation takes never-cached blocks
 //! first, then the least recently released cached one.
+//!
+//! Every change to what `lookup` can find is recorded in its event log (`events`).
 
 use std::collections::{BTreeSet, HashMap};
+
+use super::events::{EventLog, KvCacheEvent};
+use super::prefix_hash::chain_root;
 
 /// What a cached block holds, compared on lookup so hash collisions cannot alias KV.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,6 +18,15 @@ struct CachedKey {
     hash: u64,
     parent: u64,
     tokens: Vec<u32>,
+    /// The KV namespace of the chain (`prefix_hash::chain_root`), for the events.
+    namespace: u64,
+}
+
+impl CachedKey {
+    /// The parent as the events name it: none for a chain's first block.
+    fn event_parent(&self) -> Option<u64> {
+        (self.parent != chain_root(self.namespace)).then_some(self.parent)
+    }
 }
 
 #[derive(Debug)]
@@ -28,6 +42,7 @@ pub(crate) struct DevicePool {
     free: BTreeSet<(u64, u32)>,
     free_tick: Vec<u64>,
     tick: u64,
+    events: EventLog,
 }
 
 impl DevicePool {
@@ -41,6 +56,7 @@ impl DevicePool {
             free: (0..num_blocks).map(|b| (0, b)).collect(),
             free_tick: vec![0; n],
             tick: 0,
+            events: EventLog::default(),
         }
     }
 
@@ -68,8 +84,37 @@ impl DevicePool {
         self.in_flight[block as usize]
     }
 
+    /// A cached block is not findable while its content is copied out: it leaves the findable
+    /// set when the copy starts and comes back when it ends.
     pub(crate) fn set_in_flight(&mut self, block: u32, in_flight: bool) {
-        self.in_flight[block as usize] = in_flight;
+        let i = block as usize;
+        if self.in_flight[i] != in_flight {
+            if let Some(key) = &self.cached[i] {
+                if in_flight {
+                    self.events.removed(key.hash);
+                } else {
+                    self.events.stored(key.hash, key.event_parent(), &key.tokens, key.namespace);
+                }
+            }
+        }
+        self.in_flight[i] = in_flight;
+    }
+
+    /// Starts recording the findable set's changes (`take_events`).
+    pub(crate) fn enable_events(&mut self) {
+        self.events.enable();
+    }
+
+    pub(crate) fn take_events(&mut self) -> Vec<KvCacheEvent> {
+        self.events.take()
+    }
+
+    /// A fresh pool of the same size whose log goes on from this one's, with everything cleared.
+    pub(crate) fn cleared(&mut self) -> DevicePool {
+        let mut fresh = DevicePool::new(self.num_blocks());
+        fresh.events = std::mem::take(&mut self.events);
+        fresh.events.cleared();
+        fresh
     }
 
     /// Takes a free block (evicting its cached content if any) with one reference.
@@ -78,6 +123,7 @@ impl DevicePool {
         debug_assert_eq!(tick, self.free_tick[block as usize]);
         if let Some(key) = self.cached[block as usize].take() {
             self.registry.remove(&key.hash);
+            self.events.removed(key.hash);
         }
         self.ref_counts[block as usize] = 1;
         Some(block)
@@ -114,15 +160,26 @@ impl DevicePool {
         (matches && !self.in_flight[block as usize]).then_some(block)
     }
 
-    /// Records that `block` (owned, fully computed) holds this prefix. The first block to
-    /// register a prefix keeps it; a duplicate stays uncached.
-    pub(crate) fn register(&mut self, block: u32, hash: u64, parent: u64, tokens: &[u32]) {
+    /// Records that `block` (owned, fully computed) holds this prefix of a chain in KV
+    /// `namespace`. The first block to register a prefix keeps it; a duplicate stays uncached.
+    pub(crate) fn register(&mut self, block: u32, hash: u64, parent: u64, namespace: u64, tokens: &[u32]) {
         let i = block as usize;
         if self.cached[i].is_some() || self.registry.contains_key(&hash) {
             return;
         }
         self.registry.insert(hash, block);
-        self.cached[i] = Some(CachedKey { hash, parent, tokens: tokens.to_vec() });
+        let key = CachedKey { hash, parent, tokens: tokens.to_vec(), namespace };
+        if !self.in_flight[i] {
+            self.events.stored(hash, key.event_parent(), tokens, namespace);
+        }
+        self.cached[i] = Some(key);
+    }
+
+    /// The hashes `lookup` can find now: cached blocks not being copied out.
+    #[cfg(test)]
+    pub(crate) fn findable(&self) -> std::collections::BTreeSet<u64> {
+        let findable = |(hash, block): (&u64, &u32)| (!self.in_flight[*block as usize]).then_some(*hash);
+        self.registry.iter().filter_map(findable).collect()
     }
 
     pub(crate) fn is_free(&self, block: u32) -> bool {
@@ -174,8 +231,8 @@ mod tests {
         let mut pool = DevicePool::new(3);
         let a = pool.allocate().unwrap();
         let b = pool.allocate().unwrap();
-        pool.register(a, 11, 0, &[1]);
-        pool.register(b, 22, 0, &[2]);
+        pool.register(a, 11, 0, 0, &[1]);
+        pool.register(b, 22, 0, 0, &[2]);
         pool.decref(a);
         pool.decref(b);
         assert_eq!(pool.num_free_cached(), 2);
@@ -193,7 +250,7 @@ mod tests {
     fn hit_on_free_cached_block_revives_it() {
         let mut pool = DevicePool::new(2);
         let a = pool.allocate().unwrap();
-        pool.register(a, 5, 0, &[7, 8]);
+        pool.register(a, 5, 0, 0, &[7, 8]);
         pool.decref(a);
         assert_eq!(pool.num_free(), 2);
         let hit = pool.lookup(5, 0, &[7, 8]).unwrap();

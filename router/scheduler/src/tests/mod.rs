@@ -3,6 +3,7 @@
 
 mod ahead;
 mod driver;
+mod kv_events;
 mod machine;
 mod policies;
 mod properties;

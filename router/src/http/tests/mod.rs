@@ -5,11 +5,13 @@
 mod adapters;
 mod grammar;
 mod invocations;
+mod kv_event_sources;
 mod tools;
 mod listener;
 mod openai;
 mod request_log;
 mod scripted_shard;
+mod worker_api;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
