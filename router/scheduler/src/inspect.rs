@@ -39,11 +39,11 @@ impl Core {
             expired: c.expired,
             recent_lag_samples: self.lag_samples.len() as u32,
             cost_correction: self.cost.correction,
-            step_time_deviation: self.timing.deviation,
-            step_overhead_s: self.timing.overhead_s,
-            chunk_step_ratio: self.timing.chunk_ratio.unwrap_or(0.0),
-            chunk_step_deviation: self.timing.chunk_deviation.unwrap_or(0.0),
-            // The policy's own (`Scheduler::stats` fills it in).
+            // The policy's own (`SchedulingPolicy::stats` fills them in).
+            step_time_deviation: 0.0,
+            step_overhead_s: 0.0,
+            chunk_step_ratio: 0.0,
+            chunk_step_deviation: 0.0,
             reserve_blocks: 0,
         }
     }

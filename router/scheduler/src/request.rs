@@ -78,7 +78,7 @@ pub(crate) struct RequestState {
     /// once can thrash).
     pub(crate) returned_without_token: bool,
     /// Rotated out (or dropped for recompute) since its previous token: a late gap then is the
-    /// rotation's (`Counters::late_rotation_gaps`).
+    /// rotation's (`StepFeedback::late_rotation_gaps`).
     pub(crate) rotated_since_token: bool,
     /// Finished or cancelled while a transfer was in flight: removed at acknowledgement.
     pub(crate) doomed: bool,

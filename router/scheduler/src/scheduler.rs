@@ -1,6 +1,6 @@
 //! The scheduler: a `Core` that owns every request's state, the block manager and the
 //! counters, and a `Policy` that owns its own state and decides each step (`policy/`);
-//! `complete` applies what came back.
+//! `complete` applies what came back and tells the policy (`StepFeedback`).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -10,9 +10,8 @@ use crate::cost_model::{CostModel, StepShape};
 use crate::error::SchedulerError;
 use crate::kv::{BlockManager, KvCacheEvent};
 use crate::plan::{StepPlan, StepResults};
-use crate::policy::Policy;
+use crate::policy::{Policy, StepFeedback, TimingSample};
 use crate::stats::SchedulerStats;
-use crate::step_timing::StepTiming;
 use crate::request::{Phase, RequestSpec, RequestState};
 
 /// Lag samples kept between two `take_lag_samples` calls; older ones are dropped.
@@ -49,10 +48,6 @@ pub(crate) struct Counters {
     pub(crate) cancelled: u64,
     /// Queued requests ended by the queue time-out (`expire_queued`).
     pub(crate) expired: u64,
-    /// Gaps between tokens produced (every token after a request's first).
-    pub(crate) gaps: u64,
-    /// Late gaps of requests rotated out since their previous token.
-    pub(crate) late_rotation_gaps: u64,
 }
 
 /// The scheduling state machine: a core every policy shares (requests, blocks, queue,
@@ -70,8 +65,6 @@ pub struct Scheduler {
 pub(crate) struct Core {
     pub(crate) config: SchedulerConfig,
     pub(crate) cost: CostModel,
-    /// How far steps stray from the cost model, and their overhead beyond compute.
-    pub(crate) timing: StepTiming,
     pub(crate) blocks: BlockManager,
     pub(crate) requests: BTreeMap<u64, RequestState>,
     /// Requests in `Phase::Waiting`, in service order (preempted ones go back to the front).
@@ -102,7 +95,7 @@ impl Scheduler {
     /// prompt plus max_new_tokens needs more blocks than the whole device pool.
     pub fn add(&mut self, request: RequestSpec, now: f64) -> Result<(), SchedulerError> {
         let prompt_blocks = self.core.add(request)?;
-        self.policy.observe_arrival(now, prompt_blocks, self.core.config.ema_alpha);
+        self.policy.on_arrival(now, prompt_blocks, self.core.config.ema_alpha);
         Ok(())
     }
 
@@ -122,7 +115,8 @@ impl Scheduler {
 
     /// Applies one step's results (see `Core::complete`).
     pub fn complete(&mut self, results: &StepResults, now: f64) {
-        self.core.complete(results, now);
+        let feedback = self.core.complete(results, now);
+        self.policy.on_results(&feedback);
     }
 
     /// The engine decided the request is done (EOS, length, stop sequence); frees its blocks
@@ -148,8 +142,9 @@ impl Scheduler {
     }
 
     /// Forgets every request and frees every block (the shard restarted empty), keeping what
-    /// was learnt about the machine and the load: the cost model and its correction, the step
-    /// timing, the policy's arrival estimate, and the cumulative counters. The engine re-adds
+    /// was learnt about the machine and the load: the cost model and its correction, the
+    /// cumulative counters, and the policy's own state (RotaSched's step timing, arrival
+    /// estimate and rotation budget). The engine re-adds
     /// the requests it still holds.
     pub fn reset(&mut self) {
         let core = &mut self.core;
@@ -195,7 +190,7 @@ impl Scheduler {
 
     /// The /metrics snapshot.
     pub fn stats(&self) -> SchedulerStats {
-        SchedulerStats { reserve_blocks: self.policy.reserve_blocks(), ..self.core.stats() }
+        self.policy.stats(&self.core)
     }
 
     /// See `Core::check_invariants`.
@@ -215,7 +210,6 @@ impl Core {
         );
         Ok(Core {
             cost: config.cost_model,
-            timing: StepTiming::default(),
             blocks,
             config,
             requests: BTreeMap::new(),
@@ -263,25 +257,31 @@ impl Core {
     }
 
     /// Applies one step's results: acknowledged transfers first (they change phases), then
-    /// sampled tokens, then the step's measured time (folded into the cost model).
-    fn complete(&mut self, results: &StepResults, now: f64) {
+    /// sampled tokens, then the step's measured time (folded into the cost model). Returns what
+    /// the policy is told of them.
+    fn complete(&mut self, results: &StepResults, now: f64) -> StepFeedback {
+        let mut feedback = StepFeedback { alpha: self.config.ema_alpha, ..StepFeedback::default() };
         for transfer_id in &results.completed_transfers {
             self.apply_ack(*transfer_id);
         }
         if let Some(step) = self.pending.remove(&results.step_id) {
             let sampled: BTreeMap<u64, u32> = results.sampled.iter().copied().collect();
             for entry in &step.entries {
-                self.apply_entry(entry, sampled.get(&entry.id).copied(), now);
+                self.apply_entry(entry, sampled.get(&entry.id).copied(), now, &mut feedback);
             }
             if let Some(measured) = results.step_time_s {
-                let ratio = measured / self.cost.predict_step_uncorrected(step.shape);
-                let cycle_s = step.alone.then_some(now - step.planned_at);
-                let mixed = step.shape.prefill_tokens > 0 && step.shape.decode_requests > 0;
-                self.timing.observe(ratio, self.cost.correction, mixed, measured, cycle_s, self.config.ema_alpha);
+                feedback.timing = Some(TimingSample {
+                    ratio: measured / self.cost.predict_step_uncorrected(step.shape),
+                    correction: self.cost.correction,
+                    mixed: step.shape.prefill_tokens > 0 && step.shape.decode_requests > 0,
+                    measured_s: measured,
+                    cycle_s: step.alone.then_some(now - step.planned_at),
+                });
                 self.cost.observe_step(step.shape, measured, self.config.ema_alpha);
             }
         }
         self.debug_check("complete");
+        feedback
     }
 
     fn apply_ack(&mut self, transfer_id: u64) {
@@ -299,7 +299,7 @@ impl Core {
         };
     }
 
-    fn apply_entry(&mut self, entry: &PlannedEntry, token: Option<u32>, now: f64) {
+    fn apply_entry(&mut self, entry: &PlannedEntry, token: Option<u32>, now: f64, feedback: &mut StepFeedback) {
         let Some(request) = self.requests.get_mut(&entry.id) else { return };
         request.pending_steps = request.pending_steps.saturating_sub(1);
         // Steps come back in order, so this entry's token is the oldest placeholder, at
@@ -315,10 +315,10 @@ impl Core {
             Some(token) if request.num_computed >= known => {
                 let lag = now - request.next_deadline();
                 if request.last_token_at.is_some() {
-                    self.counters.gaps += 1;
+                    feedback.gaps += 1;
                     if lag > 0.0 {
                         request.late_gaps += 1;
-                        self.counters.late_rotation_gaps += u64::from(request.rotated_since_token);
+                        feedback.late_rotation_gaps += u64::from(request.rotated_since_token);
                     }
                 }
                 request.rotated_since_token = false;

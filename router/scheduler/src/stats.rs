@@ -38,8 +38,9 @@ pub struct SchedulerStats {
     pub recent_lag_samples: u32,
     /// Cost-model correction factor (measured / predicted step time).
     pub cost_correction: f64,
-    /// How far steps stray from the corrected prediction (mean absolute deviation, relative),
-    /// over steps without a prefill chunk beside decodes.
+    /// RotaSched's step timing (`StepTiming`; 0 under the other policies, which plan no step to
+    /// a deadline): how far steps stray from the corrected prediction (mean absolute deviation,
+    /// relative), over steps without a prefill chunk beside decodes.
     pub step_time_deviation: f64,
     /// The same over steps with one, from their own ratio (0 before the first).
     pub chunk_step_deviation: f64,

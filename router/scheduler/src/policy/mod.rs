@@ -1,11 +1,14 @@
-//! The scheduling policies. Each fills a `StepCtx` through the shared step machinery
-//! (`step.rs`); they differ only in order and in what they do when blocks run out:
+//! The scheduling policies, each behind one seam (`SchedulingPolicy`: plan, on arrival, on
+//! results, stats). Each fills a `StepCtx` through the shared step machinery (`step.rs`) and
+//! keeps its own state to itself; they differ only in order and in what they do when blocks
+//! run out:
 //!
 //! - `fcfs`: worst-case reservation at admission, head-of-line, never preempts.
 //! - `reactive`: blocks on demand; on shortage the newest running request is preempted —
 //!   recomputed later (`recompute`) or rotated out to host and brought back (`swap`).
 //! - `rotasched`: least slack first with a late class, proactive rotation under a per-step
-//!   byte budget, rotate out or recompute by the cost model (`urgency` computes slack).
+//!   byte budget, rotate out or recompute by the cost model (`urgency` computes slack). Its
+//!   state — arrival estimate, reserve, step timing, rotation budget — is its own.
 
 mod fcfs;
 mod reactive;
@@ -16,29 +19,103 @@ use crate::config::PolicyKind;
 use crate::plan::StepPlan;
 use crate::request::Phase;
 use crate::scheduler::Core;
+use crate::stats::SchedulerStats;
 use crate::step::{Fit, StepCtx};
 
 pub(crate) use rotasched::RotaSched;
 
-/// The policy a scheduler runs, with the state it owns (only RotaSched keeps any: its arrival
-/// estimate and its current reserve of free blocks).
-#[derive(Debug)]
-pub(crate) enum Policy {
-    Fcfs,
-    /// Preempts the newest running request on shortage: rotated out to host and back when `swap`,
-    /// else recomputed later.
-    Reactive { swap: bool },
-    RotaSched(RotaSched),
+/// What one step's results told the scheduler, handed to the policy after the core applied them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StepFeedback {
+    /// The step's measured time against the cost model's prediction (None when the shard
+    /// reported no time).
+    pub(crate) timing: Option<TimingSample>,
+    /// Gaps between tokens the step produced (every token after a request's first).
+    pub(crate) gaps: u64,
+    /// Of those, the late ones of requests rotated out since their previous token.
+    pub(crate) late_rotation_gaps: u64,
+    /// The scheduler's smoothing factor for online estimates (`SchedulerConfig::ema_alpha`).
+    pub(crate) alpha: f64,
 }
+
+/// One measured step, as `StepTiming::observe` takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TimingSample {
+    /// Measured over uncorrected predicted time.
+    pub(crate) ratio: f64,
+    /// The cost model's correction before this step.
+    pub(crate) correction: f64,
+    /// A prefill chunk beside decodes.
+    pub(crate) mixed: bool,
+    pub(crate) measured_s: f64,
+    /// Plan to results, when no other step was in flight.
+    pub(crate) cycle_s: Option<f64>,
+}
+
+/// The seam between the scheduler's shared machinery and a scheduling policy. The `Core`
+/// owns requests, blocks, queue, cost model and counters and applies results; a policy owns
+/// its own state and, each step, fills a `StepCtx` through the core's step-building methods
+/// (`step.rs`: `schedule_running`, `admit`, `rotate_out`, `rotate_in`, `preempt_for_recompute`,
+/// and the orders `running_by_rank`, `waiting_by_priority`).
+pub(crate) trait SchedulingPolicy: std::fmt::Debug + Send {
+    /// Fills `ctx` with the next step: what to compute, what to move, whom to preempt.
+    fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx);
+
+    /// Whether its plans can leave blocks held with nobody able to move (rotated requests keep
+    /// their shared prefix blocks on device), so an empty plan is checked for a deadlock.
+    fn may_strand_blocks(&self) -> bool {
+        false
+    }
+
+    /// A request arrived with a prompt of `prompt_blocks` blocks.
+    fn on_arrival(&mut self, _now: f64, _prompt_blocks: u64, _alpha: f64) {}
+
+    /// A step's results were applied.
+    fn on_results(&mut self, _feedback: &StepFeedback) {}
+
+    /// Fills in the policy's own figures of the /metrics snapshot.
+    fn stats(&self, _stats: &mut SchedulerStats) {}
+}
+
+/// fcfs (`fcfs.rs`).
+#[derive(Debug)]
+struct Fcfs;
+
+impl SchedulingPolicy for Fcfs {
+    fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
+        core.plan_fcfs(ctx);
+    }
+}
+
+/// recompute and swap (`reactive.rs`): preempts the newest running request on shortage, rotated
+/// out to host and back when `swap`, else recomputed later.
+#[derive(Debug)]
+struct Reactive {
+    swap: bool,
+}
+
+impl SchedulingPolicy for Reactive {
+    fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
+        core.plan_reactive(ctx, self.swap);
+    }
+
+    fn may_strand_blocks(&self) -> bool {
+        self.swap
+    }
+}
+
+/// The policy a scheduler runs, behind the seam.
+#[derive(Debug)]
+pub(crate) struct Policy(Box<dyn SchedulingPolicy>);
 
 impl Policy {
     pub(crate) fn new(kind: PolicyKind) -> Self {
-        match kind {
-            PolicyKind::Fcfs => Policy::Fcfs,
-            PolicyKind::Recompute => Policy::Reactive { swap: false },
-            PolicyKind::Swap => Policy::Reactive { swap: true },
-            PolicyKind::RotaSched => Policy::RotaSched(RotaSched::default()),
-        }
+        Policy(match kind {
+            PolicyKind::Fcfs => Box::new(Fcfs),
+            PolicyKind::Recompute => Box::new(Reactive { swap: false }),
+            PolicyKind::Swap => Box::new(Reactive { swap: true }),
+            PolicyKind::RotaSched => Box::new(RotaSched::default()),
+        })
     }
 
     /// Decides the next step: what to compute, what to move, whom to preempt. Requests whose
@@ -46,22 +123,8 @@ impl Policy {
     /// been acknowledged are never handed out.
     pub(crate) fn plan(&mut self, core: &mut Core, now: f64) -> StepPlan {
         let mut ctx = core.new_ctx(now);
-        // Only the policies that rotate can strand blocks on device.
-        let may_strand_blocks = match self {
-            Policy::Fcfs => {
-                core.plan_fcfs(&mut ctx);
-                false
-            }
-            Policy::Reactive { swap } => {
-                core.plan_reactive(&mut ctx, *swap);
-                *swap
-            }
-            Policy::RotaSched(rotasched) => {
-                rotasched.plan(core, &mut ctx);
-                true
-            }
-        };
-        if may_strand_blocks {
+        self.0.plan(core, &mut ctx);
+        if self.0.may_strand_blocks() {
             core.break_deadlock(&mut ctx);
         }
         let plan = core.seal(ctx);
@@ -69,19 +132,19 @@ impl Policy {
         plan
     }
 
-    /// A request arrived with a prompt of `prompt_blocks` blocks.
-    pub(crate) fn observe_arrival(&mut self, now: f64, prompt_blocks: u64, alpha: f64) {
-        if let Policy::RotaSched(rotasched) = self {
-            rotasched.observe_arrival(now, prompt_blocks, alpha);
-        }
+    pub(crate) fn on_arrival(&mut self, now: f64, prompt_blocks: u64, alpha: f64) {
+        self.0.on_arrival(now, prompt_blocks, alpha);
     }
 
-    /// Free device blocks the policy currently keeps for arrivals (for /metrics).
-    pub(crate) fn reserve_blocks(&self) -> u32 {
-        match self {
-            Policy::RotaSched(rotasched) => rotasched.reserve_blocks(),
-            _ => 0,
-        }
+    pub(crate) fn on_results(&mut self, feedback: &StepFeedback) {
+        self.0.on_results(feedback);
+    }
+
+    /// The core's snapshot with the policy's own figures filled in.
+    pub(crate) fn stats(&self, core: &Core) -> SchedulerStats {
+        let mut stats = core.stats();
+        self.0.stats(&mut stats);
+        stats
     }
 }
 

@@ -103,9 +103,9 @@ fn the_step_cap_keeps_a_margin_for_steps_that_run_long_and_for_their_overhead() 
     d.add(with_slo(spec(9, 120, 4, arrival), 30.0, 1.0));
     d.run_to_completion(5000);
     d.assert_all_free();
-    let timing = d.scheduler.core.timing;
-    assert!((0.0019..0.0021).contains(&timing.overhead_s), "{timing:?}");
-    assert!(timing.chunk_ratio.is_some_and(|r| (1.1..1.2).contains(&r)), "{timing:?}");
+    let stats = d.scheduler.stats();
+    assert!((0.0019..0.0021).contains(&stats.step_overhead_s), "{stats:?}");
+    assert!((1.1..1.2).contains(&stats.chunk_step_ratio), "{stats:?}");
     // The prompt was cut (its steps shared with the decodes), not run whole.
     let chunked = d.plans.iter().filter(|p| p.scheduled.iter().any(|e| e.id == 9 && e.num_new_tokens > 1)).count();
     assert!(chunked >= 10, "the 120-token prompt ran in {chunked} steps");

@@ -3,9 +3,9 @@
 //! every caller; `Walk` says how each kind of caller overrides the cost model's choice.
 
 use super::super::urgency::{Eviction, Urgency};
+use super::Planner;
 use crate::cost_model::Direction;
 use crate::request::Phase;
-use crate::scheduler::Core;
 use crate::step::StepCtx;
 
 pub(super) struct Victim {
@@ -48,31 +48,31 @@ pub(super) enum Walk {
     Reserve,
 }
 
-impl Core {
+impl Planner<'_> {
     /// Evicts the running requests with the most slack until `short` blocks are free or on
     /// their way. True when blocks were freed right away (worth retrying now).
-    pub(super) fn make_room(&mut self, ctx: &mut StepCtx, short: u64, requester: &Urgency, step_s: f64) -> bool {
+    pub(super) fn make_room(&mut self, ctx: &mut StepCtx, short: u64, requester: &Urgency) -> bool {
         if requester.deferred_class() {
             return false;
         }
         let credit = ctx.release_credit.min(short);
         ctx.release_credit -= credit;
         let short = short - credit;
-        let victims = self.rotation_victims(ctx, requester.id, step_s);
+        let victims = self.rotation_victims(ctx, requester.id);
         let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
-        let (mut freed_now, mut short) = self.evict_until(ctx, short, planned, Walk::ForRequester, step_s);
-        if short > 0 && self.needs_parking(requester, step_s) {
+        let (mut freed_now, mut short) = self.evict_until(ctx, short, planned, Walk::ForRequester);
+        if short > 0 && self.needs_parking(requester) {
             // No running request has slack for a round trip: park decodes with late gaps to
             // spend (see `parking_candidates`).
-            let parked = self.parking_candidates(ctx, requester.id, step_s).into_iter().map(|id| (id, None));
-            let (freed, left) = self.evict_until(ctx, short, parked, Walk::ForRequester, step_s);
+            let parked = self.parking_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
+            let (freed, left) = self.evict_until(ctx, short, parked, Walk::ForRequester);
             freed_now |= freed;
             short = left;
         }
         let running = self.requests.get(&requester.id).is_some_and(|r| r.phase == Phase::Running);
         if short > 0 && running {
             let newer = self.newer_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
-            freed_now |= self.evict_until(ctx, short, newer, Walk::ForRequesterUnderOverload, step_s).0;
+            freed_now |= self.evict_until(ctx, short, newer, Walk::ForRequesterUnderOverload).0;
         }
         freed_now
     }
@@ -87,14 +87,13 @@ impl Core {
         mut short: u64,
         candidates: impl IntoIterator<Item = (u64, Option<Eviction>)>,
         walk: Walk,
-        step_s: f64,
     ) -> (bool, u64) {
         let mut freed_now = false;
         for (id, planned) in candidates {
             if short == 0 {
                 break;
             }
-            let eviction = planned.unwrap_or_else(|| self.cheaper_eviction(id, step_s));
+            let eviction = planned.unwrap_or_else(|| self.cheaper_eviction(id, self.step_s));
             let how = match (walk, Evict::from(eviction)) {
                 (Walk::Reserve, Evict::Recompute) => continue,
                 (Walk::ForRequesterUnderOverload, Evict::RotateOut) if !self.rotate_out_fits_now(ctx, id) => Evict::Recompute,
@@ -186,8 +185,8 @@ impl Core {
     /// slack first within it: with enough tokens left to be worth the round trip, able to risk a
     /// late gap should the return fail, with more slack than the round trip takes (so they
     /// return on time), and not of a higher class than the requester.
-    pub(super) fn rotation_victims(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<Victim> {
-        if !self.rotation_budget_left() {
+    pub(super) fn rotation_victims(&self, ctx: &StepCtx, requester: u64) -> Vec<Victim> {
+        if !self.rotation_budget_left {
             return Vec::new();
         }
         let requester_priority = self.requests.get(&requester).map(|r| r.priority);
@@ -197,12 +196,12 @@ impl Core {
             .filter(|id| self.yields_to(*id, requester_priority))
             .filter_map(|id| {
                 let r = &self.requests[&id];
-                let eviction = self.cheaper_eviction(id, step_s);
+                let eviction = self.cheaper_eviction(id, self.step_s);
                 let round_trip = eviction.round_trip_s();
                 let worth = r.tokens_left() >= self.config.min_rotation_tokens_left
-                    && f64::from(r.tokens_left()) * step_s >= round_trip
+                    && f64::from(r.tokens_left()) * self.step_s >= round_trip
                     && r.may_risk_a_late_gap(self.config.tbt_late_share());
-                let slack = self.urgency(id, ctx.now, step_s).slack;
+                let slack = self.urgency(id, ctx.now, self.step_s).slack;
                 (worth && slack > round_trip).then_some(Victim { id, priority: r.priority, slack, eviction })
             })
             .collect();

@@ -33,8 +33,10 @@
 //! Under overload (no running request has slack left) it degrades to the reactive order:
 //! running requests first for blocks, evicting newer ones, so the oldest always progresses.
 //!
-//! Layout: this file holds the policy's state and the per-step loop that serves each request
-//! in order (running, waiting, rotated); `ordering.rs` the service order and the parking
+//! Layout: this file holds the policy's state (`RotaSched`, behind `SchedulingPolicy`) and one
+//! step's planning (`Planner`: the core and what was settled for the step — its predicted time,
+//! the reserve, whether the rotation budget is left, the step timing), whose loop serves each
+//! request in order (running, waiting, rotated); `ordering.rs` the service order and the parking
 //! decisions (2), `step_cap.rs` the step-time cap (3), `eviction.rs` the one eviction walk and
 //! its candidates and victims (4), `reserve.rs` the reserve (1).
 
@@ -43,42 +45,116 @@ mod ordering;
 mod reserve;
 mod step_cap;
 
+use std::ops::{Deref, DerefMut};
+
 use super::urgency::Urgency;
+use super::{SchedulingPolicy, StepFeedback};
 use crate::arrival_rate::ArrivalEstimator;
 use crate::byte_budget::ByteBudget;
 use crate::cost_model::Direction;
 use crate::request::Phase;
 use crate::scheduler::Core;
+use crate::stats::SchedulerStats;
 use crate::step::{Fit, StepCtx};
+use crate::step_timing::StepTiming;
 
-/// RotaSched's own state: the arrival-rate estimate its reserve is sized from, and the
-/// reserve of free device blocks it keeps this step.
+/// RotaSched's own state: the arrival-rate estimate its reserve is sized from, the reserve of
+/// free device blocks it keeps this step, how steps stray from the cost model (the margin of
+/// its step-time cap), and its rotation budget's count of gaps.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RotaSched {
     arrival_rate: ArrivalEstimator,
     reserve_blocks: u32,
+    timing: StepTiming,
+    budget: RotationBudget,
 }
 
-impl RotaSched {
-    pub(crate) fn observe_arrival(&mut self, now: f64, prompt_blocks: u64, alpha: f64) {
+/// Rotations may make at most `rotation_late_gap_share` of all gaps late (a parked decode, a
+/// victim whose return failed): the gaps produced, and the late ones of requests rotated out
+/// since their previous token.
+#[derive(Debug, Clone, Copy, Default)]
+struct RotationBudget {
+    gaps: u64,
+    late_rotation_gaps: u64,
+}
+
+impl RotationBudget {
+    /// Whether one more late gap from a rotation keeps them within `share` of every gap produced
+    /// so far: parking and proactive rotation wait while it does not.
+    fn left(&self, share: f64) -> bool {
+        (self.late_rotation_gaps + 1) as f64 <= share * self.gaps as f64
+    }
+}
+
+impl SchedulingPolicy for RotaSched {
+    fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
+        let step_s = core.step_estimate();
+        self.reserve_blocks = core.arrival_reserve(&self.arrival_rate, ctx.now, step_s);
+        let rotation_budget_left = self.budget.left(core.config.rotation_late_gap_share);
+        let mut planner =
+            Planner { core, step_s, reserve_blocks: self.reserve_blocks, rotation_budget_left, timing: self.timing };
+        planner.plan(ctx);
+    }
+
+    fn may_strand_blocks(&self) -> bool {
+        true
+    }
+
+    fn on_arrival(&mut self, now: f64, prompt_blocks: u64, alpha: f64) {
         self.arrival_rate.observe(now, prompt_blocks as f64, alpha);
     }
 
-    pub(crate) fn reserve_blocks(&self) -> u32 {
-        self.reserve_blocks
+    fn on_results(&mut self, feedback: &StepFeedback) {
+        self.budget.gaps += feedback.gaps;
+        self.budget.late_rotation_gaps += feedback.late_rotation_gaps;
+        if let Some(t) = feedback.timing {
+            self.timing.observe(t.ratio, t.correction, t.mixed, t.measured_s, t.cycle_s, feedback.alpha);
+        }
     }
 
-    pub(crate) fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
-        let step_s = core.step_estimate();
-        self.reserve_blocks = core.arrival_reserve(&self.arrival_rate, ctx.now, step_s);
-        core.plan_rotasched(ctx, step_s, self.reserve_blocks);
+    fn stats(&self, stats: &mut SchedulerStats) {
+        stats.reserve_blocks = self.reserve_blocks;
+        stats.step_time_deviation = self.timing.deviation;
+        stats.step_overhead_s = self.timing.overhead_s;
+        stats.chunk_step_ratio = self.timing.chunk_ratio.unwrap_or(0.0);
+        stats.chunk_step_deviation = self.timing.chunk_deviation.unwrap_or(0.0);
     }
 }
 
-impl Core {
-    fn plan_rotasched(&mut self, ctx: &mut StepCtx, step_s: f64, reserve_blocks: u32) {
+/// One step's planning: the shared core, and what RotaSched settled for the step before
+/// serving anyone. The walks of `ordering.rs`, `step_cap.rs`, `eviction.rs` and `reserve.rs`
+/// are its methods; the core's (blocks, requests, the step-building methods) are reached
+/// through it.
+pub(super) struct Planner<'a> {
+    core: &'a mut Core,
+    /// The step's predicted time.
+    step_s: f64,
+    /// Free device blocks kept for arrivals this step.
+    reserve_blocks: u32,
+    /// Whether rotations may still make a gap late (`RotationBudget`).
+    rotation_budget_left: bool,
+    timing: StepTiming,
+}
+
+impl Deref for Planner<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.core
+    }
+}
+
+impl DerefMut for Planner<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        self.core
+    }
+}
+
+impl Planner<'_> {
+    fn plan(&mut self, ctx: &mut StepCtx) {
+        let step_s = self.step_s;
         ctx.budget = ByteBudget::new(&self.cost, step_s);
-        let mut order = self.service_order(ctx, step_s);
+        let mut order = self.service_order(ctx);
         if self.blocks_short_for_running() {
             // Running requests come first for blocks when they cannot all grow: otherwise
             // returning and new requests take each block a rotation out frees, and the running
@@ -97,19 +173,19 @@ impl Core {
                     } else {
                         ctx.prefill_token_cap = self.prefill_token_cap(ctx, urgency, deadline.as_ref());
                     }
-                    self.serve_running(ctx, urgency, step_s);
+                    self.serve_running(ctx, urgency);
                 }
                 Some(Phase::Waiting) if !admissions_blocked => {
                     ctx.prefill_token_cap = self.prefill_token_cap(ctx, urgency, deadline.as_ref());
                     // A punctual request that does not fit keeps the blocks being freed for
                     // itself: less urgent admissions may not take them first.
-                    admissions_blocked = !self.serve_waiting(ctx, urgency, step_s) && !urgency.deferred_class();
+                    admissions_blocked = !self.serve_waiting(ctx, urgency) && !urgency.deferred_class();
                 }
                 Some(Phase::Rotated) => {
                     // A due request left on host keeps the blocks being freed for itself, as a
                     // punctual admission does: under overload, admitting newer requests in
                     // its place only pushes other running requests out to make room for it.
-                    let stranded = !self.serve_rotated(ctx, urgency, step_s, false, reserve_blocks);
+                    let stranded = !self.serve_rotated(ctx, urgency, false);
                     admissions_blocked |= stranded && !urgency.deferred_class();
                 }
                 _ => {}
@@ -120,11 +196,11 @@ impl Core {
             // Early returns only take what the urgent ones left.
             for urgency in &order {
                 if self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Rotated) {
-                    self.serve_rotated(ctx, urgency, step_s, true, reserve_blocks);
+                    self.serve_rotated(ctx, urgency, true);
                 }
             }
         }
-        self.keep_reserve(ctx, step_s, reserve_blocks);
+        self.keep_reserve(ctx);
     }
 
     fn is_running_decode(&self, id: u64) -> bool {
@@ -132,24 +208,24 @@ impl Core {
         r.phase == Phase::Running && r.is_decode()
     }
 
-    fn serve_running(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) {
+    fn serve_running(&mut self, ctx: &mut StepCtx, urgency: &Urgency) {
         loop {
             let Fit::NoBlocks(short) = self.schedule_running(ctx, urgency.id, 0) else { return };
-            if !self.make_room(ctx, short, urgency, step_s) {
+            if !self.make_room(ctx, short, urgency) {
                 return;
             }
         }
     }
 
     /// False when the request did not fit in memory.
-    fn serve_waiting(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64) -> bool {
+    fn serve_waiting(&mut self, ctx: &mut StepCtx, urgency: &Urgency) -> bool {
         if ctx.plan.preempted_for_recompute.contains(&urgency.id) {
             return true;
         }
         loop {
             match self.admit(ctx, urgency.id, 0) {
                 Fit::NoBlocks(short) => {
-                    if !self.make_room(ctx, short, urgency, step_s) {
+                    if !self.make_room(ctx, short, urgency) {
                         return false;
                     }
                 }
@@ -160,7 +236,8 @@ impl Core {
 
     /// Issues the rotation in a step ahead of the deadline or, on the `early` pass, when blocks
     /// are plentiful. False when it was due but could not be issued.
-    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, step_s: f64, early: bool, reserve_blocks: u32) -> bool {
+    fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, early: bool) -> bool {
+        let (step_s, reserve_blocks) = (self.step_s, self.reserve_blocks);
         let id = urgency.id;
         let need = self.blocks.host_slots(id);
         let due = urgency.slack <= step_s;
@@ -179,7 +256,7 @@ impl Core {
         }
         let free = self.blocks.free_device();
         if free < need && due {
-            self.make_room(ctx, u64::from(need - free), urgency, step_s);
+            self.make_room(ctx, u64::from(need - free), urgency);
         }
         (self.blocks.free_device() >= need && self.rotate_in(ctx, id)) || !due
     }

@@ -2,11 +2,11 @@
 //! decodes that may park) behind the ones that cannot, and the late and parked classes last.
 
 use super::super::urgency::{Urgency, STALL_RETURN_STEPS};
+use super::Planner;
 use crate::request::Phase;
-use crate::scheduler::Core;
 use crate::step::StepCtx;
 
-impl Core {
+impl Planner<'_> {
     /// Whether the running requests need more new blocks for their next tokens than are free.
     pub(super) fn blocks_short_for_running(&self) -> bool {
         let needed: u64 = self
@@ -27,31 +27,24 @@ impl Core {
     /// to make room. While a prompt is about to miss its first token, decodes that may park
     /// (see `parking_candidates`) wait behind it the same way. The late and parked classes
     /// still come last, so a hopeless request never takes the blocks a punctual one needs.
-    pub(super) fn service_order(&self, ctx: &StepCtx, step_s: f64) -> Vec<Urgency> {
+    pub(super) fn service_order(&self, ctx: &StepCtx) -> Vec<Urgency> {
         let (late, punctual): (Vec<Urgency>, Vec<Urgency>) =
-            self.urgency_order(ctx.now, step_s).into_iter().partition(|u| u.deferred_class());
+            self.urgency_order(ctx.now, self.step_s).into_iter().partition(|u| u.deferred_class());
         let mut spare: std::collections::BTreeSet<u64> =
-            self.rotation_victims(ctx, u64::MAX, step_s).iter().map(|v| v.id).collect();
-        if punctual.iter().any(|u| self.needs_parking(u, step_s)) {
-            spare.extend(self.parking_candidates(ctx, u64::MAX, step_s));
+            self.rotation_victims(ctx, u64::MAX).iter().map(|v| v.id).collect();
+        if punctual.iter().any(|u| self.needs_parking(u)) {
+            spare.extend(self.parking_candidates(ctx, u64::MAX));
         }
         let (deferred, urgent): (Vec<Urgency>, Vec<Urgency>) =
             punctual.into_iter().partition(|u| spare.contains(&u.id));
         urgent.into_iter().chain(deferred).chain(late).collect()
     }
 
-    /// Whether one more late gap from a rotation keeps them within `rotation_late_gap_share`
-    /// of every gap produced so far: parking and proactive rotation wait while it does not.
-    pub(super) fn rotation_budget_left(&self) -> bool {
-        let c = &self.counters;
-        (c.late_rotation_gaps + 1) as f64 <= self.config.rotation_late_gap_share * c.gaps as f64
-    }
-
     /// A waiting prompt close enough to its first-token deadline that waiting for blocks to
     /// free up would miss it.
-    pub(super) fn needs_parking(&self, urgency: &Urgency, step_s: f64) -> bool {
+    pub(super) fn needs_parking(&self, urgency: &Urgency) -> bool {
         let waiting = self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Waiting);
-        waiting && !urgency.deferred_class() && urgency.slack < 2.0 * step_s
+        waiting && !urgency.deferred_class() && urgency.slack < 2.0 * self.step_s
     }
 
     /// Decodes that may be parked on host, best first, for a prompt about to miss its
@@ -63,8 +56,8 @@ impl Core {
     /// late gaps to spare, then newest. Their next gap will be late (the objective holds for a
     /// percentile of gaps); they come back with the blocks punctual requests leave, or, as
     /// their stall bound nears, as punctual requests themselves.
-    pub(super) fn parking_candidates(&self, ctx: &StepCtx, requester: u64, step_s: f64) -> Vec<u64> {
-        if !self.rotation_budget_left() {
+    pub(super) fn parking_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+        if !self.rotation_budget_left {
             return Vec::new();
         }
         let share = self.config.tbt_late_share();
@@ -77,9 +70,9 @@ impl Core {
                 let r = &self.requests[&id];
                 let spare = r.late_gaps_left(share);
                 let worth = r.tokens_left() >= self.config.min_rotation_tokens_left;
-                let round_trip = self.cheaper_eviction(id, step_s).round_trip_s();
+                let round_trip = self.cheaper_eviction(id, self.step_s).round_trip_s();
                 let returns_in_time = r.stall_deadline().is_some_and(|at| {
-                    at - ctx.now > round_trip + (STALL_RETURN_STEPS + 1.0) * step_s
+                    at - ctx.now > round_trip + (STALL_RETURN_STEPS + 1.0) * self.step_s
                 });
                 (spare > 1 && worth && returns_in_time).then_some((r.priority, spare, r.seq, id))
             })

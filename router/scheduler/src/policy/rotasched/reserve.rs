@@ -2,6 +2,7 @@
 //! the proactive rotation that keeps it.
 
 use super::eviction::Walk;
+use super::Planner;
 use crate::arrival_rate::ArrivalEstimator;
 use crate::scheduler::Core;
 use crate::step::StepCtx;
@@ -17,17 +18,20 @@ impl Core {
         let cap = self.config.num_device_blocks / 4;
         (expected as u32).min(cap)
     }
+}
 
+impl Planner<'_> {
     /// Proactive rotation: when free blocks (plus those already on their way) fall below the
     /// reserve, rotate out requests with slack to spare so arrivals start prefill at once.
-    pub(super) fn keep_reserve(&mut self, ctx: &mut StepCtx, step_s: f64, reserve_blocks: u32) {
+    pub(super) fn keep_reserve(&mut self, ctx: &mut StepCtx) {
+        let reserve_blocks = self.reserve_blocks;
         let have = u64::from(self.blocks.free_device()) + ctx.release_credit;
         let short = u64::from(reserve_blocks).saturating_sub(have);
         if short == 0 {
             return;
         }
-        let victims = self.rotation_victims(ctx, u64::MAX, step_s);
+        let victims = self.rotation_victims(ctx, u64::MAX);
         let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
-        self.evict_until(ctx, short, planned, Walk::Reserve, step_s);
+        self.evict_until(ctx, short, planned, Walk::Reserve);
     }
 }

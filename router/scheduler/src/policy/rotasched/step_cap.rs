@@ -3,8 +3,8 @@
 //! step's overhead and for its time straying from the prediction (`StepTiming`).
 
 use super::super::urgency::Urgency;
+use super::Planner;
 use crate::cost_model::StepShape;
-use crate::scheduler::Core;
 use crate::step::StepCtx;
 
 /// The running decodes' side of the step-time cap.
@@ -26,7 +26,7 @@ impl DecodeDeadline {
     }
 }
 
-impl Core {
+impl Planner<'_> {
     /// Deadline of the step: the earliest next-token deadline of the running decodes that
     /// cannot spend a late gap (None when every decode can, or nothing decodes).
     pub(super) fn decode_deadline(&self, order: &[Urgency]) -> Option<DecodeDeadline> {
