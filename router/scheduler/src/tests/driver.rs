@@ -332,9 +332,10 @@ impl Driver {
 
     /// RotaSched's rotation limits: the per-step byte budget (a due rotation in larger than a
     /// whole budget may go alone), the cool-down after a rotation in, the tokens-left floor.
+    /// Steps planned in its overload mode report no budget: they are swap's, under swap's rules.
     fn check_rotation_rules(&self, plan: &StepPlan) {
         let config = self.scheduler.config();
-        if config.policy != crate::config::PolicyKind::RotaSched {
+        if config.policy != crate::config::PolicyKind::RotaSched || plan.rotate_out_budget_bytes.is_none() {
             return;
         }
         let bytes = |ts: &[crate::plan::Transfer]| -> u64 {

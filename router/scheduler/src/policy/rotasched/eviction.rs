@@ -103,6 +103,9 @@ impl Planner<'_> {
             if let Some((freed, now)) = self.evict(ctx, id, how, claimed) {
                 freed_now |= now;
                 short = short.saturating_sub(freed);
+                if walk == Walk::ForRequesterUnderOverload && how == Evict::RotateOut {
+                    self.overload_victims.push(id);
+                }
             }
         }
         (freed_now, short)

@@ -30,8 +30,13 @@
 //!    parked decode, a victim whose return failed); while that is spent, no victim is rotated
 //!    out proactively and no decode is parked, so the 99th-percentile gap stays the compute's.
 //!
-//! Under overload (no running request has slack left) it degrades to the reactive order:
-//! running requests first for blocks, evicting newer ones, so the oldest always progresses.
+//! Under overload it serves steps as swap does: when the running requests cannot all grow and
+//! none has slack for a round trip (or the rotation budget is spent), or once a running request
+//! short of a block has pushed newer ones out (`Walk::ForRequesterUnderOverload`), running
+//! requests come first, the newest is preempted on shortage and those rotated out return oldest
+//! first before any admission, until every request so pushed out is back. Left as RotaSched's
+//! own rotations are (to their deadline, then parked behind new prompts), such a request
+//! stalled for several times swap's longest gap.
 //!
 //! Layout: this file holds the policy's state (`RotaSched`, behind `SchedulingPolicy`) and one
 //! step's planning (`Planner`: the core and what was settled for the step — its predicted time,
@@ -45,6 +50,7 @@ mod ordering;
 mod reserve;
 mod step_cap;
 
+use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
 use super::urgency::Urgency;
@@ -67,6 +73,8 @@ pub(crate) struct RotaSched {
     reserve_blocks: u32,
     timing: StepTiming,
     budget: RotationBudget,
+    /// Requests the overload mode rotated out that are not back yet.
+    owed: BTreeSet<u64>,
 }
 
 /// Rotations may make at most `rotation_late_gap_share` of all gaps late (a parked decode, a
@@ -88,12 +96,35 @@ impl RotationBudget {
 
 impl SchedulingPolicy for RotaSched {
     fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
+        self.owed.retain(|id| {
+            core.requests.get(id).is_some_and(|r| matches!(r.phase, Phase::Rotated | Phase::RotatingOut))
+        });
         let step_s = core.step_estimate();
         self.reserve_blocks = core.arrival_reserve(&self.arrival_rate, ctx.now, step_s);
         let rotation_budget_left = self.budget.left(core.config.rotation_late_gap_share);
-        let mut planner =
-            Planner { core, step_s, reserve_blocks: self.reserve_blocks, rotation_budget_left, timing: self.timing };
+        let mut planner = Planner {
+            core,
+            step_s,
+            reserve_blocks: self.reserve_blocks,
+            rotation_budget_left,
+            timing: self.timing,
+            overload_victims: Vec::new(),
+        };
+        if !self.owed.is_empty() || planner.overloaded(ctx) {
+            // Overload: the running requests cannot all grow and none has slack for a round
+            // trip, or a running request already pushed newer ones out for want of such a
+            // victim (`Walk::ForRequesterUnderOverload`). Until every request rotated out that
+            // way is back, steps are served as swap serves them — running first, the newest
+            // preempted on shortage, those rotated out brought back oldest first before any
+            // admission: there is no slack to plan with, and a victim left to wait behind new
+            // prompts would stall for seconds.
+            self.reserve_blocks = 0;
+            planner.core.plan_reactive(ctx, true);
+            self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
+            return;
+        }
         planner.plan(ctx);
+        self.owed.extend(planner.overload_victims);
     }
 
     fn may_strand_blocks(&self) -> bool {
@@ -134,6 +165,8 @@ pub(super) struct Planner<'a> {
     /// Whether rotations may still make a gap late (`RotationBudget`).
     rotation_budget_left: bool,
     timing: StepTiming,
+    /// Requests rotated out this step by the overload fallback.
+    overload_victims: Vec<u64>,
 }
 
 impl Deref for Planner<'_> {

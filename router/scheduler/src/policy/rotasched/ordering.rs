@@ -4,11 +4,12 @@
 use super::super::urgency::{Urgency, STALL_RETURN_STEPS};
 use super::Planner;
 use crate::request::Phase;
+use crate::scheduler::Core;
 use crate::step::StepCtx;
 
-impl Planner<'_> {
+impl Core {
     /// Whether the running requests need more new blocks for their next tokens than are free.
-    pub(super) fn blocks_short_for_running(&self) -> bool {
+    pub(crate) fn blocks_short_for_running(&self) -> bool {
         let needed: u64 = self
             .running_by_rank()
             .into_iter()
@@ -19,6 +20,14 @@ impl Planner<'_> {
             })
             .sum();
         needed > u64::from(self.blocks.free_device())
+    }
+}
+
+impl Planner<'_> {
+    /// Overload: the running requests need more new blocks for their next tokens than are
+    /// free, and none of them has slack for a round trip (or the rotation budget is spent).
+    pub(super) fn overloaded(&self, ctx: &StepCtx) -> bool {
+        self.blocks_short_for_running() && self.rotation_victims(ctx, u64::MAX).is_empty()
     }
 
     /// Urgency order, except that running requests with slack to spare for a round trip (the
