@@ -13,7 +13,9 @@ import requests
 from conftest import SERVER_ARGS, launch
 from faults import Stream, children, health, send, wait_for
 
-STEP_TIMEOUT_S = 3.0
+# Long enough that a 16-stream step on a loaded 2-core machine never hits it (3 s did once, with
+# a build beside the tests); the stall tests' deadlines are derived from it.
+STEP_TIMEOUT_S = 6.0
 FLAGS = [*SERVER_ARGS, "--step-timeout-s", str(STEP_TIMEOUT_S), "--shard-recovery-timeout-s", "60",
          "--graceful-termination-timeout-s", "120"]
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
