@@ -3,14 +3,13 @@ minus the best baseline's (points, per repetition) and its p99 gap over that bas
 how many runs meet the suite's targets (p99 gap within 1.5x; joint within 3 points in every
 repetition).
 
-    python scripts/suite_compare.py BEFORE/suite.json AFTER/suite.json
+    .venv/bin/python scripts/suite_compare.py BEFORE/suite.json AFTER/suite.json
 """
 
 import json
 import sys
 
-P99_RATIO = 1.5
-JOINT_POINTS = 3
+from superinfer.bench.suite import JOINT_MARGIN, P99_GAP_RATIO
 
 
 def verdicts(path: str) -> dict:
@@ -36,14 +35,14 @@ def main(argv: list[str]) -> int:
             pair = [first, runs[1][workload][i]]
             for total, verdict in zip(totals, pair):
                 ratios, joints = verdict["p99_gap_ratio"], verdict["joint_minus_best"]
-                total[0] += sum(r <= P99_RATIO for r in ratios)
+                total[0] += sum(r <= P99_GAP_RATIO for r in ratios)
                 total[1] += len(ratios)
-                total[2] += all(j * 100 >= -JOINT_POINTS - 1e-6 for j in joints)
+                total[2] += all(j >= JOINT_MARGIN - 1e-9 for j in joints)
                 total[3] += 1
             print(f"{workload:12s} {first['rate']:5}: {row(pair[0]):48s} -> {row(pair[1])}")
     for path, (p99_ok, runs_n, joint_ok, points_n) in zip(argv, totals):
-        print(f"{path}: p99 gap <= {P99_RATIO}x the best baseline's in {p99_ok} of {runs_n} runs; "
-              f"joint >= best - {JOINT_POINTS} in every repetition at {joint_ok} of {points_n} points")
+        print(f"{path}: p99 gap <= {P99_GAP_RATIO}x the best baseline's in {p99_ok} of {runs_n} runs; "
+              f"joint >= best {JOINT_MARGIN * 100:+.0f} points in every repetition at {joint_ok} of {points_n} points")
     return 0
 
 

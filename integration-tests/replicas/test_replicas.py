@@ -23,6 +23,7 @@ import requests
 from text_generation import Client
 
 from conftest import free_port, launch
+from faults import wait_for
 
 # The router installed beside the Python the tests run under (.venv-clients).
 VLLM_ROUTER = Path(os.environ.get("VLLM_ROUTER_BIN", Path(sys.executable).with_name("vllm-router")))
@@ -245,27 +246,19 @@ def router_worker_health(url: str) -> dict[str, bool]:
     return {w["url"]: w["is_healthy"] for w in requests.get(f"{url}/workers", timeout=10).json()["workers"]}
 
 
-def wait_until(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s} s")
-        time.sleep(0.1)
-
-
 def test_a_replica_drained_with_sigterm_finishes_its_requests_and_leaves_the_pool(replicas, router_logs):
     draining = replicas[0]
     with vllm_router(router_logs, [r.url for r in replicas], "round_robin") as url:
         load = Load(url, workers=6, max_tokens=24)
         try:
-            wait_until(lambda: in_flight(draining) >= 1, 60, "the replica holds a request")
+            assert wait_for(lambda: in_flight(draining) >= 1, timeout_s=60), "the replica holds a request"
             held = in_flight(draining)
             draining.process.send_signal(signal.SIGTERM)
-            wait_until(lambda: not router_worker_health(url).get(draining.url, True), 30,
-                       "the router takes the draining replica out of its pool")
+            assert wait_for(lambda: not router_worker_health(url).get(draining.url, True), timeout_s=30), \
+                       "the router takes the draining replica out of its pool"
             assert draining.process.wait(timeout=240) == 0, draining.log_tail()
             finished_at = len(load.outcomes)
-            wait_until(lambda: len(load.outcomes) >= finished_at + 6, 120, "the others serve more streams")
+            assert wait_for(lambda: len(load.outcomes) >= finished_at + 6, timeout_s=120), "the others serve more streams"
         finally:
             outcomes = load.stop()
     errors = [o for o in outcomes if o is not None]
@@ -279,13 +272,13 @@ def test_a_killed_replica_costs_at_most_the_requests_it_held(replicas, router_lo
     with vllm_router(router_logs, [r.url for r in alive], "round_robin") as url:
         load = Load(url, workers=6, max_tokens=24)
         try:
-            wait_until(lambda: in_flight(killed) >= 1, 60, "the replica holds a request")
+            assert wait_for(lambda: in_flight(killed) >= 1, timeout_s=60), "the replica holds a request"
             held = in_flight(killed)
             kill_replica(killed)
             before = len(load.outcomes)
-            wait_until(lambda: not router_worker_health(url).get(killed.url, True), 30,
-                       "the router takes the killed replica out of its pool")
-            wait_until(lambda: len(load.outcomes) >= before + 6, 120, "the others serve more streams")
+            assert wait_for(lambda: not router_worker_health(url).get(killed.url, True), timeout_s=30), \
+                       "the router takes the killed replica out of its pool"
+            assert wait_for(lambda: len(load.outcomes) >= before + 6, timeout_s=120), "the others serve more streams"
             after_removal = len(load.outcomes)
         finally:
             outcomes = load.stop()
