@@ -148,6 +148,35 @@ impl Core {
         Fit::Scheduled
     }
 
+    /// New device blocks the running requests need to compute `steps` more positions each
+    /// (their prompt's rest first), within their generation limit.
+    pub(crate) fn growth_blocks(&self, steps: u64) -> u64 {
+        self.requests
+            .values()
+            .filter(|r| r.phase == Phase::Running && !r.doomed && r.has_work())
+            .map(|r| {
+                let target = (u64::from(r.num_positions()) + steps).min(r.max_kv_tokens());
+                self.blocks.new_blocks_needed(r.id, target)
+            })
+            .sum()
+    }
+
+    /// Whether admitting `id` leaves the blocks the running requests need while its prompt is
+    /// computed and its first token sampled, and the block of its own first decode: an
+    /// admission that does not would push one of them (or itself) out at once.
+    pub(crate) fn admission_keeps_growth(&self, id: u64) -> bool {
+        let request = &self.requests[&id];
+        let probe = self.blocks.probe_prefix(request.kv_namespace, &request.tokens);
+        let bs = u64::from(self.blocks.block_size());
+        let cached = u64::from(probe.hit_blocks) * bs;
+        let prompt = request.tokens.len() as u64;
+        let steps = (prompt - cached.min(prompt)).div_ceil(u64::from(self.config.max_batch_tokens.max(1))) + 1;
+        let own = self.blocks.blocks_for((prompt + 1).min(request.max_kv_tokens().max(prompt)))
+            - u64::from(probe.hit_blocks)
+            + u64::from(probe.hits_on_free);
+        own + self.growth_blocks(steps) <= u64::from(self.blocks.free_device())
+    }
+
     fn push_entry(&mut self, ctx: &mut StepCtx, id: u64, chunk: u32) {
         let block_table = self.blocks.device_table(id).unwrap_or_default();
         let request = self.requests.get_mut(&id).expect("scheduled request exists");

@@ -96,7 +96,7 @@ struct Reactive {
 
 impl SchedulingPolicy for Reactive {
     fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
-        core.plan_reactive(ctx, self.swap);
+        core.plan_reactive(ctx, self.swap, false);
     }
 
     fn may_strand_blocks(&self) -> bool {

@@ -9,7 +9,9 @@ use crate::scheduler::Core;
 use crate::step::{Fit, StepCtx};
 
 impl Core {
-    pub(crate) fn plan_reactive(&mut self, ctx: &mut StepCtx, swap: bool) {
+    /// `keep_growth`: admit a request only if the running ones can still grow through its
+    /// prefill and first token (RotaSched's overload mode; the baselines admit while it fits).
+    pub(crate) fn plan_reactive(&mut self, ctx: &mut StepCtx, swap: bool, keep_growth: bool) {
         let running = self.running_by_rank();
         for decodes in [true, false] {
             for id in &running {
@@ -26,6 +28,9 @@ impl Core {
             return;
         }
         for id in self.waiting_by_priority() {
+            if keep_growth && !self.admission_keeps_growth(id) {
+                break;
+            }
             if self.admit(ctx, id, 0) != Fit::Scheduled {
                 break;
             }

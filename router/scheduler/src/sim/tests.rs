@@ -233,3 +233,33 @@ fn under_sustained_overload_rotasched_stalls_no_longer_than_swap() {
         );
     }
 }
+
+/// Prompts that fill whole blocks and short replies: the pool holds two requests' prompts and
+/// growth, and a third prompt fits only into the blocks the running ones need for their first
+/// decode. Swap admits it and then pushes the newest out at once; RotaSched, once overloaded,
+/// admits a prompt only while the running requests (and its own first decode) can still grow
+/// through its prefill, so it moves fewer blocks to host and stalls no longer.
+#[test]
+fn under_overload_rotasched_admits_no_prompt_that_would_push_a_running_request_out() {
+    let requests: Vec<SimRequest> = (0..40)
+        .map(|i| SimRequest {
+            arrival: 0.1 * f64::from(i),
+            prompt_tokens: 500,
+            max_new_tokens: 40,
+            slo: None,
+            priority: 0,
+        })
+        .collect();
+    let run = |policy| {
+        let report = simulate(&config(policy, 96, requests.clone())).expect("valid config");
+        assert!(report.outcomes.iter().all(|o| o.finished), "{policy:?} stalled {}", report.stalled);
+        let longest = report.outcomes.iter().filter_map(|o| o.max_gap_s).fold(0.0, f64::max);
+        (report.bytes_out, longest)
+    };
+    let (rotasched, swap) = (run(PolicyKind::RotaSched), run(PolicyKind::Swap));
+    assert!(swap.0 > 0, "the workload must make swap push requests out");
+    assert!(
+        rotasched.0 < swap.0 && rotasched.1 <= swap.1,
+        "bytes to host, longest gap: rotasched {rotasched:?}, swap {swap:?}"
+    );
+}

@@ -34,7 +34,10 @@
 //! none has slack for a round trip (or the rotation budget is spent), or once a running request
 //! short of a block has pushed newer ones out (`Walk::ForRequesterUnderOverload`), running
 //! requests come first, the newest is preempted on shortage and those rotated out return oldest
-//! first before any admission, until every request so pushed out is back. Left as RotaSched's
+//! first before any admission, until every request so pushed out is back; a new prompt is
+//! admitted then only while the running requests can still grow through its prefill and first
+//! token (`Core::admission_keeps_growth`) — one admitted into their blocks would push one of them
+//! out at once. Left as RotaSched's
 //! own rotations are (to their deadline, then parked behind new prompts), such a request
 //! stalled for several times swap's longest gap.
 //!
@@ -119,7 +122,7 @@ impl SchedulingPolicy for RotaSched {
             // admission: there is no slack to plan with, and a victim left to wait behind new
             // prompts would stall for seconds.
             self.reserve_blocks = 0;
-            planner.core.plan_reactive(ctx, true);
+            planner.core.plan_reactive(ctx, true, true);
             self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
             return;
         }
