@@ -124,8 +124,7 @@ impl Core {
             return Fit::NoBudget;
         }
         let target = (cached_tokens + chunk).max(reserve_tokens);
-        let needed = self.blocks.blocks_for(target) - u64::from(probe.hit_blocks)
-            + u64::from(probe.hits_on_free);
+        let needed = self.blocks.new_blocks_to_admit(&probe, target);
         let free = u64::from(self.blocks.free_device());
         if needed > free {
             return Fit::NoBlocks(needed - free);
@@ -167,13 +166,11 @@ impl Core {
     pub(crate) fn admission_keeps_growth(&self, id: u64) -> bool {
         let request = &self.requests[&id];
         let probe = self.blocks.probe_prefix(request.kv_namespace, &request.tokens);
-        let bs = u64::from(self.blocks.block_size());
-        let cached = u64::from(probe.hit_blocks) * bs;
+        let cached = u64::from(probe.hit_blocks) * u64::from(self.blocks.block_size());
         let prompt = request.tokens.len() as u64;
-        let steps = (prompt - cached.min(prompt)).div_ceil(u64::from(self.config.max_batch_tokens.max(1))) + 1;
-        let own = self.blocks.blocks_for((prompt + 1).min(request.max_kv_tokens().max(prompt)))
-            - u64::from(probe.hit_blocks)
-            + u64::from(probe.hits_on_free);
+        let steps = prompt.saturating_sub(cached).div_ceil(u64::from(self.config.max_batch_tokens.max(1))) + 1;
+        let first_decode = (prompt + 1).min(request.max_kv_tokens()).max(prompt);
+        let own = self.blocks.new_blocks_to_admit(&probe, first_decode);
         own + self.growth_blocks(steps) <= u64::from(self.blocks.free_device())
     }
 

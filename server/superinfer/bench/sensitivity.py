@@ -31,7 +31,7 @@ def rows_for(out: Path, workloads: list[str], simulated: bool, scale: float, per
     """One row per (workload, rate) of one setting's suite run."""
     rows = []
     for name in workloads:
-        runs = suite._runs(setting_dir(out, scale, percentile) / name, simulated)
+        runs = suite.load_runs(setting_dir(out, scale, percentile) / name, simulated)
         by_key = {(r["series"], r["rate"], r.get("repetition", 0)): r["summary"] for r in runs}
         policies = sorted({r["series"] for r in runs})
         verdicts = {v["rate"]: v for v in suite.verdicts(runs)}

@@ -87,7 +87,7 @@ def workload_argv(workload: SuiteWorkload, args: argparse.Namespace, out: Path, 
     return argv
 
 
-def _runs(out: Path, simulated: bool) -> list[dict]:
+def load_runs(out: Path, simulated: bool) -> list[dict]:
     """Every run of one workload, each with its repetition (simulated: one file per seed)."""
     if not simulated:
         path = out / "compare.json"
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 parser = argparse.ArgumentParser(prog="superinfer bench", allow_abbrev=False)
                 bench_cli.add_arguments(parser)
                 bench_cli.run(parser.parse_args(workload_argv(workload, args, out)))
-        summary[name] = verdicts(_runs(out, bool(args.simulate)))
+        summary[name] = verdicts(load_runs(out, bool(args.simulate)))
     document = {"simulated": args.simulate, "rate_scale": args.rate_scale, "repeats": args.repeats,
                 "workloads": {w.name: {"args": w.args, "rates": w.rates} for w in SUITE if w.name in chosen},
                 "verdicts": summary,

@@ -192,6 +192,12 @@ impl BlockManager {
         blocks
     }
 
+    /// New device blocks an admission with this probe's cached prefix takes to hold
+    /// `total_tokens` positions (cached blocks sitting free are taken back from the free list).
+    pub(crate) fn new_blocks_to_admit(&self, probe: &PrefixProbe, total_tokens: u64) -> u64 {
+        self.blocks_for(total_tokens) - u64::from(probe.hit_blocks) + u64::from(probe.hits_on_free)
+    }
+
     /// Creates the request's table from its cached prefix in `namespace`; returns the tokens it
     /// covers.
     pub(crate) fn acquire_prefix(&mut self, id: u64, namespace: u64, tokens: &[u32]) -> u32 {

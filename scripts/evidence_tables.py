@@ -1,0 +1,76 @@
+"""The tables of docs/evidence.md and docs/simulation.md (2026-12-03) from their committed raw
+results: per rate and policy, median [range] over the repetitions (or seeds) of first-token and
+joint attainment, p99 and longest gap and output throughput (or goodput), and for a measured
+comparison RotaSched's joint attainment minus the best baseline's per repetition.
+
+    .venv/bin/python scripts/evidence_tables.py docs/results/evidence/2026-12-03/azure/compare.json
+    .venv/bin/python scripts/evidence_tables.py docs/results/gh200/headline-charged.json
+"""
+
+import json
+import statistics
+import sys
+
+POLICIES = ["fcfs", "recompute", "swap", "rotasched"]
+
+
+def spread(values: list[float], show) -> str:
+    low, mid, high = show(min(values)), show(statistics.median(values)), show(max(values))
+    return mid if low == high else f"{mid} [{low}–{high}]"
+
+
+def pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def measured(document: dict) -> None:
+    slo, unloaded = document["slo"], document["unloaded"]
+    print(f"objectives TTFT {slo['ttft_ms']:.0f} ms, TBT {slo['tbt_ms']:.0f} ms (p{slo['tbt_percentile']:g}); "
+          f"unloaded {unloaded['ttft_s'] * 1000:.0f} / {unloaded['tbt_s'] * 1000:.0f} ms")
+    print("| rate | policy | TTFT ok | joint (stall bound included) | gap p99 (s) | longest gap (s) | output tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    runs = document["runs"]
+    for rate in sorted({r["rate"] for r in runs}):
+        for policy in document["policies"]:
+            s = [r["summary"] for r in runs if r["rate"] == rate and r["series"] == policy]
+            print(f"| {rate:g} | {policy} | {spread([x['attainment']['ttft'] for x in s], pct)} | "
+                  f"{spread([x['attainment']['both'] for x in s], pct)} | "
+                  f"{spread([x['tbt_s']['p99'] for x in s], lambda v: f'{v:.2f}')} | "
+                  f"{spread([x['tbt_s']['max'] for x in s], lambda v: f'{v:.2f}')} | "
+                  f"{spread([x['throughput_tokens_per_s'] for x in s], lambda v: f'{v:.1f}')} |")
+        diffs, ratios = [], []
+        for repetition in sorted({r["repetition"] for r in runs if r["rate"] == rate}):
+            by = {r["series"]: r["summary"] for r in runs if r["rate"] == rate and r["repetition"] == repetition}
+            best = max((by[p] for p in document["policies"] if p != "rotasched"), key=lambda s: s["attainment"]["both"])
+            diffs.append((by["rotasched"]["attainment"]["both"] - best["attainment"]["both"]) * 100)
+            ratios.append(by["rotasched"]["tbt_s"]["p99"] / best["tbt_s"]["p99"])
+        print(f"rate {rate:g}: RotaSched joint − best baseline's per repetition: "
+              f"{', '.join(f'{d:+.0f}' for d in diffs)}; p99 gap ratio: {', '.join(f'{r:.2f}' for r in ratios)}")
+
+
+def simulated(document: dict) -> None:
+    runs: dict = {}
+    for seed_runs in document["seeds"].values():
+        for r in seed_runs:
+            runs.setdefault((r["rate"], r["series"]), []).append(r["summary"])
+    print("| rate | policy | TTFT ok | joint (stall bound included) | gap p99 (ms) | longest gap (ms) | goodput (req/s) |")
+    print("|---|---|---|---|---|---|---|")
+    ms = lambda v: f"{v * 1000:,.0f}"  # noqa: E731
+    for (rate, policy), s in sorted(runs.items(), key=lambda k: (k[0][0], POLICIES.index(k[0][1]))):
+        print(f"| {rate:g} | {policy} | {spread([x['attainment']['ttft'] for x in s], pct)} | "
+              f"{spread([x['attainment']['both'] for x in s], pct)} | {spread([x['tbt_s']['p99'] for x in s], ms)} | "
+              f"{spread([x['tbt_s']['max'] for x in s], ms)} | {spread([x['goodput_rps'] for x in s], lambda v: f'{v:.1f}')} |")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        document = json.load(f)
+    (simulated if "seeds" in document and isinstance(document["seeds"], dict) else measured)(document)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
