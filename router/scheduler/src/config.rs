@@ -125,6 +125,37 @@ impl Default for Slo {
     }
 }
 
+/// RotaSched's own settings, read by nothing else.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RotaSchedSettings {
+    /// A request rotated in during the last this-many steps is not rotated out
+    /// again (no thrashing).
+    pub rotation_cooldown_steps: u64,
+    /// A request with fewer tokens left than this is never rotated out.
+    pub min_rotation_tokens_left: u32,
+    /// A late request (hopeless first-token deadline) that has been late for longer
+    /// than this is served with the punctual ones again, so nothing starves under overload.
+    pub late_starvation_s: f64,
+    /// The most gaps between tokens, as a share of every gap produced so far, that
+    /// its rotations may have made late — a decode parked for a prompt, or a victim whose return
+    /// failed because the blocks it freed were taken. Such a gap lasts up to the stall bound;
+    /// while the share is spent RotaSched rotates out only as swap does (a running request short
+    /// of blocks evicting newer ones), so at 1% the 99th-percentile gap between tokens — the
+    /// figure vLLM's and SGLang's benchmarks report — stays the compute's own.
+    pub rotation_late_gap_share: f64,
+}
+
+impl Default for RotaSchedSettings {
+    fn default() -> Self {
+        RotaSchedSettings {
+            rotation_cooldown_steps: 4,
+            min_rotation_tokens_left: 4,
+            late_starvation_s: 10.0,
+            rotation_late_gap_share: 0.005,
+        }
+    }
+}
+
 /// Everything the scheduler needs to know, fixed for its lifetime (the cost model is refined
 /// online from measured step times, starting from `cost_model`).
 #[derive(Debug, Clone, PartialEq)]
@@ -148,24 +179,11 @@ pub struct SchedulerConfig {
     pub cost_model: CostModel,
     /// Reuse full device blocks whose token prefix matches.
     pub prefix_caching: bool,
-    /// RotaSched: a request rotated in during the last this-many steps is not rotated out
-    /// again (no thrashing).
-    pub rotation_cooldown_steps: u64,
-    /// RotaSched: a request with fewer tokens left than this is never rotated out.
-    pub min_rotation_tokens_left: u32,
     /// Weight of a new measurement in the exponential moving averages (cost-model correction,
     /// arrival rate, prompt size), in (0, 1].
     pub ema_alpha: f64,
-    /// RotaSched: a late request (hopeless first-token deadline) that has been late for longer
-    /// than this is served with the punctual ones again, so nothing starves under overload.
-    pub late_starvation_s: f64,
-    /// RotaSched: the most gaps between tokens, as a share of every gap produced so far, that
-    /// its rotations may have made late — a decode parked for a prompt, or a victim whose return
-    /// failed because the blocks it freed were taken. Such a gap lasts up to the stall bound;
-    /// while the share is spent RotaSched rotates out only as swap does (a running request short
-    /// of blocks evicting newer ones), so at 1% the 99th-percentile gap between tokens — the
-    /// figure vLLM's and SGLang's benchmarks report — stays the compute's own.
-    pub rotation_late_gap_share: f64,
+    /// RotaSched's own settings (the other policies have none).
+    pub rotasched: RotaSchedSettings,
     /// Percentile of each request's gaps between tokens that its TBT objective holds for, in
     /// (0, 100]: attainment is judged at it (`attainment::judge`), and RotaSched plans for it —
     /// the rest of the gaps (`tbt_late_share`) may be late, so a running request with such a
@@ -186,11 +204,8 @@ impl Default for SchedulerConfig {
             default_slo: Slo::default(),
             cost_model: CostModel::default(),
             prefix_caching: true,
-            rotation_cooldown_steps: 4,
-            min_rotation_tokens_left: 4,
             ema_alpha: 0.2,
-            late_starvation_s: 10.0,
-            rotation_late_gap_share: 0.005,
+            rotasched: RotaSchedSettings::default(),
             tbt_percentile: DEFAULT_TBT_PERCENTILE,
         }
     }
@@ -217,8 +232,8 @@ impl SchedulerConfig {
         if !(self.tbt_percentile > 0.0 && self.tbt_percentile <= 100.0) {
             return fail("tbt_percentile must lie in (0, 100]");
         }
-        if !(0.0..=1.0).contains(&self.rotation_late_gap_share) {
-            return fail("rotation_late_gap_share must lie in [0, 1]");
+        if !(0.0..=1.0).contains(&self.rotasched.rotation_late_gap_share) {
+            return fail("rotasched.rotation_late_gap_share must lie in [0, 1]");
         }
         if !(self.ema_alpha > 0.0 && self.ema_alpha <= 1.0) {
             return fail("ema_alpha must lie in (0, 1]");

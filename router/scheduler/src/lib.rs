@@ -53,7 +53,7 @@ pub mod sim;
 
 pub use admission::AdmissionView;
 pub use config::{
-    PolicyKind, SchedulerConfig, Slo, DEFAULT_MAX_BATCH_REQUESTS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_STALL_FACTOR,
+    PolicyKind, RotaSchedSettings, SchedulerConfig, Slo, DEFAULT_MAX_BATCH_REQUESTS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_STALL_FACTOR,
     DEFAULT_TBT_PERCENTILE, DEFAULT_TBT_S, DEFAULT_TTFT_S,
 };
 pub use cost_model::{CostModel, Direction, StepShape, TokenCurve};

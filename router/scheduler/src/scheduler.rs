@@ -78,7 +78,7 @@ pub(crate) struct Core {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedulerError> {
-        let policy = Policy::new(config.policy);
+        let policy = Policy::new(&config);
         Ok(Scheduler { core: Core::new(config)?, policy })
     }
 

@@ -2,12 +2,14 @@
 //! chunk, admitting a waiting request (prefix hits first), preempting, rotating out and in,
 //! and sealing the plan.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::byte_budget::ByteBudget;
-use crate::cost_model::{Direction, StepShape};
+use crate::config::SchedulerConfig;
+use crate::cost_model::{CostModel, Direction, StepShape};
+use crate::kv::BlockManager;
 use crate::plan::{ScheduledEntry, StepPlan};
-use crate::request::Phase;
+use crate::request::{Phase, RequestState};
 use crate::scheduler::{Core, PendingStep, PlannedEntry};
 
 /// Whether a request got its share of the step, and if not, what it lacked.
@@ -56,10 +58,70 @@ impl Core {
             release_credit: u64::from(self.blocks.pending_release()),
         }
     }
+    /// Orders decodes before prefill chunks, fills in what the engine needs, and remembers the
+    /// step so its results can be applied.
+    pub(crate) fn seal(&mut self, mut ctx: StepCtx) -> crate::plan::StepPlan {
+        let is_decode = |e: &ScheduledEntry| e.num_new_tokens == 1 && e.num_computed_tokens > 0;
+        let (decodes, prefills): (Vec<_>, Vec<_>) =
+            ctx.plan.scheduled.drain(..).partition(|e| is_decode(e));
+        ctx.plan.scheduled = decodes.into_iter().chain(prefills).collect();
+        let mut sampling: Vec<u64> = ctx.entries.iter().filter(|e| e.samples).map(|e| e.id).collect();
+        sampling.sort_unstable();
+        ctx.plan.sampling = sampling;
+        ctx.plan.input_from_shard.sort_unstable();
+        ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
+        if ctx.budget.is_limited() {
+            ctx.plan.rotate_out_budget_bytes = Some(ctx.budget.limit(Direction::Out));
+            ctx.plan.rotate_in_budget_bytes = Some(ctx.budget.limit(Direction::In));
+        }
+        if !ctx.entries.is_empty() {
+            let alone = self.pending.is_empty();
+            let pending = PendingStep { entries: ctx.entries, shape: ctx.shape, planned_at: ctx.now, alone };
+            self.pending.insert(ctx.plan.step_id, pending);
+        }
+        ctx.plan
+    }
+}
+
+/// The narrow API a policy builds a step through: read access to the requests, the blocks, the
+/// cost model and the configuration, the orders policies serve in, and the few operations that
+/// change state — schedule a running request's chunk, admit, preempt for recompute, rotate out
+/// and in. A policy never reaches the scheduler's `Core` itself: what it may do to a step is
+/// what this type offers, and its own reasoning (order, victims, parking) stays in its module.
+pub(crate) struct StepBuilder<'a> {
+    core: &'a mut Core,
+}
+
+impl<'a> StepBuilder<'a> {
+    pub(crate) fn new(core: &'a mut Core) -> Self {
+        StepBuilder { core }
+    }
+
+    pub(crate) fn requests(&self) -> &BTreeMap<u64, RequestState> {
+        &self.core.requests
+    }
+
+    pub(crate) fn blocks(&self) -> &BlockManager {
+        &self.core.blocks
+    }
+
+    pub(crate) fn cost(&self) -> &CostModel {
+        &self.core.cost
+    }
+
+    pub(crate) fn config(&self) -> &SchedulerConfig {
+        &self.core.config
+    }
+
+    /// The step being built.
+    pub(crate) fn step_id(&self) -> u64 {
+        self.core.step_id
+    }
 
     /// Running requests (KV on device, acknowledged) by priority class, then admission order.
     pub(crate) fn running_by_rank(&self) -> Vec<u64> {
         let mut running: Vec<((i32, u64), u64)> = self
+            .core
             .requests
             .values()
             .filter(|r| r.phase == Phase::Running && !r.doomed)
@@ -72,14 +134,14 @@ impl Core {
     /// The waiting queue by priority class, in queue order within a class (preempted requests
     /// are at the front of theirs).
     pub(crate) fn waiting_by_priority(&self) -> Vec<u64> {
-        let mut queue: Vec<u64> = self.waiting.iter().copied().collect();
-        queue.sort_by_key(|id| self.requests[id].priority);
+        let mut queue: Vec<u64> = self.core.waiting.iter().copied().collect();
+        queue.sort_by_key(|id| self.core.requests[id].priority);
         queue
     }
 
     /// Tokens this request may compute now under the budgets (0 = none).
     fn chunk_for(&self, ctx: &StepCtx, id: u64) -> u32 {
-        let request = &self.requests[&id];
+        let request = &self.core.requests[&id];
         if ctx.requests_left == 0 || ctx.scheduled.contains(&id) || !request.has_work() {
             return 0;
         }
@@ -98,11 +160,11 @@ impl Core {
         if chunk == 0 {
             return Fit::NoBudget;
         }
-        let computed = self.requests[&id].num_computed;
+        let computed = self.core.requests[&id].num_computed;
         let target = (u64::from(computed) + u64::from(chunk)).max(reserve_tokens);
-        if !self.blocks.grow(id, target) {
-            let needed = self.blocks.new_blocks_needed(id, target);
-            return Fit::NoBlocks(needed - u64::from(self.blocks.free_device()).min(needed));
+        if !self.core.blocks.grow(id, target) {
+            let needed = self.core.blocks.new_blocks_needed(id, target);
+            return Fit::NoBlocks(needed - u64::from(self.core.blocks.free_device()).min(needed));
         }
         self.push_entry(ctx, id, chunk);
         Fit::Scheduled
@@ -111,12 +173,12 @@ impl Core {
     /// Admits a waiting request: takes its cached prefix, reserves blocks and schedules its
     /// first chunk; nothing changes unless all of it fits.
     pub(crate) fn admit(&mut self, ctx: &mut StepCtx, id: u64, reserve_tokens: u64) -> Fit {
-        let request = &self.requests[&id];
+        let request = &self.core.requests[&id];
         if ctx.requests_left == 0 || !request.has_work() {
             return Fit::NoBudget;
         }
-        let probe = self.blocks.probe_prefix(request.kv_namespace, &request.tokens);
-        let bs = u64::from(self.blocks.block_size());
+        let probe = self.core.blocks.probe_prefix(request.kv_namespace, &request.tokens);
+        let bs = u64::from(self.core.blocks.block_size());
         let cached_tokens = u64::from(probe.hit_blocks) * bs;
         let available = ctx.tokens_left.saturating_sub(ctx.decode_reserve).min(ctx.prefill_token_cap);
         let chunk = (request.tokens.len() as u64 - cached_tokens).min(u64::from(available));
@@ -124,19 +186,19 @@ impl Core {
             return Fit::NoBudget;
         }
         let target = (cached_tokens + chunk).max(reserve_tokens);
-        let needed = self.blocks.new_blocks_to_admit(&probe, target);
-        let free = u64::from(self.blocks.free_device());
+        let needed = self.core.blocks.new_blocks_to_admit(&probe, target);
+        let free = u64::from(self.core.blocks.free_device());
         if needed > free {
             return Fit::NoBlocks(needed - free);
         }
-        let tokens = self.requests[&id].tokens.clone();
-        let covered = self.blocks.acquire_prefix(id, self.requests[&id].kv_namespace, &tokens);
-        let grown = self.blocks.grow(id, target);
+        let tokens = self.core.requests[&id].tokens.clone();
+        let covered = self.core.blocks.acquire_prefix(id, self.core.requests[&id].kv_namespace, &tokens);
+        let grown = self.core.blocks.grow(id, target);
         debug_assert!(grown, "admission was sized from the probe");
-        self.counters.prefix_queried_tokens += tokens.len() as u64;
-        self.counters.prefix_hit_tokens += u64::from(covered);
-        self.waiting.retain(|w| *w != id);
-        let request = self.requests.get_mut(&id).expect("admitted request exists");
+        self.core.counters.prefix_queried_tokens += tokens.len() as u64;
+        self.core.counters.prefix_hit_tokens += u64::from(covered);
+        self.core.waiting.retain(|w| *w != id);
+        let request = self.core.requests.get_mut(&id).expect("admitted request exists");
         request.phase = Phase::Running;
         request.num_computed = covered;
         if !request.sent {
@@ -147,36 +209,9 @@ impl Core {
         Fit::Scheduled
     }
 
-    /// New device blocks the running requests need to compute `steps` more positions each
-    /// (their prompt's rest first), within their generation limit.
-    pub(crate) fn growth_blocks(&self, steps: u64) -> u64 {
-        self.requests
-            .values()
-            .filter(|r| r.phase == Phase::Running && !r.doomed && r.has_work())
-            .map(|r| {
-                let target = (u64::from(r.num_positions()) + steps).min(r.max_kv_tokens());
-                self.blocks.new_blocks_needed(r.id, target)
-            })
-            .sum()
-    }
-
-    /// Whether admitting `id` leaves the blocks the running requests need while its prompt is
-    /// computed and its first token sampled, and the block of its own first decode: an
-    /// admission that does not would push one of them (or itself) out at once.
-    pub(crate) fn admission_keeps_growth(&self, id: u64) -> bool {
-        let request = &self.requests[&id];
-        let probe = self.blocks.probe_prefix(request.kv_namespace, &request.tokens);
-        let cached = u64::from(probe.hit_blocks) * u64::from(self.blocks.block_size());
-        let prompt = request.tokens.len() as u64;
-        let steps = prompt.saturating_sub(cached).div_ceil(u64::from(self.config.max_batch_tokens.max(1))) + 1;
-        let first_decode = (prompt + 1).min(request.max_kv_tokens()).max(prompt);
-        let own = self.blocks.new_blocks_to_admit(&probe, first_decode);
-        own + self.growth_blocks(steps) <= u64::from(self.blocks.free_device())
-    }
-
     fn push_entry(&mut self, ctx: &mut StepCtx, id: u64, chunk: u32) {
-        let block_table = self.blocks.device_table(id).unwrap_or_default();
-        let request = self.requests.get_mut(&id).expect("scheduled request exists");
+        let block_table = self.core.blocks.device_table(id).unwrap_or_default();
+        let request = self.core.requests.get_mut(&id).expect("scheduled request exists");
         let computed = request.num_computed;
         let known = request.tokens.len() as u32;
         let samples = computed + chunk == request.num_positions();
@@ -208,7 +243,7 @@ impl Core {
         // protocol's contract). So n choices of one prompt, admitted together, compute it once.
         // Only positions whose tokens are known: a placeholder's block is published by a later
         // step, once the token is known.
-        self.blocks.register_scheduled(id, &request.tokens, (computed + chunk).min(known));
+        self.core.blocks.register_scheduled(id, &request.tokens, (computed + chunk).min(known));
         ctx.plan.scheduled.push(ScheduledEntry {
             id,
             num_computed_tokens: computed,
@@ -220,7 +255,7 @@ impl Core {
     /// Whether `id` may be preempted or rotated out now: on device, not part of this step, no
     /// step of it still computing (its KV is not final until the results come back).
     pub(crate) fn evictable(&self, ctx: &StepCtx, id: u64) -> bool {
-        let request = &self.requests[&id];
+        let request = &self.core.requests[&id];
         request.phase == Phase::Running
             && !request.doomed
             && request.pending_steps == 0
@@ -230,27 +265,27 @@ impl Core {
     /// Drops the request's device KV; it is re-prefilled from position 0 later (front of the
     /// queue). Returns the device blocks freed now.
     pub(crate) fn preempt_for_recompute(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
-        let before = self.blocks.free_device();
-        self.blocks.release(id);
-        let request = self.requests.get_mut(&id).expect("preempted request exists");
+        let before = self.core.blocks.free_device();
+        self.core.blocks.release(id);
+        let request = self.core.requests.get_mut(&id).expect("preempted request exists");
         request.phase = Phase::Waiting;
         request.num_computed = 0;
         request.rotated_since_token = true;
-        self.waiting.push_front(id);
-        self.counters.recomputes += 1;
+        self.core.waiting.push_front(id);
+        self.core.counters.recomputes += 1;
         ctx.plan.preempted_for_recompute.push(id);
-        u64::from(self.blocks.free_device() - before)
+        u64::from(self.core.blocks.free_device() - before)
     }
 
     /// Starts copying the request's private blocks to host. Returns the device blocks that
     /// will be freed at acknowledgement (0 = nothing issued).
     pub(crate) fn rotate_out(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
-        let Some(transfer) = self.blocks.transfer_out(id) else { return 0 };
+        let Some(transfer) = self.core.blocks.transfer_out(id) else { return 0 };
         let moved = transfer.src_blocks.len() as u64;
-        ctx.budget.take(Direction::Out, moved * self.config.block_bytes);
-        self.counters.rotations_out += 1;
-        self.counters.bytes_out += moved * self.config.block_bytes;
-        let request = self.requests.get_mut(&id).expect("rotated request exists");
+        ctx.budget.take(Direction::Out, moved * self.core.config.block_bytes);
+        self.core.counters.rotations_out += 1;
+        self.core.counters.bytes_out += moved * self.core.config.block_bytes;
+        let request = self.core.requests.get_mut(&id).expect("rotated request exists");
         request.phase = Phase::RotatingOut;
         request.rotated_since_token = true;
         ctx.plan.rotate_out.push(transfer);
@@ -259,40 +294,16 @@ impl Core {
 
     /// Starts copying the request's host blocks back to device. False when it does not fit.
     pub(crate) fn rotate_in(&mut self, ctx: &mut StepCtx, id: u64) -> bool {
-        let Some(transfer) = self.blocks.transfer_in(id) else { return false };
-        let bytes = transfer.src_blocks.len() as u64 * self.config.block_bytes;
+        let Some(transfer) = self.core.blocks.transfer_in(id) else { return false };
+        let bytes = transfer.src_blocks.len() as u64 * self.core.config.block_bytes;
         ctx.budget.take(Direction::In, bytes);
-        self.counters.rotations_in += 1;
-        self.counters.bytes_in += bytes;
-        let request = self.requests.get_mut(&id).expect("returning request exists");
+        self.core.counters.rotations_in += 1;
+        self.core.counters.bytes_in += bytes;
+        let request = self.core.requests.get_mut(&id).expect("returning request exists");
         request.phase = Phase::RotatingIn;
-        request.rotated_in_step = Some(self.step_id);
+        request.rotated_in_step = Some(self.core.step_id);
         request.returned_without_token = true;
         ctx.plan.rotate_in.push(transfer);
         true
-    }
-
-    /// Orders decodes before prefill chunks, fills in what the engine needs, and remembers the
-    /// step so its results can be applied.
-    pub(crate) fn seal(&mut self, mut ctx: StepCtx) -> crate::plan::StepPlan {
-        let is_decode = |e: &ScheduledEntry| e.num_new_tokens == 1 && e.num_computed_tokens > 0;
-        let (decodes, prefills): (Vec<_>, Vec<_>) =
-            ctx.plan.scheduled.drain(..).partition(|e| is_decode(e));
-        ctx.plan.scheduled = decodes.into_iter().chain(prefills).collect();
-        let mut sampling: Vec<u64> = ctx.entries.iter().filter(|e| e.samples).map(|e| e.id).collect();
-        sampling.sort_unstable();
-        ctx.plan.sampling = sampling;
-        ctx.plan.input_from_shard.sort_unstable();
-        ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
-        if ctx.budget.is_limited() {
-            ctx.plan.rotate_out_budget_bytes = Some(ctx.budget.limit(Direction::Out));
-            ctx.plan.rotate_in_budget_bytes = Some(ctx.budget.limit(Direction::In));
-        }
-        if !ctx.entries.is_empty() {
-            let alone = self.pending.is_empty();
-            let pending = PendingStep { entries: ctx.entries, shape: ctx.shape, planned_at: ctx.now, alone };
-            self.pending.insert(ctx.plan.step_id, pending);
-        }
-        ctx.plan
     }
 }

@@ -13,14 +13,13 @@
 mod fcfs;
 mod reactive;
 mod rotasched;
-mod urgency;
 
-use crate::config::PolicyKind;
+use crate::config::{PolicyKind, SchedulerConfig};
 use crate::plan::StepPlan;
 use crate::request::Phase;
 use crate::scheduler::Core;
 use crate::stats::SchedulerStats;
-use crate::step::{Fit, StepCtx};
+use crate::step::{Fit, StepBuilder, StepCtx};
 
 pub(crate) use rotasched::RotaSched;
 
@@ -54,12 +53,13 @@ pub(crate) struct TimingSample {
 
 /// The seam between the scheduler's shared machinery and a scheduling policy. The `Core`
 /// owns requests, blocks, queue, cost model and counters and applies results; a policy owns
-/// its own state and, each step, fills a `StepCtx` through the core's step-building methods
-/// (`step.rs`: `schedule_running`, `admit`, `rotate_out`, `rotate_in`, `preempt_for_recompute`,
-/// and the orders `running_by_rank`, `waiting_by_priority`).
+/// its own state and, each step, fills a `StepCtx` through the narrow `StepBuilder`
+/// (`step.rs`: read access to requests, blocks, cost model and configuration; the orders
+/// `running_by_rank`, `waiting_by_priority`; and `schedule_running`, `admit`, `rotate_out`,
+/// `rotate_in`, `preempt_for_recompute`). It never reaches the `Core` itself.
 pub(crate) trait SchedulingPolicy: std::fmt::Debug + Send {
     /// Fills `ctx` with the next step: what to compute, what to move, whom to preempt.
-    fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx);
+    fn plan(&mut self, step: &mut StepBuilder, ctx: &mut StepCtx);
 
     /// Whether its plans can leave blocks held with nobody able to move (rotated requests keep
     /// their shared prefix blocks on device), so an empty plan is checked for a deadlock.
@@ -82,8 +82,8 @@ pub(crate) trait SchedulingPolicy: std::fmt::Debug + Send {
 struct Fcfs;
 
 impl SchedulingPolicy for Fcfs {
-    fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
-        core.plan_fcfs(ctx);
+    fn plan(&mut self, step: &mut StepBuilder, ctx: &mut StepCtx) {
+        fcfs::plan(step, ctx);
     }
 }
 
@@ -95,8 +95,8 @@ struct Reactive {
 }
 
 impl SchedulingPolicy for Reactive {
-    fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
-        core.plan_reactive(ctx, self.swap, false);
+    fn plan(&mut self, step: &mut StepBuilder, ctx: &mut StepCtx) {
+        reactive::plan(step, ctx, self.swap, false);
     }
 
     fn may_strand_blocks(&self) -> bool {
@@ -109,12 +109,12 @@ impl SchedulingPolicy for Reactive {
 pub(crate) struct Policy(Box<dyn SchedulingPolicy>);
 
 impl Policy {
-    pub(crate) fn new(kind: PolicyKind) -> Self {
-        Policy(match kind {
+    pub(crate) fn new(config: &SchedulerConfig) -> Self {
+        Policy(match config.policy {
             PolicyKind::Fcfs => Box::new(Fcfs),
             PolicyKind::Recompute => Box::new(Reactive { swap: false }),
             PolicyKind::Swap => Box::new(Reactive { swap: true }),
-            PolicyKind::RotaSched => Box::new(RotaSched::default()),
+            PolicyKind::RotaSched => Box::new(RotaSched::new(config.rotasched)),
         })
     }
 
@@ -123,9 +123,10 @@ impl Policy {
     /// been acknowledged are never handed out.
     pub(crate) fn plan(&mut self, core: &mut Core, now: f64) -> StepPlan {
         let mut ctx = core.new_ctx(now);
-        self.0.plan(core, &mut ctx);
+        let mut step = StepBuilder::new(core);
+        self.0.plan(&mut step, &mut ctx);
         if self.0.may_strand_blocks() {
-            core.break_deadlock(&mut ctx);
+            break_deadlock(&mut step, &mut ctx);
         }
         let plan = core.seal(ctx);
         core.debug_check("plan");
@@ -148,57 +149,85 @@ impl Policy {
     }
 }
 
-impl Core {
-    /// Guarantees progress when a plan would do nothing although requests wait: rotated
-    /// requests keep their shared prefix blocks on device, and RotaSched refuses victims that
-    /// could not return on time, so blocks can end up held with nobody able to move. With no
-    /// transfer or step result still to come, rotated requests are dropped for recompute
-    /// (newest first) and then the oldest request with work is served, evicting the newest
-    /// running ones for recompute as vLLM does (oldest and newest by priority class first). The oldest thus always progresses, and it fits
-    /// the device pool alone, so nothing livelocks.
-    fn break_deadlock(&mut self, ctx: &mut StepCtx) {
-        if !ctx.plan.is_empty() {
+/// Guarantees progress when a plan would do nothing although requests wait: rotated
+/// requests keep their shared prefix blocks on device, and RotaSched refuses victims that
+/// could not return on time, so blocks can end up held with nobody able to move. With no
+/// transfer or step result still to come, rotated requests are dropped for recompute
+/// (newest first) and then the oldest request with work is served, evicting the newest
+/// running ones for recompute as vLLM does (oldest and newest by priority class first). The
+/// oldest thus always progresses, and it fits the device pool alone, so nothing livelocks.
+fn break_deadlock(step: &mut StepBuilder, ctx: &mut StepCtx) {
+    if !ctx.plan.is_empty() {
+        return;
+    }
+    let settling = step.requests().values().any(|r| {
+        r.pending_steps > 0 || matches!(r.phase, Phase::RotatingOut | Phase::RotatingIn)
+    });
+    let oldest = step
+        .requests()
+        .values()
+        .filter(|r| r.has_work() && matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated))
+        .min_by_key(|r| r.rank())
+        .map(|r| r.id);
+    let Some(oldest) = oldest else { return };
+    if settling {
+        return;
+    }
+    while let Some(rotated) = newest(step, ctx, Phase::Rotated) {
+        step.preempt_for_recompute(ctx, rotated);
+    }
+    loop {
+        let fit = match step.requests()[&oldest].phase {
+            Phase::Running => step.schedule_running(ctx, oldest, 0),
+            _ => step.admit(ctx, oldest, 0),
+        };
+        if !matches!(fit, Fit::NoBlocks(_)) {
             return;
         }
-        let settling = self.requests.values().any(|r| {
-            r.pending_steps > 0 || matches!(r.phase, Phase::RotatingOut | Phase::RotatingIn)
-        });
-        let oldest = self
-            .requests
-            .values()
-            .filter(|r| r.has_work() && matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated))
-            .min_by_key(|r| r.rank())
-            .map(|r| r.id);
-        let Some(oldest) = oldest else { return };
-        if settling {
-            return;
-        }
-        while let Some(rotated) = self.newest(ctx, Phase::Rotated) {
-            self.preempt_for_recompute(ctx, rotated);
-        }
-        loop {
-            let fit = match self.requests[&oldest].phase {
-                Phase::Running => self.schedule_running(ctx, oldest, 0),
-                _ => self.admit(ctx, oldest, 0),
-            };
-            if !matches!(fit, Fit::NoBlocks(_)) {
-                return;
+        match newest(step, ctx, Phase::Running).filter(|id| *id != oldest) {
+            Some(victim) => {
+                step.preempt_for_recompute(ctx, victim);
             }
-            match self.newest(ctx, Phase::Running).filter(|id| *id != oldest) {
-                Some(victim) => {
-                    self.preempt_for_recompute(ctx, victim);
-                }
-                None => return,
-            }
+            None => return,
         }
     }
+}
 
-    fn newest(&self, ctx: &StepCtx, phase: Phase) -> Option<u64> {
-        self.requests
-            .values()
-            .filter(|r| r.phase == phase && !r.doomed)
-            .filter(|r| phase != Phase::Running || (r.has_work() && self.evictable(ctx, r.id)))
-            .max_by_key(|r| r.rank())
-            .map(|r| r.id)
+fn newest(step: &StepBuilder, ctx: &StepCtx, phase: Phase) -> Option<u64> {
+    step.requests()
+        .values()
+        .filter(|r| r.phase == phase && !r.doomed)
+        .filter(|r| phase != Phase::Running || (r.has_work() && step.evictable(ctx, r.id)))
+        .max_by_key(|r| r.rank())
+        .map(|r| r.id)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The policies build steps through `StepBuilder` only: none names the scheduler's `Core`
+    /// or adds methods to it, so what a policy may do to a step is what the builder offers.
+    #[test]
+    fn policies_reach_the_scheduler_only_through_the_step_builder() {
+        let sources = [
+            ("fcfs.rs", include_str!("fcfs.rs")),
+            ("reactive.rs", include_str!("reactive.rs")),
+            ("rotasched/mod.rs", include_str!("rotasched/mod.rs")),
+            ("rotasched/eviction.rs", include_str!("rotasched/eviction.rs")),
+            ("rotasched/ordering.rs", include_str!("rotasched/ordering.rs")),
+            ("rotasched/reserve.rs", include_str!("rotasched/reserve.rs")),
+            ("rotasched/step_cap.rs", include_str!("rotasched/step_cap.rs")),
+            ("rotasched/urgency.rs", include_str!("rotasched/urgency.rs")),
+        ];
+        for (name, source) in sources {
+            let code: String = source
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+            for forbidden in ["scheduler::Core", "impl Core", "&mut Core", "&Core"] {
+                assert!(!code.contains(forbidden), "{name} reaches the Core ({forbidden})");
+            }
+        }
     }
 }

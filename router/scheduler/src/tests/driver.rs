@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::{PolicyKind, SchedulerConfig, Slo};
+use crate::config::{PolicyKind, RotaSchedSettings, SchedulerConfig, Slo};
 use crate::cost_model::CostModel;
 use crate::plan::{StepPlan, StepResults};
 use crate::request::RequestSpec;
@@ -39,13 +39,15 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
             ..CostModel::default()
         },
         prefix_caching: true,
-        rotation_cooldown_steps: 4,
-        min_rotation_tokens_left: 2,
         ema_alpha: 0.2,
-        late_starvation_s: 10.0,
-        // Scenarios of a few requests: rotation is allowed whatever the gaps so far (the budget
-        // has its own test).
-        rotation_late_gap_share: 1.0,
+        rotasched: RotaSchedSettings {
+            rotation_cooldown_steps: 4,
+            min_rotation_tokens_left: 2,
+            late_starvation_s: 10.0,
+            // Scenarios of a few requests: rotation is allowed whatever the gaps so far (the
+            // budget has its own test).
+            rotation_late_gap_share: 1.0,
+        },
         tbt_percentile: 100.0,
     }
 }
@@ -348,14 +350,14 @@ impl Driver {
         for t in &plan.rotate_out {
             if let Some(at) = self.rotated_in_at.get(&t.request_id) {
                 let since = plan.step_id - at;
-                assert!(since >= config.rotation_cooldown_steps, "{} rotated {since} steps after returning", t.request_id);
+                assert!(since >= config.rotasched.rotation_cooldown_steps, "{} rotated {since} steps after returning", t.request_id);
             }
             if let Some(returned) = self.returned_at.get(&t.request_id) {
                 let token_since = self.token_times.get(&t.request_id).and_then(|t| t.last()).is_some_and(|at| at > returned);
                 assert!(token_since, "{} rotated out again before computing a token since its return", t.request_id);
             }
             let request = &self.scheduler.core.requests[&t.request_id];
-            assert!(request.tokens_left() >= config.min_rotation_tokens_left);
+            assert!(request.tokens_left() >= config.rotasched.min_rotation_tokens_left);
         }
     }
 

@@ -112,7 +112,7 @@ fn late_requests_are_served_in_arrival_order_after_punctual_ones() {
 #[test]
 fn nothing_starves_under_sustained_overload() {
     let mut cfg = config(PolicyKind::RotaSched, 24);
-    cfg.late_starvation_s = 0.5;
+    cfg.rotasched.late_starvation_s = 0.5;
     let mut d = Driver::new(cfg);
     for i in 0..150u64 {
         if i % 2 == 0 {
@@ -345,7 +345,7 @@ fn max_gap(d: &Driver, id: u64) -> f64 {
 fn parking_scenario(stall_s: Option<f64>, rotation_late_gap_share: f64) -> (bool, f64) {
     let mut cfg = rotation_friendly(12);
     cfg.tbt_percentile = 80.0;
-    cfg.rotation_late_gap_share = rotation_late_gap_share;
+    cfg.rotasched.rotation_late_gap_share = rotation_late_gap_share;
     let mut d = Driver::new(cfg);
     for id in [1, 2] {
         let slo = with_slo(spec(id, 8, 12, 0.0), 1.0, 0.015);

@@ -2,7 +2,7 @@
 //! recomputing the running requests that can best afford it. One walk (`evict_until`) serves
 //! every caller; `Walk` says how each kind of caller overrides the cost model's choice.
 
-use super::super::urgency::{Eviction, Urgency};
+use super::urgency::{Eviction, Urgency};
 use super::Planner;
 use crate::cost_model::Direction;
 use crate::request::Phase;
@@ -48,7 +48,7 @@ pub(super) enum Walk {
     Reserve,
 }
 
-impl Planner<'_> {
+impl Planner<'_, '_> {
     /// Evicts the running requests with the most slack until `short` blocks are free or on
     /// their way. True when blocks were freed right away (worth retrying now).
     pub(super) fn make_room(&mut self, ctx: &mut StepCtx, short: u64, requester: &Urgency) -> bool {
@@ -69,7 +69,7 @@ impl Planner<'_> {
             freed_now |= freed;
             short = left;
         }
-        let running = self.requests.get(&requester.id).is_some_and(|r| r.phase == Phase::Running);
+        let running = self.requests().get(&requester.id).is_some_and(|r| r.phase == Phase::Running);
         if short > 0 && running {
             let newer = self.newer_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
             freed_now |= self.evict_until(ctx, short, newer, Walk::ForRequesterUnderOverload).0;
@@ -123,7 +123,7 @@ impl Planner<'_> {
                 Some((freed, freed > 0))
             }
             Evict::RotateOut => {
-                let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
+                let bytes = u64::from(self.blocks().private_device_blocks(id)) * self.config().block_bytes;
                 if !ctx.budget.fits(Direction::Out, bytes) {
                     return None;
                 }
@@ -143,44 +143,44 @@ impl Planner<'_> {
     /// other in turn. Only running requests may do this: a rotated one returning by evicting a
     /// newer one would push that one out in turn, a wave of copies every step.
     fn newer_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
-        let Some(requester_rank) = self.requests.get(&requester).map(|r| r.rank()) else { return Vec::new() };
+        let Some(requester_rank) = self.requests().get(&requester).map(|r| r.rank()) else { return Vec::new() };
         let mut candidates: Vec<u64> = self
             .eviction_candidates(ctx, requester)
             .into_iter()
-            .filter(|id| self.requests[id].rank() > requester_rank)
+            .filter(|id| self.requests()[id].rank() > requester_rank)
             .collect();
         // Lowest class first, newest first within it.
-        candidates.sort_by_key(|id| std::cmp::Reverse(self.requests[id].rank()));
+        candidates.sort_by_key(|id| std::cmp::Reverse(self.requests()[id].rank()));
         candidates
     }
 
     /// Whether `id` may leave the device for a request of priority `requester_priority` (None:
     /// for no request in particular): never for a request of a lower class.
     pub(super) fn yields_to(&self, id: u64, requester_priority: Option<i32>) -> bool {
-        requester_priority.is_none_or(|p| self.requests[&id].priority >= p)
+        requester_priority.is_none_or(|p| self.requests()[&id].priority >= p)
     }
 
     /// Running requests that could leave the device now: not the requester, not in this step,
     /// holding private blocks, and not rotated in within the cool-down or without a token since
     /// (no thrashing).
     pub(super) fn eviction_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
-        let cooldown = self.config.rotation_cooldown_steps;
+        let cooldown = self.settings.rotation_cooldown_steps;
         let recent = |id: &u64| {
-            let r = &self.requests[id];
-            r.returned_without_token || r.rotated_in_step.is_some_and(|s| s + cooldown > self.step_id)
+            let r = &self.requests()[id];
+            r.returned_without_token || r.rotated_in_step.is_some_and(|s| s + cooldown > self.step_id())
         };
         self.running_by_rank()
             .into_iter()
             .filter(|id| *id != requester && self.evictable(ctx, *id))
-            .filter(|id| self.blocks.private_device_blocks(*id) > 0 && !recent(id))
+            .filter(|id| self.blocks().private_device_blocks(*id) > 0 && !recent(id))
             .collect()
     }
 
     /// A rotation out keeps the rotation limits: it fits this step's byte budget and the request
     /// has enough tokens left to be worth the round trip. Otherwise it is recomputed.
     fn rotate_out_fits_now(&self, ctx: &StepCtx, id: u64) -> bool {
-        let bytes = u64::from(self.blocks.private_device_blocks(id)) * self.config.block_bytes;
-        let worth = self.requests[&id].tokens_left() >= self.config.min_rotation_tokens_left;
+        let bytes = u64::from(self.blocks().private_device_blocks(id)) * self.config().block_bytes;
+        let worth = self.requests()[&id].tokens_left() >= self.settings.min_rotation_tokens_left;
         worth && ctx.budget.fits(Direction::Out, bytes)
     }
 
@@ -192,18 +192,18 @@ impl Planner<'_> {
         if !self.rotation_budget_left {
             return Vec::new();
         }
-        let requester_priority = self.requests.get(&requester).map(|r| r.priority);
+        let requester_priority = self.requests().get(&requester).map(|r| r.priority);
         let mut victims: Vec<Victim> = self
             .eviction_candidates(ctx, requester)
             .into_iter()
             .filter(|id| self.yields_to(*id, requester_priority))
             .filter_map(|id| {
-                let r = &self.requests[&id];
+                let r = &self.requests()[&id];
                 let eviction = self.cheaper_eviction(id, self.step_s);
                 let round_trip = eviction.round_trip_s();
-                let worth = r.tokens_left() >= self.config.min_rotation_tokens_left
+                let worth = r.tokens_left() >= self.settings.min_rotation_tokens_left
                     && f64::from(r.tokens_left()) * self.step_s >= round_trip
-                    && r.may_risk_a_late_gap(self.config.tbt_late_share());
+                    && r.may_risk_a_late_gap(self.config().tbt_late_share());
                 let slack = self.urgency(id, ctx.now, self.step_s).slack;
                 (worth && slack > round_trip).then_some(Victim { id, priority: r.priority, slack, eviction })
             })

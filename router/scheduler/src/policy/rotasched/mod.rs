@@ -36,13 +36,13 @@
 //! requests come first, the newest is preempted on shortage and those rotated out return oldest
 //! first before any admission, until every request so pushed out is back; a new prompt is
 //! admitted then only while the running requests can still grow through its prefill and first
-//! token (`Core::admission_keeps_growth`) — one admitted into their blocks would push one of them
-//! out at once. Left as RotaSched's
-//! own rotations are (to their deadline, then parked behind new prompts), such a request
-//! stalled for several times swap's longest gap.
+//! token (`admission_keeps_growth`, `reactive.rs`) — one admitted into their blocks would push
+//! one of them out at once. Left as RotaSched's own rotations are (to their deadline, then
+//! parked behind new prompts), such a request stalled for several times swap's longest gap.
 //!
-//! Layout: this file holds the policy's state (`RotaSched`, behind `SchedulingPolicy`) and one
-//! step's planning (`Planner`: the core and what was settled for the step — its predicted time,
+//! Layout: this file holds the policy's state (`RotaSched`, behind `SchedulingPolicy`: its
+//! settings, `RotaSchedSettings`, among them) and one step's planning (`Planner`: the
+//! `StepBuilder` and what was settled for the step — its predicted time,
 //! the reserve, whether the rotation budget is left, the step timing), whose loop serves each
 //! request in order (running, waiting, rotated); `ordering.rs` the service order and the parking
 //! decisions (2), `step_cap.rs` the step-time cap (3), `eviction.rs` the one eviction walk and
@@ -52,26 +52,28 @@ mod eviction;
 mod ordering;
 mod reserve;
 mod step_cap;
+mod urgency;
 
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
-use super::urgency::Urgency;
-use super::{SchedulingPolicy, StepFeedback};
+use self::urgency::Urgency;
+use super::{reactive, SchedulingPolicy, StepFeedback};
 use crate::arrival_rate::ArrivalEstimator;
 use crate::byte_budget::ByteBudget;
+use crate::config::RotaSchedSettings;
 use crate::cost_model::Direction;
 use crate::request::Phase;
-use crate::scheduler::Core;
 use crate::stats::SchedulerStats;
-use crate::step::{Fit, StepCtx};
+use crate::step::{Fit, StepBuilder, StepCtx};
 use crate::step_timing::StepTiming;
 
-/// RotaSched's own state: the arrival-rate estimate its reserve is sized from, the reserve of
-/// free device blocks it keeps this step, how steps stray from the cost model (the margin of
-/// its step-time cap), and its rotation budget's count of gaps.
+/// RotaSched's own state: its settings, the arrival-rate estimate its reserve is sized from,
+/// the reserve of free device blocks it keeps this step, how steps stray from the cost model
+/// (the margin of its step-time cap), and its rotation budget's count of gaps.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RotaSched {
+    settings: RotaSchedSettings,
     arrival_rate: ArrivalEstimator,
     reserve_blocks: u32,
     timing: StepTiming,
@@ -97,22 +99,21 @@ impl RotationBudget {
     }
 }
 
+impl RotaSched {
+    pub(crate) fn new(settings: RotaSchedSettings) -> Self {
+        RotaSched { settings, ..RotaSched::default() }
+    }
+}
+
 impl SchedulingPolicy for RotaSched {
-    fn plan(&mut self, core: &mut Core, ctx: &mut StepCtx) {
+    fn plan(&mut self, step: &mut StepBuilder, ctx: &mut StepCtx) {
         self.owed.retain(|id| {
-            core.requests.get(id).is_some_and(|r| matches!(r.phase, Phase::Rotated | Phase::RotatingOut))
+            step.requests().get(id).is_some_and(|r| matches!(r.phase, Phase::Rotated | Phase::RotatingOut))
         });
-        let step_s = core.step_estimate();
-        self.reserve_blocks = core.arrival_reserve(&self.arrival_rate, ctx.now, step_s);
-        let rotation_budget_left = self.budget.left(core.config.rotation_late_gap_share);
-        let mut planner = Planner {
-            core,
-            step_s,
-            reserve_blocks: self.reserve_blocks,
-            rotation_budget_left,
-            timing: self.timing,
-            overload_victims: Vec::new(),
-        };
+        let step_s = urgency::step_estimate(step);
+        self.reserve_blocks = reserve::arrival_reserve(step, &self.arrival_rate, ctx.now, step_s);
+        let rotation_budget_left = self.budget.left(self.settings.rotation_late_gap_share);
+        let mut planner = Planner::new(step, self.settings, step_s, self.reserve_blocks, rotation_budget_left, self.timing);
         if !self.owed.is_empty() || planner.overloaded(ctx) {
             // Overload: the running requests cannot all grow and none has slack for a round
             // trip, or a running request already pushed newer ones out for want of such a
@@ -122,7 +123,7 @@ impl SchedulingPolicy for RotaSched {
             // admission: there is no slack to plan with, and a victim left to wait behind new
             // prompts would stall for seconds.
             self.reserve_blocks = 0;
-            planner.core.plan_reactive(ctx, true, true);
+            reactive::plan(planner.step, ctx, true, true);
             self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
             return;
         }
@@ -155,12 +156,13 @@ impl SchedulingPolicy for RotaSched {
     }
 }
 
-/// One step's planning: the shared core, and what RotaSched settled for the step before
-/// serving anyone. The walks of `ordering.rs`, `step_cap.rs`, `eviction.rs` and `reserve.rs`
-/// are its methods; the core's (blocks, requests, the step-building methods) are reached
-/// through it.
-pub(super) struct Planner<'a> {
-    core: &'a mut Core,
+/// One step's planning: the step being built, and what RotaSched settled for the step before
+/// serving anyone. The walks of `urgency.rs`, `ordering.rs`, `step_cap.rs`, `eviction.rs` and
+/// `reserve.rs` are its methods; the step builder's (requests, blocks, cost model, the
+/// step-building operations) are reached through it.
+pub(super) struct Planner<'a, 'b> {
+    step: &'a mut StepBuilder<'b>,
+    settings: RotaSchedSettings,
     /// The step's predicted time.
     step_s: f64,
     /// Free device blocks kept for arrivals this step.
@@ -172,37 +174,50 @@ pub(super) struct Planner<'a> {
     overload_victims: Vec<u64>,
 }
 
-impl Deref for Planner<'_> {
-    type Target = Core;
+impl<'b> Deref for Planner<'_, 'b> {
+    type Target = StepBuilder<'b>;
 
-    fn deref(&self) -> &Core {
-        self.core
+    fn deref(&self) -> &StepBuilder<'b> {
+        self.step
     }
 }
 
-impl DerefMut for Planner<'_> {
-    fn deref_mut(&mut self) -> &mut Core {
-        self.core
+impl<'b> DerefMut for Planner<'_, 'b> {
+    fn deref_mut(&mut self) -> &mut StepBuilder<'b> {
+        self.step
     }
 }
 
-impl Planner<'_> {
+impl<'a, 'b> Planner<'a, 'b> {
+    fn new(
+        step: &'a mut StepBuilder<'b>,
+        settings: RotaSchedSettings,
+        step_s: f64,
+        reserve_blocks: u32,
+        rotation_budget_left: bool,
+        timing: StepTiming,
+    ) -> Self {
+        Planner { step, settings, step_s, reserve_blocks, rotation_budget_left, timing, overload_victims: Vec::new() }
+    }
+}
+
+impl Planner<'_, '_> {
     fn plan(&mut self, ctx: &mut StepCtx) {
         let step_s = self.step_s;
-        ctx.budget = ByteBudget::new(&self.cost, step_s);
+        ctx.budget = ByteBudget::new(self.cost(), step_s);
         let mut order = self.service_order(ctx);
         if self.blocks_short_for_running() {
             // Running requests come first for blocks when they cannot all grow: otherwise
             // returning and new requests take each block a rotation out frees, and the running
             // ones, all stuck at a block boundary, never compute.
-            order.sort_by_key(|u| self.requests[&u.id].phase != Phase::Running);
+            order.sort_by_key(|u| self.requests()[&u.id].phase != Phase::Running);
         }
         let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
         ctx.decode_reserve = decodes.min(ctx.tokens_left);
         let deadline = self.decode_deadline(&order);
         let mut admissions_blocked = false;
         for urgency in &order {
-            match self.requests.get(&urgency.id).map(|r| r.phase) {
+            match self.requests().get(&urgency.id).map(|r| r.phase) {
                 Some(Phase::Running) => {
                     if self.is_running_decode(urgency.id) {
                         ctx.decode_reserve = ctx.decode_reserve.saturating_sub(1);
@@ -231,7 +246,7 @@ impl Planner<'_> {
         if !admissions_blocked {
             // Early returns only take what the urgent ones left.
             for urgency in &order {
-                if self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Rotated) {
+                if self.requests().get(&urgency.id).is_some_and(|r| r.phase == Phase::Rotated) {
                     self.serve_rotated(ctx, urgency, true);
                 }
             }
@@ -240,7 +255,7 @@ impl Planner<'_> {
     }
 
     fn is_running_decode(&self, id: u64) -> bool {
-        let r = &self.requests[&id];
+        let r = &self.requests()[&id];
         r.phase == Phase::Running && r.is_decode()
     }
 
@@ -275,13 +290,13 @@ impl Planner<'_> {
     fn serve_rotated(&mut self, ctx: &mut StepCtx, urgency: &Urgency, early: bool) -> bool {
         let (step_s, reserve_blocks) = (self.step_s, self.reserve_blocks);
         let id = urgency.id;
-        let need = self.blocks.host_slots(id);
+        let need = self.blocks().host_slots(id);
         let due = urgency.slack <= step_s;
-        let plentiful = self.blocks.free_device() >= need + reserve_blocks;
+        let plentiful = self.blocks().free_device() >= need + reserve_blocks;
         if !(if early { plentiful } else { due }) {
             return true;
         }
-        let bytes = u64::from(need) * self.config.block_bytes;
+        let bytes = u64::from(need) * self.config().block_bytes;
         let budget = &ctx.budget;
         // A request larger than a whole step's budget may still go alone when it is due (or
         // it could never return) or when the step computes nothing (the link is idle anyway).
@@ -290,10 +305,10 @@ impl Planner<'_> {
         if !(budget.fits(Direction::In, bytes) || ((due || idle) && alone)) {
             return !due;
         }
-        let free = self.blocks.free_device();
+        let free = self.blocks().free_device();
         if free < need && due {
             self.make_room(ctx, u64::from(need - free), urgency);
         }
-        (self.blocks.free_device() >= need && self.rotate_in(ctx, id)) || !due
+        (self.blocks().free_device() >= need && self.rotate_in(ctx, id)) || !due
     }
 }

@@ -1,29 +1,26 @@
 //! The service order: least slack first, with the requests that can wait (possible victims,
 //! decodes that may park) behind the ones that cannot, and the late and parked classes last.
 
-use super::super::urgency::{Urgency, STALL_RETURN_STEPS};
+use super::urgency::{Urgency, STALL_RETURN_STEPS};
 use super::Planner;
 use crate::request::Phase;
-use crate::scheduler::Core;
 use crate::step::StepCtx;
 
-impl Core {
+impl Planner<'_, '_> {
     /// Whether the running requests need more new blocks for their next tokens than are free.
-    pub(crate) fn blocks_short_for_running(&self) -> bool {
+    pub(super) fn blocks_short_for_running(&self) -> bool {
         let needed: u64 = self
             .running_by_rank()
             .into_iter()
             .filter_map(|id| {
-                let r = &self.requests[&id];
+                let r = &self.requests()[&id];
                 let next = u64::from(r.num_computed) + u64::from(r.uncomputed().min(1));
-                r.has_work().then(|| self.blocks.new_blocks_needed(id, next))
+                r.has_work().then(|| self.blocks().new_blocks_needed(id, next))
             })
             .sum();
-        needed > u64::from(self.blocks.free_device())
+        needed > u64::from(self.blocks().free_device())
     }
-}
 
-impl Planner<'_> {
     /// Overload: the running requests need more new blocks for their next tokens than are
     /// free, and none of them has slack for a round trip (or the rotation budget is spent).
     pub(super) fn overloaded(&self, ctx: &StepCtx) -> bool {
@@ -52,7 +49,7 @@ impl Planner<'_> {
     /// A waiting prompt close enough to its first-token deadline that waiting for blocks to
     /// free up would miss it.
     pub(super) fn needs_parking(&self, urgency: &Urgency) -> bool {
-        let waiting = self.requests.get(&urgency.id).is_some_and(|r| r.phase == Phase::Waiting);
+        let waiting = self.requests().get(&urgency.id).is_some_and(|r| r.phase == Phase::Waiting);
         waiting && !urgency.deferred_class() && urgency.slack < 2.0 * self.step_s
     }
 
@@ -69,16 +66,16 @@ impl Planner<'_> {
         if !self.rotation_budget_left {
             return Vec::new();
         }
-        let share = self.config.tbt_late_share();
-        let requester_priority = self.requests.get(&requester).map(|r| r.priority);
+        let share = self.config().tbt_late_share();
+        let requester_priority = self.requests().get(&requester).map(|r| r.priority);
         let mut candidates: Vec<(i32, u32, u64, u64)> = self
             .eviction_candidates(ctx, requester)
             .into_iter()
             .filter(|id| self.is_running_decode(*id) && self.yields_to(*id, requester_priority))
             .filter_map(|id| {
-                let r = &self.requests[&id];
+                let r = &self.requests()[&id];
                 let spare = r.late_gaps_left(share);
-                let worth = r.tokens_left() >= self.config.min_rotation_tokens_left;
+                let worth = r.tokens_left() >= self.settings.min_rotation_tokens_left;
                 let round_trip = self.cheaper_eviction(id, self.step_s).round_trip_s();
                 let returns_in_time = r.stall_deadline().is_some_and(|at| {
                     at - ctx.now > round_trip + (STALL_RETURN_STEPS + 1.0) * self.step_s

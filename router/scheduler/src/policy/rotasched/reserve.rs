@@ -4,28 +4,25 @@
 use super::eviction::Walk;
 use super::Planner;
 use crate::arrival_rate::ArrivalEstimator;
-use crate::scheduler::Core;
-use crate::step::StepCtx;
+use crate::step::{StepBuilder, StepCtx};
 
-impl Core {
-    /// Free blocks to keep for arrivals expected during one rotation out's latency.
-    pub(super) fn arrival_reserve(&self, arrival_rate: &ArrivalEstimator, now: f64, step_s: f64) -> u32 {
-        if self.blocks.free_host() == 0 {
-            return 0;
-        }
-        let latency = 2.0 * step_s + self.cost.transfer_overhead_s;
-        let expected = arrival_rate.expected_blocks(now, latency).ceil();
-        let cap = self.config.num_device_blocks / 4;
-        (expected as u32).min(cap)
+/// Free blocks to keep for arrivals expected during one rotation out's latency.
+pub(super) fn arrival_reserve(step: &StepBuilder, arrival_rate: &ArrivalEstimator, now: f64, step_s: f64) -> u32 {
+    if step.blocks().free_host() == 0 {
+        return 0;
     }
+    let latency = 2.0 * step_s + step.cost().transfer_overhead_s;
+    let expected = arrival_rate.expected_blocks(now, latency).ceil();
+    let cap = step.config().num_device_blocks / 4;
+    (expected as u32).min(cap)
 }
 
-impl Planner<'_> {
+impl Planner<'_, '_> {
     /// Proactive rotation: when free blocks (plus those already on their way) fall below the
     /// reserve, rotate out requests with slack to spare so arrivals start prefill at once.
     pub(super) fn keep_reserve(&mut self, ctx: &mut StepCtx) {
         let reserve_blocks = self.reserve_blocks;
-        let have = u64::from(self.blocks.free_device()) + ctx.release_credit;
+        let have = u64::from(self.blocks().free_device()) + ctx.release_credit;
         let short = u64::from(reserve_blocks).saturating_sub(have);
         if short == 0 {
             return;

@@ -2,7 +2,7 @@
 //! decodes with no late gap left to spend, so prefill chunks are cut to fit — with room for the
 //! step's overhead and for its time straying from the prediction (`StepTiming`).
 
-use super::super::urgency::Urgency;
+use super::urgency::Urgency;
 use super::Planner;
 use crate::cost_model::StepShape;
 use crate::step::StepCtx;
@@ -26,16 +26,16 @@ impl DecodeDeadline {
     }
 }
 
-impl Planner<'_> {
+impl Planner<'_, '_> {
     /// Deadline of the step: the earliest next-token deadline of the running decodes that
     /// cannot spend a late gap (None when every decode can, or nothing decodes).
     pub(super) fn decode_deadline(&self, order: &[Urgency]) -> Option<DecodeDeadline> {
         let mut at: Option<f64> = None;
         let mut decodes = Vec::new();
         for urgency in order.iter().filter(|u| self.is_running_decode(u.id)) {
-            let r = &self.requests[&urgency.id];
+            let r = &self.requests()[&urgency.id];
             decodes.push((urgency.id, u64::from(r.num_computed) + 1));
-            if r.late_gaps_left(self.config.tbt_late_share()) == 0 {
+            if r.late_gaps_left(self.config().tbt_late_share()) == 0 {
                 at = Some(at.map_or(r.next_deadline(), |t| t.min(r.next_deadline())));
             }
         }
@@ -49,7 +49,7 @@ impl Planner<'_> {
     pub(super) fn prefill_token_cap(&self, ctx: &StepCtx, urgency: &Urgency, deadline: Option<&DecodeDeadline>) -> u32 {
         let Some(deadline) = deadline else { return u32::MAX };
         let decodes_alone = DecodeDeadline::shape(deadline.decodes.iter());
-        if !urgency.late && urgency.slack < self.cost.predict_step(decodes_alone) {
+        if !urgency.late && urgency.slack < self.cost().predict_step(decodes_alone) {
             return u32::MAX;
         }
         // What is placed so far, plus the decodes still to be placed.
@@ -59,10 +59,10 @@ impl Planner<'_> {
             decode_requests: ctx.shape.decode_requests + unplaced.decode_requests,
             context_tokens: ctx.shape.context_tokens + unplaced.context_tokens,
         };
-        let computed = u64::from(self.requests[&urgency.id].num_computed);
+        let computed = u64::from(self.requests()[&urgency.id].num_computed);
         // The step's results must reach the decodes by their deadline: its overhead and a
         // margin for a mixed step running long come off the time left (`StepTiming`).
-        let within = self.timing.mixed_step_within(ctx.now, deadline.at, self.cost.correction);
-        self.cost.prefill_tokens_within(committed, computed, within)
+        let within = self.timing.mixed_step_within(ctx.now, deadline.at, self.cost().correction);
+        self.cost().prefill_tokens_within(committed, computed, within)
     }
 }

@@ -3,85 +3,86 @@
 
 use crate::cost_model::{Direction, StepShape};
 use crate::request::Phase;
-use crate::scheduler::Core;
+use super::Planner;
+use crate::step::StepBuilder;
 
 /// A parked request becomes punctual again this many (predicted) steps before its return would
 /// break the stall bound: one step for the rotation in to be issued while it is due, one for
 /// the step that then computes its token.
-pub(crate) const STALL_RETURN_STEPS: f64 = 2.0;
+pub(super) const STALL_RETURN_STEPS: f64 = 2.0;
 
 /// How urgent one request is this step.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Urgency {
-    pub(crate) id: u64,
-    pub(crate) seq: u64,
+pub(super) struct Urgency {
+    pub(super) id: u64,
+    pub(super) seq: u64,
     /// Its priority class (lower first).
-    pub(crate) priority: i32,
+    pub(super) priority: i32,
     /// Deadline minus (now + predicted service time); negative = will be late even if served
     /// now.
-    pub(crate) slack: f64,
+    pub(super) slack: f64,
     /// The first-token deadline is already hopeless: served after every punctual request, in
     /// arrival order, and never allowed to evict anyone.
-    pub(crate) late: bool,
+    pub(super) late: bool,
     /// Rotated and already past the deadline of its next token: that gap is late whatever
     /// happens now, so waiting longer costs it no further late gap. It returns with the blocks
     /// the punctual ones leave, in arrival order, and never evicts anyone (until starving).
-    pub(crate) parked: bool,
+    pub(super) parked: bool,
 }
 
 impl Urgency {
     /// Served after every punctual request and never allowed to evict.
-    pub(crate) fn deferred_class(&self) -> bool {
+    pub(super) fn deferred_class(&self) -> bool {
         self.late || self.parked
     }
 }
 
 /// How a victim would leave the device, with the time until it could compute again.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Eviction {
+pub(super) enum Eviction {
     RotateOut { round_trip_s: f64 },
     Recompute { round_trip_s: f64 },
 }
 
 impl Eviction {
-    pub(crate) fn round_trip_s(self) -> f64 {
+    pub(super) fn round_trip_s(self) -> f64 {
         match self {
             Eviction::RotateOut { round_trip_s } | Eviction::Recompute { round_trip_s } => round_trip_s,
         }
     }
 }
 
-impl Core {
-    /// Predicted time of a step serving the current load (decodes plus what prefill fits).
-    pub(crate) fn step_estimate(&self) -> f64 {
-        let mut shape = StepShape::default();
-        let mut prefill_wanted = 0u64;
-        for request in self.requests.values().filter(|r| r.has_work()) {
-            match request.phase {
-                Phase::Running if request.is_decode() => shape.decode_requests += 1,
-                Phase::Running | Phase::Waiting => prefill_wanted += u64::from(request.uncomputed()),
-                _ => continue,
-            }
-            shape.context_tokens += u64::from(request.num_computed) + 1;
+/// Predicted time of a step serving the current load (decodes plus what prefill fits).
+pub(super) fn step_estimate(step: &StepBuilder) -> f64 {
+    let mut shape = StepShape::default();
+    let mut prefill_wanted = 0u64;
+    for request in step.requests().values().filter(|r| r.has_work()) {
+        match request.phase {
+            Phase::Running if request.is_decode() => shape.decode_requests += 1,
+            Phase::Running | Phase::Waiting => prefill_wanted += u64::from(request.uncomputed()),
+            _ => continue,
         }
-        let room = u64::from(self.config.max_batch_tokens).saturating_sub(shape.decode_requests);
-        shape.prefill_tokens = prefill_wanted.min(room);
-        self.cost.predict_step(shape).max(1e-6)
+        shape.context_tokens += u64::from(request.num_computed) + 1;
     }
+    let room = u64::from(step.config().max_batch_tokens).saturating_sub(shape.decode_requests);
+    shape.prefill_tokens = prefill_wanted.min(room);
+    step.cost().predict_step(shape).max(1e-6)
+}
 
-    pub(crate) fn urgency(&self, id: u64, now: f64, step_s: f64) -> Urgency {
-        let r = &self.requests[&id];
+impl Planner<'_, '_> {
+    pub(super) fn urgency(&self, id: u64, now: f64, step_s: f64) -> Urgency {
+        let r = &self.requests()[&id];
         let service = match r.phase {
             Phase::Running if r.is_decode() => step_s,
             Phase::Running | Phase::Waiting => {
-                self.cost.predict_prefill(u64::from(r.uncomputed())).max(step_s)
+                self.cost().predict_prefill(u64::from(r.uncomputed())).max(step_s)
             }
-            Phase::Rotated => self.transfer_s(self.blocks.host_slots(id), Direction::In) + 2.0 * step_s,
+            Phase::Rotated => self.transfer_s(self.blocks().host_slots(id), Direction::In) + 2.0 * step_s,
             Phase::RotatingIn | Phase::RotatingOut => 2.0 * step_s,
         };
         let deadline = r.next_deadline();
         let mut slack = deadline - (now + service);
-        let starving = now - deadline > self.config.late_starvation_s;
+        let starving = now - deadline > self.settings.late_starvation_s;
         let late = r.last_token_at.is_none() && slack < 0.0 && !starving;
         let mut parked = r.phase == Phase::Rotated && r.last_token_at.is_some() && slack < 0.0 && !starving;
         if let Some(stall_deadline) = r.stall_deadline().filter(|_| parked) {
@@ -100,9 +101,9 @@ impl Core {
 
     /// Punctual requests by priority class, then slack (least first), then the parked, then
     /// the late class, each by priority class and arrival order.
-    pub(crate) fn urgency_order(&self, now: f64, step_s: f64) -> Vec<Urgency> {
+    pub(super) fn urgency_order(&self, now: f64, step_s: f64) -> Vec<Urgency> {
         let mut order: Vec<Urgency> = self
-            .requests
+            .requests()
             .values()
             .filter(|r| !r.doomed && (r.has_work() || r.phase == Phase::Rotated))
             .filter(|r| matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated))
@@ -120,9 +121,9 @@ impl Core {
         order
     }
 
-    pub(crate) fn transfer_s(&self, blocks: u32, direction: Direction) -> f64 {
-        let bytes = u64::from(blocks) * self.config.block_bytes;
-        self.cost.predict_transfer(bytes, direction)
+    pub(super) fn transfer_s(&self, blocks: u32, direction: Direction) -> f64 {
+        let bytes = u64::from(blocks) * self.config().block_bytes;
+        self.cost().predict_transfer(bytes, direction)
     }
 
     /// The cheaper way to evict `id` by the cost model: copying its private blocks out and
@@ -130,14 +131,14 @@ impl Core {
     /// Rotating out needs host room. The returned round trip — time until it could compute again,
     /// including the step boundaries at which acknowledgements arrive — is what its slack must
     /// cover.
-    pub(crate) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
-        let private = self.blocks.private_device_blocks(id);
+    pub(super) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
+        let private = self.blocks().private_device_blocks(id);
         let copy_s = self.transfer_s(private, Direction::Out) + self.transfer_s(private, Direction::In);
-        let computed = u64::from(self.requests[&id].num_computed);
-        let marginal_prefill_s = self.cost.predict_prefill(computed) - self.cost.predict_prefill(0);
+        let computed = u64::from(self.requests()[&id].num_computed);
+        let marginal_prefill_s = self.cost().predict_prefill(computed) - self.cost().predict_prefill(0);
         let rotate_s = copy_s + 2.0 * step_s;
-        let recompute_s = self.cost.predict_prefill(computed) + step_s;
-        if private <= self.blocks.free_host() && copy_s <= marginal_prefill_s {
+        let recompute_s = self.cost().predict_prefill(computed) + step_s;
+        if private <= self.blocks().free_host() && copy_s <= marginal_prefill_s {
             Eviction::RotateOut { round_trip_s: rotate_s }
         } else {
             Eviction::Recompute { round_trip_s: recompute_s }
@@ -147,7 +148,16 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Planner;
     use super::{Eviction, STALL_RETURN_STEPS};
+    use crate::step::StepBuilder;
+    use crate::config::RotaSchedSettings;
+    use crate::step_timing::StepTiming;
+
+    fn planner<'a, 'b>(step: &'a mut StepBuilder<'b>) -> Planner<'a, 'b> {
+        Planner::new(step, RotaSchedSettings::default(), 0.02, 0, true, StepTiming::default())
+    }
+
     use crate::config::{PolicyKind, SchedulerConfig, Slo};
     use crate::request::Phase;
     use crate::cost_model::CostModel;
@@ -175,7 +185,8 @@ mod tests {
         let spec = RequestSpec { id: 1, prompt_token_ids: prompt, max_new_tokens: 8, slo: None, arrival: 0.0, priority: 0, kv_namespace: 0 };
         s.add(spec, 0.0).unwrap();
         s.plan(0.0);
-        s.core.cheaper_eviction(1, 0.02)
+        let mut step = StepBuilder::new(&mut s.core);
+        planner(&mut step).cheaper_eviction(1, 0.02)
     }
 
     /// A rotated request past its TBT deadline is parked (deferred) while its return can still
@@ -193,9 +204,11 @@ mod tests {
         request.last_token_at = Some(0.0);
         let step_s = 0.01;
         // The return itself takes 2 steps (the transfer of no blocks is free).
-        let parked = s.core.urgency(1, 0.5, step_s);
+        let mut step = StepBuilder::new(&mut s.core);
+        let planner = planner(&mut step);
+        let parked = planner.urgency(1, 0.5, step_s);
         assert!(parked.parked && parked.deferred_class());
-        let due = s.core.urgency(1, 1.0 - 2.0 * step_s - STALL_RETURN_STEPS * step_s + 1e-6, step_s);
+        let due = planner.urgency(1, 1.0 - 2.0 * step_s - STALL_RETURN_STEPS * step_s + 1e-6, step_s);
         assert!(!due.deferred_class(), "{due:?}");
         assert!(due.slack <= STALL_RETURN_STEPS * step_s && due.slack > 0.0, "{due:?}");
     }
