@@ -1,7 +1,7 @@
 """Two runs of `superinfer suite` side by side: per (workload, rate), RotaSched's joint attainment
 minus the best baseline's (points, per repetition) and its p99 gap over that baseline's, then
 how many runs meet the suite's targets (p99 gap within 1.5x; joint within 3 points in every
-repetition).
+repetition) and the joint differences summed over every run (points).
 
     .venv/bin/python scripts/suite_compare.py BEFORE/suite.json AFTER/suite.json
 """
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     runs = [verdicts(path) for path in argv]
-    totals = [[0, 0, 0, 0] for _ in runs]
+    totals = [[0, 0, 0, 0, 0.0] for _ in runs]
     print("workload      rate  joint - best (points) | p99 gap ratio   ->   the same, second run")
     for workload, points in runs[0].items():
         for i, first in enumerate(points):
@@ -39,10 +39,12 @@ def main(argv: list[str]) -> int:
                 total[1] += len(ratios)
                 total[2] += all(j >= JOINT_MARGIN - 1e-9 for j in joints)
                 total[3] += 1
+                total[4] += sum(joints) * 100
             print(f"{workload:12s} {first['rate']:5}: {row(pair[0]):48s} -> {row(pair[1])}")
-    for path, (p99_ok, runs_n, joint_ok, points_n) in zip(argv, totals):
+    for path, (p99_ok, runs_n, joint_ok, points_n, joint_sum) in zip(argv, totals):
         print(f"{path}: p99 gap <= {P99_GAP_RATIO}x the best baseline's in {p99_ok} of {runs_n} runs; "
-              f"joint >= best {JOINT_MARGIN * 100:+.0f} points in every repetition at {joint_ok} of {points_n} points")
+              f"joint >= best {JOINT_MARGIN * 100:+.0f} points in every repetition at {joint_ok} of {points_n} points; "
+              f"joint - best summed over every run {joint_sum:+.0f} points")
     return 0
 
 

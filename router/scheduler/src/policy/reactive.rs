@@ -95,7 +95,7 @@ fn growth_blocks(step: &StepBuilder, steps: u64) -> u64 {
 /// Whether admitting `id` leaves the blocks the running requests need while its prompt is
 /// computed and its first token sampled, and the block of its own first decode: an
 /// admission that does not would push one of them (or itself) out at once.
-fn admission_keeps_growth(step: &StepBuilder, id: u64) -> bool {
+pub(super) fn admission_keeps_growth(step: &StepBuilder, id: u64) -> bool {
     let request = &step.requests()[&id];
     let probe = step.blocks().probe_prefix(request.kv_namespace, &request.tokens);
     let cached = u64::from(probe.hit_blocks) * u64::from(step.blocks().block_size());

@@ -5,8 +5,11 @@
 //!    (`ByteBudget`), so rotation hides behind compute; a reserve of free device blocks is kept
 //!    for the arrivals expected during one rotation out (`arrival_reserve`, `keep_reserve`).
 //! 2. **Order.** Least slack first — time to a request's next deadline minus the work before
-//!    it (`urgency.rs`). Requests whose deadline is already lost form a *late class*, served
-//!    after every punctual one until they have starved for `late_starvation_s`; a rotated
+//!    it (`urgency.rs`; a prompt's work is its own prefill beside the running decodes, not the
+//!    whole queue's). Requests whose deadline is already lost — a prompt's, even served at once
+//!    after the punctual prompts ahead of it — form a *late class*, served after every punctual
+//!    one until they have starved for `late_starvation_s` (then admitted only while the running
+//!    requests can still grow: a starved prompt has no deadline left to win); a rotated
 //!    request that missed its return is *parked* there (that gap is late anyway), so it comes
 //!    back with the blocks the punctual ones leave instead of evicting them — until its return
 //!    would break its stall bound (`Slo::max_stall_s`): `STALL_RETURN_STEPS` steps before that it
@@ -62,7 +65,7 @@ use super::{reactive, SchedulingPolicy, StepFeedback};
 use crate::arrival_rate::ArrivalEstimator;
 use crate::byte_budget::ByteBudget;
 use crate::config::RotaSchedSettings;
-use crate::cost_model::Direction;
+use crate::cost_model::{Direction, StepShape};
 use crate::request::Phase;
 use crate::stats::SchedulerStats;
 use crate::step::{Fit, StepBuilder, StepCtx};
@@ -170,6 +173,8 @@ pub(super) struct Planner<'a, 'b> {
     /// Whether rotations may still make a gap late (`RotationBudget`).
     rotation_budget_left: bool,
     timing: StepTiming,
+    /// The running decodes alone, as one step computes them (`urgency::decodes_alone`).
+    decodes_alone: StepShape,
     /// Requests rotated out this step by the overload fallback.
     overload_victims: Vec<u64>,
 }
@@ -197,7 +202,17 @@ impl<'a, 'b> Planner<'a, 'b> {
         rotation_budget_left: bool,
         timing: StepTiming,
     ) -> Self {
-        Planner { step, settings, step_s, reserve_blocks, rotation_budget_left, timing, overload_victims: Vec::new() }
+        let decodes_alone = urgency::decodes_alone(step);
+        Planner {
+            step,
+            settings,
+            step_s,
+            reserve_blocks,
+            rotation_budget_left,
+            timing,
+            decodes_alone,
+            overload_victims: Vec::new(),
+        }
     }
 }
 
@@ -254,6 +269,12 @@ impl Planner<'_, '_> {
         self.keep_reserve(ctx);
     }
 
+    /// A first token late for longer than `late_starvation_s`: served with the punctual ones.
+    fn starving(&self, now: f64, id: u64) -> bool {
+        let r = &self.requests()[&id];
+        r.last_token_at.is_none() && now - r.next_deadline() > self.settings.late_starvation_s
+    }
+
     fn is_running_decode(&self, id: u64) -> bool {
         let r = &self.requests()[&id];
         r.phase == Phase::Running && r.is_decode()
@@ -272,6 +293,14 @@ impl Planner<'_, '_> {
     fn serve_waiting(&mut self, ctx: &mut StepCtx, urgency: &Urgency) -> bool {
         if ctx.plan.preempted_for_recompute.contains(&urgency.id) {
             return true;
+        }
+        if self.starving(ctx.now, urgency.id) {
+            // A prompt served only because it starved has no deadline left to win: admitted
+            // into the blocks the running requests need, it would push one of them out and stall
+            // it for seconds. It waits, first in line, for blocks to free.
+            if !reactive::admission_keeps_growth(self.step, urgency.id) {
+                return false;
+            }
         }
         loop {
             match self.admit(ctx, urgency.id, 0) {

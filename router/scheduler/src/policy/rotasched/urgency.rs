@@ -69,14 +69,36 @@ pub(super) fn step_estimate(step: &StepBuilder) -> f64 {
     step.cost().predict_step(shape).max(1e-6)
 }
 
+/// The running decodes alone, as one step computes them.
+pub(super) fn decodes_alone(step: &StepBuilder) -> StepShape {
+    let mut shape = StepShape::default();
+    for r in step.requests().values().filter(|r| r.phase == Phase::Running && r.has_work() && r.is_decode()) {
+        shape.decode_requests += 1;
+        shape.context_tokens += u64::from(r.num_computed) + 1;
+    }
+    shape
+}
+
 impl Planner<'_, '_> {
+    /// Time to compute a prompt's remaining `uncomputed` tokens if it were served now: its
+    /// first chunk in a step beside the running decodes, the rest at prefill speed. Not the
+    /// step estimate, which prices every waiting prompt into the step: a prompt whose deadline
+    /// it can still meet when served first is punctual, not late.
+    fn prefill_service_s(&self, computed: u32, uncomputed: u32) -> f64 {
+        let room = u64::from(self.config().max_batch_tokens).saturating_sub(self.decodes_alone.decode_requests).max(1);
+        let chunk = u64::from(uncomputed).min(room);
+        let mut shape = self.decodes_alone;
+        shape.prefill_tokens += chunk;
+        shape.context_tokens += u64::from(computed) + chunk;
+        let rest = u64::from(uncomputed) - chunk;
+        self.cost().predict_step(shape) + if rest > 0 { self.cost().predict_prefill(rest) } else { 0.0 }
+    }
+
     pub(super) fn urgency(&self, id: u64, now: f64, step_s: f64) -> Urgency {
         let r = &self.requests()[&id];
         let service = match r.phase {
             Phase::Running if r.is_decode() => step_s,
-            Phase::Running | Phase::Waiting => {
-                self.cost().predict_prefill(u64::from(r.uncomputed())).max(step_s)
-            }
+            Phase::Running | Phase::Waiting => self.prefill_service_s(r.num_computed, r.uncomputed()),
             Phase::Rotated => self.transfer_s(self.blocks().host_slots(id), Direction::In) + 2.0 * step_s,
             Phase::RotatingIn | Phase::RotatingOut => 2.0 * step_s,
         };
@@ -100,7 +122,11 @@ impl Planner<'_, '_> {
     }
 
     /// Punctual requests by priority class, then slack (least first), then the parked, then
-    /// the late class, each by priority class and arrival order.
+    /// the late class, each by priority class and arrival order. A first token is late when it
+    /// cannot come in time even served at once — after the prompts ahead of it in this order,
+    /// whose tokens are computed first: under a queue of prompts only those that can still make
+    /// it are punctual, so the rest do not each wait until just too late (earliest deadline
+    /// first collapses under overload otherwise).
     pub(super) fn urgency_order(&self, now: f64, step_s: f64) -> Vec<Urgency> {
         let mut order: Vec<Urgency> = self
             .requests()
@@ -109,15 +135,41 @@ impl Planner<'_, '_> {
             .filter(|r| matches!(r.phase, Phase::Running | Phase::Waiting | Phase::Rotated))
             .map(|r| self.urgency(r.id, now, step_s))
             .collect();
-        order.sort_by(|a, b| {
-            let class = |u: &Urgency| (u.deferred_class(), u.late);
-            let key = |u: &Urgency| if u.deferred_class() { 0.0 } else { u.slack };
-            class(a)
-                .cmp(&class(b))
-                .then(a.priority.cmp(&b.priority))
-                .then(key(a).total_cmp(&key(b)))
-                .then(a.seq.cmp(&b.seq))
-        });
+        let sort = |order: &mut Vec<Urgency>| {
+            order.sort_by(|a, b| {
+                let class = |u: &Urgency| (u.deferred_class(), u.late);
+                let key = |u: &Urgency| if u.deferred_class() { 0.0 } else { u.slack };
+                class(a)
+                    .cmp(&class(b))
+                    .then(a.priority.cmp(&b.priority))
+                    .then(key(a).total_cmp(&key(b)))
+                    .then(a.seq.cmp(&b.seq))
+            })
+        };
+        sort(&mut order);
+        let mut ahead = 0u32;
+        let mut queued_late = false;
+        for u in order.iter_mut().filter(|u| !u.deferred_class()) {
+            let r = &self.requests()[&u.id];
+            let prompt = r.last_token_at.is_none() && matches!(r.phase, Phase::Running | Phase::Waiting);
+            if !prompt || r.is_decode() {
+                continue;
+            }
+            let starving = now - r.next_deadline() > self.settings.late_starvation_s;
+            if ahead > 0 && !starving {
+                let slack = r.next_deadline() - (now + self.prefill_service_s(r.num_computed, ahead + r.uncomputed()));
+                if slack < 0.0 {
+                    u.late = true;
+                    u.slack = slack;
+                    queued_late = true;
+                    continue;
+                }
+            }
+            ahead = ahead.saturating_add(r.uncomputed());
+        }
+        if queued_late {
+            sort(&mut order);
+        }
         order
     }
 
