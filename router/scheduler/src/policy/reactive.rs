@@ -105,3 +105,45 @@ pub(super) fn admission_keeps_growth(step: &StepBuilder, id: u64) -> bool {
     let own = step.blocks().new_blocks_to_admit(&probe, first_decode);
     own + growth_blocks(step, steps) <= u64::from(step.blocks().free_device())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::admission_keeps_growth;
+    use crate::config::{PolicyKind, SchedulerConfig};
+    use crate::plan::StepResults;
+    use crate::request::RequestSpec;
+    use crate::scheduler::Scheduler;
+    use crate::step::StepBuilder;
+
+    fn spec(id: u64, first_token: u32, prompt_len: u32) -> RequestSpec {
+        let prompt_token_ids = (first_token..first_token + prompt_len).collect();
+        RequestSpec { id, prompt_token_ids, max_new_tokens: 8, slo: None, arrival: 0.0, priority: 0, kv_namespace: 0 }
+    }
+
+    /// RotaSched's overload mode admits a prompt only while the running requests can still grow
+    /// through its prefill and first token and its own first decode has its block. 4-token
+    /// blocks, 12 on device: one request runs with 16 tokens computed in 4 blocks (its next token
+    /// needs a fifth), 8 are free. A 24-token prompt (7 blocks with its first decode) leaves that
+    /// fifth block; a 28-token one (8 blocks) would take it, though its prompt alone fits.
+    #[test]
+    fn an_admission_must_leave_the_running_requests_room_to_grow() {
+        let config = SchedulerConfig {
+            block_size: 4,
+            num_device_blocks: 12,
+            num_host_blocks: 64,
+            policy: PolicyKind::Swap,
+            ..SchedulerConfig::default()
+        };
+        let mut s = Scheduler::new(config).unwrap();
+        s.add(spec(1, 0, 16), 0.0).unwrap();
+        let plan = s.plan(0.0);
+        assert_eq!(plan.scheduled.len(), 1);
+        s.complete(&StepResults { step_id: plan.step_id, sampled: vec![(1, 7)], completed_transfers: vec![], step_time_s: None }, 0.01);
+        s.add(spec(2, 1000, 24), 0.01).unwrap();
+        s.add(spec(3, 2000, 28), 0.01).unwrap();
+        let step = StepBuilder::new(&mut s.core);
+        assert_eq!(step.blocks().free_device(), 8);
+        assert!(admission_keeps_growth(&step, 2));
+        assert!(!admission_keeps_growth(&step, 3));
+    }
+}

@@ -241,7 +241,7 @@ fn under_sustained_overload_rotasched_stalls_no_longer_than_swap() {
 /// queued behind one another were judged late, RotaSched reached its overload mode here and the
 /// test also held it to fewer bytes moved to host than swap; now most of its rotations are its
 /// own, with slack, and it moves ~20% more than swap — 49 against 40 MB — for the same longest
-/// gap.)
+/// gap. The overload mode's guard has its own test in `policy/reactive.rs`.)
 #[test]
 fn under_overload_rotasched_admits_no_prompt_that_would_push_a_running_request_out() {
     let requests: Vec<SimRequest> = (0..40)
