@@ -269,10 +269,10 @@ impl Planner<'_, '_> {
         self.keep_reserve(ctx);
     }
 
-    /// A first token late for longer than `late_starvation_s`: served with the punctual ones.
-    fn starving(&self, now: f64, id: u64) -> bool {
+    /// A first token starved (`Planner::starved`): served with the punctual ones.
+    fn starving_prompt(&self, now: f64, id: u64) -> bool {
         let r = &self.requests()[&id];
-        r.last_token_at.is_none() && now - r.next_deadline() > self.settings.late_starvation_s
+        r.last_token_at.is_none() && self.starved(r, now)
     }
 
     fn is_running_decode(&self, id: u64) -> bool {
@@ -294,13 +294,11 @@ impl Planner<'_, '_> {
         if ctx.plan.preempted_for_recompute.contains(&urgency.id) {
             return true;
         }
-        if self.starving(ctx.now, urgency.id) {
-            // A prompt served only because it starved has no deadline left to win: admitted
-            // into the blocks the running requests need, it would push one of them out and stall
-            // it for seconds. It waits, first in line, for blocks to free.
-            if !reactive::admission_keeps_growth(self.step, urgency.id) {
-                return false;
-            }
+        // A prompt served only because it starved has no deadline left to win: admitted into
+        // the blocks the running requests need, it would push one of them out and stall it for
+        // seconds. It waits, first in line, for blocks to free.
+        if self.starving_prompt(ctx.now, urgency.id) && !reactive::admission_keeps_growth(self.step, urgency.id) {
+            return false;
         }
         loop {
             match self.admit(ctx, urgency.id, 0) {

@@ -1,9 +1,9 @@
 //! RotaSched's view of time: each request's slack against the deadline of its next token, the
 //! late class, and what a rotation would cost.
 
-use crate::cost_model::{Direction, StepShape};
-use crate::request::Phase;
 use super::Planner;
+use crate::cost_model::{Direction, StepShape};
+use crate::request::{Phase, RequestState};
 use crate::step::StepBuilder;
 
 /// A parked request becomes punctual again this many (predicted) steps before its return would
@@ -94,6 +94,11 @@ impl Planner<'_, '_> {
         self.cost().predict_step(shape) + if rest > 0 { self.cost().predict_prefill(rest) } else { 0.0 }
     }
 
+    /// Late for longer than `late_starvation_s`: served with the punctual ones again.
+    pub(super) fn starved(&self, r: &RequestState, now: f64) -> bool {
+        now - r.next_deadline() > self.settings.late_starvation_s
+    }
+
     pub(super) fn urgency(&self, id: u64, now: f64, step_s: f64) -> Urgency {
         let r = &self.requests()[&id];
         let service = match r.phase {
@@ -104,7 +109,7 @@ impl Planner<'_, '_> {
         };
         let deadline = r.next_deadline();
         let mut slack = deadline - (now + service);
-        let starving = now - deadline > self.settings.late_starvation_s;
+        let starving = self.starved(r, now);
         let late = r.last_token_at.is_none() && slack < 0.0 && !starving;
         let mut parked = r.phase == Phase::Rotated && r.last_token_at.is_some() && slack < 0.0 && !starving;
         if let Some(stall_deadline) = r.stall_deadline().filter(|_| parked) {
@@ -155,8 +160,7 @@ impl Planner<'_, '_> {
             if !prompt || r.is_decode() {
                 continue;
             }
-            let starving = now - r.next_deadline() > self.settings.late_starvation_s;
-            if ahead > 0 && !starving {
+            if ahead > 0 && !self.starved(r, now) {
                 let slack = r.next_deadline() - (now + self.prefill_service_s(r.num_computed, ahead + r.uncomputed()));
                 if slack < 0.0 {
                     u.late = true;
