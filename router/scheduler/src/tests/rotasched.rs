@@ -452,3 +452,34 @@ fn parking_is_limited_to_a_share_of_the_gaps_produced() {
     assert!(!parking_scenario(Some(0.5), 0.01).0);
     assert!(parking_scenario(Some(0.5), 0.5).0);
 }
+
+/// A higher class never waits on a lower one's memory: with the pool full of class-1 decodes
+/// that have no slack for a round trip (so none is a rotation victim, and they cannot all grow:
+/// the overload mode), a class-0 prompt is still served within its first-token objective —
+/// class-1 decodes are rotated out or recomputed for it. A class-1 newcomer in its place waits.
+#[test]
+fn a_higher_class_prompt_takes_the_memory_of_lower_class_decodes_under_overload() {
+    let first_token_after = |class: i32| {
+        let mut d = Driver::new(rotation_friendly(16));
+        for id in 0..4u64 {
+            let mut low = with_slo(spec(id, 8, 40, 0.0), 1.0, 0.015);
+            low.priority = 1;
+            d.add(low);
+        }
+        for _ in 0..24 {
+            d.step();
+        }
+        let arrival = d.now;
+        let mut newcomer = with_slo(spec(9, 8, 4, arrival), 0.05, 0.1);
+        newcomer.priority = class;
+        d.add(newcomer);
+        d.run_to_completion(2000);
+        assert_eq!(d.finished.len(), 5);
+        d.assert_all_free();
+        d.token_times[&9][0] - arrival
+    };
+    let high = first_token_after(0);
+    assert!(high <= 0.05 + 1e-9, "the class-0 prompt's first token came {high} s after it arrived");
+    let same = first_token_after(1);
+    assert!(same > 0.05, "a class-1 newcomer waits for the class-1 decodes ({same} s)");
+}

@@ -46,21 +46,41 @@ pub(super) enum Walk {
     /// The proactive reserve: rotations out only (a recompute loses work for no one in particular),
     /// all of them credited as free-to-be.
     Reserve,
+    /// For a requester of a higher priority class, over the lower classes' running requests: a
+    /// rotation out that does not fit this step's byte budget, or is not worth a round trip,
+    /// becomes a recompute, so the higher class never waits on the lower one's memory.
+    ForHigherClass,
 }
 
 impl Planner<'_, '_> {
     /// Evicts the running requests with the most slack until `short` blocks are free or on
     /// their way. True when blocks were freed right away (worth retrying now).
     pub(super) fn make_room(&mut self, ctx: &mut StepCtx, short: u64, requester: &Urgency) -> bool {
-        if requester.deferred_class() {
+        let credit = ctx.release_credit.min(short);
+        let lower = self.lower_class_candidates(ctx, requester.id);
+        if requester.deferred_class() && lower.is_empty() {
             return false;
         }
-        let credit = ctx.release_credit.min(short);
         ctx.release_credit -= credit;
         let short = short - credit;
-        let victims = self.rotation_victims(ctx, requester.id);
-        let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
-        let (mut freed_now, mut short) = self.evict_until(ctx, short, planned, Walk::ForRequester);
+        let (mut freed_now, mut short) = if requester.deferred_class() {
+            (false, short)
+        } else {
+            let victims = self.rotation_victims(ctx, requester.id);
+            let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
+            self.evict_until(ctx, short, planned, Walk::ForRequester)
+        };
+        if short > 0 && !lower.is_empty() {
+            // A lower class yields its blocks whatever its own slack: under memory pressure the
+            // higher class keeps its objectives.
+            let lower = lower.into_iter().map(|id| (id, None));
+            let (freed, left) = self.evict_until(ctx, short, lower, Walk::ForHigherClass);
+            freed_now |= freed;
+            short = left;
+        }
+        if requester.deferred_class() {
+            return freed_now;
+        }
         if short > 0 && self.needs_parking(requester) {
             // No running request has slack for a round trip: park decodes with late gaps to
             // spend (see `parking_candidates`).
@@ -96,7 +116,11 @@ impl Planner<'_, '_> {
             let eviction = planned.unwrap_or_else(|| self.cheaper_eviction(id, self.step_s));
             let how = match (walk, Evict::from(eviction)) {
                 (Walk::Reserve, Evict::Recompute) => continue,
-                (Walk::ForRequesterUnderOverload, Evict::RotateOut) if !self.rotate_out_fits_now(ctx, id) => Evict::Recompute,
+                (Walk::ForRequesterUnderOverload | Walk::ForHigherClass, Evict::RotateOut)
+                    if !self.rotate_out_fits_now(ctx, id) =>
+                {
+                    Evict::Recompute
+                }
                 (_, how) => how,
             };
             let claimed = if walk == Walk::Reserve { 0 } else { short };
@@ -152,6 +176,33 @@ impl Planner<'_, '_> {
         // Lowest class first, newest first within it.
         candidates.sort_by_key(|id| std::cmp::Reverse(self.requests()[id].rank()));
         candidates
+    }
+
+    /// Running requests of a lower priority class than the requester's that could leave the
+    /// device now, lowest class first and newest first within it (vLLM's order of preemption).
+    fn lower_class_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+        let Some(priority) = self.requests().get(&requester).map(|r| r.priority) else { return Vec::new() };
+        let mut candidates: Vec<u64> = self
+            .eviction_candidates(ctx, requester)
+            .into_iter()
+            .filter(|id| self.requests()[id].priority > priority)
+            .collect();
+        candidates.sort_by_key(|id| std::cmp::Reverse(self.requests()[id].rank()));
+        candidates
+    }
+
+    /// Whether a request waiting for its first token, or rotated out, is of a higher class than
+    /// a running one: the overload mode, which serves the running requests first, would keep
+    /// the higher class waiting on the lower one's memory, so steps are planned instead.
+    pub(super) fn priority_inversion(&self) -> bool {
+        let requests = self.requests();
+        let Some(lowest_running) = requests.values().filter(|r| r.phase == Phase::Running).map(|r| r.priority).max()
+        else {
+            return false;
+        };
+        requests.values().any(|r| {
+            !r.doomed && matches!(r.phase, Phase::Waiting | Phase::Rotated) && r.priority < lowest_running
+        })
     }
 
     /// Whether `id` may leave the device for a request of priority `requester_priority` (None:

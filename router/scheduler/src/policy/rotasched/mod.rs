@@ -13,8 +13,9 @@
 //!    request that missed its return is *parked* there (that gap is late anyway), so it comes
 //!    back with the blocks the punctual ones leave instead of evicting them — until its return
 //!    would break its stall bound (`Slo::max_stall_s`): `STALL_RETURN_STEPS` steps before that it
-//!    is punctual again, the stall deadline its deadline. Priority classes order each class
-//!    (lower first).
+//!    is punctual again, the stall deadline its deadline. Priority classes are strict (lower
+//!    first): every request of a class, late and parked ones included, is served before any of
+//!    a lower class.
 //! 3. **Step-time cap.** A step may not outlast the earliest next-token deadline of the running
 //!    decodes with no late gap left to spend (the TBT objective holds for `tbt_percentile` of a
 //!    request's gaps; `tbt_late_share` of them may be late): prefill chunks are cut to fit,
@@ -26,14 +27,17 @@
 //!    before its deadline, of a higher priority class than the requester, or without a late gap
 //!    it may still risk (a return can fail under load); the lowest class goes first. A prompt
 //!    about to miss its first token when nobody has slack for a round trip parks running decodes
-//!    that have late gaps to spare and can come back within their stall bound.
+//!    that have late gaps to spare and can come back within their stall bound. A request of a
+//!    higher class takes the blocks of a lower class's running requests whatever their slack
+//!    (lowest class and newest first; rotated out, or recomputed when a rotation does not fit).
 //! 5. **Return.** Rotated requests come back a step before they are due, and keep the device
 //!    until they have computed a token (no round trip that buys nothing).
 //! 6. **Budget.** Rotations may make at most `rotation_late_gap_share` of all gaps late (a
 //!    parked decode, a victim whose return failed); while that is spent, no victim is rotated
 //!    out proactively and no decode is parked, so the 99th-percentile gap stays the compute's.
 //!
-//! Under overload it serves steps as swap does: when the running requests cannot all grow and
+//! Under overload it serves steps as swap does (unless a request of a higher class waits on a
+//! lower class's memory, which swap's order would keep it waiting on): when the running requests cannot all grow and
 //! none has slack for a round trip (or the rotation budget is spent), or once a running request
 //! short of a block has pushed newer ones out (`Walk::ForRequesterUnderOverload`), running
 //! requests come first, the newest is preempted on shortage and those rotated out return oldest
@@ -117,7 +121,7 @@ impl SchedulingPolicy for RotaSched {
         self.reserve_blocks = reserve::arrival_reserve(step, &self.arrival_rate, ctx.now, step_s);
         let rotation_budget_left = self.budget.left(self.settings.rotation_late_gap_share);
         let mut planner = Planner::new(step, self.settings, step_s, self.reserve_blocks, rotation_budget_left, self.timing);
-        if !self.owed.is_empty() || planner.overloaded(ctx) {
+        if (!self.owed.is_empty() || planner.overloaded(ctx)) && !planner.priority_inversion() {
             // Overload: the running requests cannot all grow and none has slack for a round
             // trip, or a running request already pushed newer ones out for want of such a
             // victim (`Walk::ForRequesterUnderOverload`). Until every request rotated out that
@@ -227,6 +231,10 @@ impl Planner<'_, '_> {
             // ones, all stuck at a block boundary, never compute.
             order.sort_by_key(|u| self.requests()[&u.id].phase != Phase::Running);
         }
+        // Priority classes are strict: every request of a class is served before any of a
+        // lower one, its late and parked requests included (the sort is stable, so each class
+        // keeps the order above).
+        order.sort_by_key(|u| u.priority);
         let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
         ctx.decode_reserve = decodes.min(ctx.tokens_left);
         let deadline = self.decode_deadline(&order);
