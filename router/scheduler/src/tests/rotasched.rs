@@ -483,3 +483,31 @@ fn a_higher_class_prompt_takes_the_memory_of_lower_class_decodes_under_overload(
     let same = first_token_after(1);
     assert!(same > 0.05, "a class-1 newcomer waits for the class-1 decodes ({same} s)");
 }
+
+/// The step-time cap cuts a prompt's chunk to keep the decodes of its class and the higher ones
+/// on time, never for a lower class: beside a class-1 decode with no late gap to spend, a
+/// class-1 prompt is computed in chunks, a class-0 prompt in one step.
+#[test]
+fn a_lower_class_decode_does_not_cut_a_higher_class_prompt_into_chunks() {
+    let chunks = |class: i32| {
+        let mut cfg = rotation_friendly(64);
+        cfg.max_batch_tokens = 128;
+        let mut d = Driver::new(cfg);
+        let mut low = with_slo(spec(1, 8, 60, 0.0), 1.0, 0.05);
+        low.priority = 1;
+        d.add(low);
+        for _ in 0..4 {
+            d.step();
+        }
+        // 60 tokens take 130 ms in one step, past the decode's 50 ms objective; plenty of
+        // slack for the prompt's own first token.
+        let mut prompt = with_slo(spec(9, 60, 4, d.now), 5.0, 1.0);
+        prompt.priority = class;
+        d.add(prompt);
+        d.run_to_completion(500);
+        assert_eq!(d.finished.len(), 2);
+        d.plans.iter().filter(|p| p.scheduled.iter().any(|e| e.id == 9 && e.num_computed_tokens < 60)).count()
+    };
+    assert_eq!(chunks(0), 1, "the class-0 prompt is computed in one step");
+    assert!(chunks(1) > 1, "the class-1 prompt is cut to keep the class-1 decode on time");
+}
