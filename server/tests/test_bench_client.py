@@ -42,10 +42,11 @@ class SseServer:
                 self.all_arrived.set()
             await asyncio.wait_for(self.all_arrived.wait(), timeout=30)
         count = body["parameters"]["max_new_tokens"]
-        if body["inputs"] == "fail":
+        if body["inputs"] in ("fail", "refuse"):
             response = web.StreamResponse()
             await response.prepare(request)
-            await response.write(b'data:{"error":"boom","error_type":"generation"}\n\n')
+            kind = "generation" if body["inputs"] == "fail" else "overloaded"
+            await response.write(f'data:{{"error":"boom","error_type":"{kind}"}}\n\n'.encode())
             return response
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -143,7 +144,18 @@ def test_stream_error_event_marks_the_request_failed(server):
             return await send(session, server.url, "tgi", spec(0, 3, prompt="fail"), None, 0.0)
 
     record = asyncio.run(one())
-    assert not record.ok and record.error == "boom"
+    assert not record.ok and record.error == "boom" and not record.refused
+
+
+def test_an_overloaded_error_event_before_any_token_is_a_refusal(server):
+    """`--admission slo` refuses on /generate_stream with an error event after a 200 (TGI's
+    way): the bench counts it as refused, not failed, as it counts a 429 on the other routes."""
+    async def one():
+        async with aiohttp.ClientSession() as session:
+            return await send(session, server.url, "tgi", spec(0, 3, prompt="refuse"), None, 0.0)
+
+    record = asyncio.run(one())
+    assert record.refused and not record.ok and not record.token_times
 
 
 def test_open_loop_arrivals_and_attainment(server):

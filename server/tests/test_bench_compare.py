@@ -61,6 +61,24 @@ def test_the_table_shows_medians_and_ranges():
     assert row.split()[0] == "1" and "80% [70–90]" in row and "95% [75–100]" in row
 
 
+def test_classes_and_refusals_are_reported_when_the_runs_have_them():
+    assert report.breakdowns(RESULTS) == "", "one class and no refusal: nothing more to print"
+    with_classes = []
+    for repetition, (high, low) in enumerate([(0.9, 0.3), (1.0, 0.2), (0.8, 0.4)]):
+        r = run("rota", repetition, 0.5, 0.5)
+        r.summary["by_priority"] = {"0": {"requests": 6, "attainment": {"ttft": high, "both": high}},
+                                    "1": {"requests": 14, "attainment": {"ttft": low, "both": low}}}
+        with_classes.append(r)
+    table = report.class_table(with_classes).splitlines()
+    assert table[2].split()[:3] == ["1", "0", "6"] and "90% [80–100]" in table[2]
+    assert table[3].split()[:3] == ["1", "1", "14"] and "30% [20–40]" in table[3]
+    refused = run("rota", 0, 0.5, 0.5)
+    refused.summary.update(requests=60, refused=23, refusal_s={"p99": 0.0021},
+                           admitted_attainment={"ttft": 0.97, "both": 0.9})
+    text = report.breakdowns([refused])
+    assert "refused 23 of 60, refusal p99 2 ms; admitted meeting TTFT 97%, both 90%" in text
+
+
 def test_plots_get_one_run_per_point_with_pooled_samples():
     merged = {r.series: r for r in compare.median_runs(RESULTS)}
     assert merged["fcfs"].summary["attainment"]["ttft"] == 0.8

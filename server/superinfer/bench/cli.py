@@ -115,6 +115,8 @@ def _finish(args, name: str, header: dict, results: list[RunResult]) -> int:
     report.write_json(args.out / f"{name}.json", header, results)
     written = plots.write_plots(results, args.out, prefix=f"{name}_")
     print(report.table(results))
+    if extra := report.breakdowns(results):
+        print(extra)
     print(f"wrote {args.out / f'{name}.json'} and {len(written)} plots in {args.out}")
     return 0
 
@@ -166,6 +168,8 @@ def run_compare(args: argparse.Namespace) -> int:
     document = checkpoint(results, slo, unloaded)
     written = plots.write_plots(compare.median_runs(results), args.out, prefix="compare_")
     print(report.spread_table(document["aggregate"]))
+    if extra := report.breakdowns(results):
+        print(extra)
     if len(policies) > 1:
         for figure in compare.PAIRED:
             print(report.paired_table(document["paired"], figure))

@@ -130,6 +130,57 @@ def spread_table(points: list[dict], source: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _over_repetitions(values: list[float], unit=_share, suffix: str = "%") -> str:
+    values = sorted(values)
+    middle = values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+    return _spread_cell({"median": middle, "min": values[0], "max": values[-1]}, unit, suffix)
+
+
+def class_table(results: list[RunResult]) -> str:
+    """Per priority class, when the runs mix classes: each policy's first-token and joint
+    attainment within the class, median [min–max] over the repetitions. Empty otherwise."""
+    classes = sorted({int(c) for r in results for c in r.summary.get("by_priority", {})})
+    if len(classes) < 2:
+        return ""
+    series = list(dict.fromkeys(r.series for r in results))
+    rates = sorted({r.rate for r in results})
+    head = ["rate", "class", "requests"] + [f"{s}:{c}" for s in series for c in ("TTFT ok", "both")]
+    rows = [head]
+    for rate in rates:
+        for cls in classes:
+            requests = next((r.summary["by_priority"][str(cls)]["requests"] for r in results
+                             if r.rate == rate and str(cls) in r.summary.get("by_priority", {})), 0)
+            row = [f"{rate:g}", str(cls), str(requests)]
+            for name in series:
+                runs = [r.summary["by_priority"][str(cls)]["attainment"] for r in results
+                        if r.series == name and r.rate == rate and str(cls) in r.summary.get("by_priority", {})]
+                row += ([_over_repetitions([a[key] for a in runs]) for key in ("ttft", "both")] if runs
+                        else ["-", "-"])
+            rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["by priority class (lower is served first): attainment within the class, median [min–max] over repetitions"]
+    lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def admission_lines(results: list[RunResult]) -> str:
+    """For runs where the server refused requests (`--admission slo`): how many, how fast, and
+    what the admitted ones got. Empty when nothing was refused."""
+    lines = []
+    for r in sorted((r for r in results if r.summary.get("refused")), key=lambda r: (r.series, r.rate, r.repetition)):
+        admitted = r.summary["admitted_attainment"]
+        refusal = r.summary.get("refusal_s", {})
+        lines.append(f"{r.series} @ {r.rate:g} req/s (repetition {r.repetition}): refused {r.summary['refused']} of "
+                     f"{r.summary['requests']}, refusal p99 {_ms(refusal.get('p99'))} ms; admitted meeting TTFT "
+                     f"{admitted['ttft'] * 100:.0f}%, both {admitted['both'] * 100:.0f}%")
+    return "\n".join(["admission (refused requests answered at once; attainment of the admitted)", *lines] if lines else [])
+
+
+def breakdowns(results: list[RunResult]) -> str:
+    """The per-class and admission figures, where the runs have them (printed after the table)."""
+    return "\n".join(part for part in (class_table(results), admission_lines(results)) if part)
+
+
 def paired_table(pairs: list[dict], figure: str = "ttft_attainment") -> str:
     """`compare.paired_differences` for one figure: a − b per repetition pair (shares in
     percentage points, rates in req/s)."""

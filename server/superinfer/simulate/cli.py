@@ -101,5 +101,7 @@ def run(args: argparse.Namespace) -> int:
     report.write_json(args.out / "simulate.json", header, results)
     written = plots.write_plots(results, args.out, prefix="simulate_")
     print(report.table(results))
+    if extra := report.breakdowns(results):
+        print(extra)
     print(f"wrote {args.out / 'simulate.json'} and {len(written)} plots in {args.out}")
     return 0
