@@ -10,7 +10,11 @@
 //!   (each step takes what `max_batch_tokens` leaves them), each priced by the cost model.
 //! - **Memory.** The blocks those prompts need beyond the free ones come from running requests
 //!   finishing: each frees its blocks after its tokens left at the decode step time. The
-//!   request's own prefill starts once enough have finished. What RotaSched could free by
+//!   request's own prefill starts once enough have finished. The running requests keep growing
+//!   meanwhile: the blocks they need for the steps until the request's first token are not free
+//!   for it (every policy gives a running request its next block before a new prompt its
+//!   first; a prediction that counted them admitted requests that then pushed running ones
+//!   out — stalls of 6–7 s among the admitted, docs/benchmarks.md). What RotaSched could free by
 //!   rotating running requests out is not counted: under the overload admission is for, few
 //!   running requests have the slack to be rotated, so counting their blocks as free is
 //!   optimistic (with them counted, 35% of the requests admitted at 1.5 req/s on the CPU met
@@ -44,6 +48,11 @@ pub struct AdmissionView {
     free_blocks: u64,
     /// Running requests by when they finish (seconds from now) with the blocks they free.
     finishing: Vec<(f64, u64)>,
+    /// Running requests as they grow: (positions now, positions at their generation limit,
+    /// device blocks held).
+    growing: Vec<(u64, u64, u64)>,
+    /// One step of the running decodes alone.
+    decode_s: f64,
 }
 
 impl Default for AdmissionView {
@@ -58,6 +67,8 @@ impl Default for AdmissionView {
             queued: Vec::new(),
             free_blocks: u64::MAX,
             finishing: Vec::new(),
+            growing: Vec::new(),
+            decode_s: 0.0,
         }
     }
 }
@@ -72,7 +83,8 @@ impl AdmissionView {
         let blocks_in_transit = in_transit_tokens.div_ceil(self.block_size);
         let own_blocks = (prompt_tokens + 1).div_ceil(self.block_size);
         let compute_s = self.prefill_s(tokens_ahead + prompt_tokens);
-        let short = (blocks_ahead + blocks_in_transit + own_blocks).saturating_sub(self.free_blocks);
+        let growth = self.growth_blocks(compute_s);
+        let short = (blocks_ahead + blocks_in_transit + own_blocks + growth).saturating_sub(self.free_blocks);
         if short == 0 {
             return compute_s;
         }
@@ -86,6 +98,19 @@ impl AdmissionView {
             }
         }
         compute_s.max(wait_s + self.prefill_s(prompt_tokens))
+    }
+
+    /// New blocks the running requests need over `seconds` of steps (and one more step), within
+    /// their generation limits.
+    fn growth_blocks(&self, seconds: f64) -> u64 {
+        if self.growing.is_empty() || self.decode_s <= 0.0 {
+            return 0;
+        }
+        let steps = (seconds / self.decode_s).ceil() as u64 + 1;
+        self.growing
+            .iter()
+            .map(|&(positions, limit, held)| (positions + steps).min(limit).div_ceil(self.block_size).saturating_sub(held))
+            .sum()
     }
 
     /// Seconds to prefill `tokens` in steps beside the running decodes.
@@ -146,6 +171,12 @@ impl Core {
         view.decodes = decode_shape.decode_requests;
         view.context_tokens = decode_shape.context_tokens;
         let decode_s = self.cost.predict_step(decode_shape);
+        view.decode_s = decode_s;
+        view.growing = running
+            .iter()
+            .filter(|r| r.has_work())
+            .map(|r| (u64::from(r.num_positions()), r.max_kv_tokens(), self.blocks.slots(r.id).len() as u64))
+            .collect();
         view.finishing = running
             .iter()
             .map(|r| {
@@ -182,6 +213,7 @@ impl Core {
 mod tests {
     use crate::config::{PolicyKind, SchedulerConfig};
     use crate::cost_model::CostModel;
+    use crate::plan::StepResults;
     use crate::request::RequestSpec;
     use crate::scheduler::Scheduler;
 
@@ -244,6 +276,25 @@ mod tests {
         // It must wait for the 60 tokens of the running request (after its prefill, 59 decode
         // steps of 10 ms each), then its own prefill.
         assert!(ttft > 0.5, "{ttft}");
+    }
+
+    #[test]
+    fn the_blocks_running_requests_grow_into_are_not_free_for_a_newcomer() {
+        let mut s = scheduler(PolicyKind::Recompute, 6);
+        // 32 prompt tokens fill two blocks exactly: its first decode needs a third, and 60
+        // tokens to go (10 ms decode steps) will take two more. Four blocks are free.
+        s.add(spec(1, 32, 60, 0), 0.0).unwrap();
+        let plan = s.plan(0.0);
+        assert_eq!(plan.scheduled.len(), 1);
+        s.complete(&StepResults { step_id: plan.step_id, sampled: vec![(1, 7)], ..StepResults::default() }, 0.01);
+        let view = s.admission_view();
+        // A 40-token prompt needs three blocks with its first token: they are free now, and
+        // one more is left for the running request's next block.
+        let fits = view.predict_ttft(40, 0, 0);
+        assert!(fits < 0.1, "{fits}");
+        // A 56-token prompt needs all four: it waits for the running request to finish.
+        let waits = view.predict_ttft(56, 0, 0);
+        assert!(waits > 0.5, "{waits}");
     }
 
     #[test]
