@@ -191,6 +191,10 @@ impl Planner<'_, '_> {
         candidates
     }
 
+    pub(super) fn has_lower_class_candidates(&self, ctx: &StepCtx, requester: u64) -> bool {
+        !self.lower_class_candidates(ctx, requester).is_empty()
+    }
+
     /// Whether a request waiting for its first token, or rotated out, is of a higher class than
     /// a running one: the overload mode, which serves the running requests first, would keep
     /// the higher class waiting on the lower one's memory, so steps are planned instead.

@@ -30,6 +30,9 @@
 //!    that have late gaps to spare and can come back within their stall bound. A request of a
 //!    higher class takes the blocks of a lower class's running requests whatever their slack
 //!    (lowest class and newest first; rotated out, or recomputed when a rotation does not fit).
+//!    A prompt for which no running request can make room is admitted only while the running
+//!    requests can still grow through its prefill and first token (`admission_keeps_growth`):
+//!    admitted into their blocks, it would win its first token and be pushed out at once.
 //! 5. **Return.** Rotated requests come back a step before they are due, and keep the device
 //!    until they have computed a token (no round trip that buys nothing).
 //! 6. **Budget.** Rotations may make at most `rotation_late_gap_share` of all gaps late (a
@@ -306,6 +309,16 @@ impl Planner<'_, '_> {
         // the blocks the running requests need, it would push one of them out and stall it for
         // seconds. It waits, first in line, for blocks to free.
         if self.starving_prompt(ctx.now, urgency.id) && !reactive::admission_keeps_growth(self.step, urgency.id) {
+            return false;
+        }
+        // Likewise a prompt for which no running request can make room (none with slack for a
+        // round trip, none that may park, none of a lower class): admitted into the blocks the
+        // running requests grow into, it wins its first token and is pushed out at once.
+        if self.rotation_victims(ctx, urgency.id).is_empty()
+            && self.parking_candidates(ctx, urgency.id).is_empty()
+            && !self.has_lower_class_candidates(ctx, urgency.id)
+            && !reactive::admission_keeps_growth(self.step, urgency.id)
+        {
             return false;
         }
         loop {
