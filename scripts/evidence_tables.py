@@ -5,6 +5,12 @@ comparison RotaSched's joint attainment minus the best baseline's per repetition
 
     .venv/bin/python scripts/evidence_tables.py docs/results/evidence/2026-12-03/azure/compare.json
     .venv/bin/python scripts/evidence_tables.py docs/results/gh200/headline-charged.json
+
+Runs that mix priority classes or refused requests also get the per-class and admission figures
+(`superinfer.bench.report.breakdowns`); several `simulate.json` files (one per seed) are read as
+repetitions of one run:
+
+    .venv/bin/python scripts/evidence_tables.py docs/results/priority/2026-12-03/simulated/seed-*.json
 """
 
 import json
@@ -38,6 +44,8 @@ def measured(document: dict) -> None:
                   f"{spread([x['tbt_s']['p99'] for x in s], lambda v: f'{v:.2f}')} | "
                   f"{spread([x['tbt_s']['max'] for x in s], lambda v: f'{v:.2f}')} | "
                   f"{spread([x['throughput_tokens_per_s'] for x in s], lambda v: f'{v:.1f}')} |")
+        if not any(p != "rotasched" for p in document["policies"]):
+            continue
         diffs, ratios = [], []
         for repetition in sorted({r["repetition"] for r in runs if r["rate"] == rate}):
             by = {r["series"]: r["summary"] for r in runs if r["rate"] == rate and r["repetition"] == repetition}
@@ -62,13 +70,32 @@ def simulated(document: dict) -> None:
               f"{spread([x['tbt_s']['max'] for x in s], ms)} | {spread([x['goodput_rps'] for x in s], lambda v: f'{v:.1f}')} |")
 
 
+def breakdowns(paths: list[str]) -> None:
+    from superinfer.bench import report
+
+    results = []
+    for repetition, path in enumerate(paths):
+        for run in report.read_json(path):
+            if len(paths) > 1:
+                run.repetition = repetition
+            results.append(run)
+    text = report.breakdowns(results)
+    if text:
+        print(text)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if not argv:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     with open(argv[0]) as f:
         document = json.load(f)
-    (simulated if "seeds" in document and isinstance(document["seeds"], dict) else measured)(document)
+    if len(argv) == 1 and "seeds" in document and isinstance(document["seeds"], dict):
+        simulated(document)
+        return 0
+    if len(argv) == 1 and "policies" in document and "slo" in document and "unloaded" in document:
+        measured(document)
+    breakdowns(argv)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Reports: the JSON file of a bench, compare or simulate run, and the text table printed at
 the end, one row per rate and one column group per series (policy), side by side."""
 import json
+import statistics
 from pathlib import Path
 
 from superinfer.bench.runner import RunResult
@@ -130,10 +131,8 @@ def spread_table(points: list[dict], source: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _over_repetitions(values: list[float], unit=_share, suffix: str = "%") -> str:
-    values = sorted(values)
-    middle = values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
-    return _spread_cell({"median": middle, "min": values[0], "max": values[-1]}, unit, suffix)
+def _over_repetitions(values: list[float]) -> str:
+    return _spread_cell({"median": statistics.median(values), "min": min(values), "max": max(values)})
 
 
 def class_table(results: list[RunResult]) -> str:
@@ -172,7 +171,8 @@ def admission_lines(results: list[RunResult]) -> str:
         refusal = r.summary.get("refusal_s", {})
         lines.append(f"{r.series} @ {r.rate:g} req/s (repetition {r.repetition}): refused {r.summary['refused']} of "
                      f"{r.summary['requests']}, refusal p99 {_ms(refusal.get('p99'))} ms; admitted meeting TTFT "
-                     f"{admitted['ttft'] * 100:.0f}%, both {admitted['both'] * 100:.0f}%")
+                     f"{admitted['ttft'] * 100:.0f}%, both {admitted['both'] * 100:.0f}%; refusal p50 "
+                     f"{_ms(refusal.get('p50'))} ms; goodput {r.summary['goodput_rps']:.2f} req/s")
     return "\n".join(["admission (refused requests answered at once; attainment of the admitted)", *lines] if lines else [])
 
 

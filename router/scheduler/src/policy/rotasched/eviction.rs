@@ -56,20 +56,21 @@ impl Planner<'_, '_> {
     /// Evicts the running requests with the most slack until `short` blocks are free or on
     /// their way. True when blocks were freed right away (worth retrying now).
     pub(super) fn make_room(&mut self, ctx: &mut StepCtx, short: u64, requester: &Urgency) -> bool {
-        let credit = ctx.release_credit.min(short);
+        // A late or parked requester evicts only a lower class; a punctual one first the
+        // requests with slack, then a lower class, then (below) those that may park or are newer.
+        let deferred = requester.deferred_class();
         let lower = self.lower_class_candidates(ctx, requester.id);
-        if requester.deferred_class() && lower.is_empty() {
+        if deferred && lower.is_empty() {
             return false;
         }
+        let credit = ctx.release_credit.min(short);
         ctx.release_credit -= credit;
-        let short = short - credit;
-        let (mut freed_now, mut short) = if requester.deferred_class() {
-            (false, short)
-        } else {
+        let (mut freed_now, mut short) = (false, short - credit);
+        if !deferred {
             let victims = self.rotation_victims(ctx, requester.id);
             let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
-            self.evict_until(ctx, short, planned, Walk::ForRequester)
-        };
+            (freed_now, short) = self.evict_until(ctx, short, planned, Walk::ForRequester);
+        }
         if short > 0 && !lower.is_empty() {
             // A lower class yields its blocks whatever its own slack: under memory pressure the
             // higher class keeps its objectives.
@@ -78,7 +79,7 @@ impl Planner<'_, '_> {
             freed_now |= freed;
             short = left;
         }
-        if requester.deferred_class() {
+        if deferred {
             return freed_now;
         }
         if short > 0 && self.needs_parking(requester) {
@@ -180,7 +181,7 @@ impl Planner<'_, '_> {
 
     /// Running requests of a lower priority class than the requester's that could leave the
     /// device now, lowest class first and newest first within it (vLLM's order of preemption).
-    fn lower_class_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
+    pub(super) fn lower_class_candidates(&self, ctx: &StepCtx, requester: u64) -> Vec<u64> {
         let Some(priority) = self.requests().get(&requester).map(|r| r.priority) else { return Vec::new() };
         let mut candidates: Vec<u64> = self
             .eviction_candidates(ctx, requester)
@@ -189,10 +190,6 @@ impl Planner<'_, '_> {
             .collect();
         candidates.sort_by_key(|id| std::cmp::Reverse(self.requests()[id].rank()));
         candidates
-    }
-
-    pub(super) fn has_lower_class_candidates(&self, ctx: &StepCtx, requester: u64) -> bool {
-        !self.lower_class_candidates(ctx, requester).is_empty()
     }
 
     /// Whether a request waiting for its first token, or rotated out, is of a higher class than

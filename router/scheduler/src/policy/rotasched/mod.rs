@@ -40,8 +40,8 @@
 //!    out proactively and no decode is parked, so the 99th-percentile gap stays the compute's.
 //!
 //! Under overload it serves steps as swap does (unless a request of a higher class waits on a
-//! lower class's memory, which swap's order would keep it waiting on): when the running requests cannot all grow and
-//! none has slack for a round trip (or the rotation budget is spent), or once a running request
+//! lower class's memory, which swap's order would keep it waiting on): when the running
+//! requests cannot all grow and none has slack for a round trip (or the rotation budget is spent), or once a running request
 //! short of a block has pushed newer ones out (`Walk::ForRequesterUnderOverload`), running
 //! requests come first, the newest is preempted on shortage and those rotated out return oldest
 //! first before any admission, until every request so pushed out is back; a new prompt is
@@ -314,10 +314,10 @@ impl Planner<'_, '_> {
         // Likewise a prompt for which no running request can make room (none with slack for a
         // round trip, none that may park, none of a lower class): admitted into the blocks the
         // running requests grow into, it wins its first token and is pushed out at once.
-        if self.rotation_victims(ctx, urgency.id).is_empty()
+        if !reactive::admission_keeps_growth(self.step, urgency.id)
+            && self.rotation_victims(ctx, urgency.id).is_empty()
             && self.parking_candidates(ctx, urgency.id).is_empty()
-            && !self.has_lower_class_candidates(ctx, urgency.id)
-            && !reactive::admission_keeps_growth(self.step, urgency.id)
+            && self.lower_class_candidates(ctx, urgency.id).is_empty()
         {
             return false;
         }

@@ -1,7 +1,8 @@
 //! The step-time cap: a step may not outlast the earliest next-token deadline of the running
 //! decodes with no late gap left to spend (of the prompt's class or a higher one: a lower
-//! class's decodes never slow a higher class's first token), so prefill chunks are cut to fit — with room for the
-//! step's overhead and for its time straying from the prediction (`StepTiming`).
+//! class's decodes never slow a higher class's first token), so prefill chunks are cut to fit —
+//! with room for the step's overhead and for its time straying from the prediction
+//! (`StepTiming`).
 
 use super::urgency::Urgency;
 use super::Planner;
@@ -36,8 +37,8 @@ impl DecodeDeadline {
 }
 
 impl Planner<'_, '_> {
-    /// Deadline of the step: the earliest next-token deadline of the running decodes that
-    /// cannot spend a late gap (None when every decode can, or nothing decodes).
+    /// Deadlines of the step: the next-token deadlines of the running decodes that cannot spend
+    /// a late gap, by class (None when every decode can, or nothing decodes).
     pub(super) fn decode_deadline(&self, order: &[Urgency]) -> Option<DecodeDeadline> {
         let mut binding = Vec::new();
         let mut decodes = Vec::new();
@@ -53,8 +54,9 @@ impl Planner<'_, '_> {
 
     /// Prefill tokens the next chunk of `urgency` may take so that the step, with every
     /// running decode and the chunks placed so far, ends by the earliest deadline of the decodes
-    /// of its class or a higher one. No cap when none of those is binding, or for a punctual request that would miss its first-token
-    /// deadline by waiting out one more step of decodes alone.
+    /// of its class or a higher one. No cap when none of those is binding, or for a punctual
+    /// request that would miss its first-token deadline by waiting out one more step of decodes
+    /// alone.
     pub(super) fn prefill_token_cap(&self, ctx: &StepCtx, urgency: &Urgency, deadline: Option<&DecodeDeadline>) -> u32 {
         let Some(deadline) = deadline else { return u32::MAX };
         let Some(at) = deadline.at(urgency.priority) else { return u32::MAX };
