@@ -41,8 +41,9 @@
 //!
 //! Under overload it serves steps as swap does (unless a request of a higher class waits on a
 //! lower class's memory, which swap's order would keep it waiting on): when the running
-//! requests cannot all grow and none has slack for a round trip (or the rotation budget is spent), or once a running request
-//! short of a block has pushed newer ones out (`Walk::ForRequesterUnderOverload`), running
+//! requests cannot all grow and none has slack for a round trip (or the rotation budget is
+//! spent), or once a running request short of a block has pushed newer ones out
+//! (`Walk::ForRequesterUnderOverload`), running
 //! requests come first, the newest is preempted on shortage and those rotated out return oldest
 //! first before any admission, until every request so pushed out is back; a new prompt is
 //! admitted then only while the running requests can still grow through its prefill and first
@@ -308,13 +309,14 @@ impl Planner<'_, '_> {
         // A prompt served only because it starved has no deadline left to win: admitted into
         // the blocks the running requests need, it would push one of them out and stall it for
         // seconds. It waits, first in line, for blocks to free.
-        if self.starving_prompt(ctx.now, urgency.id) && !reactive::admission_keeps_growth(self.step, urgency.id) {
+        let keeps_growth = reactive::admission_keeps_growth(self.step, urgency.id);
+        if !keeps_growth && self.starving_prompt(ctx.now, urgency.id) {
             return false;
         }
         // Likewise a prompt for which no running request can make room (none with slack for a
         // round trip, none that may park, none of a lower class): admitted into the blocks the
         // running requests grow into, it wins its first token and is pushed out at once.
-        if !reactive::admission_keeps_growth(self.step, urgency.id)
+        if !keeps_growth
             && self.rotation_victims(ctx, urgency.id).is_empty()
             && self.parking_candidates(ctx, urgency.id).is_empty()
             && self.lower_class_candidates(ctx, urgency.id).is_empty()
