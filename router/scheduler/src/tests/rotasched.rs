@@ -511,3 +511,29 @@ fn a_lower_class_decode_does_not_cut_a_higher_class_prompt_into_chunks() {
     assert_eq!(chunks(0), 1, "the class-0 prompt is computed in one step");
     assert!(chunks(1) > 1, "the class-1 prompt is cut to keep the class-1 decode on time");
 }
+
+/// A prompt for which no running request can make room — the one decode has a tight TBT
+/// objective at the 100th percentile (no late gap to risk, so it is neither a rotation victim
+/// nor parkable) and is of the same class — waits while admitting it would take the block that
+/// decode grows into. 4-token blocks, 12 on device: the decode holds 4 blocks with its next
+/// token due in a fifth; the 32-token prompt fits the 8 free blocks, but its prefill and first
+/// token would leave the decode none, and the decode would be pushed out at once.
+#[test]
+fn a_prompt_nobody_can_make_room_for_waits_rather_than_push_a_decode_out() {
+    let mut d = Driver::new(rotation_friendly(12));
+    d.add(with_slo(spec(1, 15, 8, 0.0), 1.0, 0.015));
+    d.step();
+    d.step();
+    assert_eq!(d.scheduler.stats().device_blocks_free, 8);
+    d.add(with_slo(spec(2, 32, 4, d.now), 1.0, 0.05));
+    let plan = d.step();
+    assert!(!plan.first_scheduled.contains(&2), "the prompt waits for the decode's growth");
+    d.run_to_completion(400);
+    for plan in &d.plans {
+        assert!(plan.rotate_out.is_empty() && plan.preempted_for_recompute.is_empty(), "step {}", plan.step_id);
+    }
+    let gap = max_gap(&d, 1);
+    assert!(gap <= d.step_s + 1e-9, "the decode stalled {gap} s");
+    assert_eq!(d.finished.len(), 2);
+    d.assert_all_free();
+}
