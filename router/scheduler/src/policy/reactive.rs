@@ -19,7 +19,7 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_g
             }
         }
     }
-    if swap && !rotate_in_oldest(step, ctx) {
+    if swap && !rotate_in_oldest(step, ctx, keep_growth) {
         return;
     }
     if !ctx.plan.preempted_for_recompute.is_empty() {
@@ -61,9 +61,10 @@ fn newest_evictable(step: &StepBuilder, ctx: &StepCtx) -> Option<u64> {
     running.into_iter().rev().find(|id| step.evictable(ctx, *id))
 }
 
-/// Brings rotated requests back oldest first while they fit; true when none is left out
-/// (only then may new requests be admitted).
-fn rotate_in_oldest(step: &mut StepBuilder, ctx: &mut StepCtx) -> bool {
+/// Brings rotated requests back oldest first while they fit (`keep_growth`: while the running
+/// requests can still grow through the step that computes the returned one's next token, as for
+/// an admission); true when none is left out (only then may new requests be admitted).
+fn rotate_in_oldest(step: &mut StepBuilder, ctx: &mut StepCtx, keep_growth: bool) -> bool {
     let mut rotated: Vec<((i32, u64), u64)> = step
         .requests()
         .values()
@@ -72,6 +73,9 @@ fn rotate_in_oldest(step: &mut StepBuilder, ctx: &mut StepCtx) -> bool {
         .collect();
     rotated.sort_unstable();
     for (_, id) in rotated {
+        if keep_growth && !return_keeps_growth(step, id) {
+            return false;
+        }
         if !step.rotate_in(ctx, id) {
             return false;
         }
@@ -90,6 +94,17 @@ fn growth_blocks(step: &StepBuilder, steps: u64) -> u64 {
             step.blocks().new_blocks_needed(r.id, target)
         })
         .sum()
+}
+
+/// Whether bringing rotated `id` back leaves the blocks the running requests need for their
+/// next tokens, and the block of its own next one: a return that does not would push one of them
+/// (or itself) out before it computes.
+pub(super) fn return_keeps_growth(step: &StepBuilder, id: u64) -> bool {
+    let request = &step.requests()[&id];
+    let held = u64::from(step.blocks().host_slots(id));
+    let next = (u64::from(request.num_positions()) + 1).min(request.max_kv_tokens());
+    let own = held.max(next.div_ceil(u64::from(step.blocks().block_size())));
+    own + growth_blocks(step, 1) <= u64::from(step.blocks().free_device())
 }
 
 /// Whether admitting `id` leaves the blocks the running requests need while its prompt is

@@ -537,3 +537,37 @@ fn a_prompt_nobody_can_make_room_for_waits_rather_than_push_a_decode_out() {
     assert_eq!(d.finished.len(), 2);
     d.assert_all_free();
 }
+
+/// Under sustained memory overload (the running requests cannot all grow, nobody has slack for a
+/// round trip) RotaSched serves steps as swap does, and a request rotated back in keeps the device
+/// until it has computed a token: it returns only while the running requests can still grow
+/// through its next step, so it is never pushed out again before computing (a round trip that
+/// buys nothing but a longer gap).
+#[test]
+fn under_overload_a_returned_request_computes_before_it_can_be_pushed_out_again() {
+    let mut cfg = rotation_friendly(20);
+    cfg.rotasched.rotation_late_gap_share = 0.0;
+    let mut d = Driver::new(cfg);
+    for i in 0..60u64 {
+        if i % 3 == 0 {
+            d.add(with_slo(spec(i, 10 + (i % 4) as u32 * 4, 14 + (i % 5) as u32 * 3, d.now), 0.05, 0.02));
+        }
+        d.step();
+    }
+    d.run_to_completion(3000);
+    assert_eq!(d.finished.len(), 20);
+    d.assert_all_free();
+    let mut returned: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
+    let mut round_trips = 0;
+    for plan in &d.plans {
+        for t in &plan.rotate_out {
+            assert!(!returned.contains(&t.request_id), "step {}: request {} pushed out again before computing", plan.step_id, t.request_id);
+            round_trips += 1;
+        }
+        for id in &plan.sampling {
+            returned.remove(id);
+        }
+        returned.extend(plan.rotate_in.iter().map(|t| t.request_id));
+    }
+    assert!(round_trips > 0, "the scenario overloads memory");
+}
