@@ -82,6 +82,10 @@ pub(crate) struct RequestState {
     pub(crate) rotated_since_token: bool,
     /// Finished or cancelled while a transfer was in flight: removed at acknowledgement.
     pub(crate) doomed: bool,
+    /// Its first token came past its objective, or a gap past its stall bound: whatever
+    /// happens now, it does not meet its objectives (the step-time cap stops guarding its stall
+    /// bound, `step_cap.rs`).
+    pub(crate) objectives_lost: bool,
 }
 
 impl RequestState {
@@ -108,6 +112,7 @@ impl RequestState {
             returned_without_token: false,
             rotated_since_token: false,
             doomed: false,
+            objectives_lost: false,
         }
     }
 

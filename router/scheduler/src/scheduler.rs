@@ -321,6 +321,11 @@ impl Core {
                         feedback.late_rotation_gaps += u64::from(request.rotated_since_token);
                     }
                 }
+                // A first token past its objective or a gap past the stall bound: the request
+                // can no longer meet its objectives (a late gap too many is counted by
+                // `late_gaps_left`).
+                let stall_broken = request.stall_deadline().is_some_and(|at| now > at);
+                request.objectives_lost |= stall_broken || (request.last_token_at.is_none() && lag > 0.0);
                 request.rotated_since_token = false;
                 request.tokens.push(token);
                 request.last_token_at = Some(now);

@@ -229,10 +229,11 @@ fn a_prompt_more_urgent_than_every_decode_is_not_cut() {
     assert_eq!(chunk_of(&plans[0], 3), 60);
 }
 
-#[test]
-fn a_decode_with_a_late_gap_to_spend_does_not_bound_the_step() {
-    // 40 tokens at a 10% late share: each decode may spend 3 late gaps.
-    let mut cfg = config(PolicyKind::RotaSched, 64);
+/// Two requests decoding 40 tokens under a 50 ms TBT objective at p90 (each may spend 3 late
+/// gaps; stall bound 250 ms), 1 ms per prefill token, `max_batch_tokens` per step.
+fn decodes_with_late_gaps_to_spend(max_batch_tokens: u32) -> Driver {
+    let mut cfg = config(PolicyKind::RotaSched, 256);
+    cfg.max_batch_tokens = max_batch_tokens;
     cfg.cost_model.per_prefill_token_s = 0.001;
     cfg.tbt_percentile = 90.0;
     let mut d = Driver::new(cfg);
@@ -241,6 +242,12 @@ fn a_decode_with_a_late_gap_to_spend_does_not_bound_the_step() {
     for _ in 0..3 {
         d.step();
     }
+    d
+}
+
+#[test]
+fn a_decode_with_a_late_gap_to_spend_does_not_bound_the_step() {
+    let mut d = decodes_with_late_gaps_to_spend(64);
     d.add(with_slo(spec(3, 60, 4, d.now), 5.0, 0.05));
     let plan = d.step();
     assert_eq!(chunk_of(&plan, 3), 60, "the whole prompt goes at once");
@@ -252,6 +259,27 @@ fn a_decode_with_a_late_gap_to_spend_does_not_bound_the_step() {
     d.add(with_slo(spec(4, 60, 4, d.now), 5.0, 0.05));
     let plan = d.step();
     assert!(chunk_of(&plan, 4) < 60 && plan.predicted_step_s <= 0.05 + 1e-9);
+}
+
+/// A decode with a late gap to spend may take a long step, but not one past its stall bound
+/// (here the default, 5 x its 50 ms objective): a 400-token prompt (0.4 s of prefill) is cut so
+/// the step ends by then — unless the decodes' objectives are lost already (a first token late,
+/// a gap past the bound), when cutting it would cost the prompt time for nothing.
+#[test]
+fn a_step_beside_decodes_with_late_gaps_to_spend_ends_by_their_stall_bound() {
+    let run = |objectives_lost: bool| {
+        let mut d = decodes_with_late_gaps_to_spend(512);
+        for id in [1, 2] {
+            d.scheduler.core.requests.get_mut(&id).unwrap().objectives_lost = objectives_lost;
+        }
+        d.add(with_slo(spec(3, 400, 4, d.now), 5.0, 0.05));
+        let plan = d.step();
+        (chunk_of(&plan, 3), plan.predicted_step_s)
+    };
+    let (chunk, step_s) = run(false);
+    assert!(chunk < 400 && step_s <= 0.25 + 1e-9, "chunk {chunk}, step {step_s} s");
+    assert!(chunk > 60, "the late gap is still spent: the chunk is not cut to the TBT objective ({chunk})");
+    assert_eq!(run(true).0, 400, "decodes past their objectives do not cut the prompt");
 }
 
 #[test]

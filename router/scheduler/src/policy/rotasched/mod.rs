@@ -18,7 +18,8 @@
 //!    a lower class.
 //! 3. **Step-time cap.** A step may not outlast the earliest next-token deadline of the running
 //!    decodes with no late gap left to spend (the TBT objective holds for `tbt_percentile` of a
-//!    request's gaps; `tbt_late_share` of them may be late): prefill chunks are cut to fit,
+//!    request's gaps; `tbt_late_share` of them may be late), nor the stall deadline of those
+//!    with one that still meet their objectives: prefill chunks are cut to fit,
 //!    with a margin for the step's overhead and for mixed steps running long (`StepTiming`),
 //!    unless the prompt would miss its own first-token deadline by waiting one more step.
 //! 4. **Room.** When an urgent request lacks blocks, the running requests with the most slack
@@ -241,7 +242,7 @@ impl Planner<'_, '_> {
         order.sort_by_key(|u| u.priority);
         let decodes = order.iter().filter(|u| self.is_running_decode(u.id)).count() as u32;
         ctx.decode_reserve = decodes.min(ctx.tokens_left);
-        let deadline = self.decode_deadline(&order);
+        let deadline = self.decode_deadline(&order, ctx.now);
         let mut admissions_blocked = false;
         for urgency in &order {
             match self.requests().get(&urgency.id).map(|r| r.phase) {

@@ -1,8 +1,8 @@
 //! The step-time cap: a step may not outlast the earliest next-token deadline of the running
-//! decodes with no late gap left to spend (of the prompt's class or a higher one: a lower
-//! class's decodes never slow a higher class's first token), so prefill chunks are cut to fit —
-//! with room for the step's overhead and for its time straying from the prediction
-//! (`StepTiming`).
+//! decodes with no late gap left to spend, nor the stall deadline of those with one (of the
+//! prompt's class or a higher one: a lower class's decodes never slow a higher class's first
+//! token), so prefill chunks are cut to fit — with room for the step's overhead and for its
+//! time straying from the prediction (`StepTiming`).
 
 use super::urgency::Urgency;
 use super::Planner;
@@ -37,16 +37,28 @@ impl DecodeDeadline {
 }
 
 impl Planner<'_, '_> {
-    /// Deadlines of the step: the next-token deadlines of the running decodes that cannot spend
-    /// a late gap, by class (None when every decode can, or nothing decodes).
-    pub(super) fn decode_deadline(&self, order: &[Urgency]) -> Option<DecodeDeadline> {
+    /// Deadlines of the step, by class: the next-token deadlines of the running decodes that
+    /// cannot spend a late gap, and the stall deadlines of those that can and still meet their
+    /// objectives (None when no decode binds, or nothing decodes).
+    pub(super) fn decode_deadline(&self, order: &[Urgency], now: f64) -> Option<DecodeDeadline> {
+        let decodes_alone_s = self.cost().predict_step(self.decodes_alone);
         let mut binding = Vec::new();
         let mut decodes = Vec::new();
         for urgency in order.iter().filter(|u| self.is_running_decode(u.id)) {
             let r = &self.requests()[&urgency.id];
             decodes.push((urgency.id, u64::from(r.num_computed) + 1));
-            if r.late_gaps_left(self.config().tbt_late_share()) == 0 {
-                binding.push((r.priority, r.next_deadline()));
+            // A decode with a late gap to spend may take one late gap, but none past its stall
+            // bound: a long prefill step beside it would break that bound for every decode. Not
+            // once its objectives are lost (`objectives_lost`) or the bound is, even to a step of
+            // decodes alone: cutting the prompt would cost it time for nothing (and, under
+            // sustained overload, throughput: more, shorter steps).
+            let at = if r.late_gaps_left(self.config().tbt_late_share()) == 0 {
+                Some(r.next_deadline())
+            } else {
+                r.stall_deadline().filter(|at| *at > now + decodes_alone_s && !r.objectives_lost)
+            };
+            if let Some(at) = at {
+                binding.push((r.priority, at));
             }
         }
         (!binding.is_empty()).then_some(DecodeDeadline { binding, decodes })
