@@ -96,15 +96,20 @@ fn growth_blocks(step: &StepBuilder, steps: u64) -> u64 {
         .sum()
 }
 
+/// Whether `own` new device blocks leave the running requests the blocks they need to compute
+/// `steps` more positions each.
+fn leaves_growth(step: &StepBuilder, own: u64, steps: u64) -> bool {
+    own + growth_blocks(step, steps) <= u64::from(step.blocks().free_device())
+}
+
 /// Whether bringing rotated `id` back leaves the blocks the running requests need for their
 /// next tokens, and the block of its own next one: a return that does not would push one of them
 /// (or itself) out before it computes.
-pub(super) fn return_keeps_growth(step: &StepBuilder, id: u64) -> bool {
+fn return_keeps_growth(step: &StepBuilder, id: u64) -> bool {
     let request = &step.requests()[&id];
     let held = u64::from(step.blocks().host_slots(id));
     let next = (u64::from(request.num_positions()) + 1).min(request.max_kv_tokens());
-    let own = held.max(next.div_ceil(u64::from(step.blocks().block_size())));
-    own + growth_blocks(step, 1) <= u64::from(step.blocks().free_device())
+    leaves_growth(step, held.max(next.div_ceil(u64::from(step.blocks().block_size()))), 1)
 }
 
 /// Whether admitting `id` leaves the blocks the running requests need while its prompt is
@@ -117,8 +122,7 @@ pub(super) fn admission_keeps_growth(step: &StepBuilder, id: u64) -> bool {
     let prompt = request.tokens.len() as u64;
     let steps = prompt.saturating_sub(cached).div_ceil(u64::from(step.config().max_batch_tokens.max(1))) + 1;
     let first_decode = (prompt + 1).min(request.max_kv_tokens()).max(prompt);
-    let own = step.blocks().new_blocks_to_admit(&probe, first_decode);
-    own + growth_blocks(step, steps) <= u64::from(step.blocks().free_device())
+    leaves_growth(step, step.blocks().new_blocks_to_admit(&probe, first_decode), steps)
 }
 
 #[cfg(test)]

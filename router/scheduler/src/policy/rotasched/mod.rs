@@ -44,13 +44,14 @@
 //! lower class's memory, which swap's order would keep it waiting on): when the running
 //! requests cannot all grow and none has slack for a round trip (or the rotation budget is
 //! spent), or once a running request short of a block has pushed newer ones out
-//! (`Walk::ForRequesterUnderOverload`), running
-//! requests come first, the newest is preempted on shortage and those rotated out return oldest
-//! first before any admission, until every request so pushed out is back; a return, and then a
-//! new prompt, is let in only while the running requests can still grow through the steps that
-//! compute its next token (`return_keeps_growth`, `admission_keeps_growth`, `reactive.rs`) — one
-//! let into their blocks would push one of them, or itself, out again before it computes. Left as RotaSched's own rotations are (to their deadline, then
-//! parked behind new prompts), such a request stalled for several times swap's longest gap.
+//! (`Walk::ForRequesterUnderOverload`), running requests come first, the newest is preempted on
+//! shortage and those rotated out return oldest first before any admission, until every request
+//! so pushed out is back; a return, and then a new prompt, is let in only while the running
+//! requests can still grow through the steps that compute its next token (`return_keeps_growth`,
+//! `admission_keeps_growth`, `reactive.rs`) — one let into their blocks would push one of them,
+//! or itself, out again before it computes. Left as RotaSched's own rotations are (to their
+//! deadline, then parked behind new prompts), such a request stalled for several times swap's
+//! longest gap.
 //!
 //! Layout: this file holds the policy's state (`RotaSched`, behind `SchedulingPolicy`: its
 //! settings, `RotaSchedSettings`, among them) and one step's planning (`Planner`: the
