@@ -85,7 +85,7 @@ fn rotate_in_oldest(step: &mut StepBuilder, ctx: &mut StepCtx, keep_growth: bool
 
 /// New device blocks the running requests need to compute `steps` more positions each
 /// (their prompt's rest first), within their generation limit.
-fn growth_blocks(step: &StepBuilder, steps: u64) -> u64 {
+pub(super) fn growth_blocks(step: &StepBuilder, steps: u64) -> u64 {
     step.requests()
         .values()
         .filter(|r| r.phase == Phase::Running && !r.doomed && r.has_work())
@@ -96,10 +96,10 @@ fn growth_blocks(step: &StepBuilder, steps: u64) -> u64 {
         .sum()
 }
 
-/// Whether `own` new device blocks leave the running requests the blocks they need to compute
-/// `steps` more positions each.
-fn leaves_growth(step: &StepBuilder, own: u64, steps: u64) -> bool {
-    own + growth_blocks(step, steps) <= u64::from(step.blocks().free_device())
+/// New device blocks missing for `own` of them and the running requests' growth through
+/// `steps` more positions each (0: they all fit in the free blocks).
+fn growth_deficit(step: &StepBuilder, own: u64, steps: u64) -> u64 {
+    (own + growth_blocks(step, steps)).saturating_sub(u64::from(step.blocks().free_device()))
 }
 
 /// Whether bringing rotated `id` back leaves the blocks the running requests need for their
@@ -109,20 +109,25 @@ fn return_keeps_growth(step: &StepBuilder, id: u64) -> bool {
     let request = &step.requests()[&id];
     let held = u64::from(step.blocks().host_slots(id));
     let next = (u64::from(request.num_positions()) + 1).min(request.max_kv_tokens());
-    leaves_growth(step, held.max(next.div_ceil(u64::from(step.blocks().block_size()))), 1)
+    growth_deficit(step, held.max(next.div_ceil(u64::from(step.blocks().block_size()))), 1) == 0
 }
 
 /// Whether admitting `id` leaves the blocks the running requests need while its prompt is
 /// computed and its first token sampled, and the block of its own first decode: an
 /// admission that does not would push one of them (or itself) out at once.
 pub(super) fn admission_keeps_growth(step: &StepBuilder, id: u64) -> bool {
+    admission_deficit(step, id) == 0
+}
+
+/// The device blocks missing for admitting `id` as `admission_keeps_growth` asks (0: none).
+pub(super) fn admission_deficit(step: &StepBuilder, id: u64) -> u64 {
     let request = &step.requests()[&id];
     let probe = step.blocks().probe_prefix(request.kv_namespace, &request.tokens);
     let cached = u64::from(probe.hit_blocks) * u64::from(step.blocks().block_size());
     let prompt = request.tokens.len() as u64;
     let steps = prompt.saturating_sub(cached).div_ceil(u64::from(step.config().max_batch_tokens.max(1))) + 1;
     let first_decode = (prompt + 1).min(request.max_kv_tokens()).max(prompt);
-    leaves_growth(step, step.blocks().new_blocks_to_admit(&probe, first_decode), steps)
+    growth_deficit(step, step.blocks().new_blocks_to_admit(&probe, first_decode), steps)
 }
 
 #[cfg(test)]

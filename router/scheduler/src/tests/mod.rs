@@ -2,7 +2,7 @@
 //! the ordering rules of `proto/shard.proto` on every plan.
 
 mod ahead;
-mod driver;
+pub(crate) mod driver;
 mod kv_events;
 mod machine;
 mod policies;

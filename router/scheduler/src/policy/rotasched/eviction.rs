@@ -2,7 +2,8 @@
 //! recomputing the running requests that can best afford it. One walk (`evict_until`) serves
 //! every caller; `Walk` says how each kind of caller overrides the cost model's choice.
 
-use super::urgency::{Eviction, Urgency};
+use super::reactive;
+use super::urgency::{Eviction, Urgency, STALL_RETURN_STEPS};
 use super::Planner;
 use crate::cost_model::Direction;
 use crate::request::Phase;
@@ -67,8 +68,8 @@ impl Planner<'_, '_> {
         ctx.release_credit -= credit;
         let (mut freed_now, mut short) = (false, short - credit);
         if !deferred {
-            let victims = self.rotation_victims(ctx, requester.id);
-            let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
+            let victims = self.victims_back_in_time(ctx, requester.id, short);
+            let planned: Vec<(u64, Option<Eviction>)> = victims.into_iter().map(|v| (v.id, Some(v.eviction))).collect();
             (freed_now, short) = self.evict_until(ctx, short, planned, Walk::ForRequester);
         }
         if short > 0 && !lower.is_empty() {
@@ -85,7 +86,8 @@ impl Planner<'_, '_> {
         if short > 0 && self.needs_parking(requester) {
             // No running request has slack for a round trip: park decodes with late gaps to
             // spend (see `parking_candidates`).
-            let parked = self.parking_candidates(ctx, requester.id).into_iter().map(|id| (id, None));
+            let parked: Vec<(u64, Option<Eviction>)> =
+                self.parked_back_in_time(ctx, requester.id, short).into_iter().map(|id| (id, None)).collect();
             let (freed, left) = self.evict_until(ctx, short, parked, Walk::ForRequester);
             freed_now |= freed;
             short = left;
@@ -157,6 +159,93 @@ impl Planner<'_, '_> {
                 Some((moved, false))
             }
         }
+    }
+
+    /// Rotation victims (`rotation_victims`) that memory frees up for within their stall bound,
+    /// should `requester` take `short` blocks more than are free (`back_within_stall_bound`).
+    fn victims_back_in_time(&self, ctx: &StepCtx, requester: u64, short: u64) -> Vec<Victim> {
+        let mut victims = self.rotation_victims(ctx, requester);
+        victims.retain(|v| self.back_within_stall_bound(ctx, v.id, requester, short));
+        victims
+    }
+
+    /// Parking candidates (`parking_candidates`) that memory frees up for within their stall
+    /// bound, should `requester` take `short` blocks more than are free.
+    fn parked_back_in_time(&self, ctx: &StepCtx, requester: u64, short: u64) -> Vec<u64> {
+        let mut parked = self.parking_candidates(ctx, requester);
+        parked.retain(|id| self.back_within_stall_bound(ctx, *id, requester, short));
+        parked
+    }
+
+    /// Whether `requester`, `short` blocks more than are free, may take them: running requests
+    /// end soon enough (`ends_free_within_stall_bound`), or one could make room for it — a
+    /// rotation victim or a decode that may park, either able to come back within its stall
+    /// bound, or a request of a lower class.
+    pub(super) fn can_make_room(&self, ctx: &StepCtx, requester: u64, short: u64) -> bool {
+        self.ends_free_within_stall_bound(requester, short)
+            || !self.victims_back_in_time(ctx, requester, short).is_empty()
+            || !self.parked_back_in_time(ctx, requester, short).is_empty()
+            || !self.lower_class_candidates(ctx, requester).is_empty()
+    }
+
+    /// Whether running requests ending soon free `short` blocks in time for whoever `requester`
+    /// pushes out (the newest, itself under overload) to come back within the stall bound, and
+    /// the requester may spend the late gap that costs it.
+    fn ends_free_within_stall_bound(&self, requester: u64, short: u64) -> bool {
+        let r = &self.requests()[&requester];
+        if r.late_gaps_left(self.config().tbt_late_share()) == 0 {
+            return false;
+        }
+        let free_s = self.completions_free_within(short, &[requester], None);
+        free_s.is_some_and(|free_s| free_s + STALL_RETURN_STEPS * self.step_s <= r.slo.max_stall_s)
+    }
+
+    /// Whether `id`, leaving the device so that `requester` can take `short` blocks more than are
+    /// free, can be back on it before its stall bound breaks (with the steps a return is planned
+    /// ahead, `STALL_RETURN_STEPS`): its blocks go to the requester, so the running requests
+    /// that end in the meantime — the requester among them, with all it then holds — must free
+    /// `short` blocks and what the others grow into over its round trip, with the round trip to
+    /// spare. Where nothing ends in time, a request left on host waits for memory past its
+    /// bound, and the requests it made room for are pushed out after it (the overload mode).
+    fn back_within_stall_bound(&self, ctx: &StepCtx, id: u64, requester: u64, short: u64) -> bool {
+        let Some(stall_deadline) = self.requests()[&id].stall_deadline() else { return true };
+        let within = stall_deadline - ctx.now - STALL_RETURN_STEPS * self.step_s;
+        let round_trip = self.cheaper_eviction(id, self.step_s).round_trip_s();
+        let steps = (round_trip / self.step_s).ceil().max(1.0) as u64;
+        let blocks = short + reactive::growth_blocks(self.step, steps);
+        let requester_ends = self.requests().get(&requester).map(|r| {
+            let held = self.blocks().private_device_blocks(requester) + self.blocks().free_device();
+            (r.tokens_left(), u64::from(held) + short)
+        });
+        let free_s = self.completions_free_within(blocks, &[id, requester], requester_ends);
+        free_s.is_some_and(|free_s| free_s + round_trip <= within)
+    }
+
+    /// How long until the running requests other than `excluded` (and `also`, tokens left and
+    /// blocks it will free) that end soonest free `blocks` device blocks between them, a token
+    /// per step of the running decodes (None: not before they all end). A generation limit
+    /// bounds a request's length from above, so the forecast is late if anything.
+    fn completions_free_within(&self, blocks: u64, excluded: &[u64], also: Option<(u32, u64)>) -> Option<f64> {
+        if blocks == 0 {
+            return Some(0.0);
+        }
+        let mut ending: Vec<(u32, u64)> = self
+            .running_by_rank()
+            .into_iter()
+            .filter(|id| !excluded.contains(id))
+            .map(|id| (self.requests()[&id].tokens_left(), u64::from(self.blocks().private_device_blocks(id))))
+            .chain(also)
+            .collect();
+        ending.sort_unstable();
+        let token_s = self.cost().predict_step(self.decodes_alone);
+        let mut freed = 0;
+        for (tokens_left, held) in ending {
+            freed += held;
+            if freed >= blocks {
+                return Some(f64::from(tokens_left) * token_s);
+            }
+        }
+        None
     }
 
     /// Under overload every running request is late, so none has slack for a round trip and
@@ -263,5 +352,54 @@ impl Planner<'_, '_> {
         // The lowest class leaves first; within a class, the most slack.
         victims.sort_by(|a, b| b.priority.cmp(&a.priority).then(b.slack.total_cmp(&a.slack)).then(b.id.cmp(&a.id)));
         victims
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Planner;
+    use crate::config::{PolicyKind, RotaSchedSettings};
+    use crate::step::StepBuilder;
+    use crate::step_timing::StepTiming;
+    use crate::tests::driver::{config, spec, with_slo, with_stall, Driver};
+
+    /// Two decodes of 16-token prompts (TBT 0.2 s, stall bound 0.5 s; 10 ms steps, 1 ms per
+    /// block copied each way) that generate `max_new` tokens each, 3 steps in; then a waiting
+    /// prompt, request 3, of 100 tokens too. Returns the rotation victims for the prompt,
+    /// whether decode 2 could come back within its stall bound having left for it, and whether
+    /// anyone can make room for it, one block short.
+    fn room_for_the_prompt(max_new: [u32; 2]) -> (Vec<u64>, bool, bool) {
+        let mut cfg = config(PolicyKind::RotaSched, 80);
+        cfg.cost_model.per_prefill_token_s = 0.002;
+        let mut d = Driver::new(cfg);
+        for (id, max_new) in [(1, max_new[0]), (2, max_new[1])] {
+            d.add(with_stall(with_slo(spec(id, 16, max_new, 0.0), 1.0, 0.2), 0.5));
+        }
+        for _ in 0..3 {
+            d.step();
+        }
+        d.add(with_stall(with_slo(spec(3, 12, 100, d.now), 1.0, 0.2), 0.5));
+        let core = &mut d.scheduler.core;
+        let ctx = core.new_ctx(d.now);
+        let mut step = StepBuilder::new(core);
+        let planner = Planner::new(&mut step, RotaSchedSettings::default(), 0.01, 0, true, StepTiming::default());
+        let victims = planner.rotation_victims(&ctx, 3).iter().map(|v| v.id).collect();
+        (victims, planner.back_within_stall_bound(&ctx, 2, 3, 1), planner.can_make_room(&ctx, 3, 1))
+    }
+
+    /// A decode with slack for a round trip may leave for a prompt only if memory comes back
+    /// for it within its stall bound: the blocks it gives up go to the prompt, so a running
+    /// request must end in time to free them (the prompt's own end counts). With the other
+    /// decode and the prompt 100 tokens from their end (about a second at 10 ms a step) nothing
+    /// frees before the 0.5 s bound: nobody can make room, though both decodes have the slack.
+    /// With the other decode 5 tokens from its end, both can.
+    #[test]
+    fn a_victim_leaves_only_if_memory_comes_back_within_its_stall_bound() {
+        let (victims, back, room) = room_for_the_prompt([100, 100]);
+        assert_eq!(victims.len(), 2, "both decodes have slack for a round trip");
+        assert!(!back && !room, "nothing ends before the bound");
+        let (victims, back, room) = room_for_the_prompt([8, 100]);
+        assert_eq!(victims.len(), 2);
+        assert!(back && room, "request 1 ends in 5 tokens and frees its blocks");
     }
 }

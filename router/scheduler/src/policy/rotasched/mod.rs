@@ -26,13 +26,17 @@
 //!    are evicted — rotated out within the budget, or dropped for recompute when the cost model
 //!    says that is cheaper — never one just rotated in, about to finish, unable to return
 //!    before its deadline, of a higher priority class than the requester, or without a late gap
-//!    it may still risk (a return can fail under load); the lowest class goes first. A prompt
+//!    it may still risk (a return can fail under load), nor one that memory would not come back
+//!    for within its stall bound (the running requests that end first, by their generation
+//!    limits, must free the blocks it gives up: `back_within_stall_bound`); the lowest class
+//!    goes first. A prompt
 //!    about to miss its first token when nobody has slack for a round trip parks running decodes
 //!    that have late gaps to spare and can come back within their stall bound. A request of a
 //!    higher class takes the blocks of a lower class's running requests whatever their slack
 //!    (lowest class and newest first; rotated out, or recomputed when a rotation does not fit).
-//!    A prompt for which no running request can make room is admitted only while the running
-//!    requests can still grow through its prefill and first token (`admission_keeps_growth`):
+//!    A prompt for which no running request can make room (nor ends soon enough to bring back
+//!    within the stall bound the one it would push out) is admitted only while the running
+//!    requests can still grow through its prefill and first token (`admission_deficit`):
 //!    admitted into their blocks, it would win its first token and be pushed out at once.
 //! 5. **Return.** Rotated requests come back a step before they are due, and keep the device
 //!    until they have computed a token (no round trip that buys nothing).
@@ -311,18 +315,16 @@ impl Planner<'_, '_> {
         // A prompt served only because it starved has no deadline left to win: admitted into
         // the blocks the running requests need, it would push one of them out and stall it for
         // seconds. It waits, first in line, for blocks to free.
-        let keeps_growth = reactive::admission_keeps_growth(self.step, urgency.id);
-        if !keeps_growth && self.starving_prompt(ctx.now, urgency.id) {
+        let deficit = reactive::admission_deficit(self.step, urgency.id);
+        if deficit > 0 && self.starving_prompt(ctx.now, urgency.id) {
             return false;
         }
-        // Likewise a prompt for which no running request can make room (none with slack for a
-        // round trip, none that may park, none of a lower class): admitted into the blocks the
-        // running requests grow into, it wins its first token and is pushed out at once.
-        if !keeps_growth
-            && self.rotation_victims(ctx, urgency.id).is_empty()
-            && self.parking_candidates(ctx, urgency.id).is_empty()
-            && self.lower_class_candidates(ctx, urgency.id).is_empty()
-        {
+        // Likewise a prompt for which no running request can make room (`can_make_room`: none
+        // ends soon enough to bring back in time whoever the prompt pushes out, none with slack
+        // for a round trip or free to park that memory comes back for within its stall bound,
+        // none of a lower class): admitted into the blocks the running requests grow into, it
+        // wins its first token and is pushed out — or pushes a decode out — for seconds.
+        if deficit > 0 && !self.can_make_room(ctx, urgency.id, deficit) {
             return false;
         }
         loop {
