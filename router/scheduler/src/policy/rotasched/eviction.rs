@@ -69,7 +69,7 @@ impl Planner<'_, '_> {
         let (mut freed_now, mut short) = (false, short - credit);
         if !deferred {
             let victims = self.victims_back_in_time(ctx, requester.id, short);
-            let planned: Vec<(u64, Option<Eviction>)> = victims.into_iter().map(|v| (v.id, Some(v.eviction))).collect();
+            let planned = victims.into_iter().map(|v| (v.id, Some(v.eviction)));
             (freed_now, short) = self.evict_until(ctx, short, planned, Walk::ForRequester);
         }
         if short > 0 && !lower.is_empty() {
@@ -86,8 +86,7 @@ impl Planner<'_, '_> {
         if short > 0 && self.needs_parking(requester) {
             // No running request has slack for a round trip: park decodes with late gaps to
             // spend (see `parking_candidates`).
-            let parked: Vec<(u64, Option<Eviction>)> =
-                self.parked_back_in_time(ctx, requester.id, short).into_iter().map(|id| (id, None)).collect();
+            let parked = self.parked_back_in_time(ctx, requester.id, short).into_iter().map(|id| (id, None));
             let (freed, left) = self.evict_until(ctx, short, parked, Walk::ForRequester);
             freed_now |= freed;
             short = left;
@@ -165,7 +164,10 @@ impl Planner<'_, '_> {
     /// should `requester` take `short` blocks more than are free (`back_within_stall_bound`).
     fn victims_back_in_time(&self, ctx: &StepCtx, requester: u64, short: u64) -> Vec<Victim> {
         let mut victims = self.rotation_victims(ctx, requester);
-        victims.retain(|v| self.back_within_stall_bound(ctx, v.id, requester, short));
+        if !victims.is_empty() {
+            let ends = self.end_forecast();
+            victims.retain(|v| self.back_within_stall_bound(&ends, ctx, v.id, requester, short));
+        }
         victims
     }
 
@@ -173,30 +175,37 @@ impl Planner<'_, '_> {
     /// bound, should `requester` take `short` blocks more than are free.
     fn parked_back_in_time(&self, ctx: &StepCtx, requester: u64, short: u64) -> Vec<u64> {
         let mut parked = self.parking_candidates(ctx, requester);
-        parked.retain(|id| self.back_within_stall_bound(ctx, *id, requester, short));
+        if !parked.is_empty() {
+            let ends = self.end_forecast();
+            parked.retain(|id| self.back_within_stall_bound(&ends, ctx, *id, requester, short));
+        }
         parked
     }
 
-    /// Whether `requester`, `short` blocks more than are free, may take them: running requests
-    /// end soon enough (`ends_free_within_stall_bound`), or one could make room for it — a
-    /// rotation victim or a decode that may park, either able to come back within its stall
-    /// bound, or a request of a lower class.
+    /// Whether `requester`, `short` blocks more than are free, may take them: a request of a
+    /// lower class could make room, running requests end soon enough
+    /// (`ends_free_within_stall_bound`), or a rotation victim or a decode that may park could
+    /// make room and come back within its stall bound.
     pub(super) fn can_make_room(&self, ctx: &StepCtx, requester: u64, short: u64) -> bool {
-        self.ends_free_within_stall_bound(requester, short)
-            || !self.victims_back_in_time(ctx, requester, short).is_empty()
-            || !self.parked_back_in_time(ctx, requester, short).is_empty()
-            || !self.lower_class_candidates(ctx, requester).is_empty()
+        if !self.lower_class_candidates(ctx, requester).is_empty() {
+            return true;
+        }
+        let ends = self.end_forecast();
+        let back = |id: u64| self.back_within_stall_bound(&ends, ctx, id, requester, short);
+        self.ends_free_within_stall_bound(&ends, requester, short)
+            || self.rotation_victims(ctx, requester).iter().any(|v| back(v.id))
+            || self.parking_candidates(ctx, requester).into_iter().any(back)
     }
 
     /// Whether running requests ending soon free `short` blocks in time for whoever `requester`
     /// pushes out (the newest, itself under overload) to come back within the stall bound, and
     /// the requester may spend the late gap that costs it.
-    fn ends_free_within_stall_bound(&self, requester: u64, short: u64) -> bool {
+    fn ends_free_within_stall_bound(&self, ends: &EndForecast, requester: u64, short: u64) -> bool {
         let r = &self.requests()[&requester];
         if r.late_gaps_left(self.config().tbt_late_share()) == 0 {
             return false;
         }
-        let free_s = self.completions_free_within(short, &[requester], None);
+        let free_s = ends.free_within(short, &[requester], None);
         free_s.is_some_and(|free_s| free_s + STALL_RETURN_STEPS * self.step_s <= r.slo.max_stall_s)
     }
 
@@ -207,7 +216,7 @@ impl Planner<'_, '_> {
     /// `short` blocks and what the others grow into over its round trip, with the round trip to
     /// spare. Where nothing ends in time, a request left on host waits for memory past its
     /// bound, and the requests it made room for are pushed out after it (the overload mode).
-    fn back_within_stall_bound(&self, ctx: &StepCtx, id: u64, requester: u64, short: u64) -> bool {
+    fn back_within_stall_bound(&self, ends: &EndForecast, ctx: &StepCtx, id: u64, requester: u64, short: u64) -> bool {
         let Some(stall_deadline) = self.requests()[&id].stall_deadline() else { return true };
         let within = stall_deadline - ctx.now - STALL_RETURN_STEPS * self.step_s;
         let round_trip = self.cheaper_eviction(id, self.step_s).round_trip_s();
@@ -217,35 +226,19 @@ impl Planner<'_, '_> {
             let held = self.blocks().private_device_blocks(requester) + self.blocks().free_device();
             (r.tokens_left(), u64::from(held) + short)
         });
-        let free_s = self.completions_free_within(blocks, &[id, requester], requester_ends);
+        let free_s = ends.free_within(blocks, &[id, requester], requester_ends);
         free_s.is_some_and(|free_s| free_s + round_trip <= within)
     }
 
-    /// How long until the running requests other than `excluded` (and `also`, tokens left and
-    /// blocks it will free) that end soonest free `blocks` device blocks between them, a token
-    /// per step of the running decodes (None: not before they all end). A generation limit
-    /// bounds a request's length from above, so the forecast is late if anything.
-    fn completions_free_within(&self, blocks: u64, excluded: &[u64], also: Option<(u32, u64)>) -> Option<f64> {
-        if blocks == 0 {
-            return Some(0.0);
-        }
-        let mut ending: Vec<(u32, u64)> = self
+    /// The running requests by how soon they end, built once per question asked of it.
+    fn end_forecast(&self) -> EndForecast {
+        let mut ending: Vec<(u32, u64, u64)> = self
             .running_by_rank()
             .into_iter()
-            .filter(|id| !excluded.contains(id))
-            .map(|id| (self.requests()[&id].tokens_left(), u64::from(self.blocks().private_device_blocks(id))))
-            .chain(also)
+            .map(|id| (self.requests()[&id].tokens_left(), u64::from(self.blocks().private_device_blocks(id)), id))
             .collect();
         ending.sort_unstable();
-        let token_s = self.cost().predict_step(self.decodes_alone);
-        let mut freed = 0;
-        for (tokens_left, held) in ending {
-            freed += held;
-            if freed >= blocks {
-                return Some(f64::from(tokens_left) * token_s);
-            }
-        }
-        None
+        EndForecast { ending, token_s: self.cost().predict_step(self.decodes_alone) }
     }
 
     /// Under overload every running request is late, so none has slack for a round trip and
@@ -355,6 +348,39 @@ impl Planner<'_, '_> {
     }
 }
 
+/// When the running requests end and free their blocks: each one's tokens left (its generation
+/// limit, an upper bound on its length, so the forecast is late if anything) at the running
+/// decodes' step time, with the private device blocks it frees then, soonest first.
+struct EndForecast {
+    /// (tokens left, private device blocks, id), soonest first.
+    ending: Vec<(u32, u64, u64)>,
+    token_s: f64,
+}
+
+impl EndForecast {
+    /// How long until the requests other than `excluded` — and `also` (tokens left, blocks it
+    /// frees then) — that end soonest free `blocks` device blocks between them (None: not
+    /// before they all end).
+    fn free_within(&self, blocks: u64, excluded: &[u64], also: Option<(u32, u64)>) -> Option<f64> {
+        if blocks == 0 {
+            return Some(0.0);
+        }
+        let mut ending: Vec<(u32, u64)> =
+            self.ending.iter().filter(|e| !excluded.contains(&e.2)).map(|&(tokens, held, _)| (tokens, held)).collect();
+        if let Some(extra) = also {
+            ending.insert(ending.partition_point(|e| e.0 < extra.0), extra);
+        }
+        let mut freed = 0;
+        for (tokens_left, held) in ending {
+            freed += held;
+            if freed >= blocks {
+                return Some(f64::from(tokens_left) * self.token_s);
+            }
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::Planner;
@@ -384,7 +410,8 @@ mod tests {
         let mut step = StepBuilder::new(core);
         let planner = Planner::new(&mut step, RotaSchedSettings::default(), 0.01, 0, true, StepTiming::default());
         let victims = planner.rotation_victims(&ctx, 3).iter().map(|v| v.id).collect();
-        (victims, planner.back_within_stall_bound(&ctx, 2, 3, 1), planner.can_make_room(&ctx, 3, 1))
+        let back = planner.back_within_stall_bound(&planner.end_forecast(), &ctx, 2, 3, 1);
+        (victims, back, planner.can_make_room(&ctx, 3, 1))
     }
 
     /// A decode with slack for a round trip may leave for a prompt only if memory comes back

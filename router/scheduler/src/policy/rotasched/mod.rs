@@ -29,11 +29,11 @@
 //!    it may still risk (a return can fail under load), nor one that memory would not come back
 //!    for within its stall bound (the running requests that end first, by their generation
 //!    limits, must free the blocks it gives up: `back_within_stall_bound`); the lowest class
-//!    goes first. A prompt
-//!    about to miss its first token when nobody has slack for a round trip parks running decodes
-//!    that have late gaps to spare and can come back within their stall bound. A request of a
-//!    higher class takes the blocks of a lower class's running requests whatever their slack
-//!    (lowest class and newest first; rotated out, or recomputed when a rotation does not fit).
+//!    goes first. A prompt about to miss its first token when nobody has slack for a round trip
+//!    parks running decodes that have late gaps to spare and can come back within their stall
+//!    bound. A request of a higher class takes the blocks of a lower class's running requests
+//!    whatever their slack (lowest class and newest first; rotated out, or recomputed when a
+//!    rotation does not fit).
 //!    A prompt for which no running request can make room (nor ends soon enough to bring back
 //!    within the stall bound the one it would push out) is admitted only while the running
 //!    requests can still grow through its prefill and first token (`admission_deficit`):
