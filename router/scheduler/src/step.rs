@@ -120,15 +120,26 @@ impl<'a> StepBuilder<'a> {
 
     /// Running requests (KV on device, acknowledged) by priority class, then admission order.
     pub(crate) fn running_by_rank(&self) -> Vec<u64> {
-        let mut running: Vec<((i32, u64), u64)> = self
+        self.by_rank(Phase::Running)
+    }
+
+    /// Requests rotated out (copy acknowledged) by priority class, then admission order: the
+    /// order swap brings them back in.
+    pub(crate) fn rotated_by_rank(&self) -> Vec<u64> {
+        self.by_rank(Phase::Rotated)
+    }
+
+    /// The requests in `phase` (not doomed) by priority class, then admission order.
+    fn by_rank(&self, phase: Phase) -> Vec<u64> {
+        let mut requests: Vec<((i32, u64), u64)> = self
             .core
             .requests
             .values()
-            .filter(|r| r.phase == Phase::Running && !r.doomed)
+            .filter(|r| r.phase == phase && !r.doomed)
             .map(|r| (r.rank(), r.id))
             .collect();
-        running.sort_unstable();
-        running.into_iter().map(|(_, id)| id).collect()
+        requests.sort_unstable();
+        requests.into_iter().map(|(_, id)| id).collect()
     }
 
     /// The waiting queue by priority class, in queue order within a class (preempted requests

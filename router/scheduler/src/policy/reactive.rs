@@ -65,14 +65,7 @@ fn newest_evictable(step: &StepBuilder, ctx: &StepCtx) -> Option<u64> {
 /// requests can still grow through the step that computes the returned one's next token, as for
 /// an admission); true when none is left out (only then may new requests be admitted).
 fn rotate_in_oldest(step: &mut StepBuilder, ctx: &mut StepCtx, keep_growth: bool) -> bool {
-    let mut rotated: Vec<((i32, u64), u64)> = step
-        .requests()
-        .values()
-        .filter(|r| r.phase == Phase::Rotated && !r.doomed)
-        .map(|r| (r.rank(), r.id))
-        .collect();
-    rotated.sort_unstable();
-    for (_, id) in rotated {
+    for id in step.rotated_by_rank() {
         if keep_growth && !return_keeps_growth(step, id) {
             return false;
         }
@@ -98,18 +91,24 @@ pub(super) fn growth_blocks(step: &StepBuilder, steps: u64) -> u64 {
 
 /// New device blocks missing for `own` of them and the running requests' growth through
 /// `steps` more positions each (0: they all fit in the free blocks).
-fn growth_deficit(step: &StepBuilder, own: u64, steps: u64) -> u64 {
+pub(super) fn growth_deficit(step: &StepBuilder, own: u64, steps: u64) -> u64 {
     (own + growth_blocks(step, steps)).saturating_sub(u64::from(step.blocks().free_device()))
 }
 
 /// Whether bringing rotated `id` back leaves the blocks the running requests need for their
 /// next tokens, and the block of its own next one: a return that does not would push one of them
 /// (or itself) out before it computes.
-fn return_keeps_growth(step: &StepBuilder, id: u64) -> bool {
+pub(super) fn return_keeps_growth(step: &StepBuilder, id: u64) -> bool {
+    growth_deficit(step, return_blocks(step, id, 1), 1) == 0
+}
+
+/// Device blocks rotated `id` holds once back and `steps` positions further (within its
+/// generation limit): its host blocks, or more.
+pub(super) fn return_blocks(step: &StepBuilder, id: u64, steps: u64) -> u64 {
     let request = &step.requests()[&id];
     let held = u64::from(step.blocks().host_slots(id));
-    let next = (u64::from(request.num_positions()) + 1).min(request.max_kv_tokens());
-    growth_deficit(step, held.max(next.div_ceil(u64::from(step.blocks().block_size()))), 1) == 0
+    let then = (u64::from(request.num_positions()) + steps).min(request.max_kv_tokens());
+    held.max(then.div_ceil(u64::from(step.blocks().block_size())))
 }
 
 /// Whether admitting `id` leaves the blocks the running requests need while its prompt is

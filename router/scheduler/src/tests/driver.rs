@@ -176,6 +176,12 @@ impl Driver {
     /// One plan/execute/complete round; returns the plan.
     pub(crate) fn step(&mut self) -> StepPlan {
         let plan = self.scheduler.plan(self.now);
+        self.execute(plan)
+    }
+
+    /// Executes `plan` (the scheduler's, or one a test built through a `StepBuilder`) and
+    /// completes it; returns the plan.
+    pub(crate) fn execute(&mut self, plan: StepPlan) -> StepPlan {
         self.check_plan(&plan);
         // Under Timing::Machine a transfer is acknowledged when the link has carried it.
         let ack_step = match self.timing {

@@ -231,7 +231,7 @@ impl Planner<'_, '_> {
     }
 
     /// The running requests by how soon they end, built once per question asked of it.
-    fn end_forecast(&self) -> EndForecast {
+    pub(super) fn end_forecast(&self) -> EndForecast {
         let mut ending: Vec<(u32, u64, u64)> = self
             .running_by_rank()
             .into_iter()
@@ -351,17 +351,17 @@ impl Planner<'_, '_> {
 /// When the running requests end and free their blocks: each one's tokens left (its generation
 /// limit, an upper bound on its length, so the forecast is late if anything) at the running
 /// decodes' step time, with the private device blocks it frees then, soonest first.
-struct EndForecast {
+pub(super) struct EndForecast {
     /// (tokens left, private device blocks, id), soonest first.
     ending: Vec<(u32, u64, u64)>,
-    token_s: f64,
+    pub(super) token_s: f64,
 }
 
 impl EndForecast {
     /// How long until the requests other than `excluded` — and `also` (tokens left, blocks it
     /// frees then) — that end soonest free `blocks` device blocks between them (None: not
     /// before they all end).
-    fn free_within(&self, blocks: u64, excluded: &[u64], also: Option<(u32, u64)>) -> Option<f64> {
+    pub(super) fn free_within(&self, blocks: u64, excluded: &[u64], also: Option<(u32, u64)>) -> Option<f64> {
         if blocks == 0 {
             return Some(0.0);
         }

@@ -49,8 +49,9 @@
 //! requests cannot all grow and none has slack for a round trip (or the rotation budget is
 //! spent), or once a running request short of a block has pushed newer ones out
 //! (`Walk::ForRequesterUnderOverload`), running requests come first, the newest is preempted on
-//! shortage and those rotated out return oldest first before any admission, until every request
-//! so pushed out is back; a return, and then a new prompt, is let in only while the running
+//! shortage and those rotated out return oldest first before any admission (one behind an oldest
+//! that cannot return yet comes back first where that does not delay it: `backfill.rs`), until
+//! every request so pushed out is back; a return, and then a new prompt, is let in only while the running
 //! requests can still grow through the steps that compute its next token (`return_keeps_growth`,
 //! `admission_keeps_growth`, `reactive.rs`) — one let into their blocks would push one of them,
 //! or itself, out again before it computes. Left as RotaSched's own rotations are (to their
@@ -63,8 +64,10 @@
 //! the reserve, whether the rotation budget is left, the step timing), whose loop serves each
 //! request in order (running, waiting, rotated); `ordering.rs` the service order and the parking
 //! decisions (2), `step_cap.rs` the step-time cap (3), `eviction.rs` the one eviction walk and
-//! its candidates and victims (4), `reserve.rs` the reserve (1).
+//! its candidates and victims (4), `reserve.rs` the reserve (1), `backfill.rs` the overload
+//! mode's returns past a blocked one.
 
+mod backfill;
 mod eviction;
 mod ordering;
 mod reserve;
@@ -141,6 +144,7 @@ impl SchedulingPolicy for RotaSched {
             // prompts would stall for seconds.
             self.reserve_blocks = 0;
             reactive::plan(planner.step, ctx, true, true);
+            planner.return_past_the_blocked(ctx);
             self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
             return;
         }

@@ -1,0 +1,102 @@
+//! Returns past a blocked one, under overload. The overload mode brings requests rotated out
+//! back oldest first, as swap does, so the oldest never starves. When the oldest cannot come
+//! back yet — the blocks it needs are not free — every one behind it waits too, with free blocks
+//! idle: a 12-block request one block short holds back a 2-block one that fits now, and that one
+//! stalls for as long. One behind it may come back first when that does not delay it (batch
+//! schedulers' backfilling): by the end forecast, the running requests that end by the time the
+//! oldest's blocks free must also free what those let past it then hold.
+
+use super::reactive;
+use super::Planner;
+use crate::step::StepCtx;
+
+impl Planner<'_, '_> {
+    /// Brings rotated requests back past the oldest one when it cannot return yet and they do
+    /// not delay it; call after the overload mode's oldest-first returns.
+    pub(super) fn return_past_the_blocked(&mut self, ctx: &mut StepCtx) {
+        let rotated = self.rotated_by_rank();
+        let Some(&oldest) = rotated.first() else { return };
+        let missing = reactive::growth_deficit(self.step, reactive::return_blocks(self.step, oldest, 1), 1);
+        if missing == 0 {
+            return; // it was let back (or waits on something other than memory)
+        }
+        let ends = self.end_forecast();
+        let Some(oldest_s) = ends.free_within(missing, &[], None) else { return };
+        // What it misses by then, the running requests having grown meanwhile.
+        let steps = (oldest_s / ends.token_s).ceil().max(1.0) as u64;
+        let missing = reactive::growth_deficit(self.step, reactive::return_blocks(self.step, oldest, 1), steps);
+        let mut let_past = 0;
+        for &id in &rotated[1..] {
+            if !reactive::return_keeps_growth(self.step, id) {
+                continue;
+            }
+            let then = reactive::return_blocks(self.step, id, steps);
+            let ends_then = (self.requests()[&id].tokens_left(), then);
+            let free_s = ends.free_within(missing + let_past + then, &[], Some(ends_then));
+            if free_s.is_some_and(|free_s| free_s <= oldest_s) && self.step.rotate_in(ctx, id) {
+                let_past += then;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Planner;
+    use crate::config::{PolicyKind, RotaSchedSettings};
+    use crate::request::Phase;
+    use crate::step::{Fit, StepBuilder};
+    use crate::step_timing::StepTiming;
+    use crate::tests::driver::{config, spec, Driver};
+
+    /// 4-token blocks, 40 on device. Running: the oldest, request 1 (a 60-token prompt), request 2
+    /// (6 tokens), request 3 (`c_prompt` tokens, 5 tokens from its generation limit) and request
+    /// 4 (8 tokens); requests 1 and 2 are rotated out, then request 5 (`e_prompt` tokens) is
+    /// admitted into their blocks. Returns the blocks the oldest misses to come back, request 3's
+    /// blocks (it ends first), and whom the overload mode's returns past the blocked one bring back.
+    fn past_the_oldest(c_prompt: u32, e_prompt: u32) -> (u64, u32, bool, Vec<u64>) {
+        let mut d = Driver::new(config(PolicyKind::RotaSched, 40));
+        for (id, prompt, max_new) in [(1, 60, 60), (2, 6, 60), (3, c_prompt, 6), (4, 8, 100)] {
+            d.add(spec(id, prompt, max_new, d.now));
+        }
+        while (1..=4).any(|id| d.scheduler.core.requests[&id].generated() < 1) {
+            d.step();
+        }
+        let manual = |d: &mut Driver, act: &dyn Fn(&mut StepBuilder, &mut crate::step::StepCtx)| {
+            let core = &mut d.scheduler.core;
+            let mut ctx = core.new_ctx(d.now);
+            act(&mut StepBuilder::new(core), &mut ctx);
+            let plan = core.seal(ctx);
+            d.execute(plan);
+        };
+        manual(&mut d, &|step, ctx| {
+            assert!(step.rotate_out(ctx, 1) > 0 && step.rotate_out(ctx, 2) > 0);
+        });
+        d.add(spec(5, e_prompt, 100, d.now));
+        manual(&mut d, &|step, ctx| assert_eq!(step.admit(ctx, 5, 0), Fit::Scheduled));
+        let core = &mut d.scheduler.core;
+        assert!([1, 2].iter().all(|id| core.requests[id].phase == Phase::Rotated));
+        let c_blocks = core.blocks.private_device_blocks(3);
+        let mut ctx = core.new_ctx(d.now);
+        let mut step = StepBuilder::new(core);
+        let missing = super::reactive::growth_deficit(&step, super::reactive::return_blocks(&step, 1, 1), 1);
+        let fits = super::reactive::return_keeps_growth(&step, 2);
+        let mut planner = Planner::new(&mut step, RotaSchedSettings::default(), 0.01, 0, true, StepTiming::default());
+        planner.return_past_the_blocked(&mut ctx);
+        (missing, c_blocks, fits, ctx.plan.rotate_in.iter().map(|t| t.request_id).collect())
+    }
+
+    /// With request 5 of 52 tokens, the oldest misses 4 blocks; request 3, 5 tokens from its end,
+    /// frees 10 then: room for the oldest and for request 2 as it will be by then, which comes back
+    /// past it. With 56 tokens the oldest misses 5: request 3's blocks are its, and request 2 waits
+    /// though it fits now — back first, it would keep the oldest out until a 100-token request ends.
+    #[test]
+    fn under_overload_a_request_comes_back_past_a_blocked_older_one_only_if_that_does_not_delay_it() {
+        let (missing, ending_first, fits, returned) = past_the_oldest(40, 52);
+        assert_eq!((missing, ending_first, fits), (4, 10, true));
+        assert_eq!(returned, vec![2]);
+        let (missing, ending_first, fits, returned) = past_the_oldest(40, 56);
+        assert_eq!((missing, ending_first, fits), (5, 10, true));
+        assert!(returned.is_empty(), "request 2 came back into blocks the oldest needs");
+    }
+}
