@@ -98,7 +98,7 @@ pub(super) fn growth_deficit(step: &StepBuilder, own: u64, steps: u64) -> u64 {
 /// Whether bringing rotated `id` back leaves the blocks the running requests need for their
 /// next tokens, and the block of its own next one: a return that does not would push one of them
 /// (or itself) out before it computes.
-pub(super) fn return_keeps_growth(step: &StepBuilder, id: u64) -> bool {
+fn return_keeps_growth(step: &StepBuilder, id: u64) -> bool {
     growth_deficit(step, return_blocks(step, id, 1), 1) == 0
 }
 

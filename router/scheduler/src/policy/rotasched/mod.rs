@@ -51,10 +51,10 @@
 //! (`Walk::ForRequesterUnderOverload`), running requests come first, the newest is preempted on
 //! shortage and those rotated out return oldest first before any admission (one behind an oldest
 //! that cannot return yet comes back first where that does not delay it: `backfill.rs`), until
-//! every request so pushed out is back; a return, and then a new prompt, is let in only while the running
-//! requests can still grow through the steps that compute its next token (`return_keeps_growth`,
-//! `admission_keeps_growth`, `reactive.rs`) — one let into their blocks would push one of them,
-//! or itself, out again before it computes. Left as RotaSched's own rotations are (to their
+//! every request so pushed out is back; a return, and then a new prompt, is let in only while
+//! the running requests can still grow through the steps that compute its next token
+//! (`return_keeps_growth`, `admission_keeps_growth`, `reactive.rs`) — one let into their blocks
+//! would push one of them, or itself, out again before it computes. Left as RotaSched's own rotations are (to their
 //! deadline, then parked behind new prompts), such a request stalled for several times swap's
 //! longest gap.
 //!
