@@ -18,7 +18,8 @@ impl Planner<'_, '_> {
     pub(super) fn return_past_the_blocked(&mut self, ctx: &mut StepCtx) {
         let rotated = self.rotated_by_rank();
         let Some(&oldest) = rotated.first() else { return };
-        let missing = reactive::growth_deficit(self.step, reactive::return_blocks(self.step, oldest, 1), 1);
+        let oldest_blocks = reactive::return_blocks(self.step, oldest, 1);
+        let missing = reactive::growth_deficit(self.step, oldest_blocks, 1);
         if missing == 0 {
             return; // it was let back (or waits on something other than memory)
         }
@@ -26,7 +27,7 @@ impl Planner<'_, '_> {
         let Some(oldest_s) = ends.free_within(missing, &[], None) else { return };
         // What it misses by then, the running requests having grown meanwhile.
         let steps = (oldest_s / ends.token_s).ceil().max(1.0) as u64;
-        let missing = reactive::growth_deficit(self.step, reactive::return_blocks(self.step, oldest, 1), steps);
+        let missing = reactive::growth_deficit(self.step, oldest_blocks, steps);
         let mut let_past = 0;
         for &id in &rotated[1..] {
             let then = reactive::return_blocks(self.step, id, steps);

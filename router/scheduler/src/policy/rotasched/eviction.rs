@@ -163,23 +163,23 @@ impl Planner<'_, '_> {
     /// Rotation victims (`rotation_victims`) that memory frees up for within their stall bound,
     /// should `requester` take `short` blocks more than are free (`back_within_stall_bound`).
     fn victims_back_in_time(&self, ctx: &StepCtx, requester: u64, short: u64) -> Vec<Victim> {
-        let mut victims = self.rotation_victims(ctx, requester);
-        if !victims.is_empty() {
-            let ends = self.end_forecast();
-            victims.retain(|v| self.back_within_stall_bound(&ends, ctx, v.id, requester, short));
-        }
-        victims
+        self.back_in_time(ctx, requester, short, self.rotation_victims(ctx, requester), |v| v.id)
     }
 
     /// Parking candidates (`parking_candidates`) that memory frees up for within their stall
     /// bound, should `requester` take `short` blocks more than are free.
     fn parked_back_in_time(&self, ctx: &StepCtx, requester: u64, short: u64) -> Vec<u64> {
-        let mut parked = self.parking_candidates(ctx, requester);
-        if !parked.is_empty() {
+        self.back_in_time(ctx, requester, short, self.parking_candidates(ctx, requester), |id| *id)
+    }
+
+    /// The `candidates` (request `id` of each) that could leave for `requester` and be back
+    /// within their stall bound; the end forecast is built only if there are any.
+    fn back_in_time<T>(&self, ctx: &StepCtx, requester: u64, short: u64, mut candidates: Vec<T>, id: impl Fn(&T) -> u64) -> Vec<T> {
+        if !candidates.is_empty() {
             let ends = self.end_forecast();
-            parked.retain(|id| self.back_within_stall_bound(&ends, ctx, *id, requester, short));
+            candidates.retain(|c| self.back_within_stall_bound(&ends, ctx, id(c), requester, short));
         }
-        parked
+        candidates
     }
 
     /// Whether `requester`, `short` blocks more than are free, may take them: a request of a

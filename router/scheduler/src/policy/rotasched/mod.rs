@@ -54,9 +54,9 @@
 //! every request so pushed out is back; a return, and then a new prompt, is let in only while
 //! the running requests can still grow through the steps that compute its next token
 //! (`return_keeps_growth`, `admission_keeps_growth`, `reactive.rs`) — one let into their blocks
-//! would push one of them, or itself, out again before it computes. Left as RotaSched's own rotations are (to their
-//! deadline, then parked behind new prompts), such a request stalled for several times swap's
-//! longest gap.
+//! would push one of them, or itself, out again before it computes. Left as RotaSched's own
+//! rotations are (to their deadline, then parked behind new prompts), such a request stalled
+//! for several times swap's longest gap.
 //!
 //! Layout: this file holds the policy's state (`RotaSched`, behind `SchedulingPolicy`: its
 //! settings, `RotaSchedSettings`, among them) and one step's planning (`Planner`: the
