@@ -10,12 +10,22 @@ use crate::step::{Fit, StepBuilder, StepCtx};
 /// `keep_growth`: admit a request only if the running ones can still grow through its
 /// prefill and first token (RotaSched's overload mode; the baselines admit while it fits).
 pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_growth: bool) {
+    plan_with(step, ctx, swap, keep_growth, None)
+}
+
+/// As `plan`; with `lost_yield` (RotaSched's overload mode, its `late_starvation_s`), the
+/// requests that can no longer meet their objectives yield to those that still can
+/// (`yields`): a prompt that can still make its first token is admitted before one that
+/// cannot, and on a shortage the newest running request that cannot is pushed out before
+/// the newest of all. Swap's order, which admits and preempts by arrival, spends the memory
+/// on requests already lost while fresh prompts queue behind them and miss too.
+pub(super) fn plan_with(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_growth: bool, lost_yield: Option<f64>) {
     let running = step.running_by_rank();
     for decodes in [true, false] {
         for id in &running {
             let request = &step.requests()[id];
             if request.phase == Phase::Running && request.is_decode() == decodes {
-                schedule_or_preempt(step, ctx, *id, swap);
+                schedule_or_preempt(step, ctx, *id, swap, lost_yield);
             }
         }
     }
@@ -25,7 +35,12 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_g
     if !ctx.plan.preempted_for_recompute.is_empty() {
         return;
     }
-    for id in step.waiting_by_priority() {
+    let mut waiting = step.waiting_by_priority();
+    if let Some(starve_s) = lost_yield {
+        // Stable: queue order within each class and within the punctual and the lost.
+        waiting.sort_by_key(|id| (step.requests()[id].priority, yields(step, *id, ctx.now, starve_s)));
+    }
+    for id in waiting {
         if keep_growth && !admission_keeps_growth(step, id) {
             break;
         }
@@ -35,7 +50,18 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_g
     }
 }
 
-fn schedule_or_preempt(step: &mut StepBuilder, ctx: &mut StepCtx, id: u64, swap: bool) {
+/// Whether `id` yields to the requests that can still meet their objectives: it can no longer
+/// meet its own — its first token came late or a gap broke its stall bound
+/// (`objectives_lost`), or it still waits for a first token past its deadline — and it has
+/// not starved: less than `starve_s` since its last token (or its arrival). A starved request
+/// is served in its turn again, so none waits without bound.
+pub(super) fn yields(step: &StepBuilder, id: u64, now: f64, starve_s: f64) -> bool {
+    let r = &step.requests()[&id];
+    let lost = r.objectives_lost || (r.last_token_at.is_none() && now > r.arrival + r.slo.ttft_s);
+    lost && now - r.last_token_at.unwrap_or(r.arrival) < starve_s
+}
+
+fn schedule_or_preempt(step: &mut StepBuilder, ctx: &mut StepCtx, id: u64, swap: bool, lost_yield: Option<f64>) {
     loop {
         let Fit::NoBlocks(short) = step.schedule_running(ctx, id, 0) else { return };
         if swap && ctx.release_credit >= short {
@@ -43,7 +69,7 @@ fn schedule_or_preempt(step: &mut StepBuilder, ctx: &mut StepCtx, id: u64, swap:
             ctx.release_credit -= short;
             return;
         }
-        let Some(victim) = newest_evictable(step, ctx) else { return };
+        let Some(victim) = newest_evictable(step, ctx, lost_yield) else { return };
         let moved = if swap { step.rotate_out(ctx, victim) } else { 0 };
         if moved > 0 {
             ctx.release_credit += moved;
@@ -56,9 +82,18 @@ fn schedule_or_preempt(step: &mut StepBuilder, ctx: &mut StepCtx, id: u64, swap:
     }
 }
 
-fn newest_evictable(step: &StepBuilder, ctx: &StepCtx) -> Option<u64> {
+/// The newest running request that may leave now (with `lost_yield`, the newest that yields
+/// first).
+fn newest_evictable(step: &StepBuilder, ctx: &StepCtx, lost_yield: Option<f64>) -> Option<u64> {
     let running = step.running_by_rank();
-    running.into_iter().rev().find(|id| step.evictable(ctx, *id))
+    let newest = running.iter().rev().find(|id| step.evictable(ctx, **id)).copied()?;
+    let Some(starve_s) = lost_yield else { return Some(newest) };
+    // No larger than the newest: a lost request holding more waits longer for memory to return.
+    let held = |id: u64| step.blocks().private_device_blocks(id);
+    let lost = running.iter().rev().find(|id| {
+        step.evictable(ctx, **id) && yields(step, **id, ctx.now, starve_s) && held(**id) <= held(newest)
+    });
+    Some(lost.copied().unwrap_or(newest))
 }
 
 /// Brings rotated requests back oldest first while they fit (`keep_growth`: while the running
@@ -131,8 +166,8 @@ pub(super) fn admission_deficit(step: &StepBuilder, id: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::admission_keeps_growth;
-    use crate::config::{PolicyKind, SchedulerConfig};
+    use super::{admission_keeps_growth, plan_with};
+    use crate::config::{PolicyKind, SchedulerConfig, Slo};
     use crate::plan::StepResults;
     use crate::request::RequestSpec;
     use crate::scheduler::Scheduler;
@@ -168,5 +203,67 @@ mod tests {
         assert_eq!(step.blocks().free_device(), 8);
         assert!(admission_keeps_growth(&step, 2));
         assert!(!admission_keeps_growth(&step, 3));
+    }
+
+    /// 4-token blocks, `blocks` on device, swap's protocol; `requests` (id, arrival, TTFT
+    /// objective) of 16-token prompts arrive in turn, the first `running` of them computed to
+    /// their first token at 0.01 s.
+    fn overloaded(blocks: u32, requests: &[(u64, f64, f64)], running: usize) -> Scheduler {
+        let config = SchedulerConfig {
+            block_size: 4,
+            num_device_blocks: blocks,
+            num_host_blocks: 64,
+            policy: PolicyKind::Swap,
+            ..SchedulerConfig::default()
+        };
+        let mut s = Scheduler::new(config).unwrap();
+        for (i, &(id, arrival, ttft_s)) in requests.iter().enumerate() {
+            let prompt_token_ids = (id as u32 * 1000..id as u32 * 1000 + 16).collect();
+            let slo = Some(Slo::new(ttft_s, 1.0));
+            s.add(RequestSpec { id, prompt_token_ids, max_new_tokens: 8, slo, arrival, priority: 0, kv_namespace: 0 }, arrival)
+                .unwrap();
+            if i + 1 == running {
+                let plan = s.plan(0.0);
+                assert_eq!(plan.scheduled.len(), running);
+                let sampled = plan.scheduled.iter().map(|e| (e.id, 7)).collect();
+                s.complete(&StepResults { step_id: plan.step_id, sampled, completed_transfers: vec![], step_time_s: None }, 0.01);
+            }
+        }
+        s
+    }
+
+    /// Under overload, swap admits and preempts by arrival; RotaSched's overload mode lets the
+    /// requests that can no longer meet their objectives yield. One request runs in 12 blocks
+    /// and room is left for one more prompt: the older one's first-token deadline has passed,
+    /// the newer one's has not. Swap's order admits the older; with `lost_yield`, the newer.
+    #[test]
+    fn under_overload_a_prompt_that_can_still_make_its_first_token_goes_first() {
+        let requests = [(1, 0.0, 2.0), (2, 0.0, 0.005), (3, 0.01, 2.0)];
+        for (lost_yield, admitted) in [(None, 2), (Some(10.0), 3)] {
+            let mut s = overloaded(12, &requests, 1);
+            let mut ctx = s.core.new_ctx(0.02);
+            plan_with(&mut StepBuilder::new(&mut s.core), &mut ctx, true, true, lost_yield);
+            assert_eq!(ctx.plan.first_scheduled, vec![admitted], "lost_yield {lost_yield:?}");
+        }
+        // A lost prompt that has starved (10 s past its arrival here) is served in turn again.
+        let mut s = overloaded(12, &requests, 1);
+        let mut ctx = s.core.new_ctx(0.02);
+        plan_with(&mut StepBuilder::new(&mut s.core), &mut ctx, true, true, Some(0.015));
+        assert_eq!(ctx.plan.first_scheduled, vec![2]);
+    }
+
+    /// Three running requests fill the 12 blocks and each needs a fifth: swap pushes the newest
+    /// out; with `lost_yield`, the newest of those that can no longer meet their objectives.
+    #[test]
+    fn under_overload_the_requests_already_lost_are_pushed_out_first() {
+        let requests = [(1, 0.0, 2.0), (2, 0.0, 2.0), (3, 0.0, 2.0)];
+        for (lost_yield, pushed_out) in [(None, 3), (Some(10.0), 2)] {
+            let mut s = overloaded(12, &requests, 3);
+            s.core.requests.get_mut(&2).unwrap().objectives_lost = true;
+            let mut ctx = s.core.new_ctx(0.02);
+            plan_with(&mut StepBuilder::new(&mut s.core), &mut ctx, true, true, lost_yield);
+            let out: Vec<u64> = ctx.plan.rotate_out.iter().map(|t| t.request_id).collect();
+            assert_eq!(out, vec![pushed_out], "lost_yield {lost_yield:?}");
+        }
     }
 }

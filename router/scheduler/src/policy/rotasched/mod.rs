@@ -51,7 +51,11 @@
 //! (`Walk::ForRequesterUnderOverload`), running requests come first, the newest is preempted on
 //! shortage and those rotated out return oldest first before any admission (one behind an oldest
 //! that cannot return yet comes back first where that does not delay it: `backfill.rs`), until
-//! every request so pushed out is back; a return, and then a new prompt, is let in only while
+//! every request so pushed out is back — except that the requests that can no longer meet their
+//! objectives yield to those that still can (`reactive::yields`): prompts that can still make
+//! their first token are admitted first, and on a shortage the newest request already lost is
+//! pushed out before the newest of all (a lost request that has starved for
+//! `late_starvation_s` is served in its turn again); a return, and then a new prompt, is let in only while
 //! the running requests can still grow through the steps that compute its next token
 //! (`return_keeps_growth`, `admission_keeps_growth`, `reactive.rs`) — one let into their blocks
 //! would push one of them, or itself, out again before it computes. Left as RotaSched's own
@@ -143,7 +147,7 @@ impl SchedulingPolicy for RotaSched {
             // admission: there is no slack to plan with, and a victim left to wait behind new
             // prompts would stall for seconds.
             self.reserve_blocks = 0;
-            reactive::plan(planner.step, ctx, true, true);
+            reactive::plan_with(planner.step, ctx, true, true, Some(self.settings.late_starvation_s));
             planner.return_past_the_blocked(ctx);
             self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
             return;
