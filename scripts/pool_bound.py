@@ -19,7 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from superinfer.bench.suite import BASELINES, SUITE
+from superinfer.bench.outcomes import SCHEDULER_DEFAULTS
+from superinfer.bench.suite import BASELINES, SUITE, workload_argv
 from superinfer.simulate import cli as simulate_cli
 
 PROFILE = "measured:docs/results/suite/warmup-cpu.json"
@@ -33,13 +34,6 @@ def simulate(argv: list[str]) -> dict:
     return json.loads((args.out / "simulate.json").read_text())
 
 
-def with_pool(workload_args: str, pool: int) -> list[str]:
-    argv = shlex.split(workload_args)
-    at = argv.index("--device-kv-blocks")
-    argv[at + 1] = str(pool)
-    return argv
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -49,13 +43,15 @@ def main() -> int:
     parser.add_argument("--profile", default=PROFILE)
     args = parser.parse_args()
     workload = {w.name: w for w in SUITE}[args.workload]
-    rates = ",".join(f"{r:g}" for r in workload.rates)
     results = []
     for pool in (int(p) for p in args.pools.split(",")):
+        # The suite's own arguments for the workload; a later --device-kv-blocks overrides its pool.
+        suite_args = argparse.Namespace(rate_scale=1.0, policies=",".join(SCHEDULER_DEFAULTS["policies"]),
+                                        extra=f"--device-kv-blocks {pool} --no-charge-planning",
+                                        simulate=args.profile)
         for seed in range(args.repeats):
             out = args.out / f"pool-{pool}" / f"seed-{seed}"
-            doc = simulate([*with_pool(workload.args, pool), "--rates", rates, "--profile", args.profile,
-                            "--seed", str(seed), "--no-charge-planning", "--no-progress", "--out", str(out)])
+            doc = simulate(workload_argv(workload, suite_args, out, seed))
             for run in doc["runs"]:
                 s = run["summary"]
                 results.append({"pool": pool, "rate": run["rate"], "seed": seed, "policy": run["series"],

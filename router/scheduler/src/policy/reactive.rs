@@ -17,8 +17,9 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_g
 /// requests that can no longer meet their objectives yield to those that still can
 /// (`yields`): a prompt that can still make its first token is admitted before one that
 /// cannot, and on a shortage the newest running request that cannot (and holds no more blocks
-/// than the newest) is pushed out before the newest of all. Swap's order, which admits and preempts by arrival, spends the memory
-/// on requests already lost while fresh prompts queue behind them and miss too.
+/// than the newest) is pushed out before the newest of all. Swap's order, which admits and
+/// preempts by arrival, spends the memory on requests already lost while fresh prompts queue
+/// behind them and miss too.
 pub(super) fn plan_with(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_growth: bool, lost_yield: Option<f64>) {
     let running = step.running_by_rank();
     for decodes in [true, false] {
@@ -57,7 +58,7 @@ pub(super) fn plan_with(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, k
 /// is served in its turn again, so none waits without bound.
 pub(super) fn yields(step: &StepBuilder, id: u64, now: f64, starve_s: f64) -> bool {
     let r = &step.requests()[&id];
-    let lost = r.objectives_lost || (r.last_token_at.is_none() && now > r.arrival + r.slo.ttft_s);
+    let lost = r.objectives_lost || (r.last_token_at.is_none() && now > r.next_deadline());
     lost && now - r.last_token_at.unwrap_or(r.arrival) < starve_s
 }
 

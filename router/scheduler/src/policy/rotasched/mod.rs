@@ -54,9 +54,10 @@
 //! every request so pushed out is back — except that the requests that can no longer meet their
 //! objectives yield to those that still can (`reactive::yields`): prompts that can still make
 //! their first token are admitted first, and on a shortage the newest request already lost (no
-//! larger than the newest) is pushed out before the newest of all (a lost request that has starved for
-//! `late_starvation_s` is served in its turn again); a return, and then a new prompt, is let in only while
-//! the running requests can still grow through the steps that compute its next token
+//! larger than the newest) is pushed out before the newest of all (a lost request that has
+//! starved for `late_starvation_s` is served in its turn again); a return, and then a new
+//! prompt, is let in only while the running requests can still grow through the steps that
+//! compute its next token
 //! (`return_keeps_growth`, `admission_keeps_growth`, `reactive.rs`) — one let into their blocks
 //! would push one of them, or itself, out again before it computes. Left as RotaSched's own
 //! rotations are (to their deadline, then parked behind new prompts), such a request stalled
