@@ -180,6 +180,13 @@ impl RequestState {
         }
     }
 
+    /// Late for longer than `starve_s` (past `next_deadline`): a request that has waited that
+    /// long is served in its turn again, however late it already is, so none waits without
+    /// bound. RotaSched's own mode and its overload mode both starve by this clock.
+    pub(crate) fn starved(&self, now: f64, starve_s: f64) -> bool {
+        now - self.next_deadline() > starve_s
+    }
+
     /// The latest its next token may come without breaking the stall bound (None before the
     /// first token: the first-token objective governs that one).
     pub(crate) fn stall_deadline(&self) -> Option<f64> {

@@ -54,12 +54,12 @@ pub(super) fn plan_with(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, k
 /// Whether `id` yields to the requests that can still meet their objectives: it can no longer
 /// meet its own — its first token came late or a gap broke its stall bound
 /// (`objectives_lost`), or it still waits for a first token past its deadline — and it has
-/// not starved: less than `starve_s` since its last token (or its arrival). A starved request
-/// is served in its turn again, so none waits without bound.
+/// not starved (`RequestState::starved`: late by `starve_s` or more, the clock RotaSched's own
+/// mode starves by). A starved request is served in its turn again, so none waits without bound.
 pub(super) fn yields(step: &StepBuilder, id: u64, now: f64, starve_s: f64) -> bool {
     let r = &step.requests()[&id];
     let lost = r.objectives_lost || (r.last_token_at.is_none() && now > r.next_deadline());
-    lost && now - r.last_token_at.unwrap_or(r.arrival) < starve_s
+    lost && !r.starved(now, starve_s)
 }
 
 fn schedule_or_preempt(step: &mut StepBuilder, ctx: &mut StepCtx, id: u64, swap: bool, lost_yield: Option<f64>) {
@@ -246,10 +246,11 @@ mod tests {
             plan_with(&mut StepBuilder::new(&mut s.core), &mut ctx, true, true, lost_yield);
             assert_eq!(ctx.plan.first_scheduled, vec![admitted], "lost_yield {lost_yield:?}");
         }
-        // A lost prompt that has starved (10 s past its arrival here) is served in turn again.
+        // A lost prompt that has starved (15 ms past its deadline, more than the 10 ms allowed
+        // here) is served in turn again.
         let mut s = overloaded(12, &requests, 1);
         let mut ctx = s.core.new_ctx(0.02);
-        plan_with(&mut StepBuilder::new(&mut s.core), &mut ctx, true, true, Some(0.015));
+        plan_with(&mut StepBuilder::new(&mut s.core), &mut ctx, true, true, Some(0.01));
         assert_eq!(ctx.plan.first_scheduled, vec![2]);
     }
 

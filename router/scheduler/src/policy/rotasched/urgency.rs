@@ -96,7 +96,7 @@ impl Planner<'_, '_> {
 
     /// Late for longer than `late_starvation_s`: served with the punctual ones again.
     pub(super) fn starved(&self, r: &RequestState, now: f64) -> bool {
-        now - r.next_deadline() > self.settings.late_starvation_s
+        r.starved(now, self.settings.late_starvation_s)
     }
 
     pub(super) fn urgency(&self, id: u64, now: f64, step_s: f64) -> Urgency {
