@@ -215,12 +215,36 @@ def test_validate_analyses_an_existing_bench_compare_directory(tmp_path, monkeyp
     assert document["tally"]["warm-up"]["figures"] == 6 * 5
     assert document["tally_by_policy"]["rotasched"]["warm-up"]["figures"] == 3 * 5
 
+    # Another machine's profile as a third source (here the same fit with the server's pools,
+    # so it matches too), and the suite's verdict per rate and repetition for every source.
+    assert validate.main(["--measured", str(measured), "--out", str(out), "--trace", str(trace),
+                          "--profile", f"measured:{measured / 'warmup-fcfs.json'}"]) == 0
+    document = json.loads((out / "validation.json").read_text())
+    assert document["tally"]["profile"] == document["tally"]["warm-up"]
+    paired = {(e["rate"], e["source"]): e["differences"] for e in document["paired_joint"]}
+    assert len(paired[(2.0, "measured")]) == 2 and len(paired[(4.0, "measured")]) == 1
+    assert paired[(2.0, "measured")] == paired[(2.0, "warm-up")] == paired[(2.0, "profile")]
+
     # The unloaded model spreads the first token's cost over the calibration prompts, not over
     # the workload's unused fixed prompt_tokens (128), and takes the server's pools and limits.
     calibration = requests_for(replace(config, rate=2.0), load_trace(trace))[:3]
     profile = validate.unloaded_profile(measured / "compare.json", calibration, fitted)
     assert profile.cost_model["per_prefill_token_s"] == pytest.approx((0.08 - 0.02) / 41)
     assert (profile.num_device_blocks, profile.max_batch_tokens, profile.max_batch_requests) == (6, 256, 8)
+
+
+def test_paired_joint_is_rotasched_against_the_best_baseline_of_each_repetition():
+    from superinfer.simulate.validate import paired_joint
+
+    def entry(policy: str, repetition: int, measured: float, simulated: float) -> dict:
+        return {"policy": policy, "rate": 1.0, "repetition": repetition, "profile": "warm-up",
+                "figures": {"attainment.both": (measured, simulated, None)}}
+
+    report = [entry("swap", 0, 0.3, 0.6), entry("recompute", 0, 0.4, 0.2), entry("rotasched", 0, 0.5, 0.5),
+              entry("swap", 1, 0.2, 0.2), entry("rotasched", 1, 0.1, 0.3)]
+    rows = {e["source"]: e["differences"] for e in paired_joint(report)}
+    assert rows["measured"] == pytest.approx([0.1, -0.1])
+    assert rows["warm-up"] == pytest.approx([-0.1, 0.1])
 
 
 def test_a_shared_machine_is_the_median_of_the_servers_warm_ups():

@@ -18,6 +18,11 @@ charges every step the unloaded gap between tokens less the warm-up fit's lone d
 a per-step cost measured by the bench before its runs.
 
     python -m superinfer.simulate.validate --measured runs/compare --out runs/validate
+
+`--profile SPEC` simulates every run a third time on another machine's cost model (e.g. the
+warm-up the suite is simulated on) with each server's pools and limits. Every source's verdict
+— RotaSched's joint attainment minus the best baseline's, per rate and repetition — is printed
+beside the measured one, so a simulated lead can be checked seed by seed.
 """
 import argparse
 import json
@@ -32,7 +37,7 @@ from superinfer.bench.report import read_json
 from superinfer.bench.trace import DEFAULT_TRACE, Trace, load_trace
 from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, requests_for
 from superinfer.cli import main as superinfer_main
-from superinfer.simulate.profiles import Profile, from_bench, measured as measured_profile
+from superinfer.simulate.profiles import Profile, from_bench, measured as measured_profile, resolve
 from superinfer.simulate.cli import add_charge_arguments, with_charges
 from superinfer.simulate.runner import SimOptions, simulate
 
@@ -79,6 +84,31 @@ def tally(report: list[dict], within: float = 0.15) -> dict:
             elif abs(error) <= within:
                 row["within"] += 1
     return counts
+
+
+def paired_joint(report: list[dict]) -> list[dict]:
+    """Per rate and source (measured, then each simulated profile): RotaSched's joint
+    attainment minus the best baseline's, per repetition — the suite's verdict, so that a
+    simulated lead can be checked against the measured one seed by seed."""
+    joint: dict[tuple, float] = {}
+    for entry in report:
+        m, s, _ = entry["figures"]["attainment.both"]
+        key = (entry["rate"], entry["repetition"], entry["policy"])
+        joint[("measured", *key)] = m
+        joint[(entry["profile"], *key)] = s
+    sources = list(dict.fromkeys(k[0] for k in joint))
+    rows = []
+    for rate in sorted({k[1] for k in joint}):
+        repetitions = sorted({k[2] for k in joint if k[1] == rate})
+        for source in sources:
+            differences = []
+            for repetition in repetitions:
+                ours = joint.get((source, rate, repetition, "rotasched"))
+                baselines = [v for (src, r, rep, policy), v in joint.items()
+                             if (src, r, rep) == (source, rate, repetition) and policy != "rotasched"]
+                differences.append(None if ours is None or not baselines else ours - max(baselines))
+            rows.append({"rate": rate, "source": source, "repetitions": repetitions, "differences": differences})
+    return rows
 
 
 def lone_decode_s(cost: dict, context_tokens: float) -> float:
@@ -169,6 +199,13 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
         warm_up = with_charges(fitted, args)
         profiles[policy] = {"warm-up": warm_up, "unloaded": with_charges(unloaded_profile(compare_json, calibration,
                                                                                           fitted), args)}
+        if args.profile:
+            # Another machine's cost model (e.g. the one the suite is simulated on), with the
+            # pools and batch limits this server ran with.
+            other = resolve(args.profile)
+            profiles[policy]["profile"] = with_charges(replace(
+                other, num_device_blocks=fitted.num_device_blocks, num_host_blocks=fitted.num_host_blocks,
+                max_batch_tokens=fitted.max_batch_tokens, max_batch_requests=fitted.max_batch_requests), args)
     for policy, overhead in overheads.items():
         print(f"{policy}: per-step charge {overhead * 1e3:.1f} ms = unloaded gap {unloaded_latency['tbt_s'] * 1e3:.1f} ms "
               f"- warm-up lone decode {lone_decode_s(profiles[policy]['warm-up'].cost_model, context) * 1e3:.1f} ms "
@@ -200,7 +237,12 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
     for source, row in counts.items():
         print(f"[{source}] {row['within']} of {row['figures'] - row['trivial']} non-trivial figures within 15% "
               f"({row['trivial']} trivial, {row['missing']} not comparable)")
-    return {"measured": str(measured_dir), "slo": document["slo"], "trace": None if trace is None else
+    paired = paired_joint(report)
+    for entry in paired:
+        shown = " ".join("-" if d is None else f"{d * 100:+.0f}" for d in entry["differences"])
+        print(f"rotasched - best baseline, joint, points @ {entry['rate']:g} req/s [{entry['source']:>8}]: {shown}")
+    return {"measured": str(measured_dir), "slo": document["slo"], "paired_joint": paired,
+            "trace": None if trace is None else
             str(args.trace or DEFAULT_TRACE), "charges": {policy: {k: p.charges for k, p in both.items()}
                                                           for policy, both in profiles.items()},
             "tally": counts, "tally_by_policy": by_policy, "runs": report}
@@ -232,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-overhead-from-unloaded", action="store_true",
                         help="charge every step the unloaded gap between tokens less the warm-up fit's lone "
                         "decode step (per policy; an explicit --step-overhead-ms overrides it)")
+    parser.add_argument("--profile", default=None,
+                        help="also simulate on this profile (as `superinfer simulate --profile`, e.g. the one the "
+                        "suite is simulated on), with each server's pools and batch limits")
     add_charge_arguments(parser)
     args = parser.parse_args(argv)
     if args.measured is not None:
