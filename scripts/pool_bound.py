@@ -23,7 +23,7 @@ from superinfer.bench.outcomes import SCHEDULER_DEFAULTS
 from superinfer.bench.suite import BASELINES, SUITE, workload_argv
 from superinfer.simulate import cli as simulate_cli
 
-PROFILE = "measured:docs/results/suite/warmup-cpu.json"
+PROFILE = "measured:docs/results/suite/warmup-cpu-pinned.json"
 
 
 def simulate(argv: list[str]) -> dict:

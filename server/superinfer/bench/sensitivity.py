@@ -7,7 +7,7 @@ from the best baseline of each repetition (median [range]) and its p99 gap over 
 (median [max]). Writes `<out>/scale-<s>-p<p>/` (each a suite run, raw results included) and
 `<out>/sensitivity.json`; prints the table as Markdown.
 
-    python -m superinfer.bench.sensitivity --simulate measured:docs/results/suite/warmup-cpu.json \\
+    python -m superinfer.bench.sensitivity --simulate measured:docs/results/suite/warmup-cpu-pinned.json \\
         --workloads azure,long-prompt --repeats 5 --out DIR
 """
 from __future__ import annotations
