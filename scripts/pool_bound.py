@@ -20,11 +20,8 @@ import sys
 from pathlib import Path
 
 from superinfer.bench.outcomes import SCHEDULER_DEFAULTS
-from superinfer.bench.suite import BASELINES, SUITE, workload_argv
+from superinfer.bench.suite import BASELINES, CPU_PROFILE, SUITE, workload_argv
 from superinfer.simulate import cli as simulate_cli
-
-PROFILE = "measured:docs/results/suite/warmup-cpu-pinned.json"
-
 
 def simulate(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(prog="superinfer simulate", allow_abbrev=False)
@@ -40,7 +37,7 @@ def main() -> int:
     parser.add_argument("--workload", default="azure")
     parser.add_argument("--pools", default="32,38,48,100000")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--profile", default=PROFILE)
+    parser.add_argument("--profile", default=CPU_PROFILE)
     args = parser.parse_args()
     workload = {w.name: w for w in SUITE}[args.workload]
     results = []

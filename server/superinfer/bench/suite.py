@@ -61,6 +61,12 @@ SUITE = (
 )
 
 
+# The CPU machine the suite is simulated on: the warm-up of a shard pinned to one core, as the
+# real comparisons run (`--shard-cpus 1`); see docs/benchmarks.md, "The simulated machine
+# against the real one".
+CPU_PROFILE = "measured:docs/results/suite/warmup-cpu-pinned.json"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("suite-results"))
     parser.add_argument("--workloads", default=",".join(w.name for w in SUITE),

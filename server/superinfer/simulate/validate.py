@@ -34,6 +34,7 @@ from superinfer import _router
 from superinfer.bench.outcomes import SCHEDULER_DEFAULTS, Slo
 from superinfer.bench.prompts import LengthLimits
 from superinfer.bench.report import read_json
+from superinfer.bench.suite import verdicts as suite_verdicts
 from superinfer.bench.trace import DEFAULT_TRACE, Trace, load_trace
 from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, requests_for
 from superinfer.cli import main as superinfer_main
@@ -88,27 +89,21 @@ def tally(report: list[dict], within: float = 0.15) -> dict:
 
 def paired_joint(report: list[dict]) -> list[dict]:
     """Per rate and source (measured, then each simulated profile): RotaSched's joint
-    attainment minus the best baseline's, per repetition — the suite's verdict, so that a
-    simulated lead can be checked against the measured one seed by seed."""
-    joint: dict[tuple, float] = {}
+    attainment minus the best baseline's, per repetition — the suite's verdict
+    (`suite.verdicts`), so that a simulated lead can be checked against the measured one seed
+    by seed."""
+    runs: dict[str, list[dict]] = {}
     for entry in report:
-        m, s, _ = entry["figures"]["attainment.both"]
-        key = (entry["rate"], entry["repetition"], entry["policy"])
-        joint[("measured", *key)] = m
-        joint[(entry["profile"], *key)] = s
-    sources = list(dict.fromkeys(k[0] for k in joint))
-    rows = []
-    for rate in sorted({k[1] for k in joint}):
-        repetitions = sorted({k[2] for k in joint if k[1] == rate})
-        for source in sources:
-            differences = []
-            for repetition in repetitions:
-                ours = joint.get((source, rate, repetition, "rotasched"))
-                baselines = [v for (src, r, rep, policy), v in joint.items()
-                             if (src, r, rep) == (source, rate, repetition) and policy != "rotasched"]
-                differences.append(None if ours is None or not baselines else ours - max(baselines))
-            rows.append({"rate": rate, "source": source, "repetitions": repetitions, "differences": differences})
-    return rows
+        measured, simulated, _ = entry["figures"]["attainment.both"]
+        for source, joint in (("measured", measured), (entry["profile"], simulated)):
+            runs.setdefault(source, []).append({
+                "series": entry["policy"], "rate": entry["rate"], "repetition": entry["repetition"],
+                "summary": {"attainment": {"both": joint}, "tbt_s": {}}})
+    rows = [{"rate": row["rate"], "source": source, "repetitions": row["repetitions"],
+             "differences": row["joint_minus_best"]}
+            for source, source_runs in runs.items() for row in suite_verdicts(source_runs)]
+    order = list(runs)
+    return sorted(rows, key=lambda row: (row["rate"], order.index(row["source"])))
 
 
 def lone_decode_s(cost: dict, context_tokens: float) -> float:
@@ -188,6 +183,7 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
     if args.shared_machine:
         machine = shared_machine([profile.step_time for profile in warm_ups.values()])
         warm_ups = {policy: replace(profile, step_time=machine) for policy, profile in warm_ups.items()}
+    other = resolve(args.profile) if args.profile else None
     for policy in policies:
         fitted = warm_ups[policy]
         if args.step_overhead_from_unloaded:
@@ -199,10 +195,9 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
         warm_up = with_charges(fitted, args)
         profiles[policy] = {"warm-up": warm_up, "unloaded": with_charges(unloaded_profile(compare_json, calibration,
                                                                                           fitted), args)}
-        if args.profile:
+        if other is not None:
             # Another machine's cost model (e.g. the one the suite is simulated on), with the
             # pools and batch limits this server ran with.
-            other = resolve(args.profile)
             profiles[policy]["profile"] = with_charges(replace(
                 other, num_device_blocks=fitted.num_device_blocks, num_host_blocks=fitted.num_host_blocks,
                 max_batch_tokens=fitted.max_batch_tokens, max_batch_requests=fitted.max_batch_requests), args)
@@ -239,7 +234,7 @@ def analyse(measured_dir: Path, args: argparse.Namespace) -> dict:
               f"({row['trivial']} trivial, {row['missing']} not comparable)")
     paired = paired_joint(report)
     for entry in paired:
-        shown = " ".join("-" if d is None else f"{d * 100:+.0f}" for d in entry["differences"])
+        shown = " ".join(f"{d * 100:+.0f}" for d in entry["differences"])
         print(f"rotasched - best baseline, joint, points @ {entry['rate']:g} req/s [{entry['source']:>8}]: {shown}")
     return {"measured": str(measured_dir), "slo": document["slo"], "paired_joint": paired,
             "trace": None if trace is None else
