@@ -16,7 +16,8 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_g
 /// As `plan`; with `lost_yield` (RotaSched's overload mode, its `late_starvation_s`), the
 /// requests that can no longer meet their objectives yield to those that still can
 /// (`yields`): a prompt that can still make its first token is admitted before one that
-/// cannot, and on a shortage the newest running request that cannot (and holds no more blocks
+/// cannot, a request rotated out that can still meet its objectives comes back before one that
+/// cannot (`return_order`), and on a shortage the newest running request that cannot (and holds no more blocks
 /// than the newest) is pushed out before the newest of all. Swap's order, which admits and
 /// preempts by arrival, spends the memory on requests already lost while fresh prompts queue
 /// behind them and miss too.
@@ -30,7 +31,7 @@ pub(super) fn plan_with(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, k
             }
         }
     }
-    if swap && !rotate_in_oldest(step, ctx, keep_growth) {
+    if swap && !rotate_in_oldest(step, ctx, keep_growth, lost_yield) {
         return;
     }
     if !ctx.plan.preempted_for_recompute.is_empty() {
@@ -99,9 +100,10 @@ fn newest_evictable(step: &StepBuilder, ctx: &StepCtx, lost_yield: Option<f64>) 
 
 /// Brings rotated requests back oldest first while they fit (`keep_growth`: while the running
 /// requests can still grow through the step that computes the returned one's next token, as for
-/// an admission); true when none is left out (only then may new requests be admitted).
-fn rotate_in_oldest(step: &mut StepBuilder, ctx: &mut StepCtx, keep_growth: bool) -> bool {
-    for id in step.rotated_by_rank() {
+/// an admission; with `lost_yield`, those that yield after those that do not); true when none
+/// is left out (only then may new requests be admitted).
+fn rotate_in_oldest(step: &mut StepBuilder, ctx: &mut StepCtx, keep_growth: bool, lost_yield: Option<f64>) -> bool {
+    for id in return_order(step, ctx.now, lost_yield) {
         if keep_growth && !return_keeps_growth(step, id) {
             return false;
         }
@@ -110,6 +112,19 @@ fn rotate_in_oldest(step: &mut StepBuilder, ctx: &mut StepCtx, keep_growth: bool
         }
     }
     !step.requests().values().any(|r| r.phase == Phase::RotatingOut)
+}
+
+/// The requests rotated out in the order they come back: by priority class, then oldest first;
+/// with `lost_yield`, those that yield (`yields`) after those that do not, a return being
+/// memory spent as an admission is.
+pub(super) fn return_order(step: &StepBuilder, now: f64, lost_yield: Option<f64>) -> Vec<u64> {
+    let mut rotated = step.rotated_by_rank();
+    if let Some(starve_s) = lost_yield {
+        // Stable: rank order within the punctual and the lost (classes are strict either way:
+        // yielding only reorders within a class).
+        rotated.sort_by_key(|id| (step.requests()[id].priority, yields(step, *id, now, starve_s)));
+    }
+    rotated
 }
 
 /// New device blocks the running requests need to compute `steps` more positions each
@@ -252,6 +267,33 @@ mod tests {
         let mut ctx = s.core.new_ctx(0.02);
         plan_with(&mut StepBuilder::new(&mut s.core), &mut ctx, true, true, Some(0.01));
         assert_eq!(ctx.plan.first_scheduled, vec![2]);
+    }
+
+    /// 4-token blocks, 16 on device: requests 1–3 (16-token prompts) run to their first token,
+    /// 1 and 2 are rotated out and request 4 is admitted into their blocks, leaving room for one
+    /// of them to come back. Request 1, the older, can no longer meet its objectives: swap's
+    /// order brings it back; with `lost_yield`, request 2 comes back first.
+    #[test]
+    fn under_overload_a_request_that_can_still_meet_its_objectives_comes_back_before_a_lost_one() {
+        use crate::config::PolicyKind;
+        use crate::step::Fit;
+        use crate::tests::driver::{config, spec, Driver};
+        for (lost_yield, back) in [(None, 1), (Some(10.0), 2)] {
+            let mut d = Driver::new(config(PolicyKind::Swap, 16));
+            for id in 1..=3 {
+                d.add(spec(id, 16, 20, d.now));
+            }
+            d.step_to_first_tokens(&[1, 2, 3]);
+            d.by_hand(|step, ctx| assert!(step.rotate_out(ctx, 1) > 0 && step.rotate_out(ctx, 2) > 0));
+            d.add(spec(4, 16, 20, d.now));
+            d.by_hand(|step, ctx| assert_eq!(step.admit(ctx, 4, 0), Fit::Scheduled));
+            let core = &mut d.scheduler.core;
+            core.requests.get_mut(&1).unwrap().objectives_lost = true;
+            let mut ctx = core.new_ctx(d.now);
+            plan_with(&mut StepBuilder::new(core), &mut ctx, true, true, lost_yield);
+            let returned: Vec<u64> = ctx.plan.rotate_in.iter().map(|t| t.request_id).collect();
+            assert_eq!(returned, vec![back], "lost_yield {lost_yield:?}");
+        }
     }
 
     /// Three running requests fill the 12 blocks and each needs a fifth: swap pushes the newest

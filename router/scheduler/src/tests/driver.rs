@@ -11,6 +11,7 @@ use crate::request::RequestSpec;
 use crate::scheduler::Scheduler;
 use crate::sim::link::Link;
 use crate::sim::{step_shape, LinkModel};
+use crate::step::{StepBuilder, StepCtx};
 use crate::cost_model::Direction;
 
 pub(crate) const BLOCK_BYTES: u64 = 1000;
@@ -171,6 +172,22 @@ impl Driver {
 
     pub(crate) fn add(&mut self, spec: RequestSpec) {
         self.scheduler.add(spec, self.now).expect("request accepted");
+    }
+
+    /// Steps until every request of `ids` has sampled a token.
+    pub(crate) fn step_to_first_tokens(&mut self, ids: &[u64]) {
+        while ids.iter().any(|id| self.scheduler.core.requests[id].generated() < 1) {
+            self.step();
+        }
+    }
+
+    /// Builds a step by hand (`act` on a step builder of the scheduler's state), then executes it.
+    pub(crate) fn by_hand(&mut self, act: impl FnOnce(&mut StepBuilder, &mut StepCtx)) {
+        let core = &mut self.scheduler.core;
+        let mut ctx = core.new_ctx(self.now);
+        act(&mut StepBuilder::new(core), &mut ctx);
+        let plan = core.seal(ctx);
+        self.execute(plan);
     }
 
     /// One plan/execute/complete round; returns the plan.

@@ -16,7 +16,7 @@ impl Planner<'_, '_> {
     /// Brings rotated requests back past the oldest one when it cannot return yet and they do
     /// not delay it; call after the overload mode's oldest-first returns.
     pub(super) fn return_past_the_blocked(&mut self, ctx: &mut StepCtx) {
-        let rotated = self.rotated_by_rank();
+        let rotated = reactive::return_order(self.step, ctx.now, Some(self.settings.late_starvation_s));
         let Some(&oldest) = rotated.first() else { return };
         let oldest_blocks = reactive::return_blocks(self.step, oldest, 1);
         let missing = reactive::growth_deficit(self.step, oldest_blocks, 1);
@@ -48,7 +48,7 @@ mod tests {
     use super::super::Planner;
     use crate::config::{PolicyKind, RotaSchedSettings};
     use crate::request::Phase;
-    use crate::step::{Fit, StepBuilder, StepCtx};
+    use crate::step::{Fit, StepBuilder};
     use crate::step_timing::StepTiming;
     use crate::tests::driver::{config, spec, Driver};
 
@@ -63,19 +63,10 @@ mod tests {
         for (id, prompt, max_new) in [(1, 60, 60), (2, 6, 60), (3, c.0, c.1), (4, 8, 100)] {
             d.add(spec(id, prompt, max_new, d.now));
         }
-        while (1..=4).any(|id| d.scheduler.core.requests[&id].generated() < 1) {
-            d.step();
-        }
-        let by_hand = |d: &mut Driver, act: &dyn Fn(&mut StepBuilder, &mut StepCtx)| {
-            let core = &mut d.scheduler.core;
-            let mut ctx = core.new_ctx(d.now);
-            act(&mut StepBuilder::new(core), &mut ctx);
-            let plan = core.seal(ctx);
-            d.execute(plan);
-        };
-        by_hand(&mut d, &|step, ctx| assert!(step.rotate_out(ctx, 1) > 0 && step.rotate_out(ctx, 2) > 0));
+        d.step_to_first_tokens(&[1, 2, 3, 4]);
+        d.by_hand(|step, ctx| assert!(step.rotate_out(ctx, 1) > 0 && step.rotate_out(ctx, 2) > 0));
         d.add(spec(5, e_prompt, 100, d.now));
-        by_hand(&mut d, &|step, ctx| assert_eq!(step.admit(ctx, 5, 0), Fit::Scheduled));
+        d.by_hand(|step, ctx| assert_eq!(step.admit(ctx, 5, 0), Fit::Scheduled));
         let core = &mut d.scheduler.core;
         assert!([1, 2].iter().all(|id| core.requests[id].phase == Phase::Rotated));
         let ending_first = core.blocks.private_device_blocks(3);

@@ -53,13 +53,15 @@
 //! that cannot return yet comes back first where that does not delay it: `backfill.rs`), until
 //! every request so pushed out is back — except that the requests that can no longer meet their
 //! objectives yield to those that still can (`reactive::yields`): prompts that can still make
-//! their first token are admitted first, and on a shortage the newest request already lost (no
-//! larger than the newest) is pushed out before the newest of all (a lost request that has
-//! starved for `late_starvation_s` is served in its turn again); a return, and then a new
-//! prompt, is let in only while the running requests can still grow through the steps that
-//! compute its next token
-//! (`return_keeps_growth`, `admission_keeps_growth`, `reactive.rs`) — one let into their blocks
-//! would push one of them, or itself, out again before it computes. Left as RotaSched's own
+//! their first token are admitted first, those rotated out come back before the lost ones, on a
+//! shortage the newest request already lost (no larger than the newest) is pushed out before
+//! the newest of all, and one rotated out a few steps from its stall bound, with no free blocks
+//! to come back to, comes back in exchange for running requests already lost (`exchange.rs`; a
+//! lost request that has starved for `late_starvation_s` is served in its turn again); a
+//! return, and then a new prompt, is let in only while the running requests can still grow
+//! through the steps that compute its next token (`return_keeps_growth`,
+//! `admission_keeps_growth`, `reactive.rs`) — one let into their blocks would push one of them,
+//! or itself, out again before it computes. Left as RotaSched's own
 //! rotations are (to their deadline, then parked behind new prompts), such a request stalled
 //! for several times swap's longest gap.
 //!
@@ -70,10 +72,11 @@
 //! request in order (running, waiting, rotated); `ordering.rs` the service order and the parking
 //! decisions (2), `step_cap.rs` the step-time cap (3), `eviction.rs` the one eviction walk and
 //! its candidates and victims (4), `reserve.rs` the reserve (1), `backfill.rs` the overload
-//! mode's returns past a blocked one.
+//! mode's returns past a blocked one, `exchange.rs` its returns before the stall bound.
 
 mod backfill;
 mod eviction;
+mod exchange;
 mod ordering;
 mod reserve;
 mod step_cap;
@@ -146,8 +149,10 @@ impl SchedulingPolicy for RotaSched {
             // way is back, steps are served as swap serves them — running first, the newest
             // preempted on shortage, those rotated out brought back oldest first before any
             // admission: there is no slack to plan with, and a victim left to wait behind new
-            // prompts would stall for seconds.
+            // prompts would stall for seconds. First, one due to break its stall bound is
+            // exchanged for running requests already lost (`exchange.rs`).
             self.reserve_blocks = 0;
+            planner.exchange_for_the_lost(ctx);
             reactive::plan_with(planner.step, ctx, true, true, Some(self.settings.late_starvation_s));
             planner.return_past_the_blocked(ctx);
             self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
