@@ -17,10 +17,10 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_g
 /// requests that can no longer meet their objectives yield to those that still can
 /// (`yields`): a prompt that can still make its first token is admitted before one that
 /// cannot, a request rotated out that can still meet its objectives comes back before one that
-/// cannot (`return_order`), and on a shortage the newest running request that cannot (and holds no more blocks
-/// than the newest) is pushed out before the newest of all. Swap's order, which admits and
-/// preempts by arrival, spends the memory on requests already lost while fresh prompts queue
-/// behind them and miss too.
+/// cannot (`return_order`), and on a shortage the newest running request that cannot (and holds
+/// no more blocks than the newest) is pushed out before the newest of all. Swap's order, which
+/// admits and preempts by arrival, spends the memory on requests already lost while fresh
+/// prompts queue behind them and miss too.
 pub(super) fn plan_with(step: &mut StepBuilder, ctx: &mut StepCtx, swap: bool, keep_growth: bool, lost_yield: Option<f64>) {
     let running = step.running_by_rank();
     for decodes in [true, false] {
