@@ -4,8 +4,8 @@
 //! their objectives anyway. A request rotated out that still can comes back in exchange for them:
 //! when its stall bound is a few steps away (the exchange's rotation out, its rotation in and the
 //! step that computes its token: `EXCHANGE_STEPS`) and the blocks it needs are not free, running
-//! requests that yield (`reactive::yields`: already lost, not starved) are rotated out, newest
-//! first, until their blocks cover what it misses; the overload mode's returns, where the lost
+//! requests that yield (`reactive::yields`: already lost, not starved) are rotated out, those
+//! with the most tokens left first, until their blocks cover what it misses; the overload mode's returns, where the lost
 //! ones yield too, bring it back once those are acknowledged. Only the lost pay: no request that
 //! can still meet its objectives is pushed out for it, and none is pushed out unless the lost
 //! ones free enough.
@@ -40,7 +40,12 @@ impl Planner<'_, '_> {
         }
         let mut victims = Vec::new();
         let mut freed = 0;
-        for id in self.running_by_rank().into_iter().rev() {
+        // The lost that would hold their blocks longest go first: one about to end frees its
+        // own soon anyway (newest first among equals; the sort is stable).
+        let mut order = self.running_by_rank();
+        order.reverse();
+        order.sort_by_key(|id| std::cmp::Reverse(self.requests()[id].tokens_left()));
+        for id in order {
             if freed >= missing {
                 break;
             }
@@ -70,15 +75,15 @@ mod tests {
     use crate::tests::driver::{config, spec, Driver};
 
     /// 4-token blocks, 24 on device (10 ms steps, stall bound 0.5 s). Requests 1–4 (16-token
-    /// prompts, 60 tokens to generate) run to their first token; request 1 is rotated out and
-    /// request 5 (a 16-token prompt) admitted into its blocks, so it cannot come back. Request
-    /// `lost` (if any) can no longer meet its objectives. At `before_bound` seconds before
-    /// request 1's stall bound, returns the blocks request 1 misses and whom the exchange rotates
-    /// out.
-    fn exchange(lost: Option<u64>, before_bound: f64) -> (u64, Vec<u64>) {
+    /// prompts, 60 tokens to generate, request 4 only 20) run to their first token; request 1 is
+    /// rotated out and request 5 (a 16-token prompt) admitted into its blocks, so it cannot come
+    /// back. The requests `lost` can no longer meet their objectives. At `before_bound` seconds
+    /// before request 1's stall bound, returns the blocks request 1 misses and whom the exchange
+    /// rotates out.
+    fn exchange(lost: &[u64], before_bound: f64) -> (u64, Vec<u64>) {
         let mut d = Driver::new(config(PolicyKind::RotaSched, 24));
-        for id in 1..=4 {
-            d.add(spec(id, 16, 60, d.now));
+        for (id, max_new) in [(1, 60), (2, 60), (3, 60), (4, 20)] {
+            d.add(spec(id, 16, max_new, d.now));
         }
         d.step_to_first_tokens(&[1, 2, 3, 4]);
         d.by_hand(|step, ctx| assert!(step.rotate_out(ctx, 1) > 0));
@@ -86,8 +91,8 @@ mod tests {
         d.by_hand(|step, ctx| assert_eq!(step.admit(ctx, 5, 0), Fit::Scheduled));
         let core = &mut d.scheduler.core;
         assert_eq!(core.requests[&1].phase, Phase::Rotated);
-        if let Some(id) = lost {
-            core.requests.get_mut(&id).unwrap().objectives_lost = true;
+        for id in lost {
+            core.requests.get_mut(id).unwrap().objectives_lost = true;
         }
         let bound = core.requests[&1].stall_deadline().expect("request 1 has a token");
         let mut ctx = core.new_ctx(bound - before_bound);
@@ -99,15 +104,17 @@ mod tests {
         (missing, ctx.plan.rotate_out.iter().map(|t| t.request_id).collect())
     }
 
-    /// Two steps before its bound, request 1 (5 blocks short) comes back in exchange for request
-    /// 3, lost: the newest running request (5) can still meet its objectives and stays. With
+    /// Two steps before its bound, request 1 (5 blocks short at most) comes back in exchange for
+    /// request 3, lost: the newest running request (5) can still meet its objectives and stays.
+    /// With 3 and 4 lost, 3 still goes: 4, newer, ends sooner and frees its blocks itself. With
     /// nobody lost, or ten steps before the bound, nobody is pushed out.
     #[test]
     fn under_overload_a_request_due_to_break_its_stall_bound_comes_back_in_exchange_for_a_lost_one() {
-        let (missing, out) = exchange(Some(3), 0.02);
+        let (missing, out) = exchange(&[3], 0.02);
         assert!(missing > 0 && missing <= 5, "request 1 misses {missing} blocks");
         assert_eq!(out, vec![3]);
-        assert_eq!(exchange(None, 0.02).1, Vec::<u64>::new());
-        assert_eq!(exchange(Some(3), 0.1).1, Vec::<u64>::new());
+        assert_eq!(exchange(&[3, 4], 0.02).1, vec![3]);
+        assert_eq!(exchange(&[], 0.02).1, Vec::<u64>::new());
+        assert_eq!(exchange(&[3], 0.1).1, Vec::<u64>::new());
     }
 }
