@@ -5,10 +5,10 @@
 //! when its stall bound is a few steps away (the exchange's rotation out, its rotation in and the
 //! step that computes its token: `EXCHANGE_STEPS`) and the blocks it needs are not free, running
 //! requests that yield (`reactive::yields`: already lost, not starved) are rotated out, those
-//! with the most tokens left first, until their blocks cover what it misses; the overload mode's returns, where the lost
-//! ones yield too, bring it back once those are acknowledged. Only the lost pay: no request that
-//! can still meet its objectives is pushed out for it, and none is pushed out unless the lost
-//! ones free enough.
+//! with the most tokens left first, until their blocks cover what it misses; the overload mode's
+//! returns, where the lost ones yield too, bring it back once those are acknowledged. Only the
+//! lost pay: no request that can still meet its objectives is pushed out for it, and none is
+//! pushed out unless the lost ones free enough.
 
 use super::reactive;
 use super::urgency::STALL_RETURN_STEPS;
@@ -31,10 +31,10 @@ impl Planner<'_, '_> {
                 && r.stall_deadline().is_some_and(|at| at > ctx.now && at - ctx.now <= window)
         });
         let Some(due) = due else { return };
-        // Blocks already on their way out free at acknowledgement, in time for its return.
-        let leaving = ctx.release_credit;
+        // Blocks already on their way out (`release_credit`) free at acknowledgement, in time
+        // for its return.
         let need = reactive::return_blocks(self.step, due, 1);
-        let missing = reactive::growth_deficit(self.step, need, 1).saturating_sub(leaving);
+        let missing = reactive::growth_deficit(self.step, need, 1).saturating_sub(ctx.release_credit);
         if missing == 0 {
             return;
         }
