@@ -44,6 +44,11 @@ def success_count(replica) -> float:
     return replica.metric("superinfer_request_success")
 
 
+def reported_load(replica) -> int:
+    """The `load` the replica's `/get_load` reports: what power_of_two compares."""
+    return requests.get(f"{replica.url}/get_load", timeout=10).json()["load"]
+
+
 def in_flight(replica) -> float:
     """Requests the replica has received and not yet answered."""
     _, text = replica.get("/metrics")
@@ -146,15 +151,15 @@ def test_power_of_two_steers_clear_of_a_replica_its_load_shows_busy(replicas, ro
         for _ in range(3):
             stream = held.enter_context(requests.post(f"{busy.url}/generate_stream", json=body, stream=True, timeout=300))
             assert stream.status_code == 200, stream.text
-        assert wait_for(lambda: requests.get(f"{busy.url}/get_load", timeout=10).json()["load"] == 3, timeout_s=60)
+        assert wait_for(lambda: reported_load(busy) == 3, timeout_s=60)
         with vllm_router(router_logs, [r.url for r in replicas], "power_of_two") as url:
             time.sleep(3)  # three polls of every replica's load
             before = [r.metric("superinfer_request_count") for r in replicas]
             responses = run_concurrently(24, 2, lambda: chat(url))
             received = [r.metric("superinfer_request_count") - b for r, b in zip(replicas, before)]
-            still_busy = requests.get(f"{busy.url}/get_load", timeout=10).json()["load"]
+            still_busy = reported_load(busy)
     # The held streams were closed: the replica lets them go (and the tests after start idle).
-    assert wait_for(lambda: requests.get(f"{busy.url}/get_load", timeout=10).json()["load"] == 0, timeout_s=60)
+    assert wait_for(lambda: reported_load(busy) == 0, timeout_s=60)
     assert [r.status_code for r in responses] == [200] * 24, [r.text for r in responses if r.status_code != 200][:3]
     assert still_busy == 3, "the held streams ended before the router's requests did: hold longer ones"
     assert received[0] == 0 and received[1] >= 1 and received[2] >= 1 and sum(received) == 24, received
@@ -165,14 +170,14 @@ def test_get_load_and_server_info_are_what_the_router_reads(replicas):
     info = requests.get(f"{replica.url}/get_server_info", timeout=10).json()
     assert info["kv_block_size"] > 0 and info["num_device_blocks"] == 128, info
     assert len({requests.get(f"{r.url}/get_server_info", timeout=10).json()["instance_id"] for r in replicas}) == 3
-    assert requests.get(f"{replica.url}/get_load", timeout=10).json()["load"] == 0
+    assert reported_load(replica) == 0
     # While streams run, the load counts them.
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         body = {"inputs": "Count:", "parameters": {"max_new_tokens": 40, "ignore_eos": True}}
         streams = [pool.submit(requests.post, f"{replica.url}/generate", json=body, timeout=300) for _ in range(2)]
         peak = 0
         while not all(s.done() for s in streams):
-            peak = max(peak, requests.get(f"{replica.url}/get_load", timeout=10).json()["load"])
+            peak = max(peak, reported_load(replica))
             time.sleep(0.05)
         assert all(s.result().status_code == 200 for s in streams)
     assert peak == 2, peak
