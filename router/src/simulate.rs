@@ -138,6 +138,9 @@ struct ConfigJson {
     max_sim_time_s: f64,
     #[serde(default = "default_gap_samples")]
     gap_samples: usize,
+    /// Answer every planned step too (`SimConfig::step_log`).
+    #[serde(default)]
+    step_log: bool,
 }
 
 fn default_percentile() -> f64 {
@@ -250,6 +253,7 @@ fn parse(config_json: &str) -> Result<SimConfig, String> {
         requests: requests(c.requests)?,
         max_sim_time_s: c.max_sim_time_s,
         gap_samples: c.gap_samples,
+        step_log: c.step_log,
     })
 }
 
@@ -292,6 +296,11 @@ fn report_json(report: &SimReport, wall_s: f64) -> Value {
             "planning_s": report.charged_planning_s,
         },
         "wall_s": wall_s,
+        "step_log": report.step_log.iter().map(|r| json!({
+            "time": r.time, "scheduled": r.scheduled, "rotate_out": r.rotate_out, "rotate_in": r.rotate_in,
+            "recomputed": r.recomputed,
+            "requests": r.requests.iter().map(|&(id, phase, lost)| json!([id, phase, lost])).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -300,3 +300,30 @@ def test_a_returned_request_is_not_rotated_out_before_its_next_token():
     raw = run_raw(profile, requests_for(config), SimOptions("rotasched", slo, max_sim_time_s=3000))
     assert sum(raw["requests"]["finished"]) == 30
     assert raw["scheduler"]["rotations_out"] < 60
+
+
+def test_the_step_log_follows_a_request_rotated_out_and_back(tmp_path, capsys):
+    from superinfer.simulate import step_log
+
+    out = tmp_path / "sim"
+    code = main(["simulate", "--profile", f"measured:{write_measured(tmp_path)}", "--policies", "swap",
+                 "--rates", "50", "--num-requests", "40", "--prompt-tokens", "200", "--output-tokens", "40",
+                 "--device-kv-blocks", "48", "--ignore-eos", "--out", str(out), "--no-progress", "--step-log"])
+    assert code == 0
+    (run,) = json.loads((out / "simulate.json").read_text())["runs"]
+    steps = step_log.load(out / "step-log-swap-50.jsonl")
+    # Every computing step is a line (plans that only move KV are lines too).
+    assert sum(1 for s in steps if s["scheduled"]) == run["summary"]["simulator"]["steps"]
+    assert all(set(s) == {"time", "scheduled", "rotate_out", "rotate_in", "recomputed", "requests"} for s in steps)
+    rotated = next(rid for s in steps for rid in s["rotate_out"])
+    phases = [line.split("\n")[0] for line in step_log.follow(steps, rotated)]
+    order = [p.split(": ")[1].split(" ")[0] for p in phases]
+    # A record is the state once its step was planned: one admitted at once is never seen waiting.
+    assert order[0] in ("waiting", "running")
+    # Out, then back in (one plan may rotate it in as soon as its copy out is acknowledged, so
+    # it need not be seen resting on host), then running again until it finishes.
+    out_at = order.index("rotating_out")
+    assert "rotating_in" in order[out_at:] and order[-2:] == ["running", "gone"]
+    assert step_log.main([str(out / "step-log-swap-50.jsonl"), "--request", str(rotated)]) == 0
+    assert f"request {rotated}: rotating_out" in capsys.readouterr().out
+    assert step_log.follow(steps, 10_000) == []

@@ -1,8 +1,11 @@
 """`superinfer simulate --profile gh200:llama-3-8b --policies fcfs,rotasched --rates 35,60 …`:
 the same workload options as `superinfer bench`, replayed through the scheduler on a
 simulated machine, one run per (policy, rate). Writes `<out>/simulate.json` and PNGs, and
-prints the side-by-side table; everything is labelled "simulated"."""
+prints the side-by-side table; everything is labelled "simulated". With `--step-log`, each run's
+planned steps go to `<out>/step-log-<policy>-<rate>.jsonl` too (`python -m
+superinfer.simulate.step_log` follows requests through them)."""
 import argparse
+import json
 from dataclasses import asdict, replace
 
 from superinfer import _router
@@ -12,7 +15,7 @@ from superinfer.bench.sharegpt import load_conversations
 from superinfer.bench.tokenizer import local_tokenizer
 from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, requests_for
 from superinfer.simulate.profiles import resolve
-from superinfer.simulate.runner import SimOptions, simulate, unloaded_latency
+from superinfer.simulate.runner import SimOptions, run_raw, to_result, unloaded_latency
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--no-send-slo", action="store_true", help="requests carry no objectives (server defaults)")
     parser.add_argument("--tokenizer", default="default", help="for ShareGPT lengths: 'default' or a path")
+    parser.add_argument("--step-log", action="store_true",
+                        help="also write every planned step of each run (what it computed and moved, where each "
+                             "request stood) to <out>/step-log-<policy>-<rate>.jsonl, one JSON object per line")
     add_charge_arguments(parser)
     add_workload_arguments(parser)
 
@@ -89,9 +95,13 @@ def run(args: argparse.Namespace) -> int:
     slo = wanted.resolve(unloaded)
     results = []
     for policy in policies:
-        options = SimOptions(policy, slo, send_slo=not args.no_send_slo, prefix_caching=not args.no_prefix_caching)
+        options = SimOptions(policy, slo, send_slo=not args.no_send_slo, prefix_caching=not args.no_prefix_caching,
+                             step_log=args.step_log)
         for rate in sorted(workloads):
-            results.append(simulate(profile, workloads[rate], options, policy, rate))
+            raw = run_raw(profile, workloads[rate], options)
+            if args.step_log:
+                write_step_log(args.out / f"step-log-{policy}-{rate:g}.jsonl", raw["step_log"])
+            results.append(to_result(raw, slo, policy, rate))
             if not args.no_progress:
                 sim = results[-1].summary["simulator"]
                 print(f"simulated {policy} @ {rate:g} req/s: {len(workloads[rate])} requests, "
@@ -105,3 +115,13 @@ def run(args: argparse.Namespace) -> int:
         print(extra)
     print(f"wrote {args.out / 'simulate.json'} and {len(written)} plots in {args.out}")
     return 0
+
+
+def write_step_log(path, steps: list[dict]) -> None:
+    """One planned step per line: `time`, the ids it `scheduled` (computed), `rotate_out`,
+    `rotate_in` and `recomputed`, and `requests`: [id, phase, objectives lost] for every request
+    the scheduler held once it was planned (ids are the workload's request indexes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for step in steps:
+            f.write(json.dumps(step, separators=(",", ":")) + "\n")

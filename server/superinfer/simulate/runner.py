@@ -20,6 +20,8 @@ class SimOptions:
     prefix_caching: bool = True
     gap_samples: int = 2000
     max_sim_time_s: float = 1e6
+    # Answer every planned step too (`raw["step_log"]`; the simulate CLI's `--step-log`).
+    step_log: bool = False
 
 
 def config_json(profile: Profile, specs: list[WorkloadRequest], options: SimOptions) -> str:
@@ -46,7 +48,7 @@ def config_json(profile: Profile, specs: list[WorkloadRequest], options: SimOpti
         "scheduler": scheduler, "step_time": profile.step_time, "link": profile.link, "charges": profile.charges,
         "requests": requests,
         "tbt_percentile": slo.tbt_percentile, "max_sim_time_s": options.max_sim_time_s,
-        "gap_samples": options.gap_samples,
+        "gap_samples": options.gap_samples, "step_log": options.step_log,
     })
 
 

@@ -49,6 +49,9 @@ pub struct SimConfig {
     pub max_sim_time_s: f64,
     /// How many evenly spaced gap quantiles to return for CDFs.
     pub gap_samples: usize,
+    /// Record every planned step (`SimReport::step_log`): what it computed and moved, and
+    /// where each request stood. Off by default; it grows with steps × live requests.
+    pub step_log: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Error)]

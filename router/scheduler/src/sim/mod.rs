@@ -14,7 +14,7 @@ mod simulator;
 mod timing;
 
 pub use config::{Charges, SimConfig, SimError, SimRequest};
-pub use report::{percentile_sorted, GapStats, RequestOutcome, SimReport};
+pub use report::{percentile_sorted, GapStats, RequestOutcome, SimReport, StepRecord};
 pub use simulator::simulate;
 pub use timing::{step_shape, LinkModel, Roofline, StepTimeModel};
 

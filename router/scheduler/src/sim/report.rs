@@ -36,6 +36,23 @@ pub struct GapStats {
     pub max: Option<f64>,
 }
 
+/// One planned step as the simulator ran it (`SimConfig::step_log`): the simulated time it was
+/// planned at, the requests it computed, rotated out, rotated in and dropped for recompute, and
+/// every request the scheduler held then, with its phase as the plan left it and whether it can
+/// no longer meet its objectives. A plan that computes nothing (only transfers or
+/// preemptions) is a record too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    pub time: f64,
+    pub scheduled: Vec<u64>,
+    pub rotate_out: Vec<u64>,
+    pub rotate_in: Vec<u64>,
+    pub recomputed: Vec<u64>,
+    /// (id, phase, objectives lost), by id; phases are `waiting`, `running`, `rotating_out`,
+    /// `rotated` and `rotating_in`.
+    pub requests: Vec<(u64, &'static str, bool)>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimReport {
     pub outcomes: Vec<RequestOutcome>,
@@ -56,6 +73,8 @@ pub struct SimReport {
     pub charged_per_step_s: f64,
     pub charged_transfer_stall_s: f64,
     pub charged_planning_s: f64,
+    /// Every planned step, in order, when `SimConfig::step_log` asked for it (else empty).
+    pub step_log: Vec<StepRecord>,
 }
 
 

@@ -14,7 +14,8 @@ use crate::request::RequestSpec;
 use crate::scheduler::Scheduler;
 use crate::sim::config::{SimConfig, SimError};
 use crate::sim::link::Link;
-use crate::sim::report::{summarize_gaps, RequestOutcome, SimReport, Timeline};
+use crate::request::Phase;
+use crate::sim::report::{summarize_gaps, RequestOutcome, SimReport, StepRecord, Timeline};
 use crate::sim::timing::step_shape;
 
 /// Plans that change state without computing (rotations, preemptions) are re-planned at the same
@@ -54,6 +55,7 @@ struct Simulation<'a> {
     charged_per_step_s: f64,
     charged_transfer_stall_s: f64,
     charged_planning_s: f64,
+    step_log: Vec<StepRecord>,
 }
 
 impl<'a> Simulation<'a> {
@@ -72,6 +74,7 @@ impl<'a> Simulation<'a> {
             charged_per_step_s: 0.0,
             charged_transfer_stall_s: 0.0,
             charged_planning_s: 0.0,
+            step_log: Vec::new(),
         }
     }
 
@@ -144,6 +147,9 @@ impl<'a> Simulation<'a> {
                 }
             }
             let stall_s = charges.transfer_stall * link_s;
+            if self.config.step_log {
+                self.step_log.push(step_record(self.now, &plan, scheduler));
+            }
             if !plan.scheduled.is_empty() {
                 idle_replans = 0;
                 self.execute(scheduler, &plan, charges.per_step_s + stall_s);
@@ -243,7 +249,36 @@ impl<'a> Simulation<'a> {
             charged_per_step_s: self.charged_per_step_s,
             charged_transfer_stall_s: self.charged_transfer_stall_s,
             charged_planning_s: self.charged_planning_s,
+            step_log: self.step_log,
         }
+    }
+}
+
+/// The step log's record of `plan`, planned at `now`.
+fn step_record(now: f64, plan: &StepPlan, scheduler: &Scheduler) -> StepRecord {
+    let ids = |transfers: &[crate::plan::Transfer]| transfers.iter().map(|t| t.request_id).collect();
+    let requests = scheduler
+        .core
+        .requests
+        .values()
+        .map(|r| {
+            let phase = match r.phase {
+                Phase::Waiting => "waiting",
+                Phase::Running => "running",
+                Phase::RotatingOut => "rotating_out",
+                Phase::Rotated => "rotated",
+                Phase::RotatingIn => "rotating_in",
+            };
+            (r.id, phase, r.objectives_lost)
+        })
+        .collect();
+    StepRecord {
+        time: now,
+        scheduled: plan.scheduled.iter().map(|e| e.id).collect(),
+        rotate_out: ids(&plan.rotate_out),
+        rotate_in: ids(&plan.rotate_in),
+        recomputed: plan.preempted_for_recompute.clone(),
+        requests,
     }
 }
 

@@ -40,6 +40,7 @@ fn config(policy: PolicyKind, device_blocks: u32, requests: Vec<SimRequest>) -> 
         requests,
         max_sim_time_s: 1e5,
         gap_samples: 100,
+        step_log: false,
     }
 }
 
@@ -267,4 +268,36 @@ fn under_overload_rotasched_admits_no_prompt_that_would_push_a_running_request_o
         rotasched.1 <= swap.1 && rotasched.2 >= swap.2 && rotasched.3 >= swap.3,
         "bytes to host, longest gap, first tokens and stall bounds met: rotasched {rotasched:?}, swap {swap:?}"
     );
+}
+
+/// With `step_log`, every plan is recorded — the requests it computed as running, those it
+/// rotates as rotating, a request rotated out under memory pressure later rotated back in — and
+/// nothing else in the report changes.
+#[test]
+fn the_step_log_records_every_plan_and_changes_nothing_else() {
+    let plain = config(PolicyKind::Swap, 48, workload(40, 0.02));
+    let logged = SimConfig { step_log: true, ..plain.clone() };
+    let without = simulate(&plain).expect("valid config");
+    let mut with = simulate(&logged).expect("valid config");
+    assert!(without.step_log.is_empty());
+    let log = &with.step_log;
+    assert_eq!(log.iter().filter(|r| !r.scheduled.is_empty()).count() as u64, with.steps);
+    assert!(log.windows(2).all(|w| w[0].time <= w[1].time));
+    let phase = |record: &crate::sim::StepRecord, id: u64| {
+        record.requests.iter().find(|r| r.0 == id).map(|r| r.1).unwrap_or("gone")
+    };
+    for record in log {
+        assert!(record.scheduled.iter().all(|&id| phase(record, id) == "running"));
+        assert!(record.rotate_out.iter().all(|&id| phase(record, id) == "rotating_out"));
+        assert!(record.rotate_in.iter().all(|&id| phase(record, id) == "rotating_in"));
+    }
+    let (at, id) = log
+        .iter()
+        .enumerate()
+        .find_map(|(i, r)| r.rotate_out.first().map(|&id| (i, id)))
+        .expect("48 blocks for 40 requests arriving together: swap rotates some out");
+    assert!(log[at..].iter().any(|r| r.rotate_in.contains(&id)), "request {id} never came back");
+    assert_eq!(phase(log.last().unwrap(), id), "gone");
+    with.step_log.clear();
+    assert_eq!(without, with);
 }

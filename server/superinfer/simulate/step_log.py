@@ -1,0 +1,74 @@
+"""Follow requests through a simulated run's step log (`superinfer simulate --step-log`):
+
+    python -m superinfer.simulate.step_log OUT/step-log-rotasched-1.jsonl --request 8 [--request 7]
+
+prints each time a followed request changes phase (waiting, running, rotating_out, rotated,
+rotating_in, gone once finished) or becomes lost (can no longer meet its objectives), with how
+long it spent in the phase it leaves and what every other request was doing at that step:
+`7R*` is request 7 running and computed in that step, `6H` rotated out to host, `9W` waiting,
+`o`/`i` rotating out/in, `L` lost. Without `--request`, prints every step that way."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+_PHASE = {"waiting": "W", "running": "R", "rotating_out": "o", "rotated": "H", "rotating_in": "i"}
+
+
+def load(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def describe(step: dict) -> str:
+    """One step on one line: its time, every request held, and what it moved."""
+    computed = set(step["scheduled"])
+    held = " ".join(f"{rid}{_PHASE[phase]}{'L' if lost else ''}{'*' if rid in computed else ''}"
+                    for rid, phase, lost in step["requests"])
+    moves = [f"{name} {step[key]}" for key, name in (("rotate_out", "out"), ("rotate_in", "in"),
+                                                      ("recomputed", "recomputed")) if step[key]]
+    return f"{step['time']:9.3f}  {held}" + (f"  | {', '.join(moves)}" if moves else "")
+
+
+def state(step: dict, request: int) -> tuple[str, bool] | None:
+    """(phase, lost) of `request` once `step` was planned; None when the scheduler does not hold it."""
+    for rid, phase, lost in step["requests"]:
+        if rid == request:
+            return phase, lost
+    return None
+
+
+def follow(steps: list[dict], request: int) -> list[str]:
+    """The lines for one request: a line at each change of its phase or of its lost flag."""
+    lines, last, since = [], None, None
+    for step in steps:
+        now = state(step, request)
+        if now == last:
+            continue
+        if now is None and last is None:
+            continue
+        phase = "gone" if now is None else now[0] + (" (lost)" if now[1] else "")
+        held = "" if since is None else f" after {step['time'] - since:.3f} s"
+        lines.append(f"request {request}: {phase}{held}\n    {describe(step)}")
+        last, since = now, step["time"]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--request", type=int, action="append", default=[], help="a request id (repeatable)")
+    args = parser.parse_args(argv)
+    steps = load(args.log)
+    if not args.request:
+        for step in steps:
+            print(describe(step))
+    for request in args.request:
+        lines = follow(steps, request)
+        print("\n".join(lines) if lines else f"request {request}: not in this log")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
