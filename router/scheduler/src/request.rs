@@ -40,6 +40,19 @@ pub(crate) enum Phase {
     RotatingIn,
 }
 
+impl Phase {
+    /// Its name in reports (the simulator's step log).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Phase::Waiting => "waiting",
+            Phase::Running => "running",
+            Phase::RotatingOut => "rotating_out",
+            Phase::Rotated => "rotated",
+            Phase::RotatingIn => "rotating_in",
+        }
+    }
+}
+
 /// The scheduler's mutable view of one request.
 #[derive(Debug, Clone)]
 pub(crate) struct RequestState {

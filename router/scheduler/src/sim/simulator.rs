@@ -14,7 +14,6 @@ use crate::request::RequestSpec;
 use crate::scheduler::Scheduler;
 use crate::sim::config::{SimConfig, SimError};
 use crate::sim::link::Link;
-use crate::request::Phase;
 use crate::sim::report::{summarize_gaps, RequestOutcome, SimReport, StepRecord, Timeline};
 use crate::sim::timing::step_shape;
 
@@ -257,21 +256,7 @@ impl<'a> Simulation<'a> {
 /// The step log's record of `plan`, planned at `now`.
 fn step_record(now: f64, plan: &StepPlan, scheduler: &Scheduler) -> StepRecord {
     let ids = |transfers: &[crate::plan::Transfer]| transfers.iter().map(|t| t.request_id).collect();
-    let requests = scheduler
-        .core
-        .requests
-        .values()
-        .map(|r| {
-            let phase = match r.phase {
-                Phase::Waiting => "waiting",
-                Phase::Running => "running",
-                Phase::RotatingOut => "rotating_out",
-                Phase::Rotated => "rotated",
-                Phase::RotatingIn => "rotating_in",
-            };
-            (r.id, phase, r.objectives_lost)
-        })
-        .collect();
+    let requests = scheduler.core.requests.values().map(|r| (r.id, r.phase.name(), r.objectives_lost)).collect();
     StepRecord {
         time: now,
         scheduled: plan.scheduled.iter().map(|e| e.id).collect(),
