@@ -135,6 +135,10 @@ pub struct RotaSchedSettings {
     pub min_rotation_tokens_left: u32,
     /// A late request (hopeless first-token deadline) that has been late for longer
     /// than this is served with the punctual ones again, so nothing starves under overload.
+    /// 20 s: a request already lost gains nothing by coming sooner within an overload, and each
+    /// one served in its turn takes memory from requests that can still meet their objectives;
+    /// the price is the lost requests' own wait (`docs/benchmarks.md`, "Lost requests starve
+    /// later").
     pub late_starvation_s: f64,
     /// The most gaps between tokens, as a share of every gap produced so far, that
     /// its rotations may have made late — a decode parked for a prompt, or a victim whose return
@@ -150,7 +154,7 @@ impl Default for RotaSchedSettings {
         RotaSchedSettings {
             rotation_cooldown_steps: 4,
             min_rotation_tokens_left: 4,
-            late_starvation_s: 10.0,
+            late_starvation_s: 20.0,
             rotation_late_gap_share: 0.005,
         }
     }
