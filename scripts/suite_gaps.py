@@ -1,6 +1,7 @@
 """The longest gaps between tokens in simulated `superinfer suite` runs, which `suite.json` does
 not keep: per workload and policy, the median and the largest over every rate and seed of each
-run's longest gap (and of its p99 gap). Writes `gaps.json` beside each run's `suite.json`.
+run's longest gap (and of its p99 gap). Writes `gaps.json` beside each run's `suite.json`, with
+each run's joint attainment and its p99 and longest first token too.
 
     .venv/bin/python scripts/suite_gaps.py SUITE_OUT [SUITE_OUT ...]
 """
@@ -16,8 +17,11 @@ def gaps(root: Path) -> dict:
         seed = int(path.parent.name.split("-")[1])
         for run in json.loads(path.read_text())["runs"]:
             tbt = run["summary"]["tbt_s"]
+            ttft = run["summary"]["ttft_s"]
             rows.append({"workload": path.parent.parent.name, "rate": run["rate"], "seed": seed,
-                         "policy": run["series"], "max_gap_s": tbt.get("max"), "p99_gap_s": tbt.get("p99")})
+                         "policy": run["series"], "max_gap_s": tbt.get("max"), "p99_gap_s": tbt.get("p99"),
+                         "joint": run["summary"]["attainment"]["both"],
+                         "p99_ttft_s": ttft.get("p99"), "max_ttft_s": ttft.get("max")})
     return {"runs": rows}
 
 
