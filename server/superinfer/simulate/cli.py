@@ -11,6 +11,7 @@ from dataclasses import asdict, replace
 from superinfer import _router
 from superinfer.bench import plots, report
 from superinfer.bench.cli import add_workload_arguments, slo_request, workload_config, workload_trace
+from superinfer.bench.outcomes import Slo
 from superinfer.bench.sharegpt import load_conversations
 from superinfer.bench.tokenizer import local_tokenizer
 from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, requests_for
@@ -81,18 +82,25 @@ def planned_workloads(args: argparse.Namespace) -> tuple[WorkloadConfig, dict[fl
     return config, {rate: requests_for(replace(config, rate=rate), trace, conversations, tokenizer) for rate in args.rates}
 
 
-def run(args: argparse.Namespace) -> int:
-    profile = _profile(args)
-    config, workloads = planned_workloads(args)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+def objectives(args: argparse.Namespace, profile, workloads: dict[float, list[WorkloadRequest]],
+               policy: str) -> tuple[Slo, dict | None]:
+    """The objectives the options ask for and, when they are scales of the unloaded latency, that
+    latency: one request of the lowest rate's mean lengths alone on the simulated machine."""
     wanted = slo_request(args)
     unloaded = None
     if wanted.needs_calibration:
         first = workloads[min(workloads)]
         mean_prompt = round(sum(s.prompt_tokens for s in first) / len(first))
         mean_output = round(sum(s.max_new_tokens for s in first) / len(first))
-        unloaded = unloaded_latency(profile, mean_prompt, mean_output, policies[0])
-    slo = wanted.resolve(unloaded)
+        unloaded = unloaded_latency(profile, mean_prompt, mean_output, policy)
+    return wanted.resolve(unloaded), unloaded
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = _profile(args)
+    config, workloads = planned_workloads(args)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    slo, unloaded = objectives(args, profile, workloads, policies[0])
     results = []
     for policy in policies:
         options = SimOptions(policy, slo, send_slo=not args.no_send_slo, prefix_caching=not args.no_prefix_caching,
