@@ -49,6 +49,8 @@ def measured(document: dict) -> None:
         diffs, ratios = [], []
         for repetition in sorted({r["repetition"] for r in runs if r["rate"] == rate}):
             by = {r["series"]: r["summary"] for r in runs if r["rate"] == rate and r["repetition"] == repetition}
+            if any(p not in by for p in document["policies"]):
+                continue  # a repetition still running (the file of a run in progress), or cut short
             best = max((by[p] for p in document["policies"] if p != "rotasched"), key=lambda s: s["attainment"]["both"])
             diffs.append((by["rotasched"]["attainment"]["both"] - best["attainment"]["both"]) * 100)
             ratios.append(by["rotasched"]["tbt_s"]["p99"] / best["tbt_s"]["p99"])
