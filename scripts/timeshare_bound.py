@@ -36,6 +36,13 @@ from superinfer.bench.outcomes import Slo, attainment, outcome_from_times  # noq
 from superinfer.bench.suite import CPU_PROFILE, SUITE  # noqa: E402
 from superinfer.simulate import cli as simulate_cli  # noqa: E402
 
+# The model's planning leads, in seconds or as a share: a lost request is served this long before
+# its stall bound breaks; a prompt counts as lost once it is this close to its first-token
+# deadline; a punctual decode must compute in this share of its TBT objective.
+LOST_LEAD_S = 0.3
+PROMPT_LEAD_S = 0.15
+TBT_SHARE = 0.9
+
 
 @dataclass
 class Req:
@@ -58,7 +65,7 @@ class Req:
 
     def deadline(self, slo: Objectives) -> float:
         if self.lost:
-            return math.inf if self.last is None else self.last + slo.stall_s - 0.3
+            return math.inf if self.last is None else self.last + slo.stall_s - LOST_LEAD_S
         return self.arrival + slo.ttft_s if self.last is None else self.last + slo.tbt_s
 
 
@@ -93,11 +100,11 @@ def run(specs, cost: dict, blocks: int, block_size: int, obj: Objectives, margin
     now = 0.0
     while waiting or active:
         step_s = base + per_decode * max(1, len(active))
-        duty = lambda r: min(1.0, step_s / ((obj.stall_s - 0.3) if r.lost else 0.9 * obj.tbt_s))  # noqa: E731
+        duty = lambda r: min(1.0, step_s / ((obj.stall_s - LOST_LEAD_S) if r.lost else TBT_SHARE * obj.tbt_s))  # noqa: E731
         arrived = [i for i in waiting if reqs[i].arrival <= now]
         for i in arrived:
             r = reqs[i]
-            if now > r.arrival + obj.ttft_s - 0.15:
+            if now > r.arrival + obj.ttft_s - PROMPT_LEAD_S:
                 r.lost = True
         punctual_waits = any(not reqs[i].lost for i in arrived)
         for i in arrived:
@@ -155,13 +162,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     azure = next(w for w in SUITE if w.name == "azure")
     print(f"transfer steps {args.transfer_steps}, margin {args.margin}: joint attainment / p99 gap (s) / longest gap (s)")
+    # The workload, machine and objectives as `superinfer suite --simulate` runs them; only the
+    # seed changes from one repetition to the next.
+    sim_parser = argparse.ArgumentParser(allow_abbrev=False)
+    simulate_cli.add_arguments(sim_parser)
+    suite_args = [*shlex.split(azure.args), "--rates", args.rates, "--profile", CPU_PROFILE, "--out", "unused"]
+    profile = simulate_cli._profile(sim_parser.parse_args(suite_args))
     for seed in range(args.repeats):
-        # The workload, machine and objectives as `superinfer suite --simulate` runs them.
-        sim_parser = argparse.ArgumentParser(allow_abbrev=False)
-        simulate_cli.add_arguments(sim_parser)
-        sim_args = sim_parser.parse_args([*shlex.split(azure.args), "--rates", args.rates, "--profile", CPU_PROFILE,
-                                          "--seed", str(seed), "--out", "unused"])
-        profile = simulate_cli._profile(sim_args)
+        sim_args = sim_parser.parse_args([*suite_args, "--seed", str(seed)])
         _config, workloads = simulate_cli.planned_workloads(sim_args)
         slo, _unloaded = simulate_cli.objectives(sim_args, profile, workloads, "rotasched")
         for rate, specs in sorted(workloads.items()):
