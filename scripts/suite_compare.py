@@ -1,7 +1,8 @@
 """Two runs of `superinfer suite` side by side: per (workload, rate), RotaSched's joint attainment
 minus the best baseline's (points, per repetition) and its p99 gap over that baseline's, then
 how many runs meet the suite's targets (p99 gap within 1.5x; joint within 3 points in every
-repetition) and the joint differences summed over every run (points).
+repetition) and the joint differences summed over every run (points), over the workloads both
+runs have.
 
     .venv/bin/python scripts/suite_compare.py BEFORE/suite.json AFTER/suite.json
 """
@@ -30,7 +31,10 @@ def main(argv: list[str]) -> int:
     runs = [verdicts(path) for path in argv]
     totals = [[0, 0, 0, 0, 0.0] for _ in runs]
     print("workload      rate  joint - best (points) | p99 gap ratio   ->   the same, second run")
+    # Workloads both runs have (a run of some workloads, `--workloads`, against a whole suite).
     for workload, points in runs[0].items():
+        if workload not in runs[1]:
+            continue
         for i, first in enumerate(points):
             pair = [first, runs[1][workload][i]]
             for total, verdict in zip(totals, pair):

@@ -1,10 +1,15 @@
 """The longest gaps between tokens in simulated `superinfer suite` runs, which `suite.json` does
 not keep: per workload and policy, the median and the largest over every rate and seed of each
 run's longest gap (and of its p99 gap). Writes `gaps.json` beside each run's `suite.json`, with
-each run's joint attainment and its p99 and longest first token too.
+each run's joint attainment and its p99 and longest first token too. With `--read`, reads the
+`gaps.json` already there instead (a committed one: its `simulate.json` files are not kept) and
+adds, per policy, how many runs had a gap longer than `--over` seconds (default 1.4: the
+stall bound on the Azure workload, 1.26 s, and about one step) and the median of their p99 gaps.
 
     .venv/bin/python scripts/suite_gaps.py SUITE_OUT [SUITE_OUT ...]
+    .venv/bin/python scripts/suite_gaps.py --read [--over 1.4] SUITE_OUT [SUITE_OUT ...]
 """
+import argparse
 import json
 import statistics
 import sys
@@ -26,13 +31,17 @@ def gaps(root: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    for arg in argv:
-        root = Path(arg)
-        doc = gaps(root)
-        (root / "gaps.json").write_text(json.dumps(doc, indent=1))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("roots", nargs="+", type=Path)
+    parser.add_argument("--read", action="store_true", help="summarise the gaps.json already in each SUITE_OUT")
+    parser.add_argument("--over", type=float, default=1.4, help="with --read: count runs with a gap longer than this (s)")
+    args = parser.parse_args(argv)
+    for root in args.roots:
+        if args.read:
+            doc = json.loads((root / "gaps.json").read_text())
+        else:
+            doc = gaps(root)
+            (root / "gaps.json").write_text(json.dumps(doc, indent=1))
         by = {}
         for r in doc["runs"]:
             if r["max_gap_s"] is not None:
@@ -40,6 +49,13 @@ def main(argv: list[str]) -> int:
         print(f"{root}: longest gap per run, median / largest (s)")
         for (workload, policy), values in sorted(by.items()):
             print(f"  {workload:12s} {policy:10s} {statistics.median(values):6.2f} / {max(values):6.2f}")
+        if args.read:
+            for policy in sorted({r["policy"] for r in doc["runs"]}):
+                runs = [r for r in doc["runs"] if r["policy"] == policy and r["max_gap_s"] is not None]
+                over = sum(r["max_gap_s"] > args.over for r in runs)
+                p99 = statistics.median(r["p99_gap_s"] for r in runs)
+                print(f"  {policy:10s} runs with a gap over {args.over:g} s: {over} of {len(runs)}; "
+                      f"median p99 gap {p99:.3f} s")
     return 0
 
 

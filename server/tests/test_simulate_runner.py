@@ -327,3 +327,24 @@ def test_the_step_log_follows_a_request_rotated_out_and_back(tmp_path, capsys):
     assert step_log.main([str(out / "step-log-swap-50.jsonl"), "--request", str(rotated)]) == 0
     assert f"request {rotated}: rotating_out" in capsys.readouterr().out
     assert step_log.follow(steps, 10_000) == []
+
+
+def test_the_step_log_lists_the_gaps_past_a_bound_with_who_held_the_memory():
+    from superinfer.simulate import step_log
+
+    def step(time, scheduled, requests):
+        return {"time": time, "scheduled": scheduled, "rotate_out": [], "rotate_in": [], "recomputed": [],
+                "requests": requests}
+
+    # Request 1 computes at 0 and 0.1, is rotated out while 2 (lost) runs, and computes again at
+    # 2.0: one gap of 1.9 s. Request 2's own gaps are 0.1 s.
+    steps = [step(0.0, [1], [(1, "running", False)]),
+             step(0.1, [1, 2], [(1, "running", False), (2, "running", True)])]
+    steps += [step(0.1 * k, [2], [(1, "rotated", False), (2, "running", True)]) for k in range(2, 20)]
+    steps.append(step(2.0, [1, 2], [(1, "running", False), (2, "running", True)]))
+    (gap,) = step_log.gaps_over(steps, 1.0)
+    assert gap["request"] == 1 and abs(gap["gap_s"] - 1.9) < 1e-9 and not gap["lost"]
+    # The step one bound into the gap shows who had the memory then.
+    assert abs(gap["then"]["time"] - 1.1) < 1e-9
+    assert (2, "running", True) in gap["then"]["requests"]
+    assert step_log.gaps_over(steps, 2.0) == []

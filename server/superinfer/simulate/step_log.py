@@ -6,7 +6,12 @@ prints each time a followed request changes phase (waiting, running, rotating_ou
 rotating_in, gone once finished) or becomes lost (can no longer meet its objectives), with how
 long it spent in the phase it leaves and what every other request was doing at that step:
 `7R*` is request 7 running and computed in that step, `6H` rotated out to host, `9W` waiting,
-`o`/`i` rotating out/in, `L` lost. Without `--request`, prints every step that way."""
+`o`/`i` rotating out/in, `L` lost. Without `--request`, prints every step that way. With
+`--gaps-over S`, prints instead every gap longer than S seconds between two steps computing the
+same request (longest first): whether it was lost when the gap began, and every request held
+at the first step S seconds into the gap (who had the memory when a stall bound of S passed).
+
+    python -m superinfer.simulate.step_log OUT/step-log-rotasched-0.7.jsonl --gaps-over 1.26"""
 from __future__ import annotations
 
 import argparse
@@ -55,12 +60,43 @@ def follow(steps: list[dict], request: int) -> list[str]:
     return lines
 
 
+def gaps_over(steps: list[dict], over_s: float) -> list[dict]:
+    """Every gap longer than `over_s` between two steps that computed the same request, longest
+    first: the request, the gap, when it began, whether the request was lost then, and the step
+    `over_s` into the gap."""
+    computed: dict[int, list[int]] = {}
+    for i, step in enumerate(steps):
+        for rid in step["scheduled"]:
+            computed.setdefault(rid, []).append(i)
+    found = []
+    for rid, indices in computed.items():
+        for a, b in zip(indices, indices[1:]):
+            gap = steps[b]["time"] - steps[a]["time"]
+            if gap <= over_s:
+                continue
+            at = steps[a]["time"] + over_s
+            then = next(steps[k] for k in range(a, b + 1) if steps[k]["time"] >= at)
+            lost = state(steps[a], rid)[1]
+            found.append({"request": rid, "gap_s": gap, "from": steps[a]["time"], "lost": lost, "then": then})
+    return sorted(found, key=lambda g: -g["gap_s"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", type=Path)
     parser.add_argument("--request", type=int, action="append", default=[], help="a request id (repeatable)")
+    parser.add_argument("--gaps-over", type=float, default=None, metavar="S",
+                        help="list the gaps longer than S seconds instead")
     args = parser.parse_args(argv)
     steps = load(args.log)
+    if args.gaps_over is not None:
+        found = gaps_over(steps, args.gaps_over)
+        for g in found:
+            print(f"request {g['request']}: {g['gap_s']:.2f} s from {g['from']:.3f}"
+                  f"{' (lost)' if g['lost'] else ''}\n    {describe(g['then'])}")
+        lost = sum(g["lost"] for g in found)
+        print(f"{len(found)} gaps over {args.gaps_over:g} s, {lost} of them of requests already lost")
+        return 0
     if not args.request:
         for step in steps:
             print(describe(step))
