@@ -52,6 +52,8 @@ def main(argv: list[str]) -> int:
         if args.read:
             for policy in sorted({r["policy"] for r in doc["runs"]}):
                 runs = [r for r in doc["runs"] if r["policy"] == policy and r["max_gap_s"] is not None]
+                if not runs:
+                    continue
                 over = sum(r["max_gap_s"] > args.over for r in runs)
                 p99 = statistics.median(r["p99_gap_s"] for r in runs)
                 print(f"  {policy:10s} runs with a gap over {args.over:g} s: {over} of {len(runs)}; "
