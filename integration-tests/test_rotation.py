@@ -167,3 +167,19 @@ def test_disconnects_during_rotation_leak_no_blocks(rotasched, prompts):
     assert rotasched.metric("superinfer_rotations_out_total") > out_before, rotasched.log_tail()
     assert rotated_seen.is_set(), "no request was ever rotated out while clients hung up"
     assert_pools_drained(rotasched)
+
+
+def test_time_shared_rotasched_keeps_greedy_outputs(prompts, reference_outputs, tmp_path_factory):
+    """`--time-share` with objectives no request on this pool can meet: RotaSched is in its
+    overload mode throughout and time-shares the device — requests come back computing in the
+    step that copies them in and leave after computing (the copy out after the forward, in the
+    same step) — and every request still gets exactly its tokens; nothing leaks."""
+    args = [*SMALL_POOL, "--ttft-slo-ms", "100", "--tbt-slo-ms", "20", "--scheduler", "rotasched", "--time-share"]
+    with launch(tmp_path_factory.mktemp("time-share"), args) as server:
+        together = generate_concurrently(server.url, prompts)
+        rotated = server.metric("superinfer_rotations_out_total")
+        assert rotated > 0 and server.metric("superinfer_rotations_in_total") > 0, server.log_tail()
+        mismatches = [i for i, (a, b) in enumerate(zip(reference_outputs, together)) if a != b]
+        assert not mismatches, f"time-shared: outputs differ for prompts {mismatches}"
+        assert all(len(tokens) == MAX_NEW_TOKENS for tokens in together)
+        assert_pools_drained(server)

@@ -148,6 +148,11 @@ pub struct RouterConfig {
     /// returned. Requests with a grammar wait for each result.
     #[arg(long, env = "ASYNC_SCHEDULING")]
     pub async_scheduling: bool,
+    /// Under overload, RotaSched time-shares the device by next-token deadline: a request
+    /// brought back computes in the step that brings it, one that leaves computes in its last
+    /// step first. Keeps every gap within the stall bound; raises the 99th-percentile gap.
+    #[arg(long, env = "TIME_SHARE")]
+    pub time_share: bool,
     /// Largest request body, in bytes.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,

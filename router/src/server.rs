@@ -8,7 +8,7 @@
 //! An engine that gives up on its shard ends `run` with an error (the process exits non-zero).
 use std::time::Duration;
 
-use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerError, Slo, TokenCurve};
+use superinfer_scheduler::{CostModel, PolicyKind, RotaSchedSettings, SchedulerConfig, SchedulerError, Slo, TokenCurve};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -233,6 +233,7 @@ pub fn scheduler_config(
         default_slo: default_slo(config)?,
         cost_model,
         tbt_percentile: config.tbt_slo_percentile,
+        rotasched: RotaSchedSettings { time_share: config.time_share, ..RotaSchedSettings::default() },
         ..SchedulerConfig::default()
     })
 }

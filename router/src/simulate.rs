@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use superinfer_scheduler::sim::{self, Charges, LinkModel, Roofline, SimConfig, SimReport, SimRequest, StepTimeModel};
-use superinfer_scheduler::{CostModel, PolicyKind, SchedulerConfig, SchedulerStats, Slo, TokenCurve};
+use superinfer_scheduler::{CostModel, PolicyKind, RotaSchedSettings, SchedulerConfig, SchedulerStats, Slo, TokenCurve};
 
 #[derive(Deserialize)]
 struct SloJson {
@@ -77,6 +77,9 @@ struct SchedulerJson {
     max_batch_requests: Option<u32>,
     prefix_caching: Option<bool>,
     default_slo: Option<SloJson>,
+    /// RotaSched's time-sharing under overload (`RotaSchedSettings::time_share`).
+    #[serde(default)]
+    time_share: bool,
 }
 
 #[derive(Deserialize)]
@@ -168,6 +171,7 @@ fn scheduler_config(s: SchedulerJson) -> Result<SchedulerConfig, String> {
         default_slo: s
             .default_slo
             .map_or(defaults.default_slo, |d| Slo::new(d.ttft_s, d.tbt_s).with_max_stall(d.max_stall_s)),
+        rotasched: RotaSchedSettings { time_share: s.time_share, ..defaults.rotasched },
         ..defaults
     })
 }

@@ -3,7 +3,7 @@ transfer path, and a rotation round trip that continues exactly as without the r
 import pytest
 import torch
 from conftest import make_executor
-from test_shard_rotation import PROMPT, Driver, _start, rotation_round_trip
+from test_shard_rotation import PROMPT, Driver, _start, leave_after_compute_round_trip, rotation_round_trip
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -16,8 +16,19 @@ def test_gpu_pools_and_dtype(tiny_llama_dir):
     assert executor.info().dtype == "bfloat16" and executor.info().device_type == "cuda"
 
 
-def test_gpu_rotation_round_trip(tiny_llama_dir):
-    _, tokens, expected = rotation_round_trip(tiny_llama_dir, "cuda", 4, 8, [3, 2, 1, 0], [9, 8, 7, 6], ids=(1, 2))
+@pytest.mark.parametrize("same_step", [False, True], ids=["after-ack", "same-step"])
+def test_gpu_rotation_round_trip(tiny_llama_dir, same_step):
+    """With `same_step` the return's first decode runs in the step that copies it in: the compute
+    stream waits for the copy's event."""
+    _, tokens, expected = rotation_round_trip(tiny_llama_dir, "cuda", 4, 8, [3, 2, 1, 0], [9, 8, 7, 6], ids=(1, 2),
+                                              same_step=same_step)
+    assert tokens == expected
+
+
+def test_gpu_leave_after_compute(tiny_llama_dir):
+    """A copy out submitted after the forward: its stream waits for the compute issued before it,
+    so the saved K/V includes the step's own."""
+    _, tokens, expected = leave_after_compute_round_trip(tiny_llama_dir, "cuda")
     assert tokens == expected
 
 

@@ -348,3 +348,33 @@ def test_the_step_log_lists_the_gaps_past_a_bound_with_who_held_the_memory():
     assert abs(gap["then"]["time"] - 1.1) < 1e-9
     assert (2, "running", True) in gap["then"]["requests"]
     assert step_log.gaps_over(steps, 2.0) == []
+
+
+def test_time_share_reaches_the_scheduler_and_rotates_within_steps(tmp_path):
+    """`superinfer simulate --time-share` (the router's --time-share): under overload RotaSched
+    brings requests back computing in the step that copies them in and sends them off after
+    computing in their last step — both visible in the step log — and keeps every gap within the
+    stall bound plus a step, where the default RotaSched on the same workload does not."""
+    from superinfer.simulate import step_log
+
+    profile = Path(__file__).resolve().parents[2] / "docs/results/suite/warmup-cpu-pinned.json"
+
+    def run(*extra: str):
+        out = tmp_path / ("shared" if extra else "default")
+        code = main(["simulate", "--profile", f"measured:{profile}", "--arrival", "trace",
+                     "--lengths", "trace", "--max-prompt-tokens", "48", "--max-total-tokens", "160", "--ignore-eos",
+                     "--device-kv-blocks", "32", "--host-kv-blocks", "512", "--num-requests", "30", "--rates", "0.7",
+                     "--policies", "rotasched", "--seed", "2", "--out", str(out), "--no-progress", "--step-log", *extra])
+        assert code == 0
+        doc = json.loads((out / "simulate.json").read_text())
+        return doc, step_log.load(out / "step-log-rotasched-0.7.jsonl")
+
+    (default, default_steps), (shared, steps) = run(), run("--time-share")
+    bound = (shared["slo"]["max_stall_ms"] or 5 * shared["slo"]["tbt_ms"]) / 1e3
+    longest_step = max(b["time"] - a["time"] for a, b in zip(steps, steps[1:]))
+    longest = shared["runs"][0]["summary"]["tbt_s"]["max"]
+    assert longest <= bound + longest_step, (longest, bound)
+    assert default["runs"][0]["summary"]["tbt_s"]["max"] > bound + longest_step
+    assert any(set(s["rotate_out"]) & set(s["scheduled"]) for s in steps), "nobody left after computing"
+    assert any(set(s["rotate_in"]) & set(s["scheduled"]) for s in steps), "no return computed in its step"
+    assert not any(set(s["rotate_out"]) & set(s["scheduled"]) for s in default_steps)

@@ -147,6 +147,13 @@ pub struct RotaSchedSettings {
     /// of blocks evicting newer ones), so at 1% the 99th-percentile gap between tokens — the
     /// figure vLLM's and SGLang's benchmarks report — stays the compute's own.
     pub rotation_late_gap_share: f64,
+    /// Under overload, time-share the device by next-token deadline (`timeshare.rs`) instead of
+    /// serving as swap does: a request brought back computes in the step that brings it, one
+    /// that leaves computes in its last step first, and the requests whose next token is due
+    /// first hold the device. Off by default: it keeps every gap within the stall bound and
+    /// raises joint attainment, but spreads the waiting over more, shorter pauses, which raises
+    /// the 99th-percentile gap (`docs/benchmarks.md`, "Time-sharing under overload").
+    pub time_share: bool,
 }
 
 impl Default for RotaSchedSettings {
@@ -156,6 +163,7 @@ impl Default for RotaSchedSettings {
             min_rotation_tokens_left: 4,
             late_starvation_s: 20.0,
             rotation_late_gap_share: 0.005,
+            time_share: false,
         }
     }
 }

@@ -79,12 +79,12 @@ impl Core {
             return Err(format!("request {id} computed beyond its tokens and placeholders"));
         }
         // Placeholders are tokens planned steps sample: at most one per pending step, only on
-        // device, never for a request that waits for its results; and a position past the
+        // device (or leaving it after that step's compute), never for a request that waits for its results; and a position past the
         // known tokens is computed only on top of the oldest placeholder (one step ahead).
         if r.placeholders > r.pending_steps {
             return Err(format!("request {id} has {} placeholders but {} pending steps", r.placeholders, r.pending_steps));
         }
-        if r.placeholders > 0 && r.phase != Phase::Running && !r.doomed {
+        if r.placeholders > 0 && !matches!(r.phase, Phase::Running | Phase::RotatingIn | Phase::RotatingOut) && !r.doomed {
             return Err(format!("request {id} has placeholders in phase {:?}", r.phase));
         }
         if r.num_computed as usize > r.tokens.len() && r.placeholders == 0 {

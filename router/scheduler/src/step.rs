@@ -303,6 +303,33 @@ impl<'a> StepBuilder<'a> {
         moved
     }
 
+    /// Copies a request computing in this step to host once that compute is done: it leaves
+    /// with its token, and its blocks are free at acknowledgement (the shard orders a copy out
+    /// after the compute that writes its blocks). Returns the device blocks freed then (0 =
+    /// nothing issued).
+    pub(crate) fn rotate_out_after_compute(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
+        let request = &self.core.requests[&id];
+        // One brought back in this same step may leave again: the copy in, the compute and the
+        // copy out run in that order.
+        let on_device = matches!(request.phase, Phase::Running | Phase::RotatingIn);
+        if !ctx.scheduled.contains(&id) || request.pending_steps != 1 || !on_device {
+            return 0;
+        }
+        self.rotate_out(ctx, id)
+    }
+
+    /// Starts copying the request's host blocks back to device and computes its next chunk in
+    /// this same step when the step's budgets and blocks allow: the shard orders that compute
+    /// after the copy in (the Step protocol's contract), so the return costs the copy's time,
+    /// not a step. False when it does not fit (nothing changes).
+    pub(crate) fn rotate_in_and_compute(&mut self, ctx: &mut StepCtx, id: u64) -> bool {
+        if !self.rotate_in(ctx, id) {
+            return false;
+        }
+        self.schedule_running(ctx, id, 0);
+        true
+    }
+
     /// Starts copying the request's host blocks back to device. False when it does not fit.
     pub(crate) fn rotate_in(&mut self, ctx: &mut StepCtx, id: u64) -> bool {
         let Some(transfer) = self.core.blocks.transfer_in(id) else { return false };

@@ -104,13 +104,28 @@ def _check_ids(blocks, limit: int, what: str, transfer_id: int) -> None:
         raise PlanError(f"transfer {transfer_id}: {what} block {bad[0]} out of range (pool has {limit})")
 
 
+def after_compute(transfer, step_blocks: set[int]) -> bool:
+    """Whether a copy out runs after the step's compute: its request computes in this step, in
+    the blocks it copies (the request leaves with its token). Every other copy out runs beside
+    the compute."""
+    return not step_blocks.isdisjoint(transfer.src_blocks)
+
+
 def _transfers(step, limits: PlanLimits, in_flight: InFlight) -> tuple[set[int], set[int]]:
-    """Checks rotate_out / rotate_in; returns (device blocks rotated out, device blocks rotated in)."""
+    """Checks rotate_out / rotate_in; returns (device blocks rotated out beside the compute,
+    device blocks rotated in). A copy out after the compute may read what this step's copies in
+    write: the copy in, the compute and the copy out run in that order."""
     ids: set[int] = set()
     host_written, host_read = set(in_flight.host_written), set(in_flight.host_read)
     device_in, device_out = set(in_flight.device_written), set()
     device_read_in_flight = in_flight.device_read
-    for direction, transfers in (("rotate_out", step.rotate_out), ("rotate_in", step.rotate_in)):
+    step_blocks = {b for item in step.scheduled for b in item.block_table}
+    step_in = {b for t in step.rotate_in for b in t.dst_blocks}
+    # Checked in the order they run: copies out beside the compute and copies in, then the
+    # copies out after it (which may read what the copies in wrote).
+    beside = [t for t in step.rotate_out if not after_compute(t, step_blocks)]
+    after = [t for t in step.rotate_out if after_compute(t, step_blocks)]
+    for direction, transfers in (("rotate_out", beside), ("rotate_in", step.rotate_in), ("rotate_out", after)):
         for transfer in transfers:
             if transfer.id in ids or transfer.id in in_flight.transfer_ids:
                 raise PlanError(f"transfer id {transfer.id} is used twice")
@@ -125,10 +140,13 @@ def _transfers(step, limits: PlanLimits, in_flight: InFlight) -> tuple[set[int],
                 if block in host_written or (out and block in host_read):
                     raise PlanError(f"transfer {transfer.id}: host block {block} is already being written by a transfer")
                 (host_written if out else host_read).add(block)
+            late = out and after_compute(transfer, step_blocks)
             for block in device_blocks:
-                if block in device_in or (not out and (block in device_out or block in device_read_in_flight)):
+                written = block in device_in and not (late and block in step_in and block not in in_flight.device_written)
+                if written or (not out and (block in device_out or block in device_read_in_flight)):
                     raise PlanError(f"transfer {transfer.id}: device block {block} is already being written by a transfer")
-                (device_out if out else device_in).add(block)
+                if not late:
+                    (device_out if out else device_in).add(block)
     return device_out, device_in
 
 
@@ -154,7 +172,7 @@ class ValidatedPlan:
     failed: list[tuple[int, str]] = ()
 
 
-def _scheduled(step, states: dict[int, RequestState], limits: PlanLimits, device_out: set[int], device_in: set[int]):
+def _scheduled(step, states: dict[int, RequestState], limits: PlanLimits, device_out: set[int]):
     work: list[ScheduledWork] = []
     failed: list[tuple[int, str]] = []
     writer: dict[int, tuple[int, int]] = {}  # device block -> (request writing it, index in its table)
@@ -207,8 +225,6 @@ def _scheduled(step, states: dict[int, RequestState], limits: PlanLimits, device
         for block in table:
             if block >= limits.num_device_blocks:
                 raise PlanError(f"request {rid}: device block {block} out of range (pool has {limits.num_device_blocks})")
-            if block in device_in:
-                raise PlanError(f"request {rid}: device block {block} is being written by a transfer in")
         first_written = start // limits.block_size
         for index, block in enumerate(table):
             if index < first_written:
@@ -241,6 +257,8 @@ def validate_plan(step, known: dict[int, RequestState], limits: PlanLimits, in_f
     forgotten = set(step.forget)
     states = {rid: r for rid, r in known.items() if rid not in forgotten}
     states.update({r.request_id: r for r in new_requests})
-    device_out, device_in = _transfers(step, limits, in_flight)
-    scheduled, failed = _scheduled(step, states, limits, device_out, device_in)
+    # A chunk may read and write the blocks a transfer in (this step's or one in flight) is
+    # writing: its compute is ordered after that copy (`TransferTracker.order_before_compute`).
+    device_out, _ = _transfers(step, limits, in_flight)
+    scheduled, failed = _scheduled(step, states, limits, device_out)
     return ValidatedPlan(list(dict.fromkeys(step.forget)), new_requests, scheduled, failed)

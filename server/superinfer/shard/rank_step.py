@@ -87,7 +87,11 @@ def run_rank_step(runner: ModelRunner, tracker: TransferTracker, work: RankWork,
             span.set_attributes({"swap_out": len(work.rotate_out), "swap_in": len(work.rotate_in),
                                  "blocks_out": sum(len(t.src_blocks) for t in work.rotate_out),
                                  "blocks_in": sum(len(t.src_blocks) for t in work.rotate_in)})
-        tracker.submit(work.rotate_out, work.rotate_in)
+        # A copy out of blocks this step computes in runs after the compute (`plan.after_compute`):
+        # the request leaves with its token.
+        step_blocks = {b for chunk in work.chunks for b in chunk.block_table}
+        after = [t for t in work.rotate_out if not step_blocks.isdisjoint(t.src_blocks)]
+        tracker.submit([t for t in work.rotate_out if step_blocks.isdisjoint(t.src_blocks)], work.rotate_in)
     forward_start = time.perf_counter_ns()
     logits = None
     if work.chunks:
@@ -95,6 +99,12 @@ def run_rank_step(runner: ModelRunner, tracker: TransferTracker, work: RankWork,
         with tracer.start_as_current_span("forward", attributes={"requests": len(work.chunks), "tokens": tokens}):
             logits = _forward(runner, tracker, work, feed, wait)
     forward_end = time.perf_counter_ns()
+    if after:
+        # Submitted after the forward (on a GPU the copy stream waits for the compute issued
+        # before it) and waited for, so this reply acknowledges them: their blocks are free for
+        # the next step, which the router plans on that.
+        tracker.submit(after, [])
+        tracker.wait_for([t.id for t in after])
     completed = tracker.poll() if poll else None
     return RankStep(logits, completed, forward_start - transfer_start, forward_end - forward_start)
 

@@ -52,10 +52,11 @@ class TransferTracker:
                 self._pending[transfer.id] = _Pending(handle or _DONE, is_out, frozenset(device_blocks), frozenset(host_blocks))
 
     def order_before_compute(self, read_blocks: set[int], written_blocks: set[int]) -> None:
-        """Makes this step's compute wait for earlier transfers touching its blocks.
-
-        The router should never schedule such a request, so this costs nothing in normal
-        operation; it keeps a misbehaving plan from reading a half-copied block."""
+        """Makes this step's compute wait for the transfers touching its blocks: a copy in whose
+        request computes in the same step (the router brings a request back and computes it at
+        once: on a GPU the compute stream waits for the copy's event, with no host sync), and a
+        copy out still reading a block the step would write (a plan never asks for that; it
+        keeps a misbehaving one from overwriting what is being saved)."""
         for pending in self._pending.values():
             if pending.is_out and pending.device_blocks & written_blocks:
                 pending.handle.wait()
@@ -64,6 +65,11 @@ class TransferTracker:
                     pending.handle.order_compute_after_in()
                 else:
                     pending.handle.wait()
+
+    def wait_for(self, transfer_ids: list[int]) -> None:
+        """Waits until the given transfers (pending) have landed."""
+        for tid in transfer_ids:
+            self._pending[tid].handle.wait()
 
     def poll(self) -> list[int]:
         """Ids of transfers that completed since the last poll (each reported once)."""

@@ -216,6 +216,7 @@ mod tests {
             ("rotasched/ordering.rs", include_str!("rotasched/ordering.rs")),
             ("rotasched/reserve.rs", include_str!("rotasched/reserve.rs")),
             ("rotasched/step_cap.rs", include_str!("rotasched/step_cap.rs")),
+            ("rotasched/timeshare.rs", include_str!("rotasched/timeshare.rs")),
             ("rotasched/urgency.rs", include_str!("rotasched/urgency.rs")),
         ];
         for (name, source) in sources {

@@ -39,8 +39,9 @@ impl Link {
         self.model.overhead_s + bytes as f64 / bandwidth
     }
 
-    /// Queues a transfer issued at `now` (the start of the step that carries it).
-    pub fn issue(&mut self, transfer: &Transfer, direction: Direction, now: f64) {
+    /// Queues a transfer issued at `now` (the start of the step that carries it); returns when
+    /// it finishes.
+    pub fn issue(&mut self, transfer: &Transfer, direction: Direction, now: f64) -> f64 {
         let bytes = self.block_bytes * transfer.src_blocks.len() as u64;
         let queue = match direction {
             Direction::Out => 0,
@@ -58,6 +59,7 @@ impl Link {
             Direction::In => self.bytes_in += bytes,
         }
         self.in_flight.push((finish, transfer.id));
+        finish
     }
 
     /// Ids of the transfers finished by `time`, removed from flight, in issue order.

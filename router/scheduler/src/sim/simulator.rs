@@ -139,10 +139,21 @@ impl<'a> Simulation<'a> {
                 self.now += planning_s;
             }
             let mut link_s = 0.0;
+            // A request brought back computes in the step that brings it (`StepBuilder::rotate_in`):
+            // the step's compute waits for its copy in.
+            let mut compute_from = self.now;
+            let computes = |id: u64| plan.scheduled.iter().any(|e| e.id == id);
             for (transfers, direction) in [(&plan.rotate_out, Direction::Out), (&plan.rotate_in, Direction::In)] {
                 for transfer in transfers {
+                    if direction == Direction::Out && computes(transfer.request_id) {
+                        // Leaves after computing in this step: issued once the compute is done.
+                        continue;
+                    }
                     link_s += self.link.seconds(transfer, direction);
-                    self.link.issue(transfer, direction, self.now);
+                    let finish = self.link.issue(transfer, direction, self.now);
+                    if direction == Direction::In && plan.scheduled.iter().any(|e| e.id == transfer.request_id) {
+                        compute_from = compute_from.max(finish);
+                    }
                 }
             }
             let stall_s = charges.transfer_stall * link_s;
@@ -151,7 +162,7 @@ impl<'a> Simulation<'a> {
             }
             if !plan.scheduled.is_empty() {
                 idle_replans = 0;
-                self.execute(scheduler, &plan, charges.per_step_s + stall_s);
+                self.execute(scheduler, &plan, charges.per_step_s + stall_s + (compute_from - self.now));
                 self.charged_per_step_s += charges.per_step_s;
                 self.charged_transfer_stall_s += stall_s;
                 continue;
@@ -184,7 +195,14 @@ impl<'a> Simulation<'a> {
 
     /// Runs one step on the simulated machine: its forward pass and `charged_s` more.
     fn execute(&mut self, scheduler: &mut Scheduler, plan: &StepPlan, charged_s: f64) {
-        let duration = self.config.step_time.step_time(step_shape(plan)) + charged_s;
+        let mut duration = self.config.step_time.step_time(step_shape(plan)) + charged_s;
+        // Copies out of requests computed in this step start after the compute; the step's
+        // results wait for them, so their blocks are free for the next step.
+        let computed_at = self.now + duration;
+        for transfer in plan.rotate_out.iter().filter(|t| plan.scheduled.iter().any(|e| e.id == t.request_id)) {
+            let finish = self.link.issue(transfer, Direction::Out, computed_at);
+            duration = duration.max(finish - self.now);
+        }
         let end = self.now + duration;
         let results = StepResults {
             step_id: plan.step_id,

@@ -48,6 +48,7 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
             // Scenarios of a few requests: rotation is allowed whatever the gaps so far (the
             // budget has its own test).
             rotation_late_gap_share: 1.0,
+            time_share: false,
         },
         tbt_percentile: 100.0,
     }
@@ -295,31 +296,43 @@ impl Driver {
         }
     }
 
-    /// The ordering rules: no scheduled table holds a block a transfer is reading or writing,
-    /// no request is scheduled before its transfer in is acknowledged, every table covers its
-    /// tokens, and the budgets hold.
+    /// The ordering rules: no scheduled table holds a block a transfer is reading or writing —
+    /// but the blocks its own transfer in of this very step writes (the shard orders that
+    /// compute after the copy) —, no request is scheduled while a transfer in of an earlier
+    /// step is unacknowledged, every table covers its tokens, and the budgets hold.
     fn check_plan(&self, plan: &StepPlan) {
         let config = self.scheduler.config();
         let bs = config.block_size as usize;
         let mut busy: BTreeSet<u32> = self.busy_blocks.values().flatten().copied().collect();
-        busy.extend(plan.rotate_out.iter().flat_map(|t| t.src_blocks.iter().copied()));
-        busy.extend(plan.rotate_in.iter().flat_map(|t| t.dst_blocks.iter().copied()));
-        let returning: BTreeSet<u64> = self
-            .unacked
-            .values()
-            .filter(|(_, is_in, _)| *is_in)
-            .map(|(_, _, r)| *r)
-            .chain(plan.rotate_in.iter().map(|t| t.request_id))
-            .collect();
+        // A copy out of a request computed in this step runs after the compute.
+        let computing: BTreeSet<u64> = plan.scheduled.iter().map(|e| e.id).collect();
+        busy.extend(
+            plan.rotate_out.iter().filter(|t| !computing.contains(&t.request_id)).flat_map(|t| t.src_blocks.iter().copied()),
+        );
+        let returning: BTreeSet<u64> =
+            self.unacked.values().filter(|(_, is_in, _)| *is_in).map(|(_, _, r)| *r).collect();
         let mut tokens = 0u64;
         for entry in &plan.scheduled {
             assert!(!returning.contains(&entry.id), "request {} scheduled before its transfer in ack", entry.id);
             let end = (entry.num_computed_tokens + entry.num_new_tokens) as usize;
             assert!(entry.num_new_tokens > 0);
             assert!(entry.block_table.len() * bs >= end, "table of {} does not cover {end}", entry.id);
+            let own_in: BTreeSet<u32> = plan
+                .rotate_in
+                .iter()
+                .filter(|t| t.request_id == entry.id)
+                .flat_map(|t| t.dst_blocks.iter().copied())
+                .collect();
+            let others_in: BTreeSet<u32> = plan
+                .rotate_in
+                .iter()
+                .filter(|t| t.request_id != entry.id)
+                .flat_map(|t| t.dst_blocks.iter().copied())
+                .collect();
             for block in &entry.block_table {
-                assert!(!busy.contains(block), "block {block} of {} is in flight", entry.id);
-                let held = self.scheduler.core.blocks.device_block_busy(*block);
+                assert!(!busy.contains(block) && !others_in.contains(block), "block {block} of {} is in flight", entry.id);
+                let own_out = plan.rotate_out.iter().any(|t| t.request_id == entry.id && t.src_blocks.contains(block));
+                let held = self.scheduler.core.blocks.device_block_busy(*block) && !own_in.contains(block) && !own_out;
                 assert!(!held, "block {block} of {} is held by a transfer", entry.id);
             }
             let known = self.scheduler.tokens(entry.id).map_or(0, |t| t.len());

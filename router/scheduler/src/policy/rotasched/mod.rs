@@ -72,7 +72,8 @@
 //! request in order (running, waiting, rotated); `ordering.rs` the service order and the parking
 //! decisions (2), `step_cap.rs` the step-time cap (3), `eviction.rs` the one eviction walk and
 //! its candidates and victims (4), `reserve.rs` the reserve (1), `backfill.rs` the overload
-//! mode's returns past a blocked one, `exchange.rs` its returns before the stall bound.
+//! mode's returns past a blocked one, `exchange.rs` its returns before the stall bound,
+//! `timeshare.rs` the overload mode's time-sharing (`RotaSchedSettings::time_share`, opt-in).
 
 mod backfill;
 mod eviction;
@@ -80,6 +81,7 @@ mod exchange;
 mod ordering;
 mod reserve;
 mod step_cap;
+mod timeshare;
 mod urgency;
 
 use std::collections::BTreeSet;
@@ -152,6 +154,14 @@ impl SchedulingPolicy for RotaSched {
             // prompts would stall for seconds. First, one due to break its stall bound is
             // exchanged for running requests already lost (`exchange.rs`).
             self.reserve_blocks = 0;
+            if self.settings.time_share {
+                // Or, with `time_share`, the device is time-shared by next-token deadline
+                // (`timeshare.rs`) until every request it rotated out is back.
+                drop(planner);
+                timeshare::plan(step, ctx, step_s);
+                self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
+                return;
+            }
             planner.exchange_for_the_lost(ctx);
             reactive::plan_with(planner.step, ctx, true, true, Some(self.settings.late_starvation_s));
             planner.return_past_the_blocked(ctx);

@@ -1,0 +1,203 @@
+//! Time-sharing under overload (`RotaSchedSettings::time_share`). When the running requests
+//! cannot all grow, the device is shared out by next-token deadline instead of served as swap
+//! serves it: every step computes the requests whose next token is due first, and a request
+//! moves between device and host without a step lost either way — one brought back computes in
+//! the step that brings it (`StepBuilder::rotate_in_and_compute`: the shard runs that compute
+//! after the copy in), and one the next step will not compute leaves after computing in this
+//! one (`StepBuilder::rotate_out_after_compute`: the copy out after the compute, acknowledged in
+//! the step's reply), so its blocks are free for the next step's returns.
+//!
+//! Deadlines: a punctual prompt's first-token deadline, a punctual decode's TBT deadline, and a
+//! request already lost (past its first-token deadline, or its objectives lost) paced at a share
+//! of its stall bound, so none stalls past it; a lost prompt waits until no punctual one does.
+//! Prompts are admitted while the admitted requests' demand for the device — the blocks each
+//! holds times the share of steps it must compute in to keep its pace — fits the pool.
+
+use super::reactive;
+use crate::request::{Phase, RequestState};
+use crate::step::{Fit, StepBuilder, StepCtx};
+
+/// A prompt counts as lost this long before its first-token deadline: admitted later, its
+/// prefill step would end past it.
+const PROMPT_LEAD_S: f64 = 0.15;
+/// A punctual decode must compute within this share of its TBT objective on average (the rest
+/// is the margin for the steps a prefill lengthens).
+const TBT_SHARE: f64 = 0.9;
+/// A lost request computes at least once per this share of its stall bound: far enough inside
+/// it that a step's variation, a queue of returns and the prefill steps never push a gap past the
+/// bound, and short enough that its gaps do not set the 99th percentile of all gaps.
+const LOST_PACE_SHARE: f64 = 0.4;
+
+/// Past its first-token deadline (or about to be), or its objectives already lost.
+fn lost(r: &RequestState, now: f64) -> bool {
+    r.objectives_lost || (r.last_token_at.is_none() && now > r.arrival + r.slo.ttft_s - PROMPT_LEAD_S)
+}
+
+/// When its next token is due, had its last token come at `last` (judged at `now`).
+fn deadline(r: &RequestState, now: f64, last: Option<f64>) -> f64 {
+    match (lost(r, now), last) {
+        (true, None) => f64::INFINITY,
+        (true, Some(t)) => t + LOST_PACE_SHARE * r.slo.max_stall_s,
+        (false, None) => r.arrival + r.slo.ttft_s,
+        (false, Some(t)) => t + r.slo.tbt_s,
+    }
+}
+
+/// The share of steps it must compute in to keep its pace.
+fn duty(r: &RequestState, now: f64, step_s: f64) -> f64 {
+    let every = if lost(r, now) { LOST_PACE_SHARE * r.slo.max_stall_s } else { TBT_SHARE * r.slo.tbt_s };
+    (step_s / every.max(1e-6)).min(1.0)
+}
+
+/// Device blocks it holds to compute its next position (`extra` = 1) within its limit.
+fn blocks(step: &StepBuilder, r: &RequestState) -> u64 {
+    step.blocks().blocks_for((u64::from(r.num_positions()) + 1).min(r.max_kv_tokens()))
+}
+
+/// Plans one step under overload: admissions by memory demand, then every request that may
+/// compute, earliest deadline first (priority classes strict), then the departures the next
+/// step needs.
+pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64) {
+    let now = ctx.now;
+    let pool = f64::from(step.blocks().num_device_blocks());
+    let admitted = |r: &RequestState| r.phase != Phase::Waiting && !r.doomed && r.has_work();
+    let mut demand: f64 =
+        step.requests().values().filter(|r| admitted(r)).map(|r| blocks(step, r) as f64 * duty(r, now, step_s)).sum();
+    let mut anyone = step.requests().values().any(|r| admitted(r));
+    let waiting: Vec<u64> =
+        step.waiting_by_priority().into_iter().filter(|id| !ctx.plan.preempted_for_recompute.contains(id)).collect();
+    let punctual_waits = waiting.iter().any(|id| !lost(&step.requests()[id], now));
+    let mut admits = Vec::new();
+    for &id in &waiting {
+        let r = &step.requests()[&id];
+        if lost(r, now) && punctual_waits {
+            continue;
+        }
+        let own = blocks(step, r) as f64 * duty(r, now, step_s);
+        if anyone && demand + own > pool {
+            continue;
+        }
+        demand += own;
+        anyone = true;
+        admits.push(id);
+    }
+    let mut candidates: Vec<(i32, f64, u64, u64)> = step
+        .requests()
+        .values()
+        .filter(|r| !r.doomed && r.has_work() && matches!(r.phase, Phase::Running | Phase::Rotated))
+        .map(|r| r.id)
+        .chain(admits)
+        .map(|id| {
+            let r = &step.requests()[&id];
+            (r.priority, deadline(r, now, r.last_token_at), r.seq, id)
+        })
+        .collect();
+    candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+    for &(priority, at, _, id) in &candidates {
+        let fit = match step.requests()[&id].phase {
+            Phase::Running => step.schedule_running(ctx, id, 0),
+            Phase::Rotated => {
+                let need = reactive::return_blocks(step, id, 1);
+                let free = u64::from(step.blocks().free_device());
+                if need <= free && step.rotate_in_and_compute(ctx, id) {
+                    Fit::Scheduled
+                } else {
+                    Fit::NoBlocks(need.saturating_sub(free).max(1))
+                }
+            }
+            Phase::Waiting => step.admit(ctx, id, 0),
+            _ => continue,
+        };
+        if let Fit::NoBlocks(short) = fit {
+            make_room(step, ctx, short, priority, at);
+        }
+    }
+    depart(step, ctx, now);
+}
+
+/// Rotates out requests idle on the device (not computing this step) of the same or a lower
+/// class and due later than `after`, latest first, until `short` blocks are on their way. A
+/// whole step each way: the departures (`depart`) normally send such requests off after their
+/// last compute instead.
+fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i32, after: f64) {
+    let now = ctx.now;
+    let short = short.saturating_sub(ctx.release_credit);
+    if short == 0 {
+        return;
+    }
+    let mut idle: Vec<(f64, u64)> = step
+        .running_by_rank()
+        .into_iter()
+        .filter(|&id| step.evictable(ctx, id))
+        .filter_map(|id| {
+            let r = &step.requests()[&id];
+            let at = deadline(r, now, r.last_token_at);
+            (r.last_token_at.is_some() && r.priority >= priority && at > after).then_some((at, id))
+        })
+        .collect();
+    idle.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut freed = 0;
+    for (_, id) in idle {
+        if freed >= short {
+            break;
+        }
+        let moved = step.rotate_out(ctx, id);
+        if moved == 0 {
+            freed += step.preempt_for_recompute(ctx, id);
+        } else {
+            freed += moved;
+            ctx.release_credit += moved;
+        }
+    }
+}
+
+/// The next step, predicted: each request's deadline once this step's tokens are in, and the
+/// device filled by class and earliest deadline. When the requests it brings in do not fit
+/// beside those on the device, the ones it leaves out go, latest deadline first — after
+/// computing in this step, or, idle, at once.
+fn depart(step: &mut StepBuilder, ctx: &mut StepCtx, now: f64) {
+    let next = now + step.cost().predict_step(ctx.shape);
+    let pool = u64::from(step.blocks().num_device_blocks());
+    // (priority, deadline, seq, id, on device)
+    let mut all: Vec<(i32, f64, u64, u64, bool)> = step
+        .requests()
+        .values()
+        .filter(|r| !r.doomed && !r.exhausted() && matches!(r.phase, Phase::Running | Phase::RotatingIn | Phase::Rotated))
+        .map(|r| {
+            let last = if ctx.scheduled.contains(&r.id) && r.placeholders > 0 { Some(next) } else { r.last_token_at };
+            (r.priority, deadline(r, next, last), r.seq, r.id, r.phase != Phase::Rotated)
+        })
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let (mut used, mut coming, mut held) = (0u64, 0u64, 0u64);
+    let mut left_out = Vec::new();
+    for &(_, at, _, id, on_device) in &all {
+        let need = blocks(step, &step.requests()[&id]);
+        held += if on_device { need } else { 0 };
+        if used + need <= pool {
+            used += need;
+            coming += if on_device { 0 } else { need };
+        } else if on_device {
+            left_out.push((at, id));
+        }
+    }
+    let mut short = coming.saturating_sub(pool.saturating_sub(held));
+    left_out.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (_, id) in left_out {
+        if short == 0 {
+            break;
+        }
+        let r = &step.requests()[&id];
+        if r.last_token_at.is_none() || r.tokens_left() < 2 {
+            continue;
+        }
+        let moved = if ctx.scheduled.contains(&id) {
+            step.rotate_out_after_compute(ctx, id)
+        } else if step.evictable(ctx, id) {
+            step.rotate_out(ctx, id)
+        } else {
+            0
+        };
+        short = short.saturating_sub(moved);
+    }
+}
