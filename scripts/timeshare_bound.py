@@ -9,12 +9,14 @@ those `superinfer suite --simulate` runs the Azure workload with (`superinfer.si
 times come from the profile's cost model (a base plus a cost per decode and per prefill token), and
 requests are judged as every run is (`superinfer.bench.outcomes`).
 
-`--transfer-steps N` makes a rotation cost what the Step protocol makes it cost: a request
-that leaves the device holds its blocks for N steps more without computing (its copy out), and
-one that comes back holds them for N steps before it computes (its copy in). With 0, rotation
-is free and instantaneous — the model's upper reach.
+`--transfer-steps N` makes a rotation in cost what the Step protocol makes it cost: one that
+comes back holds its blocks for N steps before it computes (its copy in). `--out-steps M`
+(default N) does the same for the way out, counted from the step it is evicted in, which itself
+does not hold its blocks: M = 1 is a request that leaves after computing in its last step, M = 2
+one whose copy out takes a step of its own. With 0, rotation is free and instantaneous — the
+model's upper reach.
 
-    .venv/bin/python scripts/timeshare_bound.py [--transfer-steps N] [--margin M] [--rates 0.7,1.0]
+    .venv/bin/python scripts/timeshare_bound.py [--transfer-steps N] [--out-steps M] [--margin M] [--rates 0.7,1.0]
 
 Prints, per rate and seed, the joint attainment (first token, TBT at the 90th percentile, no gap
 above the stall bound), the 99th-percentile gap and the longest gap.
@@ -88,7 +90,8 @@ class Objectives:
 
 
 def run(specs, cost: dict, blocks: int, block_size: int, obj: Objectives, margin: float,
-        transfer_steps: int) -> tuple[float, float, float]:
+        transfer_steps: int, out_steps: int | None = None) -> tuple[float, float, float]:
+    out_steps = transfer_steps if out_steps is None else out_steps
     base, per_decode, per_prefill = cost["step_base_s"], cost["per_decode_request_s"], cost["per_prefill_token_s"]
     reqs = [Req(s.arrival_s, s.prompt_tokens, s.max_new_tokens) for s in specs]
     waiting = list(range(len(reqs)))
@@ -133,7 +136,7 @@ def run(specs, cost: dict, blocks: int, block_size: int, obj: Objectives, margin
                 else:
                     where[j], left[j] = "in", transfer_steps
             elif where[j] == "dev":
-                where[j], left[j] = ("out", transfer_steps) if transfer_steps else ("host", 0)
+                where[j], left[j] = ("out", out_steps) if out_steps else ("host", 0)
         prefill = sum(reqs[j].prompt for j in computing if reqs[j].last is None)
         decodes = sum(1 for j in computing if reqs[j].last is not None)
         now += base + per_decode * decodes + per_prefill * prefill
@@ -156,6 +159,7 @@ def run(specs, cost: dict, blocks: int, block_size: int, obj: Objectives, margin
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--transfer-steps", type=int, default=0)
+    parser.add_argument("--out-steps", type=int, default=None)
     parser.add_argument("--margin", type=float, default=1.0)
     parser.add_argument("--rates", default="0.7,1.0")
     parser.add_argument("--repeats", type=int, default=5)
@@ -174,7 +178,7 @@ def main(argv: list[str]) -> int:
         slo, _unloaded = simulate_cli.objectives(sim_args, profile, workloads, "rotasched")
         for rate, specs in sorted(workloads.items()):
             joint, p99, longest = run(specs, profile.cost_model, profile.num_device_blocks, profile.block_size,
-                                      Objectives(slo), args.margin, args.transfer_steps)
+                                      Objectives(slo), args.margin, args.transfer_steps, args.out_steps)
             print(f"  rate {rate:g} seed {seed}: {joint * 100:3.0f}%  {p99:5.2f}  {longest:5.2f}")
     return 0
 
