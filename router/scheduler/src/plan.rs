@@ -76,6 +76,11 @@ impl StepPlan {
             && self.preempted_for_recompute.is_empty()
     }
 
+    /// Whether the step computes `id` (a copy out of such a request runs after the compute).
+    pub fn computes(&self, id: u64) -> bool {
+        self.scheduled.iter().any(|e| e.id == id)
+    }
+
     pub fn num_batched_tokens(&self) -> u64 {
         self.scheduled.iter().map(|e| u64::from(e.num_new_tokens)).sum()
     }

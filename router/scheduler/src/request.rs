@@ -187,7 +187,12 @@ impl RequestState {
 
     /// Deadline of its next token: first token by arrival + ttft, later ones by tbt.
     pub(crate) fn next_deadline(&self) -> f64 {
-        match self.last_token_at {
+        self.deadline_after(self.last_token_at)
+    }
+
+    /// Its next token's deadline had its last token come at `last` (None: none yet).
+    pub(crate) fn deadline_after(&self, last: Option<f64>) -> f64 {
+        match last {
             None => self.arrival + self.slo.ttft_s,
             Some(t) => t + self.slo.tbt_s,
         }

@@ -19,7 +19,7 @@ from ..pb import shard_pb2
 from .batch import Chunk
 from .device_sampling import PENDING_TOKEN, DeviceSample
 from .model_runner import ModelRunner
-from .plan import ScheduledWork
+from .plan import ScheduledWork, after_compute
 from .rank_commands import RankWork, TransferOrder
 from .requests import RequestState
 from .staging import upload
@@ -90,8 +90,8 @@ def run_rank_step(runner: ModelRunner, tracker: TransferTracker, work: RankWork,
         # A copy out of blocks this step computes in runs after the compute (`plan.after_compute`):
         # the request leaves with its token.
         step_blocks = {b for chunk in work.chunks for b in chunk.block_table}
-        after = [t for t in work.rotate_out if not step_blocks.isdisjoint(t.src_blocks)]
-        tracker.submit([t for t in work.rotate_out if step_blocks.isdisjoint(t.src_blocks)], work.rotate_in)
+        after = [t for t in work.rotate_out if after_compute(t, step_blocks)]
+        tracker.submit([t for t in work.rotate_out if not after_compute(t, step_blocks)], work.rotate_in)
     forward_start = time.perf_counter_ns()
     logits = None
     if work.chunks:

@@ -142,16 +142,15 @@ impl<'a> Simulation<'a> {
             // A request brought back computes in the step that brings it (`StepBuilder::rotate_in`):
             // the step's compute waits for its copy in.
             let mut compute_from = self.now;
-            let computes = |id: u64| plan.scheduled.iter().any(|e| e.id == id);
             for (transfers, direction) in [(&plan.rotate_out, Direction::Out), (&plan.rotate_in, Direction::In)] {
                 for transfer in transfers {
-                    if direction == Direction::Out && computes(transfer.request_id) {
+                    if direction == Direction::Out && plan.computes(transfer.request_id) {
                         // Leaves after computing in this step: issued once the compute is done.
                         continue;
                     }
                     link_s += self.link.seconds(transfer, direction);
                     let finish = self.link.issue(transfer, direction, self.now);
-                    if direction == Direction::In && plan.scheduled.iter().any(|e| e.id == transfer.request_id) {
+                    if direction == Direction::In && plan.computes(transfer.request_id) {
                         compute_from = compute_from.max(finish);
                     }
                 }
@@ -199,7 +198,7 @@ impl<'a> Simulation<'a> {
         // Copies out of requests computed in this step start after the compute; the step's
         // results wait for them, so their blocks are free for the next step.
         let computed_at = self.now + duration;
-        for transfer in plan.rotate_out.iter().filter(|t| plan.scheduled.iter().any(|e| e.id == t.request_id)) {
+        for transfer in plan.rotate_out.iter().filter(|t| plan.computes(t.request_id)) {
             let finish = self.link.issue(transfer, Direction::Out, computed_at);
             duration = duration.max(finish - self.now);
         }

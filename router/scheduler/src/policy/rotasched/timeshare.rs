@@ -38,8 +38,7 @@ fn deadline(r: &RequestState, now: f64, last: Option<f64>) -> f64 {
     match (lost(r, now), last) {
         (true, None) => f64::INFINITY,
         (true, Some(t)) => t + LOST_PACE_SHARE * r.slo.max_stall_s,
-        (false, None) => r.arrival + r.slo.ttft_s,
-        (false, Some(t)) => t + r.slo.tbt_s,
+        (false, last) => r.deadline_after(last),
     }
 }
 
