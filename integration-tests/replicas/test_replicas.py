@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,12 +51,17 @@ def reported_load(replica) -> int:
 
 
 def in_flight(replica) -> float:
-    """Requests the replica has received and not yet answered."""
-    _, text = replica.get("/metrics")
-    received = replica.metric("superinfer_request_count")
-    failed = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                 if line.startswith("superinfer_request_failure{"))
-    return received - success_count(replica) - failed
+    """Requests the replica has received and not yet answered, from one scrape (counters read
+    from separate scrapes undercount when a request finishes between them)."""
+    status, text = replica.get("/metrics")
+    assert status == 200, text[:200]
+
+    def total(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((f"{name} ", f"{name}{{")))
+
+    return total("superinfer_request_count") - total("superinfer_request_success") \
+        - total("superinfer_request_failure")
 
 
 @contextlib.contextmanager
@@ -229,12 +235,16 @@ def test_tgi_and_openai_routes_through_the_router(replicas, router_logs):
         assert [line for line in response.iter_lines() if line][-1] == b"data: [DONE]"
 
 
-def stream_chat(url: str, max_tokens: int) -> str | None:
+def stream_chat(url: str, max_tokens: int, answered=lambda: None) -> str | None:
     """A streamed chat completion; None when it completed (a finish reason, then [DONE]), else
-    what went wrong."""
+    what went wrong. `answered` is called once the response headers came, or the request failed
+    without them."""
     body = {**CHAT, "max_tokens": max_tokens, "stream": True}
     try:
-        response = requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=120)
+        try:
+            response = requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=120)
+        finally:
+            answered()
         if response.status_code != 200:
             return f"{response.status_code}: {response.text[:200]}"
         finished, done = False, False
@@ -256,12 +266,27 @@ class Load:
 
     def __init__(self, url: str, workers: int, max_tokens: int):
         self.url, self.max_tokens, self.outcomes, self.stopped = url, max_tokens, [], False
+        # Streams sent so far, and those sent that have no response headers yet: a replica
+        # counts a request as received before it answers the headers, so only these may still
+        # reach a replica after its counters were read.
+        self.lock, self.started, self.unanswered = threading.Lock(), 0, 0
         self.pool = concurrent.futures.ThreadPoolExecutor(workers)
         self.loops = [self.pool.submit(self.loop) for _ in range(workers)]
 
     def loop(self):
         while not self.stopped:
-            self.outcomes.append(stream_chat(self.url, self.max_tokens))
+            with self.lock:
+                self.started += 1
+                self.unanswered += 1
+            self.outcomes.append(stream_chat(self.url, self.max_tokens, self.answered))
+
+    def answered(self):
+        with self.lock:
+            self.unanswered -= 1
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return self.started, self.unanswered
 
     def stop(self) -> list:
         self.stopped = True
@@ -312,8 +337,12 @@ def test_a_killed_replica_costs_at_most_the_requests_it_held(replicas, router_lo
         load = Load(url, workers=6, max_tokens=24)
         try:
             assert wait_for(lambda: in_flight(killed) >= 1, timeout_s=60), "the replica holds a request"
+            # What the replica held when killed: its count, plus every stream that could still
+            # reach it between the count and the kill (sent, not yet answered, or sent later).
+            started, unanswered = load.counts()
             held = in_flight(killed)
             kill_replica(killed)
+            held += unanswered + load.counts()[0] - started
             before = len(load.outcomes)
             assert wait_for(lambda: not router_worker_health(url).get(killed.url, True), timeout_s=30), \
                        "the router takes the killed replica out of its pool"
