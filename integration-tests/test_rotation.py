@@ -179,6 +179,9 @@ def test_time_shared_rotasched_keeps_greedy_outputs(prompts, reference_outputs, 
         together = generate_concurrently(server.url, prompts)
         rotated = server.metric("superinfer_rotations_out_total")
         assert rotated > 0 and server.metric("superinfer_rotations_in_total") > 0, server.log_tail()
+        # Both in-step halves of a rotation happened on the real shard.
+        assert server.metric("superinfer_rotations_in_computed_total") > 0, server.log_tail()
+        assert server.metric("superinfer_rotations_out_after_compute_total") > 0, server.log_tail()
         mismatches = [i for i, (a, b) in enumerate(zip(reference_outputs, together)) if a != b]
         assert not mismatches, f"time-shared: outputs differ for prompts {mismatches}"
         assert all(len(tokens) == MAX_NEW_TOKENS for tokens in together)

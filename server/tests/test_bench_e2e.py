@@ -49,7 +49,10 @@ def test_bench_compare_against_the_launched_servers(tmp_path, capsys):
         # The router counted predicted and measured step time over the run.
         assert summary["step_load_factor"] is not None and summary["step_load_factor"] > 0
         # 64 device blocks hold 4 short requests: nothing was moved or dropped.
-        assert summary["kv_moves"] == {"rotations_out": 0, "rotations_in": 0, "recomputes": 0}
+        assert set(summary["kv_moves"].values()) == {0}
+        # Where the run's time went: at least the 4 × 6 tokens' steps, each forward within its round trip.
+        steps = summary["step_time"]
+        assert steps["steps"] >= 6 and 0 < steps["forward_s"] < steps["round_trip_s"], steps
     point = next(p for p in document["aggregate"] if p["series"] == "swap")
     assert point["repetitions"] == 2 and point["figures"]["both_attainment"]["median"] == 1.0
     pair = next(p for p in document["paired"] if (p["a"], p["b"], p["figure"]) == ("fcfs", "swap", "both_attainment"))

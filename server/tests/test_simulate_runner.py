@@ -378,3 +378,8 @@ def test_time_share_reaches_the_scheduler_and_rotates_within_steps(tmp_path):
     assert any(set(s["rotate_out"]) & set(s["scheduled"]) for s in steps), "nobody left after computing"
     assert any(set(s["rotate_in"]) & set(s["scheduled"]) for s in steps), "no return computed in its step"
     assert not any(set(s["rotate_out"]) & set(s["scheduled"]) for s in default_steps)
+    # The scheduler's counters (the router's superinfer_rotations_*_total) count the same.
+    counters = shared["runs"][0]["summary"]["simulator"]["scheduler"]
+    assert counters["rotations_out_after_compute"] == sum(len(set(s["rotate_out"]) & set(s["scheduled"])) for s in steps)
+    assert counters["rotations_in_computed"] == sum(len(set(s["rotate_in"]) & set(s["scheduled"])) for s in steps)
+    assert default["runs"][0]["summary"]["simulator"]["scheduler"]["rotations_out_after_compute"] == 0

@@ -29,6 +29,8 @@ impl Core {
             rotating_in: count(Phase::RotatingIn),
             rotations_out: c.rotations_out,
             rotations_in: c.rotations_in,
+            rotations_in_computed: c.rotations_in_computed,
+            rotations_out_after_compute: c.rotations_out_after_compute,
             bytes_out: c.bytes_out,
             bytes_in: c.bytes_in,
             recomputes: c.recomputes,

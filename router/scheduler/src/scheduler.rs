@@ -39,6 +39,10 @@ pub(crate) struct PendingStep {
 pub(crate) struct Counters {
     pub(crate) rotations_out: u64,
     pub(crate) rotations_in: u64,
+    /// Of those, the returns computed in the step that copies them in, and the rotations out
+    /// of a request computing in the same step (the copy runs after that compute).
+    pub(crate) rotations_in_computed: u64,
+    pub(crate) rotations_out_after_compute: u64,
     pub(crate) bytes_out: u64,
     pub(crate) bytes_in: u64,
     pub(crate) recomputes: u64,

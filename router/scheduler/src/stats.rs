@@ -24,6 +24,11 @@ pub struct SchedulerStats {
     pub rotating_in: u32,
     pub rotations_out: u64,
     pub rotations_in: u64,
+    /// Returns computed in the step that copies them in (of `rotations_in`).
+    pub rotations_in_computed: u64,
+    /// Rotations out of a request that computes in the same step, the copy after the compute
+    /// (of `rotations_out`).
+    pub rotations_out_after_compute: u64,
     pub bytes_out: u64,
     pub bytes_in: u64,
     pub recomputes: u64,

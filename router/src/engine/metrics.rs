@@ -66,6 +66,10 @@ pub(crate) fn describe() {
     describe_counter!("superinfer_steps_total", "Steps executed");
     describe_counter!("superinfer_rotations_out_total", "Requests rotated out to host memory (rotasched or the swap policy)");
     describe_counter!("superinfer_rotations_in_total", "Requests brought back to the device");
+    describe_counter!("superinfer_rotations_in_computed_total",
+        "Returns computed in the step that copies them back (of superinfer_rotations_in_total)");
+    describe_counter!("superinfer_rotations_out_after_compute_total",
+        "Rotations out of a request computing in the same step, copied after that compute (of superinfer_rotations_out_total)");
     describe_counter!("superinfer_recomputes_total", "Requests preempted for recomputation");
     describe_counter!("superinfer_engine_failures_total", "Shard failures seen by the engine");
     describe_counter!("superinfer_prefix_cache_queried_tokens_total",
@@ -199,6 +203,10 @@ pub(crate) fn record_scheduler(stats: &SchedulerStats, previous: &SchedulerStats
     let delta = |now: u64, before: u64| now.saturating_sub(before);
     metrics::counter!("superinfer_rotations_out_total").increment(delta(stats.rotations_out, previous.rotations_out));
     metrics::counter!("superinfer_rotations_in_total").increment(delta(stats.rotations_in, previous.rotations_in));
+    metrics::counter!("superinfer_rotations_in_computed_total")
+        .increment(delta(stats.rotations_in_computed, previous.rotations_in_computed));
+    metrics::counter!("superinfer_rotations_out_after_compute_total")
+        .increment(delta(stats.rotations_out_after_compute, previous.rotations_out_after_compute));
     metrics::counter!("superinfer_recomputes_total").increment(delta(stats.recomputes, previous.recomputes));
     metrics::counter!("superinfer_kv_bytes_out_total").increment(delta(stats.bytes_out, previous.bytes_out));
     metrics::counter!("superinfer_kv_bytes_in_total").increment(delta(stats.bytes_in, previous.bytes_in));
@@ -358,9 +366,9 @@ mod tests {
     #[test]
     fn transfer_counters_advance_by_the_difference_and_pools_are_gauges() {
         let first = SchedulerStats { bytes_out: 4096, bytes_in: 1024, rotations_out: 2, host_blocks_used: 3,
-            prefix_cache_queried_tokens: 40, prefix_cache_hit_tokens: 32, ..Default::default() };
+            rotations_out_after_compute: 1, prefix_cache_queried_tokens: 40, prefix_cache_hit_tokens: 32, ..Default::default() };
         let second = SchedulerStats { bytes_out: 6144, bytes_in: 5120, rotations_out: 2, rotations_in: 1, host_blocks_used: 1,
-            prefix_cache_queried_tokens: 50, prefix_cache_hit_tokens: 32, ..Default::default() };
+            rotations_in_computed: 1, rotations_out_after_compute: 1, prefix_cache_queried_tokens: 50, prefix_cache_hit_tokens: 32, ..Default::default() };
         let text = rendered(|| {
             record_scheduler(&first, &SchedulerStats::default(), 2);
             record_scheduler(&second, &first, 2);
@@ -369,6 +377,8 @@ mod tests {
         assert_eq!(value(&text, "superinfer_kv_bytes_in_total"), Some(5120.0));
         assert_eq!(value(&text, "superinfer_rotations_out_total"), Some(2.0));
         assert_eq!(value(&text, "superinfer_rotations_in_total"), Some(1.0));
+        assert_eq!(value(&text, "superinfer_rotations_in_computed_total"), Some(1.0));
+        assert_eq!(value(&text, "superinfer_rotations_out_after_compute_total"), Some(1.0));
         assert_eq!(value(&text, "superinfer_kv_host_blocks_used"), Some(1.0));
         assert_eq!(value(&text, "superinfer_prefix_cache_queried_tokens_total"), Some(50.0));
         assert_eq!(value(&text, "superinfer_prefix_cache_hit_tokens_total"), Some(32.0));

@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from superinfer.bench.outcomes import Slo
-from superinfer.bench.runner import RunResult, Target, kv_moves, load_factor, reduce, replay, step_counters
+from superinfer.bench.runner import RunResult, Target, kv_moves, load_factor, reduce, replay, step_counters, step_time
 from superinfer.bench.server_process import LaunchedServer, LaunchOptions
 from superinfer.bench.sweep import SloRequest, WorkloadInputs, calibrate, workloads_for
 from superinfer.bench.workload import WorkloadConfig
@@ -175,6 +175,7 @@ def run_comparison(
             after = step_counters(target)
             result.summary["step_load_factor"] = load_factor(before, after)
             result.summary["kv_moves"] = moves = kv_moves(before, after)
+            result.summary["step_time"] = step_time(before, after)
             result.repetition, result.seed, result.position = slot.repetition, slot.seed, position
             attainment = result.summary["attainment"]
             moved = "" if moves is None else (f", {moves['rotations_out']} rotated out, "

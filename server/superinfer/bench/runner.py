@@ -104,7 +104,14 @@ def reduce(records: list[RequestRecord], slo: Slo, series: str, rate: float, lab
 _STEP_COUNTERS = ("superinfer_step_model_microseconds_total", "superinfer_step_shard_microseconds_total")
 # What the scheduler moved or dropped: the KV side of a policy, next to its latencies.
 _MOVE_COUNTERS = {"rotations_out": "superinfer_rotations_out_total", "rotations_in": "superinfer_rotations_in_total",
+                  "rotations_in_computed": "superinfer_rotations_in_computed_total",
+                  "rotations_out_after_compute": "superinfer_rotations_out_after_compute_total",
                   "recomputes": "superinfer_recomputes_total"}
+# Where a run's wall time went, step by step: how many steps, their round trips, the forward
+# passes within them, the shard's time beyond the forward, and the engine's time between steps.
+_TIME_COUNTERS = {"steps": "superinfer_steps_total", "round_trip_s": "superinfer_step_duration_sum",
+                  "forward_s": "superinfer_forward_duration_sum", "overhead_s": "superinfer_step_overhead_duration_sum",
+                  "between_steps_s": "superinfer_engine_turn_duration_sum"}
 
 
 def step_counters(target: Target) -> dict[str, float] | None:
@@ -115,7 +122,7 @@ def step_counters(target: Target) -> dict[str, float] | None:
             text = response.read().decode()
     except OSError:
         return None
-    found = dict.fromkeys((*_STEP_COUNTERS, *_MOVE_COUNTERS.values()), 0.0)
+    found = dict.fromkeys((*_STEP_COUNTERS, *_MOVE_COUNTERS.values(), *_TIME_COUNTERS.values()), 0.0)
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name in found:
@@ -128,6 +135,14 @@ def kv_moves(before: dict | None, after: dict | None) -> dict[str, int] | None:
     if before is None or after is None:
         return None
     return {key: int(after.get(name, 0.0) - before.get(name, 0.0)) for key, name in _MOVE_COUNTERS.items()}
+
+
+def step_time(before: dict | None, after: dict | None) -> dict[str, float] | None:
+    """Steps run between two scrapes and where their time went (seconds, summed): round trip,
+    forward, round trip beyond the shard's own time, and the engine's time between steps."""
+    if before is None or after is None:
+        return None
+    return {key: after.get(name, 0.0) - before.get(name, 0.0) for key, name in _TIME_COUNTERS.items()}
 
 
 def load_factor(before: dict | None, after: dict | None) -> float | None:

@@ -6,7 +6,7 @@ import numpy as np
 
 from superinfer.bench.outcomes import SCHEDULER_DEFAULTS, Slo
 from superinfer.bench.prompts import PromptBuilder
-from superinfer.bench.runner import RunResult, Target, kv_moves, load_factor, reduce, replay, step_counters, unloaded_latency
+from superinfer.bench.runner import RunResult, Target, kv_moves, load_factor, reduce, replay, step_counters, step_time, unloaded_latency
 from superinfer.bench.sharegpt import Conversation
 from superinfer.bench.tokenizer import Tokenizer
 from superinfer.bench.trace import Trace
@@ -80,6 +80,7 @@ def sweep(
         after = step_counters(target)
         result.summary["step_load_factor"] = load_factor(before, after)
         result.summary["kv_moves"] = kv_moves(before, after)
+        result.summary["step_time"] = step_time(before, after)
         results.append(result)
     return results
 
