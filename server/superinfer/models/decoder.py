@@ -10,6 +10,7 @@ from torch import nn
 from .attention import AttentionMetadata, paged_attention, write_kv
 from .config import ModelConfig
 from .rotary import RotaryEmbedding, apply_rotary
+from .row_padding import padded_rows
 
 
 class Linear(nn.Module):
@@ -20,9 +21,16 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        # The row count each count of input rows is computed with (`row_padding`); empty: as
+        # they come.
+        self.row_padding: tuple[int, ...] = ()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        rows = x.shape[0]
+        padded = padded_rows(self.row_padding, rows) if x.dim() == 2 else rows
+        if padded == rows:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(torch.cat([x, x.new_zeros(padded - rows, x.shape[1])]), self.weight, self.bias)[:rows]
 
 
 def project(linear: nn.Module, x: torch.Tensor, lora) -> torch.Tensor:

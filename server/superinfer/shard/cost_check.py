@@ -77,13 +77,35 @@ def _rows(kind: str, sizes: list, steps: dict, times: dict, cost: dict) -> list[
     return rows
 
 
-def run(args: argparse.Namespace) -> dict:
+def add_shard_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The arguments of a CPU shard warmed up as the server's (`warmed_shard`) and of rounds of
+    timed steps over it."""
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--context-tokens", type=int, default=128, help="positions of every decode's KV")
+    parser.add_argument("--device-kv-blocks", type=int, default=32, help="the served pool the warm-up fits over")
+    parser.add_argument("--max-batch-tokens", type=int, default=2048)
+    parser.add_argument("--max-batch-requests", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=rounds, help="measured rounds (after a warm-up round)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--cache-dir", type=pathlib.Path, default=None,
+                        help="converted models (default: $SUPERINFER_CACHE or ~/.cache/superinfer)")
+
+
+def warmed_shard(args: argparse.Namespace) -> tuple:
+    """A CPU shard over `args.model` warmed up as the server's (its pool and batch limits):
+    (its model runner, the Warmup reply). Sets torch's threads from `--threads` (default: the
+    CPUs the process may use)."""
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     config = ShardConfig(model=args.model, cache_dir=cache_dir(args.cache_dir), device=torch.device("cpu"), dtype=torch.float32,
                          device_kv_blocks=args.device_kv_blocks, host_kv_blocks=0)
     executor = build_executor(config)
     warm = executor.warmup(pb.WarmupRequest(max_batch_tokens=args.max_batch_tokens,
                                             max_batch_requests=args.max_batch_requests))
-    runner = executor.runner
+    return executor.runner, warm
+
+
+def run(args: argparse.Namespace) -> dict:
+    runner, warm = warmed_shard(args)
     cost = json_format.MessageToDict(warm.cost_model, preserving_proto_field_name=True,
                                      always_print_fields_with_no_presence=True)
     steps = {("decode", b): _chunks(0, b, args.context_tokens, runner.block_size) for b in args.batches}
@@ -110,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="default")
+    add_shard_arguments(parser, rounds=5)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16])
     parser.add_argument("--prefills", type=int, nargs="*", default=[1, 3, 4, 8, 12, 16, 32, 48, 100, 256],
                         help="prompt lengths of prefill-only steps (one request each)")
@@ -118,16 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="CHUNK:COMPUTED:DECODES",
                         help="mixed steps: a prefill chunk of CHUNK tokens after COMPUTED already computed, beside "
                              "DECODES decodes over --context-tokens")
-    parser.add_argument("--context-tokens", type=int, default=128, help="positions of every decode's KV")
-    parser.add_argument("--device-kv-blocks", type=int, default=32, help="the served pool the warm-up fits over")
-    parser.add_argument("--max-batch-tokens", type=int, default=2048)
-    parser.add_argument("--max-batch-requests", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after a warm-up round)")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--cache-dir", type=pathlib.Path, default=None,
-                        help="converted models (default: $SUPERINFER_CACHE or ~/.cache/superinfer)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     result = run(args)
     print(f"warm-up fit: {result['cost_model']}")
     for kind, label in (("decode", "requests"), ("prefill", "tokens"), ("mixed", "chunk:computed:decodes")):

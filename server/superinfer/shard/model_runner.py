@@ -4,7 +4,9 @@ from dataclasses import replace
 
 import torch
 
+from ..models import row_padding
 from ..models.config import ModelConfig
+from ..models.decoder import Linear
 from ..models.lora import lora_batch
 from .attention_backends import AttentionBackend, select_attention_backend
 from .batch import BatchLayout, Chunk, StepBatch
@@ -37,6 +39,9 @@ class ModelRunner:
         )
         # None: the device's default (`attention_backends`).
         self.attention: AttentionBackend = select_attention_backend(attention_backend, self.layout, device)
+        # The row count the projections compute each count of rows with (`row_padding`; set
+        # by `pad_rows` at warm-up); empty: as they come.
+        self.row_padding: tuple[int, ...] = ()
 
     @property
     def config(self) -> ModelConfig:
@@ -86,6 +91,21 @@ class ModelRunner:
         """[R, hidden] -> [R, vocab] float32 (under tensor parallelism: on rank 0; None on the
         other ranks, which take part in the gather)."""
         return self.model.compute_logits(hidden_rows)
+
+    def pad_rows(self) -> tuple[int, ...]:
+        """Measures the LM head's cost by row count and from now on pads the rows of every
+        projection by it (`row_padding`; on the CPU without tensor parallelism only). Returns
+        the padding table."""
+        projections = [module for module in self.model.modules() if type(module) is Linear]
+        table = ()
+        if self.loaded.partition is None:
+            for projection in projections:
+                projection.row_padding = ()
+            table = row_padding.measure(self.model.lm_head, self.config.hidden_size, self.dtype, self.device)
+        for projection in projections:
+            projection.row_padding = table
+        self.row_padding = table
+        return table
 
     def _device_cache(self) -> torch.Tensor:
         if self.cache is None:

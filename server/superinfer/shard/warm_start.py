@@ -99,6 +99,11 @@ def warm_up(runner: ModelRunner, config: ShardConfig, group: RankGroup | None, m
     log.info("warm-up: KV pools allocated in %.2fs (host pool %.1f GiB%s)", pool_allocation_s,
              cache.host.numel() * cache.host.element_size() / 2**30, ", pinned" if cache.host.is_pinned() else "")
     engine = TransferEngine(cache.device, cache.host)
+    # Before the step timings too: the cost model prices steps as they will run.
+    padding = runner.pad_rows()
+    if any(padded != rows for rows, padded in enumerate(padding, 1)):
+        log.info("warm-up: projections compute 1..%d rows as %s rows (the cheapest count at or above each)",
+                 len(padding), list(padding))
     started = time.perf_counter()
     collective_ns = 0 if group is None else group.tensor_parallel.collective_ns
     step = measure_step_cost(runner, max_tokens, max_requests, config.warmup_repeats)
