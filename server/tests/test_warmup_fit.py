@@ -66,3 +66,34 @@ def test_cost_check_reports_each_batch_against_the_fit(tiny_llama_dir, tmp_path,
         # One prediction per step: the median ratio is the median time over the prediction.
         for predicted, ratio in (("predicted_ms", "measured_over_predicted"), ("linear_predicted_ms", "measured_over_linear")):
             assert row[ratio]["median"] == pytest.approx(row["measured_ms"]["median"] / row[predicted], rel=1e-9)
+
+
+def test_row_padding_bench_times_each_batch_with_and_without(tiny_llama_dir, tmp_path, capsys):
+    import json
+
+    from superinfer.shard import row_padding_bench
+
+    assert row_padding_bench.main(["--model", str(tiny_llama_dir), "--cache-dir", str(tmp_path), "--batches", "1", "3",
+                                   "--context-tokens", "40", "--device-kv-blocks", "16", "--max-batch-tokens", "64",
+                                   "--max-batch-requests", "8", "--rounds", "2", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(result["table"]) == 8 and [row["requests"] for row in result["decode"]] == [1, 3]
+    assert all(row["padded_to"] >= row["requests"] and row["padded_over_unpadded"] > 0 for row in result["decode"])
+
+
+def test_rotation_bench_runs_the_time_share_pattern_and_prices_a_rotation(tiny_llama_dir, tmp_path, capsys):
+    """Every step brings a request in, computes it and sends it out after the compute; the bench
+    checks each copy out is acknowledged in its own step's reply (else it raises)."""
+    import json
+
+    from superinfer.shard import rotation_bench
+
+    assert rotation_bench.main(["--model", str(tiny_llama_dir), "--cache-dir", str(tmp_path), "--requests", "3",
+                                "--rotating", "1", "2", "--steps", "5", "--context-tokens", "40",
+                                "--device-kv-blocks", "16", "--max-batch-tokens", "64", "--max-batch-requests", "8",
+                                "--rounds", "1", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [row["rotating"] for row in result["rows"]] == [1, 2]
+    assert all(row["plain_ms"] > 0 and row["rotating_ms"] > 0 for row in result["rows"])
+    with pytest.raises(SystemExit):
+        rotation_bench.main(["--requests", "2", "--rotating", "3"])

@@ -91,21 +91,22 @@ def add_shard_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
                         help="converted models (default: $SUPERINFER_CACHE or ~/.cache/superinfer)")
 
 
-def warmed_shard(args: argparse.Namespace) -> tuple:
+def warmed_shard(args: argparse.Namespace, host_kv_blocks: int = 0) -> tuple:
     """A CPU shard over `args.model` warmed up as the server's (its pool and batch limits):
-    (its model runner, the Warmup reply). Sets torch's threads from `--threads` (default: the
-    CPUs the process may use)."""
+    (its executor, the Warmup reply). Sets torch's threads from `--threads` (default: the CPUs
+    the process may use)."""
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     config = ShardConfig(model=args.model, cache_dir=cache_dir(args.cache_dir), device=torch.device("cpu"), dtype=torch.float32,
-                         device_kv_blocks=args.device_kv_blocks, host_kv_blocks=0)
+                         device_kv_blocks=args.device_kv_blocks, host_kv_blocks=host_kv_blocks)
     executor = build_executor(config)
     warm = executor.warmup(pb.WarmupRequest(max_batch_tokens=args.max_batch_tokens,
                                             max_batch_requests=args.max_batch_requests))
-    return executor.runner, warm
+    return executor, warm
 
 
 def run(args: argparse.Namespace) -> dict:
-    runner, warm = warmed_shard(args)
+    executor, warm = warmed_shard(args)
+    runner = executor.runner
     cost = json_format.MessageToDict(warm.cost_model, preserving_proto_field_name=True,
                                      always_print_fields_with_no_presence=True)
     steps = {("decode", b): _chunks(0, b, args.context_tokens, runner.block_size) for b in args.batches}

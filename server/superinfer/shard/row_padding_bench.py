@@ -30,7 +30,7 @@ def _set_padding(runner, table: tuple[int, ...]) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    runner, _ = warmed_shard(args)
+    runner = warmed_shard(args)[0].runner
     table = runner.row_padding
     steps = {b: _chunks(0, b, args.context_tokens, runner.block_size) for b in args.batches}
     runner.allocate(max(max(c.block_table) + 1 for chunks in steps.values() for c in chunks), 0)
