@@ -18,7 +18,12 @@ def test_rows_are_padded_to_the_cheapest_count_at_or_above_them_only_for_a_clear
     assert padded_rows((), 3) == 3
 
 
-def test_a_padded_projection_computes_the_same_rows():
+def test_a_padded_projection_computes_the_same_rows(monkeypatch):
+    from superinfer.models import decoder
+
+    computed_rows = []
+    linear_product = decoder.F.linear
+    monkeypatch.setattr(decoder.F, "linear", lambda x, *rest: computed_rows.append(x.shape[0]) or linear_product(x, *rest))
     torch.manual_seed(0)
     linear = Linear(64, 96, bias=True)
     linear.weight.copy_(torch.randn(96, 64))
@@ -29,6 +34,7 @@ def test_a_padded_projection_computes_the_same_rows():
     padded = linear(x)
     assert padded.shape == (3, 96) and padded.is_contiguous()
     torch.testing.assert_close(padded, expected)
+    assert computed_rows == [3, 4], "the padded call computes 4 rows"
     # A row count the table keeps runs as it comes.
     assert torch.equal(linear(x[:1]), torch.nn.functional.linear(x[:1], linear.weight, linear.bias))
 
@@ -39,3 +45,16 @@ def test_warm_up_measures_a_table_on_the_cpu_and_none_elsewhere():
     table = measure(head, 32, torch.float32, torch.device("cpu"), repeats=1)
     assert len(table) == MAX_ROWS and all(rows <= padded <= MAX_ROWS for rows, padded in enumerate(table, 1))
     assert measure(head, 32, torch.float32, torch.device("meta")) == ()
+
+
+def test_warm_up_sets_every_projections_table(tiny_llama_dir):
+    from conftest import make_executor
+
+    from superinfer.models.decoder import Linear
+
+    runner = make_executor(tiny_llama_dir).runner
+    projections = [m for m in runner.model.modules() if type(m) is Linear]
+    assert len(runner.row_padding) == MAX_ROWS and projections
+    assert all(m.row_padding == runner.row_padding for m in projections)
+    runner.set_row_padding(())
+    assert all(m.row_padding == () for m in projections)

@@ -69,9 +69,10 @@ impl Core {
         sampling.sort_unstable();
         ctx.plan.sampling = sampling;
         ctx.plan.input_from_shard.sort_unstable();
-        let computes = |t: &crate::plan::Transfer| ctx.plan.scheduled.iter().any(|e| e.id == t.request_id);
-        self.counters.rotations_in_computed += ctx.plan.rotate_in.iter().filter(|t| computes(t)).count() as u64;
-        self.counters.rotations_out_after_compute += ctx.plan.rotate_out.iter().filter(|t| computes(t)).count() as u64;
+        let plan = &ctx.plan;
+        self.counters.rotations_in_computed += plan.rotate_in.iter().filter(|t| plan.computes(t.request_id)).count() as u64;
+        self.counters.rotations_out_after_compute +=
+            plan.rotate_out.iter().filter(|t| plan.computes(t.request_id)).count() as u64;
         ctx.plan.predicted_step_s = self.cost.predict_step(ctx.shape);
         if ctx.budget.is_limited() {
             ctx.plan.rotate_out_budget_bytes = Some(ctx.budget.limit(Direction::Out));

@@ -3,9 +3,9 @@ rows as matrix-vector products, one row at a time — each reading the whole wei
 memory again — and a blocked matrix product, which reads it once, from some row count on. A
 decode step's projections have one row per request, so a step of a few decodes can cost more
 than a step of a few more. Measured on this project's CPU machine (one thread, the default
-model, weights streamed from memory): the [49,152 x 576] LM head took 9.9 ms for 1 row, 21.7 ms
-for 2, 32.6 ms for 3, 16.6 ms for 4 and 18.6 ms for 8; whole decode steps took 60 ms for one
-request, 92 ms for 2, 121 ms for 3 and 84 ms for 4.
+model, weights streamed from memory): the [49,152 x 576] LM head took 9.9 ms for 1 row, 24.2 ms
+for 2, 35.1 ms for 3 and 21.6 ms for 4; decode steps took 54.9 ms for one request, 90.9 ms for
+2, 113.0 ms for 3 and 80.9 ms for 4 (`docs/results/row-padding/`, `row_padding_bench`).
 
 Warm-up times the LM head — the largest projection, never held in a cache, so it reads its
 weights as every projection of a step does — at each row count up to `MAX_ROWS` (`measure`),
@@ -44,6 +44,11 @@ def measure(head, hidden_size: int, dtype: torch.dtype, device: torch.device, re
     the padding table (`plan`); () on any other device."""
     if device.type != "cpu":
         return ()
+    return plan(head_times(head, hidden_size, dtype, device, repeats))
+
+
+def head_times(head, hidden_size: int, dtype: torch.dtype, device: torch.device, repeats: int = 5) -> list[float]:
+    """`head`'s median time (s) at 1..MAX_ROWS rows."""
     hidden = torch.zeros(MAX_ROWS, hidden_size, dtype=dtype, device=device)
     times = []
     with torch.inference_mode():
@@ -55,4 +60,4 @@ def measure(head, hidden_size: int, dtype: torch.dtype, device: torch.device, re
                 head(hidden[:rows])
                 samples.append(time.perf_counter() - start)
             times.append(statistics.median(samples))
-    return plan(times)
+    return times

@@ -96,16 +96,18 @@ class ModelRunner:
         """Measures the LM head's cost by row count and from now on pads the rows of every
         projection by it (`row_padding`; on the CPU without tensor parallelism only). Returns
         the padding table."""
-        projections = [module for module in self.model.modules() if type(module) is Linear]
-        table = ()
+        self.set_row_padding(())
         if self.loaded.partition is None:
-            for projection in projections:
-                projection.row_padding = ()
-            table = row_padding.measure(self.model.lm_head, self.config.hidden_size, self.dtype, self.device)
-        for projection in projections:
-            projection.row_padding = table
+            self.set_row_padding(row_padding.measure(self.model.lm_head, self.config.hidden_size, self.dtype,
+                                                     self.device))
+        return self.row_padding
+
+    def set_row_padding(self, table: tuple[int, ...]) -> None:
+        """Every projection computes its rows by `table` (`row_padding.plan`; (): as they come)."""
+        for module in self.model.modules():
+            if type(module) is Linear:
+                module.row_padding = table
         self.row_padding = table
-        return table
 
     def _device_cache(self) -> torch.Tensor:
         if self.cache is None:

@@ -21,6 +21,9 @@ import time
 from ..pb import shard_pb2 as pb
 from .cost_check import add_shard_arguments, warmed_shard
 
+# Two slots per rotating request: each step reads one and writes the other.
+HOST_BLOCKS = 64
+
 
 class _Steps:
     def __init__(self, executor):
@@ -75,10 +78,10 @@ def run_once(steps: _Steps, requests: int, rotating: int, context: int, block_si
 
 
 def run(args: argparse.Namespace) -> dict:
-    executor, _ = warmed_shard(args, host_kv_blocks=64)
+    executor, _ = warmed_shard(args, host_kv_blocks=HOST_BLOCKS)
     block_size = executor.runner.block_size
     blocks = -(-(args.context_tokens + args.steps + 1) // block_size)
-    if args.requests * blocks > args.device_kv_blocks or 2 * max(args.rotating) * blocks > 64:
+    if args.requests * blocks > args.device_kv_blocks or 2 * max(args.rotating) * blocks > HOST_BLOCKS:
         raise SystemExit(f"{args.requests} requests of {blocks} blocks do not fit the pools; lower --context-tokens")
     steps = _Steps(executor)
     figures = {k: {"plain_s": [], "rotating_s": []} for k in args.rotating}

@@ -17,16 +17,10 @@ import sys
 
 import torch
 
-from ..models.decoder import Linear
+from ..models.row_padding import head_times
 from .cost_check import add_shard_arguments, warmed_shard
 from .throughput_bench import spread
 from .warmup import _chunks, time_step
-
-
-def _set_padding(runner, table: tuple[int, ...]) -> None:
-    for module in runner.model.modules():
-        if type(module) is Linear:
-            module.row_padding = table
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -38,11 +32,13 @@ def run(args: argparse.Namespace) -> dict:
     for round_index in range(args.rounds + 1):
         for batch, chunks in steps.items():
             for padded in ((True, False) if round_index % 2 else (False, True)):
-                _set_padding(runner, table if padded else ())
+                runner.set_row_padding(table if padded else ())
                 seconds = time_step(runner, chunks)
                 if round_index:  # the first round is a warm-up
                     times[(batch, padded)].append(seconds)
-    _set_padding(runner, table)
+    runner.set_row_padding(())
+    head_ms = [1e3 * t for t in head_times(runner.model.lm_head, runner.config.hidden_size, runner.dtype, runner.device)]
+    runner.set_row_padding(table)
     rows = []
     for batch in args.batches:
         on, off = times[(batch, True)], times[(batch, False)]
@@ -50,7 +46,8 @@ def run(args: argparse.Namespace) -> dict:
                      "padded_ms": spread([1e3 * t for t in on]), "unpadded_ms": spread([1e3 * t for t in off]),
                      "padded_over_unpadded": statistics.median(a / b for a, b in zip(on, off))})
     return {"model": args.model, "threads": torch.get_num_threads(), "context_tokens": args.context_tokens,
-            "rounds": args.rounds, "table": list(table), "decode": rows}
+            "rounds": args.rounds, "table": list(table),
+            "lm_head_ms_by_rows": head_ms, "decode": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args)
     print(f"padding table (rows 1..{len(result['table'])} computed as): {result['table']}")
+    print("LM head alone, unpadded, ms by rows 1..:", " ".join(f"{t:.1f}" for t in result["lm_head_ms_by_rows"]))
     print("requests  padded to  padded ms, median [range]  unpadded ms, median [range]  padded / unpadded")
     for row in result["decode"]:
         p, u = row["padded_ms"], row["unpadded_ms"]
