@@ -60,6 +60,8 @@ def assert_pools_drained(server) -> None:
     for pool in ("device", "host"):
         used = server.metric(f"superinfer_kv_{pool}_blocks_used")
         assert used == 0, f"{used} {pool} KV blocks still in use\n{server.log_tail()}"
+    # Host mirrors go with their request.
+    assert server.metric("superinfer_kv_host_blocks_mirrored") == 0, server.log_tail()
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +175,8 @@ def test_time_shared_rotasched_keeps_greedy_outputs(prompts, reference_outputs, 
     """`--time-share` with objectives no request on this pool can meet: RotaSched is in its
     overload mode throughout and time-shares the device — requests come back computing in the
     step that copies them in and leave after computing (the copy out after the forward, in the
-    same step) — and every request still gets exactly its tokens; nothing leaks."""
+    same step), copying out only the blocks written since the host last held them (the rest
+    have host mirrors) — and every request still gets exactly its tokens; nothing leaks."""
     args = [*SMALL_POOL, "--ttft-slo-ms", "100", "--tbt-slo-ms", "20", "--scheduler", "rotasched", "--time-share"]
     with launch(tmp_path_factory.mktemp("time-share"), args) as server:
         together = generate_concurrently(server.url, prompts)
@@ -182,6 +185,8 @@ def test_time_shared_rotasched_keeps_greedy_outputs(prompts, reference_outputs, 
         # Both in-step halves of a rotation happened on the real shard.
         assert server.metric("superinfer_rotations_in_computed_total") > 0, server.log_tail()
         assert server.metric("superinfer_rotations_out_after_compute_total") > 0, server.log_tail()
+        # Rotations out reused host mirrors instead of copying those blocks.
+        assert server.metric("superinfer_kv_blocks_out_mirrored_total") > 0, server.log_tail()
         mismatches = [i for i, (a, b) in enumerate(zip(reference_outputs, together)) if a != b]
         assert not mismatches, f"time-shared: outputs differ for prompts {mismatches}"
         assert all(len(tokens) == MAX_NEW_TOKENS for tokens in together)

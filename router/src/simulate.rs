@@ -265,7 +265,8 @@ fn stats_json(s: &SchedulerStats) -> Value {
     json!({
         "steps": s.steps, "rotations_out": s.rotations_out, "rotations_in": s.rotations_in,
         "rotations_in_computed": s.rotations_in_computed, "rotations_out_after_compute": s.rotations_out_after_compute,
-        "bytes_out": s.bytes_out, "bytes_in": s.bytes_in, "recomputes": s.recomputes,
+        "bytes_out": s.bytes_out, "bytes_in": s.bytes_in, "blocks_out_mirrored": s.blocks_out_mirrored,
+        "recomputes": s.recomputes,
         "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens, "finished": s.finished,
         "cancelled": s.cancelled, "cost_correction": s.cost_correction,
     })

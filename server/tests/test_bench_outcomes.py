@@ -95,9 +95,10 @@ def test_kv_moves_between_two_scrapes():
     before = {"superinfer_rotations_out_total": 3.0, "superinfer_rotations_in_total": 2.0, "superinfer_recomputes_total": 0.0,
               "superinfer_rotations_in_computed_total": 1.0}
     after = {"superinfer_rotations_out_total": 7.0, "superinfer_rotations_in_total": 6.0, "superinfer_recomputes_total": 1.0,
-             "superinfer_rotations_in_computed_total": 4.0, "superinfer_rotations_out_after_compute_total": 2.0}
+             "superinfer_rotations_in_computed_total": 4.0, "superinfer_rotations_out_after_compute_total": 2.0,
+             "superinfer_kv_blocks_out_mirrored_total": 9.0}
     assert kv_moves(before, after) == {"rotations_out": 4, "rotations_in": 4, "rotations_in_computed": 3,
-                                       "rotations_out_after_compute": 2, "recomputes": 1}
+                                       "rotations_out_after_compute": 2, "blocks_out_mirrored": 9, "recomputes": 1}
     assert kv_moves(before, None) is None
 
 

@@ -82,8 +82,9 @@ def test_row_padding_bench_times_each_batch_with_and_without(tiny_llama_dir, tmp
 
 
 def test_rotation_bench_runs_the_time_share_pattern_and_prices_a_rotation(tiny_llama_dir, tmp_path, capsys):
-    """Every step brings a request in, computes it and sends it out after the compute; the bench
-    checks each copy out is acknowledged in its own step's reply (else it raises)."""
+    """Every step brings a request in, computes it and sends it out after the compute (the whole
+    table, or the written block only as with host mirrors); the bench checks each copy out is
+    acknowledged in its own step's reply (else it raises)."""
     import json
 
     from superinfer.shard import rotation_bench
@@ -94,6 +95,6 @@ def test_rotation_bench_runs_the_time_share_pattern_and_prices_a_rotation(tiny_l
                                 "--rounds", "1", "--threads", "1"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [row["rotating"] for row in result["rows"]] == [1, 2]
-    assert all(row["plain_ms"] > 0 and row["rotating_ms"] > 0 for row in result["rows"])
+    assert all(row["plain_ms"] > 0 and row["rotating_ms"] > 0 and row["mirrored_ms"] > 0 for row in result["rows"])
     with pytest.raises(SystemExit):
         rotation_bench.main(["--requests", "2", "--rotating", "3"])

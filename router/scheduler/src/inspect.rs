@@ -33,6 +33,8 @@ impl Core {
             rotations_out_after_compute: c.rotations_out_after_compute,
             bytes_out: c.bytes_out,
             bytes_in: c.bytes_in,
+            blocks_out_mirrored: c.blocks_out_mirrored,
+            host_blocks_mirrored: self.blocks.host_mirrors(),
             recomputes: c.recomputes,
             prefix_cache_hit_tokens: c.prefix_hit_tokens,
             prefix_cache_queried_tokens: c.prefix_queried_tokens,

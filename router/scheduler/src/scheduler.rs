@@ -45,6 +45,8 @@ pub(crate) struct Counters {
     pub(crate) rotations_out_after_compute: u64,
     pub(crate) bytes_out: u64,
     pub(crate) bytes_in: u64,
+    /// Blocks rotated out without a copy: the host held a mirror of them.
+    pub(crate) blocks_out_mirrored: u64,
     pub(crate) recomputes: u64,
     pub(crate) prefix_hit_tokens: u64,
     pub(crate) prefix_queried_tokens: u64,
@@ -343,7 +345,11 @@ impl Core {
             // later step that already computes the missing token's position is answered by
             // the shard with the request's error (the engine cancels it); until then the
             // position stays planned.
-            None if request.num_computed == known => request.num_computed -= 1,
+            None if request.num_computed == known => {
+                request.num_computed -= 1;
+                // That position's KV is written again: a host mirror of its block would go stale.
+                self.blocks.forget_mirrors_from(entry.id, request.num_computed);
+            }
             _ => {}
         }
     }

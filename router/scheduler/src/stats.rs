@@ -31,6 +31,11 @@ pub struct SchedulerStats {
     pub rotations_out_after_compute: u64,
     pub bytes_out: u64,
     pub bytes_in: u64,
+    /// Blocks rotated out without a copy, the host holding an identical copy from their last
+    /// rotation in (a mirror).
+    pub blocks_out_mirrored: u64,
+    /// Host blocks now holding mirrors (counted free: given up when a copy out needs room).
+    pub host_blocks_mirrored: u32,
     pub recomputes: u64,
     pub prefix_cache_hit_tokens: u64,
     pub prefix_cache_queried_tokens: u64,

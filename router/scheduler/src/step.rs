@@ -292,14 +292,19 @@ impl<'a> StepBuilder<'a> {
         u64::from(self.core.blocks.free_device() - before)
     }
 
-    /// Starts copying the request's private blocks to host. Returns the device blocks that
-    /// will be freed at acknowledgement (0 = nothing issued).
+    /// Starts copying the request's private blocks to host (those the host holds no mirror
+    /// of). Returns the device blocks that will be freed at acknowledgement (0 = nothing
+    /// issued).
     pub(crate) fn rotate_out(&mut self, ctx: &mut StepCtx, id: u64) -> u64 {
-        let Some(transfer) = self.core.blocks.transfer_out(id) else { return 0 };
-        let moved = transfer.src_blocks.len() as u64;
-        ctx.budget.take(Direction::Out, moved * self.core.config.block_bytes);
+        // Planned computes have already counted their positions: a copy after one sees them.
+        let computed = self.core.requests[&id].num_computed;
+        let moved = u64::from(self.core.blocks.private_device_blocks(id));
+        let Some(transfer) = self.core.blocks.transfer_out(id, computed) else { return 0 };
+        let copied = transfer.src_blocks.len() as u64;
+        ctx.budget.take(Direction::Out, copied * self.core.config.block_bytes);
         self.core.counters.rotations_out += 1;
-        self.core.counters.bytes_out += moved * self.core.config.block_bytes;
+        self.core.counters.bytes_out += copied * self.core.config.block_bytes;
+        self.core.counters.blocks_out_mirrored += moved - copied;
         let request = self.core.requests.get_mut(&id).expect("rotated request exists");
         request.phase = Phase::RotatingOut;
         request.rotated_since_token = true;

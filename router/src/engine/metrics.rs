@@ -29,6 +29,8 @@ pub(crate) fn describe() {
     describe_gauge!("superinfer_kv_device_blocks_cached", "Free device KV blocks holding a reusable prefix");
     describe_gauge!("superinfer_kv_host_blocks_free", "Free host KV blocks");
     describe_gauge!("superinfer_kv_host_blocks_used", "Host KV blocks held by rotated-out requests");
+    describe_gauge!("superinfer_kv_host_blocks_mirrored",
+        "Host KV blocks keeping a copy of a returned request's sealed blocks (counted free; given up when a copy out needs room)");
     describe_gauge!("superinfer_queue_size", "Requests waiting for device KV blocks");
     describe_gauge!("superinfer_running_requests", "Requests with their KV cache on the device");
     describe_gauge!("superinfer_rotated_requests", "Requests with their KV cache in host memory");
@@ -78,6 +80,8 @@ pub(crate) fn describe() {
         "Prompt tokens whose KV the prefix cache held at admission (not computed again)");
     describe_counter!("superinfer_kv_bytes_out_total", Unit::Bytes, "KV cache bytes copied from device to host");
     describe_counter!("superinfer_kv_bytes_in_total", Unit::Bytes, "KV cache bytes copied from host to device");
+    describe_counter!("superinfer_kv_blocks_out_mirrored_total",
+        "KV blocks rotated out without a copy: the host kept an identical copy from their last rotation in");
     describe_histogram!(LAG_HISTOGRAM, Unit::Seconds,
         "Virtual lag of each produced token: production time minus its deadline (positive: late)");
     describe_counter!("superinfer_slo_ttft_met_total", "Finished requests whose first token met the TTFT objective");
@@ -190,6 +194,7 @@ pub(crate) fn record_scheduler(stats: &SchedulerStats, previous: &SchedulerStats
     metrics::gauge!("superinfer_kv_device_blocks_cached").set(f64::from(stats.device_blocks_cached));
     metrics::gauge!("superinfer_kv_host_blocks_free").set(f64::from(stats.host_blocks_free));
     metrics::gauge!("superinfer_kv_host_blocks_used").set(f64::from(stats.host_blocks_used));
+    metrics::gauge!("superinfer_kv_host_blocks_mirrored").set(f64::from(stats.host_blocks_mirrored));
     metrics::gauge!("superinfer_queue_size").set(f64::from(stats.waiting));
     metrics::gauge!("tgi_queue_size").set(f64::from(stats.waiting));
     metrics::gauge!("tgi_batch_current_size").set(f64::from(stats.running));
@@ -210,6 +215,8 @@ pub(crate) fn record_scheduler(stats: &SchedulerStats, previous: &SchedulerStats
     metrics::counter!("superinfer_recomputes_total").increment(delta(stats.recomputes, previous.recomputes));
     metrics::counter!("superinfer_kv_bytes_out_total").increment(delta(stats.bytes_out, previous.bytes_out));
     metrics::counter!("superinfer_kv_bytes_in_total").increment(delta(stats.bytes_in, previous.bytes_in));
+    metrics::counter!("superinfer_kv_blocks_out_mirrored_total")
+        .increment(delta(stats.blocks_out_mirrored, previous.blocks_out_mirrored));
     metrics::counter!("superinfer_prefix_cache_queried_tokens_total")
         .increment(delta(stats.prefix_cache_queried_tokens, previous.prefix_cache_queried_tokens));
     metrics::counter!("superinfer_prefix_cache_hit_tokens_total")
@@ -368,7 +375,8 @@ mod tests {
         let first = SchedulerStats { bytes_out: 4096, bytes_in: 1024, rotations_out: 2, host_blocks_used: 3,
             rotations_out_after_compute: 1, prefix_cache_queried_tokens: 40, prefix_cache_hit_tokens: 32, ..Default::default() };
         let second = SchedulerStats { bytes_out: 6144, bytes_in: 5120, rotations_out: 2, rotations_in: 1, host_blocks_used: 1,
-            rotations_in_computed: 1, rotations_out_after_compute: 1, prefix_cache_queried_tokens: 50, prefix_cache_hit_tokens: 32, ..Default::default() };
+            rotations_in_computed: 1, rotations_out_after_compute: 1, prefix_cache_queried_tokens: 50, prefix_cache_hit_tokens: 32,
+            blocks_out_mirrored: 3, host_blocks_mirrored: 2, ..Default::default() };
         let text = rendered(|| {
             record_scheduler(&first, &SchedulerStats::default(), 2);
             record_scheduler(&second, &first, 2);
@@ -380,6 +388,8 @@ mod tests {
         assert_eq!(value(&text, "superinfer_rotations_in_computed_total"), Some(1.0));
         assert_eq!(value(&text, "superinfer_rotations_out_after_compute_total"), Some(1.0));
         assert_eq!(value(&text, "superinfer_kv_host_blocks_used"), Some(1.0));
+        assert_eq!(value(&text, "superinfer_kv_host_blocks_mirrored"), Some(2.0));
+        assert_eq!(value(&text, "superinfer_kv_blocks_out_mirrored_total"), Some(3.0));
         assert_eq!(value(&text, "superinfer_prefix_cache_queried_tokens_total"), Some(50.0));
         assert_eq!(value(&text, "superinfer_prefix_cache_hit_tokens_total"), Some(32.0));
     }

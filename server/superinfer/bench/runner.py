@@ -106,6 +106,7 @@ _STEP_COUNTERS = ("superinfer_step_model_microseconds_total", "superinfer_step_s
 _MOVE_COUNTERS = {"rotations_out": "superinfer_rotations_out_total", "rotations_in": "superinfer_rotations_in_total",
                   "rotations_in_computed": "superinfer_rotations_in_computed_total",
                   "rotations_out_after_compute": "superinfer_rotations_out_after_compute_total",
+                  "blocks_out_mirrored": "superinfer_kv_blocks_out_mirrored_total",
                   "recomputes": "superinfer_recomputes_total"}
 # Where a run's wall time went, step by step: how many steps, their round trips, the forward
 # passes within them, the shard's time beyond the forward, and the engine's time between steps.
@@ -131,7 +132,8 @@ def step_counters(target: Target) -> dict[str, float] | None:
 
 
 def kv_moves(before: dict | None, after: dict | None) -> dict[str, int] | None:
-    """Requests rotated out, rotated back in and dropped for recompute between two scrapes."""
+    """Requests rotated out, rotated back in and dropped for recompute between two scrapes, and
+    the blocks rotated out without a copy (the host held a mirror)."""
     if before is None or after is None:
         return None
     return {key: int(after.get(name, 0.0) - before.get(name, 0.0)) for key, name in _MOVE_COUNTERS.items()}

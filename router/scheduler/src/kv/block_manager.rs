@@ -10,6 +10,14 @@
 //! (reference count 1). Blocks shared with other requests stay on device, still referenced by
 //! the rotated request's table: moving them would free nothing (the others keep them) and
 //! would cost bandwidth twice. Rotating in brings back exactly the host slots.
+//!
+//! Host mirrors: a block whose positions were all computed when it last went out never changes
+//! again (KV is append-only), so when it comes back its host block stays with the table as a
+//! mirror — an identical copy. The next rotation out flips a mirrored slot back to its host
+//! block without copying; only the blocks written since (the last, partly filled one and any
+//! new ones) cross the link. A rotation round trip of a decoding request therefore copies the
+//! whole table in but about one block out. Mirrors are a cache: they count as free host
+//! blocks and are given up whenever a copy out needs room (`take_host_block`).
 
 use std::collections::BTreeMap;
 
@@ -50,14 +58,27 @@ pub(super) struct Table {
     pub(super) root: u64,
     /// That namespace (0: the base model), named in the prefix cache's events.
     pub(super) namespace: u64,
+    /// Slot index → host block holding an identical copy of that device slot's KV.
+    pub(super) mirrors: BTreeMap<usize, u32>,
+    /// Leading slots whose positions were all computed at the last transfer out: they come
+    /// back as mirrored slots.
+    pub(super) sealed: usize,
 }
 
 #[derive(Debug)]
 pub(super) struct InFlight {
     pub(super) request: u64,
     pub(super) direction: Direction,
+    /// Out: every device block freed at acknowledgement (copied or mirrored); In: the
+    /// destinations.
     pub(super) device_blocks: Vec<u32>,
+    /// Out: the copies' destinations; In: the sources.
     pub(super) host_blocks: Vec<u32>,
+    /// In: the sources kept as mirrors at acknowledgement, by slot index.
+    pub(super) keep_as_mirror: Vec<(usize, u32)>,
+    /// In: sources a transfer out issued before this acknowledgement took as the table's host
+    /// slots (the request left again in the step that brought it back): the table owns them.
+    pub(super) taken_by_table: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -69,6 +90,8 @@ pub(crate) struct BlockManager {
     pub(super) tables: BTreeMap<u64, Table>,
     pub(super) transfers: BTreeMap<u64, InFlight>,
     pub(super) next_transfer_id: u64,
+    /// Host mirrors across all tables.
+    pub(super) mirrored: u32,
 }
 
 impl BlockManager {
@@ -81,6 +104,7 @@ impl BlockManager {
             tables: BTreeMap::new(),
             transfers: BTreeMap::new(),
             next_transfer_id: 1,
+            mirrored: 0,
         }
     }
 
@@ -106,6 +130,7 @@ impl BlockManager {
         self.tables.clear();
         self.transfers.clear();
         self.next_transfer_id = 1;
+        self.mirrored = 0;
     }
 
     /// The hashes a prompt lookup can find now.
@@ -135,8 +160,14 @@ impl BlockManager {
         self.device.num_free_cached()
     }
 
+    /// Host blocks a transfer out can take: the free ones and the mirrors it may give up.
     pub(crate) fn free_host(&self) -> u32 {
-        self.host.num_free()
+        self.host.num_free() + self.mirrored
+    }
+
+    /// Host mirrors held (included in `free_host`).
+    pub(crate) fn host_mirrors(&self) -> u32 {
+        self.mirrored
     }
 
     pub(crate) fn device_in_flight(&self) -> u32 {
@@ -276,12 +307,59 @@ impl BlockManager {
                 Slot::Host(block) => self.host.release(block),
             }
         }
+        self.mirrored -= table.mirrors.len() as u32;
+        for block in table.mirrors.into_values() {
+            self.host.release(block);
+        }
     }
 
     /// Device blocks rotating this request out would move (and eventually free).
     pub(crate) fn private_device_blocks(&self, id: u64) -> u32 {
         let private = |s: &&Slot| matches!(s, Slot::Device(b) if self.device.ref_count(*b) == 1);
         self.slots(id).iter().filter(private).count() as u32
+    }
+
+    /// Of those, the blocks a rotation out copies: the ones the host holds no mirror of.
+    pub(crate) fn blocks_to_copy_out(&self, id: u64) -> u32 {
+        let Some(table) = self.tables.get(&id) else { return 0 };
+        let copied = |(i, s): &(usize, &Slot)| {
+            matches!(s, Slot::Device(b) if self.device.ref_count(*b) == 1) && self.mirror_of(id, table, *i).is_none()
+        };
+        table.slots.iter().enumerate().filter(copied).count() as u32
+    }
+
+    /// The host block holding an identical copy of slot `i`: a mirror, or the source of a copy
+    /// in still in flight that will become one (`true`).
+    pub(super) fn mirror_of(&self, id: u64, table: &Table, i: usize) -> Option<(u32, bool)> {
+        if let Some(block) = table.mirrors.get(&i) {
+            return Some((*block, false));
+        }
+        let returning = self.transfers.values().filter(|t| t.request == id && t.direction == Direction::In);
+        returning.flat_map(|t| &t.keep_as_mirror).find(|(slot, _)| *slot == i).map(|(_, block)| (*block, true))
+    }
+
+    /// Drops the request's mirrors of the slots holding `position` and after: that KV is about
+    /// to be written again (a position recomputed after its token was lost).
+    pub(crate) fn forget_mirrors_from(&mut self, id: u64, position: u32) {
+        let Some(table) = self.tables.get_mut(&id) else { return };
+        let first = (position / self.block_size) as usize;
+        let dropped = table.mirrors.split_off(&first);
+        table.sealed = table.sealed.min(first);
+        self.mirrored -= dropped.len() as u32;
+        for block in dropped.into_values() {
+            self.host.release(block);
+        }
+    }
+
+    /// A host block for a copy out: a free one, or else one a mirror gives up.
+    pub(super) fn take_host_block(&mut self) -> Option<u32> {
+        if let Some(block) = self.host.allocate() {
+            return Some(block);
+        }
+        let table = self.tables.values_mut().find(|t| !t.mirrors.is_empty())?;
+        let (_, block) = table.mirrors.pop_last()?;
+        self.mirrored -= 1;
+        Some(block)
     }
 
     pub(crate) fn host_slots(&self, id: u64) -> u32 {

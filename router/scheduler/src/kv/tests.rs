@@ -25,7 +25,7 @@ fn rotation_moves_private_blocks_only_and_keeps_shared_prefix() {
     assert!(m.grow(2, 12));
     let shared = device_ids(&m, 2)[..2].to_vec();
     assert_eq!(m.private_device_blocks(2), 1);
-    let out = m.transfer_out(2).expect("host has room");
+    let out = m.transfer_out(2, 12).expect("host has room");
     assert_eq!(out.src_blocks.len(), 1, "only the private block moves");
     assert_eq!(device_ids(&m, 2)[..2], shared[..], "shared blocks stay referenced on device");
     let free_before_ack = m.free_device();
@@ -48,7 +48,7 @@ fn transfer_out_sources_are_neither_allocatable_nor_prefix_hits() {
     let mut m = BlockManager::new(2, 4, 4, true);
     let tokens = vec![1, 2, 3, 4, 5];
     compute(&mut m, 1, &tokens);
-    let out = m.transfer_out(1).unwrap();
+    let out = m.transfer_out(1, 5).unwrap();
     assert_eq!(out.src_blocks.len(), 3);
     assert_eq!(m.free_device(), 1);
     assert_eq!(m.probe_prefix(0, &tokens).hit_blocks, 0, "content being copied is not handed out");
@@ -68,7 +68,7 @@ fn prefix_caching_off_never_shares() {
     let tokens: Vec<u32> = (0..9).collect();
     compute(&mut m, 1, &tokens);
     assert_eq!(m.acquire_prefix(2, 0, &tokens), 0);
-    assert_eq!(m.transfer_out(1), None, "no host pool");
+    assert_eq!(m.transfer_out(1, 9), None, "no host pool");
     m.check().unwrap();
 }
 
@@ -86,5 +86,137 @@ fn prefixes_are_shared_within_a_kv_namespace_only() {
     assert_eq!(m.probe_prefix(2, &prompt).hit_blocks, 0);
     assert_eq!(m.acquire_prefix(2, 2, &prompt), 0);
     assert_eq!(m.acquire_prefix(3, 1, &prompt), 8);
+    m.check().unwrap();
+}
+
+/// Rotates `id` out and straight back (both acknowledged); returns (blocks copied out, blocks
+/// copied in).
+fn round_trip(m: &mut BlockManager, id: u64, computed: u32) -> (usize, usize) {
+    let out = m.transfer_out(id, computed).expect("host has room");
+    m.ack(out.id).unwrap();
+    m.check().unwrap();
+    let back = m.transfer_in(id).expect("device has room");
+    m.ack(back.id).unwrap();
+    m.check().unwrap();
+    (out.src_blocks.len(), back.src_blocks.len())
+}
+
+#[test]
+fn a_returned_request_keeps_host_mirrors_of_its_sealed_blocks_and_copies_only_the_rest_out() {
+    let mut m = BlockManager::new(4, 8, 8, false);
+    compute(&mut m, 1, &(0..10).collect::<Vec<u32>>()); // 3 blocks, 2 full
+    assert_eq!(round_trip(&mut m, 1, 10), (3, 3));
+    assert_eq!(m.host_mirrors(), 2, "the two full blocks stay on host");
+    assert_eq!(m.free_host(), 8, "mirrors count as free host blocks");
+    assert_eq!(m.blocks_to_copy_out(1), 1);
+    // Decodes write positions 10..13: block 2 fills, block 3 is new.
+    assert!(m.grow(1, 13));
+    assert_eq!(m.blocks_to_copy_out(1), 2);
+    let out = m.transfer_out(1, 13).unwrap();
+    assert_eq!(out.src_blocks.len(), 2, "only the blocks written since cross the link");
+    assert_eq!(m.host_mirrors(), 0, "the mirrors became the request's host slots");
+    let freed_at_ack = m.free_device() + 4;
+    m.ack(out.id).unwrap();
+    assert_eq!(m.free_device(), freed_at_ack, "mirrored device blocks are freed at the acknowledgement too");
+    let back = m.transfer_in(1).unwrap();
+    assert_eq!(back.src_blocks.len(), 4, "a return copies the whole table");
+    m.ack(back.id).unwrap();
+    assert_eq!(m.host_mirrors(), 3, "13 positions seal three blocks");
+    m.release(1);
+    assert_eq!((m.free_device(), m.free_host(), m.host_mirrors()), (8, 8, 0));
+    m.check().unwrap();
+}
+
+#[test]
+fn mirrors_are_held_only_after_the_copy_in_lands() {
+    let mut m = BlockManager::new(4, 8, 8, false);
+    compute(&mut m, 1, &(0..8).collect::<Vec<u32>>());
+    let out = m.transfer_out(1, 8).unwrap();
+    m.ack(out.id).unwrap();
+    let back = m.transfer_in(1).unwrap();
+    assert_eq!(m.host_mirrors(), 0, "the sources are the transfer's until acknowledged");
+    assert_eq!(m.free_host(), 6);
+    m.check().unwrap();
+    m.ack(back.id).unwrap();
+    assert_eq!((m.host_mirrors(), m.free_host()), (2, 8));
+    m.check().unwrap();
+}
+
+#[test]
+fn a_copy_out_short_of_free_host_blocks_takes_another_requests_mirrors() {
+    let mut m = BlockManager::new(4, 8, 4, false);
+    compute(&mut m, 1, &(0..8).collect::<Vec<u32>>());
+    round_trip(&mut m, 1, 8);
+    assert_eq!(m.host_mirrors(), 2);
+    compute(&mut m, 2, &(0..16).collect::<Vec<u32>>()[..12]);
+    // Request 2 needs 3 host blocks: 2 free and one of request 1's mirrors.
+    assert_eq!(m.free_host(), 4);
+    let out = m.transfer_out(2, 12).expect("mirrors give way");
+    assert_eq!(out.src_blocks.len(), 3);
+    assert_eq!(m.host_mirrors(), 1);
+    m.check().unwrap();
+    m.ack(out.id).unwrap();
+    // Request 1 would now copy the block whose mirror went and reuse the other: two blocks,
+    // and the host has only that mirror left.
+    assert_eq!(m.blocks_to_copy_out(1), 1);
+    assert_eq!(m.free_host(), 1);
+    assert_eq!(m.transfer_out(1, 8), None, "no free block for the copy");
+    m.check().unwrap();
+    let back = m.transfer_in(2).unwrap();
+    assert_eq!(back.src_blocks.len(), 3);
+    m.ack(back.id).unwrap();
+    let out = m.transfer_out(1, 8).expect("the return freed host blocks");
+    assert_eq!(out.src_blocks.len(), 1);
+    m.ack(out.id).unwrap();
+    m.check().unwrap();
+}
+
+#[test]
+fn a_position_written_again_drops_the_mirror_of_its_block() {
+    let mut m = BlockManager::new(4, 8, 8, false);
+    compute(&mut m, 1, &(0..8).collect::<Vec<u32>>());
+    round_trip(&mut m, 1, 8);
+    assert_eq!(m.host_mirrors(), 2);
+    m.forget_mirrors_from(1, 7);
+    assert_eq!((m.host_mirrors(), m.free_host()), (1, 8));
+    assert_eq!(m.blocks_to_copy_out(1), 1);
+    m.check().unwrap();
+    // Sealed blocks shrank with it: the block is copied out and comes back unmirrored...
+    let (copied_out, _) = round_trip(&mut m, 1, 7);
+    assert_eq!(copied_out, 1);
+    assert_eq!(m.host_mirrors(), 1, "position 7 not computed: block 1 is not sealed");
+    m.check().unwrap();
+}
+
+#[test]
+fn leaving_in_the_step_that_brings_it_back_copies_only_the_unsealed_blocks() {
+    // Time-sharing: a copy in, a compute and a copy out in one step, both copies in flight.
+    let mut m = BlockManager::new(4, 8, 8, false);
+    compute(&mut m, 1, &(0..10).collect::<Vec<u32>>());
+    let out = m.transfer_out(1, 10).unwrap();
+    m.ack(out.id).unwrap();
+    let back = m.transfer_in(1).unwrap();
+    assert!(m.grow(1, 11)); // the step's decode writes position 10
+    assert_eq!(m.blocks_to_copy_out(1), 1, "the copy in's sources of the two sealed blocks serve");
+    let again = m.transfer_out(1, 11).unwrap();
+    assert_eq!(again.src_blocks.len(), 1);
+    m.check().unwrap();
+    // The sources stay the table's when the copy in is acknowledged (and are not mirrors).
+    m.ack(back.id).unwrap();
+    assert_eq!((m.host_mirrors(), m.free_host()), (0, 5));
+    m.check().unwrap();
+    m.ack(again.id).unwrap();
+    assert_eq!(m.free_device(), 8);
+    m.check().unwrap();
+    let home = m.transfer_in(1).unwrap();
+    assert_eq!(home.src_blocks.len(), 3);
+    m.ack(home.id).unwrap();
+    assert_eq!(m.host_mirrors(), 2);
+    let last = m.transfer_out(1, 11).unwrap();
+    assert_eq!(last.src_blocks.len(), 1, "nothing written: still the unsealed block only");
+    m.ack(last.id).unwrap();
+    m.check().unwrap();
+    m.release(1);
+    assert_eq!((m.free_device(), m.free_host()), (8, 8));
     m.check().unwrap();
 }

@@ -10,53 +10,94 @@ use crate::cost_model::Direction;
 use crate::plan::Transfer;
 
 impl BlockManager {
-    /// Moves the request's private device blocks to host. `None` (and no change) when it has
+    /// Moves the request's private device blocks to host, `computed` positions of its KV written
+    /// by the time the copy runs. Blocks the host holds a mirror of flip to it without a copy;
+    /// the transfer copies the rest. Every moved device block stays held until acknowledgement
+    /// (a compute ordered before the copy may still read it). `None` (and no change) when it has
     /// nothing private or the host pool lacks room.
-    pub(crate) fn transfer_out(&mut self, id: u64) -> Option<Transfer> {
-        let moved = self.private_device_blocks(id);
-        if moved == 0 || moved > self.host.num_free() {
+    pub(crate) fn transfer_out(&mut self, id: u64, computed: u32) -> Option<Transfer> {
+        let table = self.tables.get(&id)?;
+        let private: Vec<usize> = table
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Slot::Device(b) if self.device.ref_count(*b) == 1))
+            .map(|(i, _)| i)
+            .collect();
+        let mirrored: Vec<(usize, u32, bool)> =
+            private.iter().filter_map(|&i| self.mirror_of(id, table, i).map(|(b, pending)| (i, b, pending))).collect();
+        let to_copy = (private.len() - mirrored.len()) as u32;
+        // Its own settled mirrors are used, not given up, so they are no room for the copies.
+        let own_settled = mirrored.iter().filter(|(_, _, pending)| !pending).count() as u32;
+        if private.is_empty() || to_copy > self.host.num_free() + self.mirrored - own_settled {
             return None;
         }
-        let table = self.tables.get_mut(&id)?;
-        let (mut src, mut dst) = (Vec::new(), Vec::new());
-        for slot in table.slots.iter_mut() {
-            let Slot::Device(block) = *slot else { continue };
-            if self.device.ref_count(block) != 1 {
-                continue;
+        let mut released = Vec::new();
+        // Mirrors first, so that a copy below giving up mirrors cannot take one of these.
+        for (i, host_block, pending) in mirrored {
+            if pending {
+                let returning = self.transfers.values_mut().filter(|t| t.request == id && t.direction == Direction::In);
+                for transfer in returning {
+                    transfer.keep_as_mirror.retain(|(slot, _)| *slot != i);
+                    if transfer.host_blocks.contains(&host_block) {
+                        transfer.taken_by_table.push(host_block);
+                    }
+                }
+            } else {
+                self.mirrored -= 1;
             }
-            let host_block = self.host.allocate()?;
-            // The table's reference passes to the transfer; released at acknowledgement.
-            self.device.set_in_flight(block, true);
-            *slot = Slot::Host(host_block);
+            let table = self.tables.get_mut(&id)?;
+            table.mirrors.remove(&i);
+            let Slot::Device(block) = table.slots[i] else { unreachable!("private slots are on device") };
+            table.slots[i] = Slot::Host(host_block);
+            released.push(block);
+        }
+        let (mut src, mut dst) = (Vec::new(), Vec::new());
+        for &i in &private {
+            let Some(Slot::Device(block)) = self.tables.get(&id).map(|t| t.slots[i]) else { continue };
+            let host_block = self.take_host_block()?;
+            self.tables.get_mut(&id)?.slots[i] = Slot::Host(host_block);
+            released.push(block);
             src.push(block);
             dst.push(host_block);
+        }
+        self.tables.get_mut(&id)?.sealed = (computed / self.block_size) as usize;
+        for block in &released {
+            // The table's reference passes to the transfer; released at acknowledgement.
+            self.device.set_in_flight(*block, true);
         }
         let transfer_id = self.take_transfer_id();
         let in_flight = InFlight {
             request: id,
             direction: Direction::Out,
-            device_blocks: src.clone(),
+            device_blocks: released,
             host_blocks: dst.clone(),
+            keep_as_mirror: Vec::new(),
+            taken_by_table: Vec::new(),
         };
         self.transfers.insert(transfer_id, in_flight);
         Some(Transfer { id: transfer_id, request_id: id, src_blocks: src, dst_blocks: dst })
     }
 
-    /// Brings the request's host blocks back into fresh device blocks. `None` (and no change)
-    /// when it has nothing on host or the device pool lacks room.
+    /// Brings the request's host blocks back into fresh device blocks; those sealed at the
+    /// transfer out stay on host as mirrors once the copy is acknowledged. `None` (and no
+    /// change) when it has nothing on host or the device pool lacks room.
     pub(crate) fn transfer_in(&mut self, id: u64) -> Option<Transfer> {
         let moved = self.host_slots(id);
         if moved == 0 || moved > self.device.num_free() {
             return None;
         }
         let table = self.tables.get_mut(&id)?;
-        let (mut src, mut dst) = (Vec::new(), Vec::new());
-        for slot in table.slots.iter_mut() {
+        let (mut src, mut dst, mut keep) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, slot) in table.slots.iter_mut().enumerate() {
             let Slot::Host(host_block) = *slot else { continue };
             let block = self.device.allocate()?;
             *slot = Slot::Device(block);
             src.push(host_block);
             dst.push(block);
+            if i < table.sealed {
+                keep.push((i, host_block));
+            }
         }
         let transfer_id = self.take_transfer_id();
         let in_flight = InFlight {
@@ -64,6 +105,8 @@ impl BlockManager {
             direction: Direction::In,
             device_blocks: dst.clone(),
             host_blocks: src.clone(),
+            keep_as_mirror: keep,
+            taken_by_table: Vec::new(),
         };
         self.transfers.insert(transfer_id, in_flight);
         Some(Transfer { id: transfer_id, request_id: id, src_blocks: src, dst_blocks: dst })
@@ -80,8 +123,20 @@ impl BlockManager {
                 }
             }
             Direction::In => {
+                let mut kept = done.taken_by_table.clone();
+                if let Some(table) = self.tables.get_mut(&done.request) {
+                    for &(i, block) in &done.keep_as_mirror {
+                        if matches!(table.slots.get(i), Some(Slot::Device(_))) {
+                            table.mirrors.insert(i, block);
+                            self.mirrored += 1;
+                            kept.push(block);
+                        }
+                    }
+                }
                 for block in &done.host_blocks {
-                    self.host.release(*block);
+                    if !kept.contains(block) {
+                        self.host.release(*block);
+                    }
                 }
             }
         }
@@ -123,6 +178,16 @@ impl BlockManager {
                     Slot::Host(b) => claim_host(*b, format!("request {id}"))?,
                 }
             }
+            for (i, b) in &table.mirrors {
+                if !matches!(table.slots.get(*i), Some(Slot::Device(_))) {
+                    return Err(format!("request {id}: mirror of slot {i}, which is not on device"));
+                }
+                claim_host(*b, format!("request {id}'s mirror"))?;
+            }
+        }
+        let mirrors: usize = self.tables.values().map(|t| t.mirrors.len()).sum();
+        if mirrors != self.mirrored as usize {
+            return Err(format!("{mirrors} mirrors held, {} counted", self.mirrored));
         }
         for (tid, transfer) in &self.transfers {
             match transfer.direction {
@@ -135,7 +200,8 @@ impl BlockManager {
                     }
                 }
                 Direction::In => {
-                    for b in &transfer.host_blocks {
+                    // Sources a later transfer out handed to the table are the table's.
+                    for b in transfer.host_blocks.iter().filter(|b| !transfer.taken_by_table.contains(b)) {
                         claim_host(*b, format!("transfer in {tid}"))?;
                     }
                 }

@@ -135,7 +135,7 @@ fn events_rebuild_the_findable_set_through_hits_evictions_and_rotations() {
                 live.remove(&id);
                 counts[1] += 1;
             } else if op < 75 && live.contains_key(&id) && !in_flight.contains_key(&id) {
-                let transfer = if manager.host_slots(id) > 0 { manager.transfer_in(id) } else { manager.transfer_out(id) };
+                let transfer = if manager.host_slots(id) > 0 { manager.transfer_in(id) } else { manager.transfer_out(id, live[&id].len() as u32) };
                 if let Some(transfer) = transfer {
                     in_flight.insert(id, transfer.id);
                     counts[2] += 1;

@@ -149,7 +149,7 @@ impl Planner<'_, '_> {
                 Some((freed, freed > 0))
             }
             Evict::RotateOut => {
-                let bytes = u64::from(self.blocks().private_device_blocks(id)) * self.config().block_bytes;
+                let bytes = u64::from(self.blocks().blocks_to_copy_out(id)) * self.config().block_bytes;
                 if !ctx.budget.fits(Direction::Out, bytes) {
                     return None;
                 }
@@ -313,7 +313,7 @@ impl Planner<'_, '_> {
     /// A rotation out keeps the rotation limits: it fits this step's byte budget and the request
     /// has enough tokens left to be worth the round trip. Otherwise it is recomputed.
     fn rotate_out_fits_now(&self, ctx: &StepCtx, id: u64) -> bool {
-        let bytes = u64::from(self.blocks().private_device_blocks(id)) * self.config().block_bytes;
+        let bytes = u64::from(self.blocks().blocks_to_copy_out(id)) * self.config().block_bytes;
         let worth = self.requests()[&id].tokens_left() >= self.settings.min_rotation_tokens_left;
         worth && ctx.budget.fits(Direction::Out, bytes)
     }

@@ -182,14 +182,15 @@ impl Planner<'_, '_> {
         self.cost().predict_transfer(bytes, direction)
     }
 
-    /// The cheaper way to evict `id` by the cost model: copying its private blocks out and
-    /// back, or the marginal prefill time of its context (the step's base cost is paid anyway).
+    /// The cheaper way to evict `id` by the cost model: copying its private blocks out (those
+    /// the host holds no mirror of) and back, or the marginal prefill time of its context (the step's base cost is paid anyway).
     /// Rotating out needs host room. The returned round trip — time until it could compute again,
     /// including the step boundaries at which acknowledgements arrive — is what its slack must
     /// cover.
     pub(super) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
         let private = self.blocks().private_device_blocks(id);
-        let copy_s = self.transfer_s(private, Direction::Out) + self.transfer_s(private, Direction::In);
+        let copy_s =
+            self.transfer_s(self.blocks().blocks_to_copy_out(id), Direction::Out) + self.transfer_s(private, Direction::In);
         let computed = u64::from(self.requests()[&id].num_computed);
         let marginal_prefill_s = self.cost().predict_prefill(computed) - self.cost().predict_prefill(0);
         let rotate_s = copy_s + 2.0 * step_s;
