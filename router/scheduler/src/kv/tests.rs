@@ -220,3 +220,138 @@ fn leaving_in_the_step_that_brings_it_back_copies_only_the_unsealed_blocks() {
     assert_eq!((m.free_device(), m.free_host()), (8, 8));
     m.check().unwrap();
 }
+
+/// A model of what each block holds, checked against the block manager through random
+/// admissions, computes, rotations (the time-sharing pattern included: out while the copy in
+/// is still in flight), acknowledgements in any order, positions computed again, and releases:
+/// every rotation out leaves the latest KV of every slot on host, copied or mirrored, and every
+/// return brings back the latest.
+#[test]
+fn mirrors_never_stand_for_stale_kv() {
+    use std::collections::BTreeMap;
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (self.0 >> 33) % n
+        }
+    }
+    const BS: u32 = 4;
+    #[derive(Default)]
+    struct Req {
+        computed: u32,
+        /// Per slot, the version of its KV the request's computes have written.
+        versions: Vec<u64>,
+        transfers: Vec<u64>,
+    }
+    let mut copies = [0usize; 2];
+    for seed in 0..300 {
+        let mut rng = Lcg(seed);
+        let mut m = BlockManager::new(BS, 20, 14, false);
+        // What each block holds: (request, slot, version).
+        let mut device: BTreeMap<u32, (u64, usize, u64)> = BTreeMap::new();
+        let mut host: BTreeMap<u32, (u64, usize, u64)> = BTreeMap::new();
+        let mut reqs: BTreeMap<u64, Req> = BTreeMap::new();
+        let mut next_version = 1u64;
+        // Writes positions [from, to) of `id`: each slot touched gets a new version.
+        let mut write = |m: &BlockManager, r: &mut Req, id: u64, from: u32, to: u32, device: &mut BTreeMap<u32, (u64, usize, u64)>| {
+            for slot in (from / BS) as usize..=((to - 1) / BS) as usize {
+                let Slot::Device(block) = m.slots(id)[slot] else { panic!("computing on host") };
+                if r.versions.len() <= slot {
+                    r.versions.resize(slot + 1, 0);
+                }
+                r.versions[slot] = next_version;
+                device.insert(block, (id, slot, next_version));
+                next_version += 1;
+            }
+        };
+        for _ in 0..400 {
+            let id = rng.below(5);
+            let on_device = |m: &BlockManager| m.slots(id).iter().all(|s| matches!(s, Slot::Device(_)));
+            match rng.below(7) {
+                0 if !reqs.contains_key(&id) => {
+                    let tokens = 1 + rng.below(10) as u32;
+                    m.acquire_prefix(id, 0, &[]);
+                    if m.grow(id, u64::from(tokens)) {
+                        let mut r = Req::default();
+                        write(&m, &mut r, id, 0, tokens, &mut device);
+                        r.computed = tokens;
+                        reqs.insert(id, r);
+                    } else {
+                        m.release(id);
+                    }
+                }
+                1 if reqs.get(&id).is_some_and(|r| on_device(&m) && r.transfers.is_empty()) => {
+                    // A decode or a chunk; or, now and then, the last position again (its
+                    // token lost), which must drop the mirror of its block.
+                    let r = reqs.get_mut(&id).unwrap();
+                    if rng.below(3) == 0 {
+                        let position = r.computed - 1;
+                        m.forget_mirrors_from(id, position);
+                        write(&m, r, id, position, position + 1, &mut device);
+                    } else {
+                        let n = 1 + rng.below(3) as u32;
+                        if m.grow(id, u64::from(r.computed + n)) {
+                            write(&m, r, id, r.computed, r.computed + n, &mut device);
+                            r.computed += n;
+                        }
+                    }
+                }
+                2 | 3 if reqs.get(&id).is_some_and(|r| r.transfers.is_empty()) => {
+                    let r = reqs.get_mut(&id).unwrap();
+                    if on_device(&m) {
+                        let Some(out) = m.transfer_out(id, r.computed) else { continue };
+                        copies[0] += out.src_blocks.len();
+                        for (src, dst) in out.src_blocks.iter().zip(&out.dst_blocks) {
+                            host.insert(*dst, device[src]);
+                        }
+                        r.transfers.push(out.id);
+                    } else {
+                        let Some(back) = m.transfer_in(id) else { continue };
+                        copies[1] += back.src_blocks.len();
+                        for (src, dst) in back.src_blocks.iter().zip(&back.dst_blocks) {
+                            device.insert(*dst, host[src]);
+                        }
+                        r.transfers.push(back.id);
+                        // Time-sharing: compute in the same step and leave again after it,
+                        // while the copy in is still unacknowledged.
+                        if rng.below(2) == 0 && m.grow(id, u64::from(r.computed + 1)) {
+                            write(&m, r, id, r.computed, r.computed + 1, &mut device);
+                            r.computed += 1;
+                            if let Some(out) = m.transfer_out(id, r.computed) {
+                                for (src, dst) in out.src_blocks.iter().zip(&out.dst_blocks) {
+                                    host.insert(*dst, device[src]);
+                                }
+                                r.transfers.push(out.id);
+                            }
+                        }
+                    }
+                    // Whatever is on host now must be the latest, copied or mirrored.
+                    for (slot, s) in m.slots(id).iter().enumerate() {
+                        let (holder, content) = match s {
+                            Slot::Host(b) => ("host", host.get(b)),
+                            Slot::Device(b) => ("device", device.get(b)),
+                        };
+                        assert_eq!(content, Some(&(id, slot, r.versions[slot])), "seed {seed}: {holder} slot {slot} of {id} is stale");
+                    }
+                }
+                4 | 5 => {
+                    if let Some(r) = reqs.get_mut(&id) {
+                        if !r.transfers.is_empty() {
+                            let at = rng.below(r.transfers.len() as u64) as usize;
+                            m.ack(r.transfers.remove(at)).expect("issued transfer");
+                        }
+                    }
+                }
+                6 if reqs.get(&id).is_some_and(|r| r.transfers.is_empty()) => {
+                    m.release(id);
+                    reqs.remove(&id);
+                }
+                _ => {}
+            }
+            m.check().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        }
+    }
+    assert!(copies[0] > 0 && copies[1] > copies[0], "returns copied more than rotations out: {copies:?}");
+}
