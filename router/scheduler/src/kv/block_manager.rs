@@ -345,6 +345,10 @@ impl BlockManager {
         let first = (position / self.block_size) as usize;
         let dropped = table.mirrors.split_off(&first);
         table.sealed = table.sealed.min(first);
+        // And those a copy in still in flight would leave.
+        for transfer in self.transfers.values_mut().filter(|t| t.request == id && t.direction == Direction::In) {
+            transfer.keep_as_mirror.retain(|(slot, _)| *slot < first);
+        }
         self.mirrored -= dropped.len() as u32;
         for block in dropped.into_values() {
             self.host.release(block);
