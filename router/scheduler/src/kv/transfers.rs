@@ -36,10 +36,11 @@ impl BlockManager {
         // Mirrors first, so that a copy below giving up mirrors cannot take one of these.
         for (i, host_block, pending) in mirrored {
             if pending {
+                // The copy in that read it hands it to the table instead of keeping it as a mirror.
                 let returning = self.transfers.values_mut().filter(|t| t.request == id && t.direction == Direction::In);
                 for transfer in returning {
-                    transfer.keep_as_mirror.retain(|(slot, _)| *slot != i);
-                    if transfer.host_blocks.contains(&host_block) {
+                    if let Some(at) = transfer.keep_as_mirror.iter().position(|(slot, _)| *slot == i) {
+                        transfer.keep_as_mirror.remove(at);
                         transfer.taken_by_table.push(host_block);
                     }
                 }

@@ -183,8 +183,8 @@ impl Planner<'_, '_> {
     }
 
     /// The cheaper way to evict `id` by the cost model: copying its private blocks out (those
-    /// the host holds no mirror of) and back, or the marginal prefill time of its context (the step's base cost is paid anyway).
-    /// Rotating out needs host room. The returned round trip — time until it could compute again,
+    /// the host holds no mirror of) and back, or the marginal prefill time of its context (the
+    /// step's base cost is paid anyway). Rotating out needs host room. The returned round trip — time until it could compute again,
     /// including the step boundaries at which acknowledgements arrive — is what its slack must
     /// cover.
     pub(super) fn cheaper_eviction(&self, id: u64, step_s: f64) -> Eviction {
