@@ -304,8 +304,9 @@ fn report_json(report: &SimReport, wall_s: f64) -> Value {
         "wall_s": wall_s,
         "step_log": report.step_log.iter().map(|r| json!({
             "time": r.time, "scheduled": r.scheduled, "rotate_out": r.rotate_out, "rotate_in": r.rotate_in,
-            "recomputed": r.recomputed,
+            "recomputed": r.recomputed, "free_device_blocks": r.free_device_blocks,
             "requests": r.requests.iter().map(|&(id, phase, lost)| json!([id, phase, lost])).collect::<Vec<_>>(),
+            "blocks": r.blocks.iter().map(|&(device, table)| json!([device, table])).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }

@@ -11,7 +11,11 @@ long it spent in the phase it leaves and what every other request was doing at t
 same request (longest first): whether it was lost when the gap began, and every request held
 at the first step S seconds into the gap (who had the memory when a stall bound of S passed).
 
-    python -m superinfer.simulate.step_log OUT/step-log-rotasched-0.7.jsonl --gaps-over 1.26"""
+    python -m superinfer.simulate.step_log OUT/step-log-rotasched-0.7.jsonl --gaps-over 1.26
+
+Each line of the log also carries `free_device_blocks` (free once the step was planned) and
+`blocks`, per request in `requests`' order: [device blocks, blocks in its table] — what a
+request idle on the device or a copy out holds while the step decodes fewer rows."""
 from __future__ import annotations
 
 import argparse

@@ -48,9 +48,15 @@ pub struct StepRecord {
     pub rotate_out: Vec<u64>,
     pub rotate_in: Vec<u64>,
     pub recomputed: Vec<u64>,
+    /// Device blocks free once the step was planned (its allocations made, its departures not
+    /// yet released).
+    pub free_device_blocks: u32,
     /// (id, phase, objectives lost), by id; phases are `waiting`, `running`, `rotating_out`,
     /// `rotated` and `rotating_in`.
     pub requests: Vec<(u64, &'static str, bool)>,
+    /// Per request, in `requests`' order: (device blocks, blocks in its table) — a table
+    /// rotated out holds host blocks only.
+    pub blocks: Vec<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

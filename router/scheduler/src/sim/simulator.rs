@@ -273,14 +273,25 @@ impl<'a> Simulation<'a> {
 /// The step log's record of `plan`, planned at `now`.
 fn step_record(now: f64, plan: &StepPlan, scheduler: &Scheduler) -> StepRecord {
     let ids = |transfers: &[crate::plan::Transfer]| transfers.iter().map(|t| t.request_id).collect();
-    let requests = scheduler.core.requests.values().map(|r| (r.id, r.phase.name(), r.objectives_lost)).collect();
+    let requests: Vec<_> = scheduler.core.requests.values().map(|r| (r.id, r.phase.name(), r.objectives_lost)).collect();
+    let kv = &scheduler.core.blocks;
+    let blocks = requests
+        .iter()
+        .map(|&(id, _, _)| {
+            let slots = if kv.has_table(id) { kv.slots(id) } else { &[] };
+            let device = slots.iter().filter(|s| matches!(s, crate::kv::Slot::Device(_))).count();
+            (device as u32, slots.len() as u32)
+        })
+        .collect();
     StepRecord {
         time: now,
         scheduled: plan.scheduled.iter().map(|e| e.id).collect(),
         rotate_out: ids(&plan.rotate_out),
         rotate_in: ids(&plan.rotate_in),
         recomputed: plan.preempted_for_recompute.clone(),
+        free_device_blocks: scheduler.core.blocks.free_device(),
         requests,
+        blocks,
     }
 }
 

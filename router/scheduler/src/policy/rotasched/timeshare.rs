@@ -12,8 +12,16 @@
 //! of its stall bound, so none stalls past it; a lost prompt waits until no punctual one does.
 //! Prompts are admitted while the admitted requests' demand for the device — the blocks each
 //! holds times the share of steps it must compute in to keep its pace — fits the pool.
+//!
+//! KV moves only when a deadline needs it: a lost request off the device takes the place of one
+//! on it only a couple of decode steps before it is due (`LOST_RETURN_STEPS`; judged on the
+//! decodes' step, not on an estimate the waiting prompts lengthen), and a request made to leave
+//! for a return or an admission the prediction missed computes in this step first, since its
+//! blocks are free only at the step's acknowledgement either way. Every block a request idle on
+//! the device holds, or a copy out holds without a compute, is a row the step does not decode.
 
 use super::reactive;
+use crate::cost_model::StepShape;
 use crate::request::{Phase, RequestState};
 use crate::step::{Fit, StepBuilder, StepCtx};
 
@@ -27,6 +35,11 @@ const TBT_SHARE: f64 = 0.9;
 /// it that a step's variation, a queue of returns and the prefill steps never push a gap past the
 /// bound, and short enough that its gaps do not set the 99th percentile of all gaps.
 const LOST_PACE_SHARE: f64 = 0.4;
+/// How many decode steps before its deadline a lost request off the device may take the place
+/// of one on it: until then it comes after everyone on the device, so a lost request brought
+/// back stays while no one is due instead of leaving after its one token (a copy each way per
+/// token), and the lost rotate only when one's pace requires it.
+const LOST_RETURN_STEPS: f64 = 2.0;
 
 /// Past its first-token deadline (or about to be), or its objectives already lost.
 fn lost(r: &RequestState, now: f64) -> bool {
@@ -40,6 +53,42 @@ fn deadline(r: &RequestState, now: f64, last: Option<f64>) -> f64 {
         (true, Some(t)) => t + LOST_PACE_SHARE * r.slo.max_stall_s,
         (false, last) => r.deadline_after(last),
     }
+}
+
+/// The order of the planner (and of the next step's prediction): class, then whether it waits
+/// off the device while lost and not yet due (those come last), then deadline. `decode_s`: a
+/// step of the decodes on the device, without the prompts waiting.
+fn rank(r: &RequestState, judged_at: f64, at: f64, decode_s: f64, on_device: bool) -> Rank {
+    let idle_lost = !on_device && lost(r, judged_at) && at > judged_at + LOST_RETURN_STEPS * decode_s;
+    Rank { priority: r.priority, idle_lost, deadline: at, seq: r.seq }
+}
+
+#[derive(Clone, Copy)]
+struct Rank {
+    priority: i32,
+    idle_lost: bool,
+    deadline: f64,
+    seq: u64,
+}
+
+impl Rank {
+    fn cmp(&self, other: &Rank) -> std::cmp::Ordering {
+        (self.priority, self.idle_lost)
+            .cmp(&(other.priority, other.idle_lost))
+            .then(self.deadline.total_cmp(&other.deadline))
+            .then(self.seq.cmp(&other.seq))
+    }
+}
+
+/// A step of the decodes on the device (a return's horizon: prompts waiting make the step
+/// estimate long, and a long horizon calls every lost request due at once).
+fn decode_step_s(step: &StepBuilder) -> f64 {
+    let mut shape = StepShape::default();
+    for r in step.requests().values().filter(|r| r.phase == Phase::Running && r.is_decode()) {
+        shape.decode_requests += 1;
+        shape.context_tokens += u64::from(r.num_computed) + 1;
+    }
+    step.cost().predict_step(shape)
 }
 
 /// The share of steps it must compute in to keep its pace.
@@ -80,7 +129,8 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64) {
         anyone = true;
         admits.push(id);
     }
-    let mut candidates: Vec<(i32, f64, u64, u64)> = step
+    let decode_s = decode_step_s(step);
+    let mut candidates: Vec<(Rank, u64)> = step
         .requests()
         .values()
         .filter(|r| !r.doomed && r.has_work() && matches!(r.phase, Phase::Running | Phase::Rotated))
@@ -88,11 +138,12 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64) {
         .chain(admits)
         .map(|id| {
             let r = &step.requests()[&id];
-            (r.priority, deadline(r, now, r.last_token_at), r.seq, id)
+            (rank(r, now, deadline(r, now, r.last_token_at), decode_s, r.phase == Phase::Running), id)
         })
         .collect();
-    candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
-    for &(priority, at, _, id) in &candidates {
+    candidates.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut leaving = Vec::new();
+    for &(rank, id) in &candidates {
         let fit = match step.requests()[&id].phase {
             Phase::Running => step.schedule_running(ctx, id, 0),
             Phase::Rotated => {
@@ -108,17 +159,26 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64) {
             _ => continue,
         };
         if let Fit::NoBlocks(short) = fit {
-            make_room(step, ctx, short, priority, at);
+            make_room(step, ctx, short, rank.priority, rank.deadline, &mut leaving);
         }
     }
-    depart(step, ctx, now);
+    for id in leaving {
+        // Blocks held either way until the copy's acknowledgement: computing first costs nothing.
+        if step.rotate_out_after_compute(ctx, id) == 0 && step.evictable(ctx, id) {
+            step.rotate_out(ctx, id);
+        }
+    }
+    depart(step, ctx, now, decode_s);
 }
 
-/// Rotates out requests idle on the device (not computing this step) of the same or a lower
-/// class and due later than `after`, latest first, until `short` blocks are on their way. A
-/// whole step each way: the departures (`depart`) normally send such requests off after their
-/// last compute instead.
-fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i32, after: f64) {
+/// Picks requests idle on the device (not computing this step yet) of the same or a lower class
+/// and due later than `after`, latest first, to leave until `short` blocks are on their way:
+/// they leave at the end of planning (`leaving`), after computing in this step if they do, since
+/// their blocks are free only at the step's acknowledgement either way. Recomputed instead (at
+/// once) when the host has no room. The departures (`depart`) normally send such requests off
+/// after their last compute in the step before; this is for the returns and admissions they
+/// did not foresee.
+fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i32, after: f64, leaving: &mut Vec<u64>) {
     let now = ctx.now;
     let short = short.saturating_sub(ctx.release_credit);
     if short == 0 {
@@ -127,7 +187,7 @@ fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i3
     let mut idle: Vec<(f64, u64)> = step
         .running_by_rank()
         .into_iter()
-        .filter(|&id| step.evictable(ctx, id))
+        .filter(|&id| step.evictable(ctx, id) && !leaving.contains(&id))
         .filter_map(|id| {
             let r = &step.requests()[&id];
             let at = deadline(r, now, r.last_token_at);
@@ -140,12 +200,13 @@ fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i3
         if freed >= short {
             break;
         }
-        let moved = step.rotate_out(ctx, id);
-        if moved == 0 {
-            freed += step.preempt_for_recompute(ctx, id);
-        } else {
+        let moved = u64::from(step.blocks().private_device_blocks(id));
+        if moved > 0 && step.blocks().free_host() >= step.blocks().blocks_to_copy_out(id) {
             freed += moved;
             ctx.release_credit += moved;
+            leaving.push(id);
+        } else {
+            freed += step.preempt_for_recompute(ctx, id);
         }
     }
 }
@@ -154,30 +215,31 @@ fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i3
 /// device filled by class and earliest deadline. When the requests it brings in do not fit
 /// beside those on the device, the ones it leaves out go, latest deadline first — after
 /// computing in this step, or, idle, at once.
-fn depart(step: &mut StepBuilder, ctx: &mut StepCtx, now: f64) {
+fn depart(step: &mut StepBuilder, ctx: &mut StepCtx, now: f64, decode_s: f64) {
     let next = now + step.cost().predict_step(ctx.shape);
     let pool = u64::from(step.blocks().num_device_blocks());
-    // (priority, deadline, seq, id, on device)
-    let mut all: Vec<(i32, f64, u64, u64, bool)> = step
+    // (rank, id, on device)
+    let mut all: Vec<(Rank, u64, bool)> = step
         .requests()
         .values()
         .filter(|r| !r.doomed && !r.exhausted() && matches!(r.phase, Phase::Running | Phase::RotatingIn | Phase::Rotated))
         .map(|r| {
             let last = if ctx.scheduled.contains(&r.id) && r.placeholders > 0 { Some(next) } else { r.last_token_at };
-            (r.priority, deadline(r, next, last), r.seq, r.id, r.phase != Phase::Rotated)
+            let on_device = r.phase != Phase::Rotated;
+            (rank(r, next, deadline(r, next, last), decode_s, on_device), r.id, on_device)
         })
         .collect();
-    all.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+    all.sort_by(|a, b| a.0.cmp(&b.0));
     let (mut used, mut coming, mut held) = (0u64, 0u64, 0u64);
     let mut left_out = Vec::new();
-    for &(_, at, _, id, on_device) in &all {
+    for &(rank, id, on_device) in &all {
         let need = blocks(step, &step.requests()[&id]);
         held += if on_device { need } else { 0 };
         if used + need <= pool {
             used += need;
             coming += if on_device { 0 } else { need };
         } else if on_device {
-            left_out.push((at, id));
+            left_out.push((rank.deadline, id));
         }
     }
     let mut short = coming.saturating_sub(pool.saturating_sub(held));
