@@ -314,7 +314,16 @@ def test_the_step_log_follows_a_request_rotated_out_and_back(tmp_path, capsys):
     steps = step_log.load(out / "step-log-swap-50.jsonl")
     # Every computing step is a line (plans that only move KV are lines too).
     assert sum(1 for s in steps if s["scheduled"]) == run["summary"]["simulator"]["steps"]
-    assert all(set(s) == {"time", "scheduled", "rotate_out", "rotate_in", "recomputed", "requests"} for s in steps)
+    assert all(set(s) == {"time", "scheduled", "rotate_out", "rotate_in", "recomputed", "free_device_blocks",
+                          "requests", "blocks"} for s in steps)
+    # Blocks per request, in the requests' order: one on host holds no device block, one running
+    # holds its whole table on the device; the free ones are within the pool.
+    for s in steps:
+        assert len(s["blocks"]) == len(s["requests"]) and 0 <= s["free_device_blocks"] <= 48
+        for (_, phase, _), (device, table) in zip(s["requests"], s["blocks"]):
+            assert (phase != "rotated" or device == 0) and (phase != "running" or device == table > 0)
+    seen = step_log.occupancy(steps)
+    assert seen["steps"] > 0 and seen["rows"] >= 1 and 0 < seen["computing"] <= 48 and seen["free"] <= 48
     rotated = next(rid for s in steps for rid in s["rotate_out"])
     phases = [line.split("\n")[0] for line in step_log.follow(steps, rotated)]
     order = [p.split(": ")[1].split(" ")[0] for p in phases]

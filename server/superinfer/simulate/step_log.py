@@ -14,8 +14,12 @@ at the first step S seconds into the gap (who had the memory when a stall bound 
     python -m superinfer.simulate.step_log OUT/step-log-rotasched-0.7.jsonl --gaps-over 1.26
 
 Each line of the log also carries `free_device_blocks` (free once the step was planned) and
-`blocks`, per request in `requests`' order: [device blocks, blocks in its table] — what a
-request idle on the device or a copy out holds while the step decodes fewer rows."""
+`blocks`, per request in `requests`' order: [device blocks, blocks in its table]. With
+`--occupancy`, prints where the device's blocks went, averaged over the steps with a request
+waiting or on host: rows computed, blocks of requests computing, free, held idle on the device,
+and held by a copy out of a request not computing in that step.
+
+    python -m superinfer.simulate.step_log OUT/step-log-rotasched-0.7.jsonl --occupancy"""
 from __future__ import annotations
 
 import argparse
@@ -85,14 +89,41 @@ def gaps_over(steps: list[dict], over_s: float) -> list[dict]:
     return sorted(found, key=lambda g: -g["gap_s"])
 
 
+def occupancy(steps: list[dict]) -> dict:
+    """Per step under pressure (a request waiting or on host), on average: rows computed, device
+    blocks of requests computing (a copy out after the compute counts its table), free, held
+    idle on the device, and held by a copy out of a request not computing; with the step count."""
+    totals = {"rows": 0.0, "computing": 0.0, "free": 0.0, "idle": 0.0, "copied_out_idle": 0.0}
+    counted = 0
+    for step in steps:
+        if not any(phase in ("waiting", "rotated") for _, phase, _ in step["requests"]):
+            continue
+        counted += 1
+        computed = set(step["scheduled"])
+        totals["rows"] += len(computed)
+        totals["free"] += step["free_device_blocks"]
+        for (rid, phase, _), (device, table) in zip(step["requests"], step["blocks"]):
+            if phase == "rotating_out":
+                totals["computing" if rid in computed else "copied_out_idle"] += table
+            elif rid in computed:
+                totals["computing"] += device
+            else:
+                totals["idle"] += device
+    return {"steps": counted, **{k: v / max(counted, 1) for k, v in totals.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", type=Path)
     parser.add_argument("--request", type=int, action="append", default=[], help="a request id (repeatable)")
     parser.add_argument("--gaps-over", type=float, default=None, metavar="S",
                         help="list the gaps longer than S seconds instead")
+    parser.add_argument("--occupancy", action="store_true", help="where the device's blocks went, per step")
     args = parser.parse_args(argv)
     steps = load(args.log)
+    if args.occupancy:
+        print(" ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in occupancy(steps).items()))
+        return 0
     if args.gaps_over is not None:
         found = gaps_over(steps, args.gaps_over)
         for g in found:
