@@ -16,22 +16,7 @@ impl BlockManager {
     /// (a compute ordered before the copy may still read it). `None` (and no change) when it has
     /// nothing private or the host pool lacks room.
     pub(crate) fn transfer_out(&mut self, id: u64, computed: u32) -> Option<Transfer> {
-        let table = self.tables.get(&id)?;
-        let private: Vec<usize> = table
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| matches!(s, Slot::Device(b) if self.device.ref_count(*b) == 1))
-            .map(|(i, _)| i)
-            .collect();
-        let mirrored: Vec<(usize, u32, bool)> =
-            private.iter().filter_map(|&i| self.mirror_of(id, table, i).map(|(b, pending)| (i, b, pending))).collect();
-        let to_copy = (private.len() - mirrored.len()) as u32;
-        // Its own settled mirrors are used, not given up, so they are no room for the copies.
-        let own_settled = mirrored.iter().filter(|(_, _, pending)| !pending).count() as u32;
-        if private.is_empty() || to_copy > self.host.num_free() + self.mirrored - own_settled {
-            return None;
-        }
+        let (private, mirrored) = self.out_slots(id)?;
         let mut released = Vec::new();
         // Mirrors first, so that a copy below giving up mirrors cannot take one of these.
         for (i, host_block, pending) in mirrored {
@@ -78,6 +63,35 @@ impl BlockManager {
         };
         self.transfers.insert(transfer_id, in_flight);
         Some(Transfer { id: transfer_id, request_id: id, src_blocks: src, dst_blocks: dst })
+    }
+
+    /// Whether `transfer_out` would issue a transfer now (the request has private device blocks
+    /// and the host room for those it must copy).
+    pub(crate) fn can_transfer_out(&self, id: u64) -> bool {
+        self.out_slots(id).is_some()
+    }
+
+    /// A transfer out's slots: the private ones, and of those the ones a host block already
+    /// mirrors (slot, host block, pending: the source of a copy in still in flight). `None` when
+    /// nothing is private or the host lacks room for the copies.
+    fn out_slots(&self, id: u64) -> Option<(Vec<usize>, Vec<(usize, u32, bool)>)> {
+        let table = self.tables.get(&id)?;
+        let private: Vec<usize> = table
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Slot::Device(b) if self.device.ref_count(*b) == 1))
+            .map(|(i, _)| i)
+            .collect();
+        let mirrored: Vec<(usize, u32, bool)> =
+            private.iter().filter_map(|&i| self.mirror_of(id, table, i).map(|(b, pending)| (i, b, pending))).collect();
+        let to_copy = (private.len() - mirrored.len()) as u32;
+        // Its own settled mirrors are used, not given up, so they are no room for the copies.
+        let own_settled = mirrored.iter().filter(|(_, _, pending)| !pending).count() as u32;
+        if private.is_empty() || to_copy > self.host.num_free() + self.mirrored - own_settled {
+            return None;
+        }
+        Some((private, mirrored))
     }
 
     /// Brings the request's host blocks back into fresh device blocks; those sealed at the

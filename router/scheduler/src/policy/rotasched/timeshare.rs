@@ -20,8 +20,7 @@
 //! blocks are free only at the step's acknowledgement either way. Every block a request idle on
 //! the device holds, or a copy out holds without a compute, is a row the step does not decode.
 
-use super::reactive;
-use crate::cost_model::StepShape;
+use super::{reactive, urgency};
 use crate::request::{Phase, RequestState};
 use crate::step::{Fit, StepBuilder, StepCtx};
 
@@ -80,17 +79,6 @@ impl Rank {
     }
 }
 
-/// A step of the decodes on the device (a return's horizon: prompts waiting make the step
-/// estimate long, and a long horizon calls every lost request due at once).
-fn decode_step_s(step: &StepBuilder) -> f64 {
-    let mut shape = StepShape::default();
-    for r in step.requests().values().filter(|r| r.phase == Phase::Running && r.is_decode()) {
-        shape.decode_requests += 1;
-        shape.context_tokens += u64::from(r.num_computed) + 1;
-    }
-    step.cost().predict_step(shape)
-}
-
 /// The share of steps it must compute in to keep its pace.
 fn duty(r: &RequestState, now: f64, step_s: f64) -> f64 {
     let every = if lost(r, now) { LOST_PACE_SHARE * r.slo.max_stall_s } else { TBT_SHARE * r.slo.tbt_s };
@@ -129,7 +117,9 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64) {
         anyone = true;
         admits.push(id);
     }
-    let decode_s = decode_step_s(step);
+    // A return's horizon: the decodes' step (prompts waiting lengthen the step estimate, and
+    // a long horizon calls every lost request due at once).
+    let decode_s = step.cost().predict_step(urgency::decodes_alone(step));
     let mut candidates: Vec<(Rank, u64)> = step
         .requests()
         .values()
@@ -201,7 +191,7 @@ fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i3
             break;
         }
         let moved = u64::from(step.blocks().private_device_blocks(id));
-        if moved > 0 && step.blocks().free_host() >= step.blocks().blocks_to_copy_out(id) {
+        if step.blocks().can_transfer_out(id) {
             freed += moved;
             ctx.release_credit += moved;
             leaving.push(id);
