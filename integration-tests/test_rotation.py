@@ -171,23 +171,29 @@ def test_disconnects_during_rotation_leak_no_blocks(rotasched, prompts):
     assert_pools_drained(rotasched)
 
 
-def test_time_shared_rotasched_keeps_greedy_outputs(prompts, reference_outputs, tmp_path_factory):
-    """`--time-share` with objectives no request on this pool can meet: RotaSched is in its
-    overload mode throughout and time-shares the device — requests come back computing in the
-    step that copies them in and leave after computing (the copy out after the forward, in the
-    same step), copying out only the blocks written since the host last held them (the rest
-    have host mirrors) — and every request still gets exactly its tokens; nothing leaks."""
-    args = [*SMALL_POOL, "--ttft-slo-ms", "100", "--tbt-slo-ms", "20", "--scheduler", "rotasched", "--time-share"]
-    with launch(tmp_path_factory.mktemp("time-share"), args) as server:
+@pytest.mark.parametrize("time_share", [[], ["--time-share", "false"]], ids=["time-shared", "swap-way"])
+def test_overloaded_rotasched_keeps_greedy_outputs(prompts, reference_outputs, tmp_path_factory, time_share):
+    """Objectives no request on this pool can meet: RotaSched is in its overload mode
+    throughout. By default it time-shares the device — requests come back computing in the step
+    that copies them in and leave after computing (the copy out after the forward, in the same
+    step), copying out only the blocks written since the host last held them (the rest have host
+    mirrors); with `--time-share false` it serves the overload as swap does, every copy a step of
+    its own. Either way every request gets exactly its tokens and nothing leaks."""
+    args = [*SMALL_POOL, "--ttft-slo-ms", "100", "--tbt-slo-ms", "20", "--scheduler", "rotasched", *time_share]
+    with launch(tmp_path_factory.mktemp("overloaded"), args) as server:
         together = generate_concurrently(server.url, prompts)
         rotated = server.metric("superinfer_rotations_out_total")
         assert rotated > 0 and server.metric("superinfer_rotations_in_total") > 0, server.log_tail()
-        # Both in-step halves of a rotation happened on the real shard.
-        assert server.metric("superinfer_rotations_in_computed_total") > 0, server.log_tail()
-        assert server.metric("superinfer_rotations_out_after_compute_total") > 0, server.log_tail()
-        # Rotations out reused host mirrors instead of copying those blocks.
-        assert server.metric("superinfer_kv_blocks_out_mirrored_total") > 0, server.log_tail()
+        in_step = (server.metric("superinfer_rotations_in_computed_total"),
+                   server.metric("superinfer_rotations_out_after_compute_total"))
+        if time_share:
+            assert in_step == (0, 0), server.log_tail()
+        else:
+            # Both in-step halves of a rotation happened on the real shard.
+            assert in_step[0] > 0 and in_step[1] > 0, server.log_tail()
+            # Rotations out reused host mirrors instead of copying those blocks.
+            assert server.metric("superinfer_kv_blocks_out_mirrored_total") > 0, server.log_tail()
         mismatches = [i for i, (a, b) in enumerate(zip(reference_outputs, together)) if a != b]
-        assert not mismatches, f"time-shared: outputs differ for prompts {mismatches}"
+        assert not mismatches, f"outputs differ for prompts {mismatches}"
         assert all(len(tokens) == MAX_NEW_TOKENS for tokens in together)
         assert_pools_drained(server)

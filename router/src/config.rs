@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use superinfer_scheduler::{
-    DEFAULT_MAX_BATCH_REQUESTS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_TBT_PERCENTILE, DEFAULT_TBT_S, DEFAULT_TTFT_S,
+    RotaSchedSettings, DEFAULT_MAX_BATCH_REQUESTS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_TBT_PERCENTILE, DEFAULT_TBT_S,
+    DEFAULT_TTFT_S,
 };
 
 use crate::grammar::UnlistedProperties;
@@ -150,8 +151,11 @@ pub struct RouterConfig {
     pub async_scheduling: bool,
     /// Under overload, RotaSched time-shares the device by next-token deadline: a request
     /// brought back computes in the step that brings it, one that leaves computes in its last
-    /// step first. Keeps every gap within the stall bound; raises the 99th-percentile gap.
-    #[arg(long, env = "TIME_SHARE")]
+    /// step first. Keeps every gap within the stall bound; spreads the waiting over more, shorter
+    /// pauses. `--time-share false`: serve overload as swap does (the 99th-percentile gap stays
+    /// the compute's own, the lost requests wait past their stall bound).
+    #[arg(long, env = "TIME_SHARE", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
+          default_value_t = RotaSchedSettings::default().time_share, action = clap::ArgAction::Set)]
     pub time_share: bool,
     /// Largest request body, in bytes.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
@@ -210,6 +214,8 @@ pub struct FlagSpec {
     pub default: Option<String>,
     /// False for switches (`--json-output`).
     pub takes_value: bool,
+    /// The value the flag takes when given without one (`--time-share` alone is `true`).
+    pub value_if_bare: Option<String>,
 }
 
 /// The variables named after a flag's long aliases (TGI's convention: a flag's variable is its
@@ -231,6 +237,7 @@ impl RouterConfig {
             .filter_map(|arg| {
                 let name = format!("--{}", arg.get_long()?);
                 let default = arg.get_default_values().first().map(|value| value.to_string_lossy().into_owned());
+                let value_if_bare = Self::value_if_bare(arg, &name);
                 let long_aliases = arg.get_visible_aliases().unwrap_or_default().into_iter().map(|alias| format!("--{alias}"));
                 Some(FlagSpec {
                     name,
@@ -240,10 +247,23 @@ impl RouterConfig {
                     env_aliases: alias_variables(arg),
                     default,
                     takes_value: arg.get_action().takes_values(),
+                    value_if_bare,
                 })
             })
             .filter(|spec| spec.name != "--help" && spec.name != "--version")
             .collect()
+    }
+
+    /// The value a flag whose value is optional (`num_args(0..=1)`) takes when given bare:
+    /// what clap itself makes of `--flag` alone.
+    fn value_if_bare(arg: &clap::Arg, name: &str) -> Option<String> {
+        let optional = arg.get_action().takes_values() && arg.get_num_args().is_some_and(|n| n.min_values() == 0);
+        if !optional {
+            return None;
+        }
+        let matches = Self::command().try_get_matches_from(["router", name]).ok()?;
+        let value = matches.get_raw(arg.get_id().as_str())?.next()?;
+        Some(value.to_string_lossy().into_owned())
     }
 
     /// Parses `argv` (program name first), reading unset flags from the environment, and the
@@ -315,6 +335,22 @@ mod tests {
         assert_eq!(config.scheduler, SchedulerKind::Swap);
         assert_eq!(config.max_batch_tokens, 2048);
         assert!(config.api_key.is_none());
+    }
+
+    #[test]
+    fn time_sharing_is_on_by_default_and_takes_an_optional_value() {
+        let parse = |argv: &[&str]| {
+            let argv = std::iter::once("router").chain(argv.iter().copied());
+            RouterConfig::parse_with(argv, |_| None, None).map(|c| c.time_share)
+        };
+        assert_eq!(parse(&[]).unwrap(), RotaSchedSettings::default().time_share);
+        assert!(parse(&[]).unwrap());
+        assert!(!parse(&["--time-share", "false"]).unwrap());
+        assert!(parse(&["--time-share"]).unwrap());
+        assert!(parse(&["--time-share", "--port", "9000"]).unwrap());
+        assert!(parse(&["--time-share", "maybe"]).is_err());
+        let spec = RouterConfig::flag_specs().into_iter().find(|s| s.name == "--time-share").unwrap();
+        assert_eq!((spec.takes_value, spec.value_if_bare.as_deref()), (true, Some("true")));
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub fn default_stall_factor() -> f64 {
 
 /// The scheduler's defaults, as the router's flags take them: the policies (the baselines
 /// first, the default last), the objectives of a request that names none (ms), the TBT
-/// percentile, the stall factor and the step's limits. Python's benchmark and simulator read
+/// percentile, the stall factor, the step's limits and whether RotaSched time-shares under overload. Python's benchmark and simulator read
 /// them here rather than keeping copies.
 #[pyfunction]
 pub fn scheduler_defaults(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
@@ -50,6 +50,7 @@ pub fn scheduler_defaults(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyD
     defaults.set_item("stall_factor", s::DEFAULT_STALL_FACTOR)?;
     defaults.set_item("max_batch_tokens", s::DEFAULT_MAX_BATCH_TOKENS)?;
     defaults.set_item("max_batch_requests", s::DEFAULT_MAX_BATCH_REQUESTS)?;
+    defaults.set_item("time_share", s::RotaSchedSettings::default().time_share)?;
     Ok(defaults)
 }
 

@@ -77,9 +77,9 @@ struct SchedulerJson {
     max_batch_requests: Option<u32>,
     prefix_caching: Option<bool>,
     default_slo: Option<SloJson>,
-    /// RotaSched's time-sharing under overload (`RotaSchedSettings::time_share`).
-    #[serde(default)]
-    time_share: bool,
+    /// RotaSched's time-sharing under overload (`RotaSchedSettings::time_share`; absent: its
+    /// default).
+    time_share: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -171,7 +171,7 @@ fn scheduler_config(s: SchedulerJson) -> Result<SchedulerConfig, String> {
         default_slo: s
             .default_slo
             .map_or(defaults.default_slo, |d| Slo::new(d.ttft_s, d.tbt_s).with_max_stall(d.max_stall_s)),
-        rotasched: RotaSchedSettings { time_share: s.time_share, ..defaults.rotasched },
+        rotasched: RotaSchedSettings { time_share: s.time_share.unwrap_or(defaults.rotasched.time_share), ..defaults.rotasched },
         ..defaults
     })
 }

@@ -198,7 +198,10 @@ def _add_router_flags(parser: argparse.ArgumentParser) -> None:
         env = f" [env: {envs}]" if envs else ""
         help_text = f"{spec['help']}{default}{env}".replace("%", "%%")
         names = (spec["name"], *spec["aliases"])
-        if spec["takes_value"]:
+        if spec["takes_value"] and spec.get("value_if_bare") is not None:
+            router.add_argument(*names, default=None, metavar="VALUE", nargs="?", const=spec["value_if_bare"],
+                                help=help_text)
+        elif spec["takes_value"]:
             router.add_argument(*names, default=None, metavar="VALUE", help=help_text)
         else:
             router.add_argument(*names, action="store_true", default=None, help=help_text)

@@ -48,6 +48,19 @@ def test_router_flags_are_the_routers_own(monkeypatch):
         parse([])
 
 
+def test_a_switch_on_by_default_is_turned_off_by_value_and_on_bare(monkeypatch):
+    """`--time-share` is on by default (the router's default); `--time-share false` turns it off
+    and `--time-share` alone, as older command lines give it, keeps it on. The router's parser
+    checks the value."""
+    monkeypatch.delenv("TIME_SHARE", raising=False)
+    assert parse([]).router_args == ()
+    assert parse(["--time-share", "false"]).router_args == ("--time-share", "false")
+    assert parse(["--time-share"]).router_args == ("--time-share", "true")
+    assert parse(["--time-share", "--port", "9000"]).port == 9000
+    with pytest.raises(ValueError, match="maybe"):
+        parse(["--time-share", "maybe"])
+
+
 def test_router_gets_only_the_flags_given(monkeypatch):
     for name in ("SCHEDULER", "MAX_BATCH_TOKENS", "API_KEY", "PORT", "HOSTNAME"):
         monkeypatch.delenv(name, raising=False)

@@ -360,16 +360,17 @@ def test_the_step_log_lists_the_gaps_past_a_bound_with_who_held_the_memory():
 
 
 def test_time_share_reaches_the_scheduler_and_rotates_within_steps(tmp_path):
-    """`superinfer simulate --time-share` (the router's --time-share): under overload RotaSched
-    brings requests back computing in the step that copies them in and sends them off after
-    computing in their last step — both visible in the step log — and keeps every gap within the
-    stall bound plus a step, where the default RotaSched on the same workload does not."""
+    """`superinfer simulate --time-share [BOOL]` (the router's --time-share, on by default): under
+    overload RotaSched brings requests back computing in the step that copies them in and sends
+    them off after computing in their last step — both visible in the step log — and keeps every
+    gap within the stall bound plus a step, where `--time-share false` (overload served as swap
+    serves it) on the same workload does not. The default is the scheduler's own."""
     from superinfer.simulate import step_log
 
     profile = Path(__file__).resolve().parents[2] / "docs/results/suite/warmup-cpu-pinned.json"
 
     def run(*extra: str):
-        out = tmp_path / ("shared" if extra else "default")
+        out = tmp_path / "-".join(("run", *extra))
         code = main(["simulate", "--profile", f"measured:{profile}", "--arrival", "trace",
                      "--lengths", "trace", "--max-prompt-tokens", "48", "--max-total-tokens", "160", "--ignore-eos",
                      "--device-kv-blocks", "32", "--host-kv-blocks", "512", "--num-requests", "30", "--rates", "0.7",
@@ -378,17 +379,19 @@ def test_time_share_reaches_the_scheduler_and_rotates_within_steps(tmp_path):
         doc = json.loads((out / "simulate.json").read_text())
         return doc, step_log.load(out / "step-log-rotasched-0.7.jsonl")
 
-    (default, default_steps), (shared, steps) = run(), run("--time-share")
+    (swap_way, swap_way_steps), (shared, steps) = run("--time-share", "false"), run()
+    bare = run("--time-share")[0]["runs"][0]
+    assert (bare["requests"], bare["gaps_s"]) == (shared["runs"][0]["requests"], shared["runs"][0]["gaps_s"])
     bound = (shared["slo"]["max_stall_ms"] or 5 * shared["slo"]["tbt_ms"]) / 1e3
     longest_step = max(b["time"] - a["time"] for a, b in zip(steps, steps[1:]))
     longest = shared["runs"][0]["summary"]["tbt_s"]["max"]
     assert longest <= bound + longest_step, (longest, bound)
-    assert default["runs"][0]["summary"]["tbt_s"]["max"] > bound + longest_step
+    assert swap_way["runs"][0]["summary"]["tbt_s"]["max"] > bound + longest_step
     assert any(set(s["rotate_out"]) & set(s["scheduled"]) for s in steps), "nobody left after computing"
     assert any(set(s["rotate_in"]) & set(s["scheduled"]) for s in steps), "no return computed in its step"
-    assert not any(set(s["rotate_out"]) & set(s["scheduled"]) for s in default_steps)
+    assert not any(set(s["rotate_out"]) & set(s["scheduled"]) for s in swap_way_steps)
     # The scheduler's counters (the router's superinfer_rotations_*_total) count the same.
     counters = shared["runs"][0]["summary"]["simulator"]["scheduler"]
     assert counters["rotations_out_after_compute"] == sum(len(set(s["rotate_out"]) & set(s["scheduled"])) for s in steps)
     assert counters["rotations_in_computed"] == sum(len(set(s["rotate_in"]) & set(s["scheduled"])) for s in steps)
-    assert default["runs"][0]["summary"]["simulator"]["scheduler"]["rotations_out_after_compute"] == 0
+    assert swap_way["runs"][0]["summary"]["simulator"]["scheduler"]["rotations_out_after_compute"] == 0

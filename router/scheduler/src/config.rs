@@ -150,9 +150,11 @@ pub struct RotaSchedSettings {
     /// Under overload, time-share the device by next-token deadline (`timeshare.rs`) instead of
     /// serving as swap does: a request brought back computes in the step that brings it, one
     /// that leaves computes in its last step first, and the requests whose next token is due
-    /// first hold the device. Off by default: it keeps every gap within the stall bound and
-    /// raises joint attainment, but spreads the waiting over more, shorter pauses, which raises
-    /// the 99th-percentile gap (`docs/benchmarks.md`, "Time-sharing under overload").
+    /// first hold the device. On by default: it keeps every gap within the stall bound, where
+    /// swap's way leaves the lost requests waiting for seconds, and raises joint attainment; the
+    /// price is that it spreads the waiting over more, shorter pauses, which raises the
+    /// 99th-percentile gap on chat-shaped workloads (`docs/benchmarks.md`, "Time-sharing by
+    /// default").
     pub time_share: bool,
 }
 
@@ -163,7 +165,7 @@ impl Default for RotaSchedSettings {
             min_rotation_tokens_left: 4,
             late_starvation_s: 20.0,
             rotation_late_gap_share: 0.005,
-            time_share: false,
+            time_share: true,
         }
     }
 }

@@ -29,8 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-tokens", type=int, default=None)
     parser.add_argument("--max-batch-requests", type=int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true")
-    parser.add_argument("--time-share", action="store_true",
-                        help="RotaSched time-shares the device under overload (the router's --time-share)")
+    parser.add_argument("--time-share", nargs="?", const="true", default=None, choices=("true", "false"),
+                        metavar="BOOL",
+                        help="whether RotaSched time-shares the device under overload, as the router's "
+                        "--time-share (default: the router's, on; 'false' serves overload as swap does)")
     parser.add_argument("--no-send-slo", action="store_true", help="requests carry no objectives (server defaults)")
     parser.add_argument("--tokenizer", default="default", help="for ShareGPT lengths: 'default' or a path")
     parser.add_argument("--step-log", action="store_true",
@@ -106,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for policy in policies:
         options = SimOptions(policy, slo, send_slo=not args.no_send_slo, prefix_caching=not args.no_prefix_caching,
-                             step_log=args.step_log, time_share=args.time_share)
+                             step_log=args.step_log,
+                             time_share=None if args.time_share is None else args.time_share == "true")
         for rate in sorted(workloads):
             raw = run_raw(profile, workloads[rate], options)
             if args.step_log:

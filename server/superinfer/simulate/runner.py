@@ -18,8 +18,9 @@ class SimOptions:
     slo: Slo
     send_slo: bool = True
     prefix_caching: bool = True
-    # RotaSched time-shares the device under overload (the router's --time-share).
-    time_share: bool = False
+    # Whether RotaSched time-shares the device under overload (the router's --time-share);
+    # None: the scheduler's default.
+    time_share: bool | None = None
     gap_samples: int = 2000
     max_sim_time_s: float = 1e6
     # Answer every planned step too (`raw["step_log"]`; the simulate CLI's `--step-log`).
@@ -44,9 +45,10 @@ def config_json(profile: Profile, specs: list[WorkloadRequest], options: SimOpti
         "num_device_blocks": profile.num_device_blocks, "num_host_blocks": profile.num_host_blocks,
         "block_bytes": profile.block_bytes, "max_batch_tokens": profile.max_batch_tokens,
         "max_batch_requests": profile.max_batch_requests, "prefix_caching": options.prefix_caching,
-        "time_share": options.time_share,
         "default_slo": {"ttft_s": slo.ttft_ms / 1e3, "tbt_s": slo.tbt_ms / 1e3, "max_stall_s": slo.stall_ms / 1e3},
     }
+    if options.time_share is not None:
+        scheduler["time_share"] = options.time_share
     return json.dumps({
         "scheduler": scheduler, "step_time": profile.step_time, "link": profile.link, "charges": profile.charges,
         "requests": requests,

@@ -360,3 +360,28 @@ fn the_step_log_records_every_plan_and_changes_nothing_else() {
     with.step_log.clear();
     assert_eq!(without, with);
 }
+
+/// Priority classes under time-sharing: in an overload with every third request in class 0, a
+/// class-0 prompt is admitted while the demand of class 0 alone fits the device (the class-1
+/// requests yield it their blocks), so class 0 meets nearly all its first tokens and far more
+/// than class 1. Before, admission weighed a class-0 prompt against every admitted request's
+/// demand, and it waited behind class-1 decodes: 82% of class 0's first tokens on time here
+/// (class 1: 11%); now 95% (class 1: 10%).
+#[test]
+fn time_sharing_admits_a_higher_class_on_its_own_demand() {
+    let mut c = config(PolicyKind::RotaSched, 48, workload_with_outputs(120, 0.3, 20, 120));
+    c.scheduler.cost_model.per_prefill_token_s = 0.002;
+    c.step_time = StepTimeModel::Linear(c.scheduler.cost_model);
+    c.scheduler.rotasched.time_share = true;
+    for (i, r) in c.requests.iter_mut().enumerate() {
+        r.priority = i32::from(i % 3 != 0);
+    }
+    let report = simulate(&c).expect("valid config");
+    assert!(report.outcomes.iter().all(|o| o.finished), "stalled {}", report.stalled);
+    let ttft_ok = |class: i32| {
+        let of_class: Vec<_> = report.outcomes.iter().filter(|o| o.priority == class).collect();
+        of_class.iter().filter(|o| o.ttft_s.is_some_and(|t| t <= 1.0)).count() as f64 / of_class.len() as f64
+    };
+    let (high, low) = (ttft_ok(0), ttft_ok(1));
+    assert!(high >= 0.9 && high >= low + 0.25, "first tokens on time: class 0 {high:.2}, class 1 {low:.2}");
+}

@@ -48,6 +48,8 @@ pub(crate) fn config(policy: PolicyKind, device_blocks: u32) -> SchedulerConfig 
             // Scenarios of a few requests: rotation is allowed whatever the gaps so far (the
             // budget has its own test).
             rotation_late_gap_share: 1.0,
+            // The overload served as swap serves it, which most scenarios here were written
+            // for; the time-sharing ones set it.
             time_share: false,
         },
         tbt_percentile: 100.0,
@@ -331,7 +333,9 @@ impl Driver {
                 .collect();
             for block in &entry.block_table {
                 assert!(!busy.contains(block) && !others_in.contains(block), "block {block} of {} is in flight", entry.id);
-                let own_out = plan.rotate_out.iter().any(|t| t.request_id == entry.id && t.src_blocks.contains(block));
+                // Its own copy out in this step runs after the compute; it holds the whole table
+                // until acknowledged, the blocks with host mirrors (not copied) included.
+                let own_out = plan.rotate_out.iter().any(|t| t.request_id == entry.id);
                 let held = self.scheduler.core.blocks.device_block_busy(*block) && !own_in.contains(block) && !own_out;
                 assert!(!held, "block {block} of {} is held by a transfer", entry.id);
             }

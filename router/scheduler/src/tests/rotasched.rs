@@ -485,10 +485,19 @@ fn parking_is_limited_to_a_share_of_the_gaps_produced() {
 /// that have no slack for a round trip (so none is a rotation victim, and they cannot all grow:
 /// the overload mode), a class-0 prompt is still served within its first-token objective —
 /// class-1 decodes are rotated out or recomputed for it. A class-1 newcomer in its place waits.
+/// The same whether the overload is time-shared or served as swap serves it.
 #[test]
 fn a_higher_class_prompt_takes_the_memory_of_lower_class_decodes_under_overload() {
+    for time_share in [false, true] {
+        higher_class_prompt_under_overload(time_share);
+    }
+}
+
+fn higher_class_prompt_under_overload(time_share: bool) {
     let first_token_after = |class: i32| {
-        let mut d = Driver::new(rotation_friendly(16));
+        let mut cfg = rotation_friendly(16);
+        cfg.rotasched.time_share = time_share;
+        let mut d = Driver::new(cfg);
         for id in 0..4u64 {
             let mut low = with_slo(spec(id, 8, 40, 0.0), 1.0, 0.015);
             low.priority = 1;
@@ -507,9 +516,9 @@ fn a_higher_class_prompt_takes_the_memory_of_lower_class_decodes_under_overload(
         d.token_times[&9][0] - arrival
     };
     let high = first_token_after(0);
-    assert!(high <= 0.05 + 1e-9, "the class-0 prompt's first token came {high} s after it arrived");
+    assert!(high <= 0.05 + 1e-9, "time_share {time_share}: the class-0 prompt's first token came {high} s after it arrived");
     let same = first_token_after(1);
-    assert!(same > 0.05, "a class-1 newcomer waits for the class-1 decodes ({same} s)");
+    assert!(same > 0.05, "time_share {time_share}: a class-1 newcomer waits for the class-1 decodes ({same} s)");
 }
 
 /// The step-time cap cuts a prompt's chunk to keep the decodes of its class and the higher ones

@@ -73,7 +73,7 @@
 //! decisions (2), `step_cap.rs` the step-time cap (3), `eviction.rs` the one eviction walk and
 //! its candidates and victims (4), `reserve.rs` the reserve (1), `backfill.rs` the overload
 //! mode's returns past a blocked one, `exchange.rs` its returns before the stall bound,
-//! `timeshare.rs` the overload mode's time-sharing (`RotaSchedSettings::time_share`, opt-in).
+//! `timeshare.rs` the overload mode's time-sharing (`RotaSchedSettings::time_share`, the default).
 
 mod backfill;
 mod eviction;
@@ -148,20 +148,20 @@ impl SchedulingPolicy for RotaSched {
             // Overload: the running requests cannot all grow and none has slack for a round
             // trip, or a running request already pushed newer ones out for want of such a
             // victim (`Walk::ForRequesterUnderOverload`). Until every request rotated out that
-            // way is back, steps are served as swap serves them — running first, the newest
-            // preempted on shortage, those rotated out brought back oldest first before any
-            // admission: there is no slack to plan with, and a victim left to wait behind new
-            // prompts would stall for seconds. First, one due to break its stall bound is
-            // exchanged for running requests already lost (`exchange.rs`).
+            // way is back, the device is time-shared by next-token deadline (`timeshare.rs`;
+            // `time_share`, the default).
             self.reserve_blocks = 0;
             if self.settings.time_share {
-                // Or, with `time_share`, the device is time-shared by next-token deadline
-                // (`timeshare.rs`) until every request it rotated out is back.
                 drop(planner);
                 timeshare::plan(step, ctx, step_s);
                 self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
                 return;
             }
+            // Without it, steps are served as swap serves them — running first, the newest
+            // preempted on shortage, those rotated out brought back oldest first before any
+            // admission: there is no slack to plan with, and a victim left to wait behind new
+            // prompts would stall for seconds. First, one due to break its stall bound is
+            // exchanged for running requests already lost (`exchange.rs`).
             planner.exchange_for_the_lost(ctx);
             reactive::plan_with(planner.step, ctx, true, true, Some(self.settings.late_starvation_s));
             planner.return_past_the_blocked(ctx);

@@ -9,9 +9,10 @@
 //!
 //! Deadlines: a punctual prompt's first-token deadline, a punctual decode's TBT deadline, and a
 //! request already lost (past its first-token deadline, or its objectives lost) paced at a share
-//! of its stall bound, so none stalls past it; a lost prompt waits until no punctual one does.
-//! Prompts are admitted while the admitted requests' demand for the device — the blocks each
-//! holds times the share of steps it must compute in to keep its pace — fits the pool.
+//! of its stall bound, so none stalls past it; a lost prompt waits until no punctual one of its
+//! class or a higher one does. Prompts are admitted while the demand for the device of the
+//! admitted requests of their class and the higher ones — the blocks each holds times the share
+//! of steps it must compute in to keep its pace — fits the pool: a lower class yields its blocks.
 //!
 //! KV moves only when a deadline needs it: a lost request off the device takes the place of one
 //! on it only a couple of decode steps before it is due (`LOST_RETURN_STEPS`; judged on the
@@ -97,24 +98,30 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64) {
     let now = ctx.now;
     let pool = f64::from(step.blocks().num_device_blocks());
     let admitted = |r: &RequestState| r.phase != Phase::Waiting && !r.doomed && r.has_work();
-    let mut demand: f64 =
-        step.requests().values().filter(|r| admitted(r)).map(|r| blocks(step, r) as f64 * duty(r, now, step_s)).sum();
-    let mut anyone = step.requests().values().any(|r| admitted(r));
+    // (class, demand) of every admitted request: a prompt is admitted while the demand of its
+    // class and the higher ones fits, since the lower classes' requests yield it their blocks.
+    let mut demand: Vec<(i32, f64)> = step
+        .requests()
+        .values()
+        .filter(|r| admitted(r))
+        .map(|r| (r.priority, blocks(step, r) as f64 * duty(r, now, step_s)))
+        .collect();
     let waiting: Vec<u64> =
         step.waiting_by_priority().into_iter().filter(|id| !ctx.plan.preempted_for_recompute.contains(id)).collect();
-    let punctual_waits = waiting.iter().any(|id| !lost(&step.requests()[id], now));
     let mut admits = Vec::new();
     for &id in &waiting {
         let r = &step.requests()[&id];
-        if lost(r, now) && punctual_waits {
+        let punctual_waits =
+            |class: i32| waiting.iter().map(|id| &step.requests()[id]).any(|w| w.priority <= class && !lost(w, now));
+        if lost(r, now) && punctual_waits(r.priority) {
             continue;
         }
         let own = blocks(step, r) as f64 * duty(r, now, step_s);
-        if anyone && demand + own > pool {
+        let ahead: Vec<f64> = demand.iter().filter(|(class, _)| *class <= r.priority).map(|(_, d)| *d).collect();
+        if !ahead.is_empty() && ahead.iter().sum::<f64>() + own > pool {
             continue;
         }
-        demand += own;
-        anyone = true;
+        demand.push((r.priority, own));
         admits.push(id);
     }
     // A return's horizon: the decodes' step (prompts waiting lengthen the step estimate, and
