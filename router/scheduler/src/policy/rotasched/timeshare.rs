@@ -21,6 +21,8 @@
 //! blocks are free only at the step's acknowledgement either way. Every block a request idle on
 //! the device holds, or a copy out holds without a compute, is a row the step does not decode.
 
+use std::collections::BTreeMap;
+
 use super::{reactive, urgency};
 use crate::request::{Phase, RequestState};
 use crate::step::{Fit, StepBuilder, StepCtx};
@@ -98,30 +100,32 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64) {
     let now = ctx.now;
     let pool = f64::from(step.blocks().num_device_blocks());
     let admitted = |r: &RequestState| r.phase != Phase::Waiting && !r.doomed && r.has_work();
-    // (class, demand) of every admitted request: a prompt is admitted while the demand of its
+    // Per class, (requests, demand) of the admitted: a prompt is admitted while the demand of its
     // class and the higher ones fits, since the lower classes' requests yield it their blocks.
-    let mut demand: Vec<(i32, f64)> = step
-        .requests()
-        .values()
-        .filter(|r| admitted(r))
-        .map(|r| (r.priority, blocks(step, r) as f64 * duty(r, now, step_s)))
-        .collect();
+    let mut demand: BTreeMap<i32, (usize, f64)> = BTreeMap::new();
+    for r in step.requests().values().filter(|r| admitted(r)) {
+        let entry = demand.entry(r.priority).or_default();
+        *entry = (entry.0 + 1, entry.1 + blocks(step, r) as f64 * duty(r, now, step_s));
+    }
     let waiting: Vec<u64> =
         step.waiting_by_priority().into_iter().filter(|id| !ctx.plan.preempted_for_recompute.contains(id)).collect();
+    // A lost prompt waits while a punctual one of its class or a higher one does.
+    let first_punctual_class =
+        waiting.iter().map(|id| &step.requests()[id]).filter(|w| !lost(w, now)).map(|w| w.priority).min();
     let mut admits = Vec::new();
     for &id in &waiting {
         let r = &step.requests()[&id];
-        let punctual_waits =
-            |class: i32| waiting.iter().map(|id| &step.requests()[id]).any(|w| w.priority <= class && !lost(w, now));
-        if lost(r, now) && punctual_waits(r.priority) {
+        if lost(r, now) && first_punctual_class.is_some_and(|class| class <= r.priority) {
             continue;
         }
         let own = blocks(step, r) as f64 * duty(r, now, step_s);
-        let ahead: Vec<f64> = demand.iter().filter(|(class, _)| *class <= r.priority).map(|(_, d)| *d).collect();
-        if !ahead.is_empty() && ahead.iter().sum::<f64>() + own > pool {
+        let (ahead, ahead_demand) =
+            demand.range(..=r.priority).fold((0, 0.0), |(n, d), (_, (count, sum))| (n + count, d + sum));
+        if ahead > 0 && ahead_demand + own > pool {
             continue;
         }
-        demand.push((r.priority, own));
+        let entry = demand.entry(r.priority).or_default();
+        *entry = (entry.0 + 1, entry.1 + own);
         admits.push(id);
     }
     // A return's horizon: the decodes' step (prompts waiting lengthen the step estimate, and
