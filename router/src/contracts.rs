@@ -35,8 +35,8 @@ pub fn default_stall_factor() -> f64 {
 
 /// The scheduler's defaults, as the router's flags take them: the policies (the baselines
 /// first, the default last), the objectives of a request that names none (ms), the TBT
-/// percentile, the stall factor, the step's limits and whether RotaSched time-shares under overload. Python's benchmark and simulator read
-/// them here rather than keeping copies.
+/// percentile, the stall factor, the step's limits and whether RotaSched time-shares under
+/// overload. Python's benchmark and simulator read them here rather than keeping copies.
 #[pyfunction]
 pub fn scheduler_defaults(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     use superinfer_scheduler as s;

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from superinfer import _router
 from superinfer.bench import plots, report
 from superinfer.bench.cli import add_workload_arguments, slo_request, workload_config, workload_trace
-from superinfer.bench.outcomes import Slo
+from superinfer.bench.outcomes import SCHEDULER_DEFAULTS, Slo
 from superinfer.bench.sharegpt import load_conversations
 from superinfer.bench.tokenizer import local_tokenizer
 from superinfer.bench.workload import WorkloadRequest, WorkloadConfig, requests_for
@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-share", nargs="?", const="true", default=None, choices=("true", "false"),
                         metavar="BOOL",
                         help="whether RotaSched time-shares the device under overload, as the router's "
-                        "--time-share (default: the router's, on; 'false' serves overload as swap does)")
+                        "--time-share ('false' serves overload as swap does; default: the router's, "
+                        f"{str(SCHEDULER_DEFAULTS['time_share']).lower()})")
     parser.add_argument("--no-send-slo", action="store_true", help="requests carry no objectives (server defaults)")
     parser.add_argument("--tokenizer", default="default", help="for ShareGPT lengths: 'default' or a path")
     parser.add_argument("--step-log", action="store_true",
