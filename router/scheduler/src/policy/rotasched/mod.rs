@@ -110,6 +110,8 @@ pub(crate) struct RotaSched {
     budget: RotationBudget,
     /// Requests the overload mode rotated out that are not back yet.
     owed: BTreeSet<u64>,
+    /// How often steps come while time-sharing (`timeshare::Cadence`).
+    cadence: timeshare::Cadence,
 }
 
 /// Rotations may make at most `rotation_late_gap_share` of all gaps late (a parked decode, a
@@ -153,7 +155,7 @@ impl SchedulingPolicy for RotaSched {
             self.reserve_blocks = 0;
             if self.settings.time_share {
                 drop(planner);
-                timeshare::plan(step, ctx, step_s);
+                timeshare::plan(step, ctx, step_s, &mut self.cadence);
                 self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
                 return;
             }
@@ -162,12 +164,14 @@ impl SchedulingPolicy for RotaSched {
             // admission: there is no slack to plan with, and a victim left to wait behind new
             // prompts would stall for seconds. First, one due to break its stall bound is
             // exchanged for running requests already lost (`exchange.rs`).
+            self.cadence.off();
             planner.exchange_for_the_lost(ctx);
             reactive::plan_with(planner.step, ctx, true, true, Some(self.settings.late_starvation_s));
             planner.return_past_the_blocked(ctx);
             self.owed.extend(ctx.plan.rotate_out.iter().map(|t| t.request_id));
             return;
         }
+        self.cadence.off();
         planner.plan(ctx);
         self.owed.extend(planner.overload_victims);
     }
@@ -181,6 +185,7 @@ impl SchedulingPolicy for RotaSched {
     }
 
     fn on_results(&mut self, feedback: &StepFeedback) {
+        self.cadence.on_results(feedback.alpha);
         self.budget.gaps += feedback.gaps;
         self.budget.late_rotation_gaps += feedback.late_rotation_gaps;
         if let Some(t) = feedback.timing {

@@ -13,6 +13,10 @@
 //! class or a higher one does. Prompts are admitted while the demand for the device of the
 //! admitted requests of their class and the higher ones — the blocks each holds times the share
 //! of steps it must compute in to keep its pace — fits the pool: a lower class yields its blocks.
+//! That share is priced on the steps as they come while time-sharing (`Cadence`: the copies a
+//! shared device makes lengthen them), with a margin (`CADENCE_MARGIN`) — not on a step estimate
+//! that prices every waiting prompt's prefill in, which made the share of every request 1 as soon
+//! as a queue formed, so no prompt was admitted past what fitted without sharing.
 //!
 //! KV moves only when a deadline needs it: a lost request off the device takes the place of one
 //! on it only a couple of decode steps before it is due (`LOST_RETURN_STEPS`; judged on the
@@ -42,6 +46,68 @@ const LOST_PACE_SHARE: f64 = 0.4;
 /// back stays while no one is due instead of leaving after its one token (a copy each way per
 /// token), and the lost rotate only when one's pace requires it.
 const LOST_RETURN_STEPS: f64 = 2.0;
+
+/// The demand of a request is priced at this many of the steps measured while time-sharing
+/// (`Cadence`). The device is not packed to the share each request needs: every step computes
+/// every request it holds, earlier than its pace requires, and the blocks left when the next
+/// request does not fit compute no one; admitting a prompt adds copies that lengthen the steps
+/// after it. Measured on the simulated suite's Azure and chat workloads (docs/benchmarks.md,
+/// "Time-sharing prices demand on its measured steps"): 1 admits more than the device then
+/// serves at pace (first tokens won, their gaps late), 1.25 and 2 admit less than 1.5 and lead by
+/// less.
+const CADENCE_MARGIN: f64 = 1.5;
+
+/// How often steps come while the device is time-shared: the interval between consecutive
+/// time-shared plans, an exponential moving average (the scheduler's `ema_alpha`). An interval
+/// counts only when a step's results came in between the two plans (a pipelined plan follows its
+/// predecessor at once) and both plans time-shared (the first of an overload follows a step of
+/// another mode, or an idle wait). RotaSched's own state: it survives a recovery, as what is
+/// learnt of the machine does.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Cadence {
+    interval_s: Option<f64>,
+    /// When the previous plan was made, if it time-shared.
+    last_plan: Option<f64>,
+    /// Results applied since the previous plan.
+    results: u32,
+    alpha: f64,
+}
+
+impl Cadence {
+    /// A time-shared plan at `now`.
+    pub(super) fn on_plan(&mut self, now: f64) {
+        if let Some(last) = self.last_plan.filter(|_| self.results > 0) {
+            let interval = now - last;
+            if interval.is_finite() && interval > 0.0 {
+                let alpha = if self.alpha > 0.0 { self.alpha } else { 1.0 };
+                self.interval_s = Some(self.interval_s.map_or(interval, |old| (1.0 - alpha) * old + alpha * interval));
+            }
+        }
+        self.last_plan = Some(now);
+        self.results = 0;
+    }
+
+    /// A plan of another mode: the next time-shared plan starts counting afresh.
+    pub(super) fn off(&mut self) {
+        self.last_plan = None;
+    }
+
+    pub(super) fn on_results(&mut self, alpha: f64) {
+        self.results += 1;
+        self.alpha = alpha;
+    }
+
+    /// The step a request's share of the device is priced on: the measured interval with its
+    /// margin, or `fallback` before one was measured.
+    fn step_s(&self, fallback: f64) -> f64 {
+        self.interval_s.map_or(fallback, |interval| CADENCE_MARGIN * interval)
+    }
+
+    #[cfg(test)]
+    pub(super) fn interval_s(&self) -> Option<f64> {
+        self.interval_s
+    }
+}
 
 /// Past its first-token deadline (or about to be), or its objectives already lost.
 fn lost(r: &RequestState, now: f64) -> bool {
@@ -95,9 +161,11 @@ fn blocks(step: &StepBuilder, r: &RequestState) -> u64 {
 
 /// Plans one step under overload: admissions by memory demand, then every request that may
 /// compute, earliest deadline first (priority classes strict), then the departures the next
-/// step needs.
-pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64) {
+/// step needs. `step_s`, the step estimate, prices demand until the cadence is measured.
+pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64, cadence: &mut Cadence) {
     let now = ctx.now;
+    cadence.on_plan(now);
+    let step_s = cadence.step_s(step_s);
     let pool = f64::from(step.blocks().num_device_blocks());
     let admitted = |r: &RequestState| r.phase != Phase::Waiting && !r.doomed && r.has_work();
     // Per class, (requests, demand) of the admitted: a prompt is admitted while the demand of its
