@@ -150,7 +150,8 @@ impl Scheduler {
     /// Forgets every request and frees every block (the shard restarted empty), keeping what
     /// was learnt about the machine and the load: the cost model and its correction, the
     /// cumulative counters, and the policy's own state (RotaSched's step timing, arrival
-    /// estimate and rotation budget). The engine re-adds
+    /// estimate, rotation budget and time-shared step interval; `on_reset` tells it the steps in
+    /// flight will not report). The engine re-adds
     /// the requests it still holds.
     pub fn reset(&mut self) {
         let core = &mut self.core;
@@ -160,6 +161,7 @@ impl Scheduler {
         core.pending.clear();
         core.lag_samples.clear();
         core.debug_check("reset");
+        self.policy.on_reset();
     }
 
     /// Records the prefix cache's changes from now on, for `take_kv_events`.

@@ -73,6 +73,9 @@ pub(crate) trait SchedulingPolicy: std::fmt::Debug + Send {
     /// A step's results were applied.
     fn on_results(&mut self, _feedback: &StepFeedback) {}
 
+    /// Every request was dropped (the shard restarted empty): the steps in flight never report.
+    fn on_reset(&mut self) {}
+
     /// Fills in the policy's own figures of the /metrics snapshot.
     fn stats(&self, _stats: &mut SchedulerStats) {}
 }
@@ -139,6 +142,10 @@ impl Policy {
 
     pub(crate) fn on_results(&mut self, feedback: &StepFeedback) {
         self.0.on_results(feedback);
+    }
+
+    pub(crate) fn on_reset(&mut self) {
+        self.0.on_reset();
     }
 
     /// The core's snapshot with the policy's own figures filled in.

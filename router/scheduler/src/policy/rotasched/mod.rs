@@ -193,6 +193,11 @@ impl SchedulingPolicy for RotaSched {
         }
     }
 
+    fn on_reset(&mut self) {
+        // The interval learnt stays; the one running across the recovery is no step's.
+        self.cadence.off();
+    }
+
     fn stats(&self, stats: &mut SchedulerStats) {
         stats.reserve_blocks = self.reserve_blocks;
         stats.step_time_deviation = self.timing.deviation;

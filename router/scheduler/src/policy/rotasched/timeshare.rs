@@ -331,3 +331,36 @@ fn depart(step: &mut StepBuilder, ctx: &mut StepCtx, now: f64, decode_s: f64) {
         short = short.saturating_sub(moved);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cadence;
+
+    /// The interval counts only between time-shared plans with a step's results between them:
+    /// a pipelined plan (no results yet), the first plan after another mode's, and the first
+    /// after a recovery start counting afresh, and what was learnt stays.
+    #[test]
+    fn cadence_counts_only_intervals_between_time_shared_steps() {
+        let mut c = Cadence::default();
+        c.on_plan(0.0);
+        c.on_plan(0.001); // pipelined: no results in between
+        assert_eq!(c.interval_s(), None);
+        c.on_results(0.5);
+        c.on_plan(0.1);
+        assert!((c.interval_s().unwrap() - 0.099).abs() < 1e-9);
+        c.on_results(0.5);
+        c.on_plan(0.2);
+        assert!((c.interval_s().unwrap() - 0.0995).abs() < 1e-9);
+        // Another mode's plan (or a recovery) between: the long interval across it is no step's.
+        c.off();
+        c.on_results(0.5);
+        c.on_plan(9.0);
+        assert!((c.interval_s().unwrap() - 0.0995).abs() < 1e-9);
+        c.on_results(0.5);
+        c.on_plan(9.1);
+        assert!((c.interval_s().unwrap() - (0.5 * 0.0995 + 0.5 * 0.1)).abs() < 1e-9);
+        // Priced with the margin once measured, on the fallback before.
+        assert!((c.step_s(1.0) - super::CADENCE_MARGIN * c.interval_s().unwrap()).abs() < 1e-12);
+        assert_eq!(Cadence::default().step_s(0.3), 0.3);
+    }
+}
