@@ -79,7 +79,8 @@ impl Cadence {
         if let Some(last) = self.last_plan.filter(|_| self.results > 0) {
             let interval = now - last;
             if interval.is_finite() && interval > 0.0 {
-                let alpha = if self.alpha > 0.0 { self.alpha } else { 1.0 };
+                // `alpha` is set: results came in since the previous plan.
+                let alpha = self.alpha;
                 self.interval_s = Some(self.interval_s.map_or(interval, |old| (1.0 - alpha) * old + alpha * interval));
             }
         }
