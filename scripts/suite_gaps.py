@@ -1,7 +1,8 @@
 """The longest gaps between tokens in simulated `superinfer suite` runs, which `suite.json` does
 not keep: per workload and policy, the median and the largest over every rate and seed of each
 run's longest gap (and of its p99 gap). Writes `gaps.json` beside each run's `suite.json`, with
-each run's joint attainment and its p99 and longest first token too. With `--read`, reads the
+each run's joint attainment, its p99 and longest first token, its output tokens and throughput,
+and how many rotations back in it made too. With `--read`, reads the
 `gaps.json` already there instead (a committed one: its `simulate.json` files are not kept) and
 adds, per policy, how many runs had a gap longer than `--over` seconds (default 1.4: the
 stall bound on the Azure workload, 1.26 s, and about one step) and the median of their p99 gaps.
@@ -26,7 +27,10 @@ def gaps(root: Path) -> dict:
             rows.append({"workload": path.parent.parent.name, "rate": run["rate"], "seed": seed,
                          "policy": run["series"], "max_gap_s": tbt.get("max"), "p99_gap_s": tbt.get("p99"),
                          "joint": run["summary"]["attainment"]["both"],
-                         "p99_ttft_s": ttft.get("p99"), "max_ttft_s": ttft.get("max")})
+                         "p99_ttft_s": ttft.get("p99"), "max_ttft_s": ttft.get("max"),
+                         "output_tokens": run["summary"].get("output_tokens"),
+                         "throughput_tokens_per_s": run["summary"].get("throughput_tokens_per_s"),
+                         "rotations_in": run["summary"].get("simulator", {}).get("scheduler", {}).get("rotations_in")})
     return {"runs": rows}
 
 
@@ -58,6 +62,10 @@ def main(argv: list[str]) -> int:
                 p99 = statistics.median(r["p99_gap_s"] for r in runs)
                 print(f"  {policy:10s} runs with a gap over {args.over:g} s: {over} of {len(runs)}; "
                       f"median p99 gap {p99:.3f} s")
+            returns = [r["rotations_in"] / r["output_tokens"] for r in doc["runs"]
+                       if r["policy"] == "rotasched" and r.get("rotations_in") is not None and r.get("output_tokens")]
+            if returns:
+                print(f"  rotasched rotations back in per output token, median over runs: {statistics.median(returns):.3f}")
     return 0
 
 

@@ -66,12 +66,21 @@ def test_classes_and_refusals_are_reported_when_the_runs_have_them():
     with_classes = []
     for repetition, (high, low) in enumerate([(0.9, 0.3), (1.0, 0.2), (0.8, 0.4)]):
         r = run("rota", repetition, 0.5, 0.5)
-        r.summary["by_priority"] = {"0": {"requests": 6, "attainment": {"ttft": high, "both": high}},
-                                    "1": {"requests": 14, "attainment": {"ttft": low, "both": low}}}
+        r.summary["by_priority"] = {"0": {"requests": 6, "attainment": {"ttft": high, "both": high},
+                                          "request_max_gap_s": {"max": 0.2}},
+                                    "1": {"requests": 14, "attainment": {"ttft": low, "both": low},
+                                          "request_max_gap_s": {"max": 1.0 + repetition}}}
         with_classes.append(r)
     table = report.class_table(with_classes).splitlines()
     assert table[2].split()[:3] == ["1", "0", "6"] and "90% [80–100]" in table[2]
+    assert table[2].split()[-1] == "0.20"
     assert table[3].split()[:3] == ["1", "1", "14"] and "30% [20–40]" in table[3]
+    assert table[3].endswith("2.00 [1.00–3.00]")
+    # Results written before the summary kept each class's longest gap: a dash.
+    for r in with_classes:
+        for cls in r.summary["by_priority"].values():
+            del cls["request_max_gap_s"]
+    assert report.class_table(with_classes).splitlines()[3].split()[-1] == "-"
     refused = run("rota", 0, 0.5, 0.5)
     refused.summary.update(requests=60, refused=23, refusal_s={"p99": 0.0021},
                            admitted_attainment={"ttft": 0.97, "both": 0.9})

@@ -116,6 +116,10 @@ def test_one_gap_above_the_stall_bound_misses_tbt_and_classes_are_reported_apart
     assert summary["attainment"]["stall"] == 0.5 and summary["tbt_s"]["max"] == 0.4
     assert summary["by_priority"]["0"]["attainment"]["both"] == 1.0
     assert summary["by_priority"]["1"]["attainment"]["both"] == 0.0
+    # Each class's longest gap: the stall is class 1's.
+    assert summary["by_priority"]["1"]["request_max_gap_s"]["max"] == pytest.approx(stalled.max_gap_s)
+    assert summary["by_priority"]["0"]["request_max_gap_s"]["max"] == pytest.approx(smooth.max_gap_s)
+    assert smooth.max_gap_s < stalled.max_gap_s
     with pytest.raises(ValueError):
         Slo(200, 50, max_stall_ms=20)
 

@@ -164,7 +164,10 @@ def summarize(outcomes: list[Outcome], slo: Slo, duration_s: float, gap_stats: d
     if len(classes) > 1:
         summary["by_priority"] = {
             str(c): {"requests": sum(o.priority == c for o in outcomes),
-                     "attainment": attainment([o for o in outcomes if o.priority == c], slo)}
+                     "attainment": attainment([o for o in outcomes if o.priority == c], slo),
+                     # A lower class's stalls are what strict classes cost it: its longest gaps.
+                     "request_max_gap_s": stats([o.max_gap_s for o in done
+                                                 if o.priority == c and o.max_gap_s is not None])}
             for c in classes
         }
     return summary

@@ -137,13 +137,14 @@ def _over_repetitions(values: list[float]) -> str:
 
 def class_table(results: list[RunResult]) -> str:
     """Per priority class, when the runs mix classes: each policy's first-token and joint
-    attainment within the class, median [min–max] over the repetitions. Empty otherwise."""
+    attainment within the class and the longest gap of any of its requests (s), median
+    [min–max] over the repetitions. Empty otherwise."""
     classes = sorted({int(c) for r in results for c in r.summary.get("by_priority", {})})
     if len(classes) < 2:
         return ""
     series = list(dict.fromkeys(r.series for r in results))
     rates = sorted({r.rate for r in results})
-    head = ["rate", "class", "requests"] + [f"{s}:{c}" for s in series for c in ("TTFT ok", "both")]
+    head = ["rate", "class", "requests"] + [f"{s}:{c}" for s in series for c in ("TTFT ok", "both", "longest gap s")]
     rows = [head]
     for rate in rates:
         for cls in classes:
@@ -151,10 +152,16 @@ def class_table(results: list[RunResult]) -> str:
                              if r.rate == rate and str(cls) in r.summary.get("by_priority", {})), 0)
             row = [f"{rate:g}", str(cls), str(requests)]
             for name in series:
-                runs = [r.summary["by_priority"][str(cls)]["attainment"] for r in results
-                        if r.series == name and r.rate == rate and str(cls) in r.summary.get("by_priority", {})]
+                classes_of = [r.summary["by_priority"][str(cls)] for r in results
+                              if r.series == name and r.rate == rate and str(cls) in r.summary.get("by_priority", {})]
+                runs = [c["attainment"] for c in classes_of]
                 row += ([_over_repetitions([a[key] for a in runs]) for key in ("ttft", "both")] if runs
                         else ["-", "-"])
+                # Absent from results written before the summary kept it.
+                longest = [c["request_max_gap_s"]["max"] for c in classes_of
+                           if c.get("request_max_gap_s", {}).get("max") is not None]
+                row.append(_spread_cell({"median": statistics.median(longest), "min": min(longest),
+                                         "max": max(longest)}, lambda v: f"{v:.2f}", "") if longest else "-")
             rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["by priority class (lower is served first): attainment within the class, median [min–max] over repetitions"]
