@@ -62,10 +62,13 @@ def main(argv: list[str]) -> int:
                 p99 = statistics.median(r["p99_gap_s"] for r in runs)
                 print(f"  {policy:10s} runs with a gap over {args.over:g} s: {over} of {len(runs)}; "
                       f"median p99 gap {p99:.3f} s")
-            returns = [r["rotations_in"] / r["output_tokens"] for r in doc["runs"]
-                       if r["policy"] == "rotasched" and r.get("rotations_in") is not None and r.get("output_tokens")]
-            if returns:
-                print(f"  rotasched rotations back in per output token, median over runs: {statistics.median(returns):.3f}")
+            returns = {}
+            for r in doc["runs"]:
+                if r["policy"] == "rotasched" and r.get("rotations_in") is not None and r.get("output_tokens"):
+                    returns.setdefault((r["workload"], r["rate"]), []).append(r["rotations_in"] / r["output_tokens"])
+            for (workload, rate), values in sorted(returns.items()):
+                print(f"  rotasched {workload:12s} {rate:g} req/s: rotations back in per output token, "
+                      f"median over seeds {statistics.median(values):.3f}")
     return 0
 
 

@@ -131,8 +131,8 @@ def spread_table(points: list[dict], source: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _over_repetitions(values: list[float]) -> str:
-    return _spread_cell({"median": statistics.median(values), "min": min(values), "max": max(values)})
+def _over_repetitions(values: list[float], unit=_share, suffix: str = "%") -> str:
+    return _spread_cell({"median": statistics.median(values), "min": min(values), "max": max(values)}, unit, suffix)
 
 
 def class_table(results: list[RunResult]) -> str:
@@ -160,11 +160,11 @@ def class_table(results: list[RunResult]) -> str:
                 # Absent from results written before the summary kept it.
                 longest = [c["request_max_gap_s"]["max"] for c in classes_of
                            if c.get("request_max_gap_s", {}).get("max") is not None]
-                row.append(_spread_cell({"median": statistics.median(longest), "min": min(longest),
-                                         "max": max(longest)}, lambda v: f"{v:.2f}", "") if longest else "-")
+                row.append(_over_repetitions(longest, lambda v: f"{v:.2f}", "") if longest else "-")
             rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["by priority class (lower is served first): attainment within the class, median [min–max] over repetitions"]
+    lines = ["by priority class (lower is served first): attainment within the class and its longest gap, "
+             "median [min–max] over repetitions"]
     lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
     return "\n".join(lines)
 
