@@ -17,6 +17,8 @@ import json
 import statistics
 import sys
 
+from superinfer.bench.suite import P99_GAP_RATIO
+
 POLICIES = ["fcfs", "recompute", "swap", "rotasched"]
 
 
@@ -46,16 +48,29 @@ def measured(document: dict) -> None:
                   f"{spread([x['throughput_tokens_per_s'] for x in s], lambda v: f'{v:.1f}')} |")
         if not any(p != "rotasched" for p in document["policies"]):
             continue
-        diffs, ratios = [], []
+        diffs, ratios, above = [], [], []
         for repetition in sorted({r["repetition"] for r in runs if r["rate"] == rate}):
-            by = {r["series"]: r["summary"] for r in runs if r["rate"] == rate and r["repetition"] == repetition}
+            same = [r for r in runs if r["rate"] == rate and r["repetition"] == repetition]
+            by = {r["series"]: r["summary"] for r in same}
             if any(p not in by for p in document["policies"]):
                 continue  # a repetition still running (the file of a run in progress), or cut short
             best = max((by[p] for p in document["policies"] if p != "rotasched"), key=lambda s: s["attainment"]["both"])
             diffs.append((by["rotasched"]["attainment"]["both"] - best["attainment"]["both"]) * 100)
             ratios.append(by["rotasched"]["tbt_s"]["p99"] / best["tbt_s"]["p99"])
+            ours = next(r for r in same if r["series"] == "rotasched")
+            above.append(_above_ratio(ours.get("requests", []), P99_GAP_RATIO * best["tbt_s"]["p99"],
+                                      slo["ttft_ms"] / 1000))
         print(f"rate {rate:g}: RotaSched joint − best baseline's per repetition: "
               f"{', '.join(f'{d:+.0f}' for d in diffs)}; p99 gap ratio: {', '.join(f'{r:.2f}' for r in ratios)}")
+        print(f"rate {rate:g}: RotaSched's requests with a gap above {P99_GAP_RATIO:g}× the best baseline's p99 gap, "
+              f"per repetition, first token lost / all: {', '.join(f'{lost}/{n}' for lost, n in above)}")
+
+
+def _above_ratio(requests: list[dict], threshold_s: float, ttft_s: float) -> tuple[int, int]:
+    """(whose first token was late, all): the requests with a gap longer than `threshold_s`, the
+    ones that can set a p99 gap past the suite's ratio."""
+    over = [q for q in requests if (q.get("max_gap_s") or 0.0) > threshold_s]
+    return sum(1 for q in over if q.get("ttft_s") is not None and q["ttft_s"] > ttft_s), len(over)
 
 
 def simulated(document: dict) -> None:
