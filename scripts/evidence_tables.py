@@ -1,7 +1,7 @@
 """The tables of docs/evidence.md and docs/simulation.md (2026-12-03) from their committed raw
 results: per rate and policy, median [range] over the repetitions (or seeds) of first-token and
 joint attainment, p99 and longest gap and output throughput (or goodput); for a measured
-comparison also the p99 first token and goodput, RotaSched's joint attainment minus the best
+comparison also TBT attainment, the p99 first token and goodput, RotaSched's joint attainment minus the best
 baseline's and its p99 gap over that baseline's per repetition, and its requests with a gap past
 the suite's p99 ratio (how many of them lost their first token).
 
@@ -52,9 +52,10 @@ def measured(document: dict) -> None:
         cells = []
         for policy in document["policies"]:
             s = [r["summary"] for r in runs if r["rate"] == rate and r["series"] == policy]
-            cells.append(f"{policy} {spread([x['ttft_s']['p99'] for x in s], lambda v: f'{v:.1f}')} / "
+            cells.append(f"{policy} {spread([x['attainment']['tbt'] for x in s], pct)} / "
+                         f"{spread([x['ttft_s']['p99'] for x in s], lambda v: f'{v:.1f}')} / "
                          f"{spread([x['goodput_rps'] for x in s], lambda v: f'{v:.2f}')}")
-        print(f"rate {rate:g}: p99 first token (s) / goodput (req/s): {'; '.join(cells)}")
+        print(f"rate {rate:g}: TBT ok / p99 first token (s) / goodput (req/s): {'; '.join(cells)}")
         if not any(p != "rotasched" for p in document["policies"]):
             continue
         diffs, ratios, above = [], [], []

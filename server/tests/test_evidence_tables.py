@@ -15,7 +15,7 @@ def _load():
 
 
 def _summary(both: float, p99: float) -> dict:
-    return {"attainment": {"ttft": both, "both": both}, "tbt_s": {"p99": p99, "max": p99 * 3},
+    return {"attainment": {"ttft": both, "tbt": 1.0, "both": both}, "tbt_s": {"p99": p99, "max": p99 * 3},
             "throughput_tokens_per_s": 10.0, "ttft_s": {"p99": 2.0}, "goodput_rps": both}
 
 
@@ -51,7 +51,7 @@ def test_measured_prints_the_pairs_and_the_requests_past_the_ratio(capsys):
                 "unloaded": {"ttft_s": 0.2, "tbt_s": 0.02}, "policies": ["swap", "rotasched"], "runs": runs}
     m.measured(document)
     out = capsys.readouterr().out
-    assert "p99 first token (s) / goodput (req/s): swap 2.0 / 0.50; rotasched 2.0 / 0.70" in out
+    assert "TBT ok / p99 first token (s) / goodput (req/s): swap 100% / 2.0 / 0.50; rotasched 100% / 2.0 / 0.70" in out
     assert "per repetition: +20, +20; p99 gap ratio: 3.00, 0.67" in out
     # Threshold 1.5 × 0.3 s: one request past it in the first repetition (its first token late).
     assert "first token lost / all: 1/1, 0/0" in out
