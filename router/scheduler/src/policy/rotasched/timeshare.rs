@@ -10,8 +10,11 @@
 //! Deadlines: a punctual prompt's first-token deadline, a punctual decode's TBT deadline, and a
 //! request already lost (past its first-token deadline, or its objectives lost) paced at a share
 //! of its stall bound, so none stalls past it; a lost prompt waits until no punctual one of its
-//! class or a higher one does. Prompts are admitted while the demand for the device of the
-//! admitted requests of their class and the higher ones — the blocks each holds times the share
+//! class or a higher one does. A punctual decode off the device whose token would be late even
+//! brought back at once sits out that late gap at the same pace while its objective allows one
+//! more (`sits_out`), rather than pushing a request still on time out, late in its turn. Prompts
+//! are admitted while the demand for the device of the admitted requests of their class and the
+//! higher ones — the blocks each holds times the share
 //! of steps it must compute in to keep its pace — fits the pool: a lower class yields its blocks.
 //! That share is priced on the steps as they come while time-sharing (`Cadence`: the copies a
 //! shared device makes lengthen them), with a margin (`CADENCE_MARGIN`) — not on a step estimate
@@ -104,7 +107,7 @@ impl Cadence {
         self.interval_s.map_or(fallback, |interval| CADENCE_MARGIN * interval)
     }
 
-    #[cfg(test)]
+    /// The measured interval between time-shared steps, if any.
     pub(super) fn interval_s(&self) -> Option<f64> {
         self.interval_s
     }
@@ -115,9 +118,36 @@ fn lost(r: &RequestState, now: f64) -> bool {
     r.objectives_lost || (r.last_token_at.is_none() && now > r.arrival + r.slo.ttft_s - PROMPT_LEAD_S)
 }
 
-/// When its next token is due, had its last token come at `last` (judged at `now`).
-fn deadline(r: &RequestState, now: f64, last: Option<f64>) -> f64 {
-    match (lost(r, now), last) {
+/// What a request's rank is judged on besides the request itself.
+#[derive(Clone, Copy)]
+struct Pace {
+    /// A step of the decodes on the device, without the prompts waiting: how far ahead of its
+    /// deadline a request waiting off the device may take the place of one on it.
+    decode_s: f64,
+    /// When a token computed from now would come: the measured interval between time-shared
+    /// steps (`Cadence`; copies lengthen them), at least the decodes' step.
+    step_s: f64,
+    /// The share of a request's gaps its TBT objective lets be late.
+    late_share: f64,
+}
+
+/// Whether a punctual decode off the device sits out a late gap: brought back now, its token
+/// would come past its TBT objective anyway, and the objective allows one more late gap. A late
+/// gap costs it the same however long it lasts within the stall bound, so it waits as a lost
+/// request does (`LOST_PACE_SHARE` of the bound) and leaves the device to the requests still on
+/// time, instead of coming back at once and pushing one of them out, late by a step in its turn
+/// (with a step longer than half the TBT objective, every request sitting out one step in turn
+/// made its gaps late one in two, past any percentile).
+fn sits_out(r: &RequestState, judged_at: f64, last: Option<f64>, pace: Pace) -> bool {
+    last.is_some_and(|t| {
+        !lost(r, judged_at) && judged_at + pace.step_s > t + r.slo.tbt_s && r.late_gaps_left(pace.late_share) > 0
+    })
+}
+
+/// When its next token is due, had its last token come at `last` (judged at `now`);
+/// `sitting_out`: a late gap it sits out (`sits_out`).
+fn deadline(r: &RequestState, now: f64, last: Option<f64>, sitting_out: bool) -> f64 {
+    match (lost(r, now) || sitting_out, last) {
         (true, None) => f64::INFINITY,
         (true, Some(t)) => t + LOST_PACE_SHARE * r.slo.max_stall_s,
         (false, last) => r.deadline_after(last),
@@ -125,25 +155,32 @@ fn deadline(r: &RequestState, now: f64, last: Option<f64>) -> f64 {
 }
 
 /// The order of the planner (and of the next step's prediction): class, then whether it waits
-/// off the device while lost and not yet due (those come last), then deadline. `decode_s`: a
-/// step of the decodes on the device, without the prompts waiting.
-fn rank(r: &RequestState, judged_at: f64, at: f64, decode_s: f64, on_device: bool) -> Rank {
-    let idle_lost = !on_device && lost(r, judged_at) && at > judged_at + LOST_RETURN_STEPS * decode_s;
-    Rank { priority: r.priority, idle_lost, deadline: at, seq: r.seq }
+/// off the device, lost or sitting out a late gap, and is not yet due (those come last), then
+/// deadline.
+fn rank(r: &RequestState, judged_at: f64, last: Option<f64>, pace: Pace, on_device: bool) -> Rank {
+    let sitting_out = !on_device && sits_out(r, judged_at, last, pace);
+    let at = deadline(r, judged_at, last, sitting_out);
+    let idle = !on_device
+        && (sitting_out || lost(r, judged_at))
+        && at > judged_at + LOST_RETURN_STEPS * pace.decode_s;
+    Rank { priority: r.priority, idle, deadline: at, seq: r.seq, sits_out: idle && sitting_out }
 }
 
 #[derive(Clone, Copy)]
 struct Rank {
     priority: i32,
-    idle_lost: bool,
+    idle: bool,
     deadline: f64,
     seq: u64,
+    /// Sitting out a late gap and not yet due: it does not come back before, even to blocks
+    /// free now (the next step would push a request still on time out for them).
+    sits_out: bool,
 }
 
 impl Rank {
     fn cmp(&self, other: &Rank) -> std::cmp::Ordering {
-        (self.priority, self.idle_lost)
-            .cmp(&(other.priority, other.idle_lost))
+        (self.priority, self.idle)
+            .cmp(&(other.priority, other.idle))
             .then(self.deadline.total_cmp(&other.deadline))
             .then(self.seq.cmp(&other.seq))
     }
@@ -200,6 +237,11 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64, caden
     // A return's horizon: the decodes' step (prompts waiting lengthen the step estimate, and
     // a long horizon calls every lost request due at once).
     let decode_s = step.cost().predict_step(urgency::decodes_alone(step));
+    let pace = Pace {
+        decode_s,
+        step_s: cadence.interval_s().map_or(decode_s, |interval| interval.max(decode_s)),
+        late_share: step.config().tbt_late_share(),
+    };
     let mut candidates: Vec<(Rank, u64)> = step
         .requests()
         .values()
@@ -208,7 +250,7 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64, caden
         .chain(admits)
         .map(|id| {
             let r = &step.requests()[&id];
-            (rank(r, now, deadline(r, now, r.last_token_at), decode_s, r.phase == Phase::Running), id)
+            (rank(r, now, r.last_token_at, pace, r.phase == Phase::Running), id)
         })
         .collect();
     candidates.sort_by(|a, b| a.0.cmp(&b.0));
@@ -216,6 +258,7 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64, caden
     for &(rank, id) in &candidates {
         let fit = match step.requests()[&id].phase {
             Phase::Running => step.schedule_running(ctx, id, 0),
+            Phase::Rotated if rank.sits_out => continue,
             Phase::Rotated => {
                 let need = reactive::return_blocks(step, id, 1);
                 let free = u64::from(step.blocks().free_device());
@@ -238,7 +281,7 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64, caden
             step.rotate_out(ctx, id);
         }
     }
-    depart(step, ctx, now, decode_s);
+    depart(step, ctx, now, pace);
 }
 
 /// Picks requests idle on the device (not computing this step yet) of the same or a lower class
@@ -260,7 +303,7 @@ fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i3
         .filter(|&id| step.evictable(ctx, id) && !leaving.contains(&id))
         .filter_map(|id| {
             let r = &step.requests()[&id];
-            let at = deadline(r, now, r.last_token_at);
+            let at = deadline(r, now, r.last_token_at, false);
             (r.last_token_at.is_some() && r.priority >= priority && at > after).then_some((at, id))
         })
         .collect();
@@ -285,7 +328,7 @@ fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i3
 /// device filled by class and earliest deadline. When the requests it brings in do not fit
 /// beside those on the device, the ones it leaves out go, latest deadline first — after
 /// computing in this step, or, idle, at once.
-fn depart(step: &mut StepBuilder, ctx: &mut StepCtx, now: f64, decode_s: f64) {
+fn depart(step: &mut StepBuilder, ctx: &mut StepCtx, now: f64, pace: Pace) {
     let next = now + step.cost().predict_step(ctx.shape);
     let pool = u64::from(step.blocks().num_device_blocks());
     // (rank, id, on device)
@@ -296,7 +339,7 @@ fn depart(step: &mut StepBuilder, ctx: &mut StepCtx, now: f64, decode_s: f64) {
         .map(|r| {
             let last = if ctx.scheduled.contains(&r.id) && r.placeholders > 0 { Some(next) } else { r.last_token_at };
             let on_device = r.phase != Phase::Rotated;
-            (rank(r, next, deadline(r, next, last), decode_s, on_device), r.id, on_device)
+            (rank(r, next, last, pace, on_device), r.id, on_device)
         })
         .collect();
     all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -335,7 +378,50 @@ fn depart(step: &mut StepBuilder, ctx: &mut StepCtx, now: f64, decode_s: f64) {
 
 #[cfg(test)]
 mod tests {
-    use super::Cadence;
+    use super::{rank, Cadence, Pace, LOST_PACE_SHARE, LOST_RETURN_STEPS};
+    use crate::config::Slo;
+    use crate::request::{RequestSpec, RequestState};
+
+    /// A punctual decode with `generated` tokens of 101 and `late` late gaps so far, its last
+    /// token at 10 s; objectives 1 s / 0.1 s (stall bound 0.5 s).
+    fn decode(generated: u32, late: u32) -> RequestState {
+        let spec = RequestSpec {
+            id: 1,
+            prompt_token_ids: vec![1; 16],
+            max_new_tokens: 101,
+            slo: None,
+            arrival: 9.0,
+            priority: 0,
+            kv_namespace: 0,
+        };
+        let mut r = RequestState::new(spec, 1, Slo::new(1.0, 0.1));
+        r.tokens.extend(std::iter::repeat(2).take(generated as usize));
+        r.num_computed = r.tokens.len() as u32 - 1;
+        r.last_token_at = Some(10.0);
+        r.late_gaps = late;
+        r
+    }
+
+    /// Off the device, a decode whose token would be late even brought back at once (a
+    /// time-shared step of 0.08 s from 10.05 s is past its 10.1 s deadline) sits out that late
+    /// gap at the lost pace, after the requests on the device, while its objective allows one
+    /// more late gap (10 of its 100 gaps at the 90th percentile); one still able to be on time,
+    /// one whose late gaps are spent, and one on the device keep their TBT deadline.
+    #[test]
+    fn a_decode_late_anyway_sits_out_its_late_gap_while_its_objective_allows() {
+        let pace = Pace { decode_s: 0.02, step_s: 0.08, late_share: 0.1 };
+        let late_anyway = rank(&decode(30, 9), 10.05, Some(10.0), pace, false);
+        let stall = Slo::new(1.0, 0.1).max_stall_s;
+        assert!(late_anyway.sits_out && late_anyway.idle);
+        assert!((late_anyway.deadline - (10.0 + LOST_PACE_SHARE * stall)).abs() < 1e-9);
+        // Due within its return horizon: back in the order of deadlines.
+        let due = rank(&decode(30, 9), 10.0 + LOST_PACE_SHARE * stall - 0.5 * LOST_RETURN_STEPS * 0.02, Some(10.0), pace, false);
+        assert!(!due.sits_out && !due.idle);
+        for (r, at, on_device) in [(decode(30, 0), 10.01, false), (decode(30, 10), 10.05, false), (decode(30, 0), 10.05, true)] {
+            let kept = rank(&r, at, Some(10.0), pace, on_device);
+            assert!(!kept.sits_out && !kept.idle && (kept.deadline - 10.1).abs() < 1e-9, "late {}, at {at}", r.late_gaps);
+        }
+    }
 
     /// The interval counts only between time-shared plans with a step's results between them:
     /// a pipelined plan (no results yet), the first plan after another mode's, and the first
