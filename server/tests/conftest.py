@@ -1,6 +1,7 @@
 """Shared fixtures of the shard tests: small random models of each architecture saved as
 Hugging Face directories (built with transformers' own classes), the embedded SmolLM2, and
 helpers that drive our model runner directly."""
+import importlib.util
 import json
 import pathlib
 
@@ -148,3 +149,12 @@ def make_executor(directory: pathlib.Path, device_blocks: int = 64, host_blocks:
     if warm:
         executor.warmup(shard_pb2.WarmupRequest(max_batch_tokens=128, max_batch_requests=8))
     return executor
+
+
+def load_script(name: str):
+    """A script of the repository's `scripts/` folder (not a package), loaded as a module."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,17 +1,10 @@
 """`scripts/evidence_tables.py`: the per-repetition figures it prints for a measured comparison."""
-import importlib.util
-from pathlib import Path
-
+from conftest import load_script
 from superinfer.bench.outcomes import Slo
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "evidence_tables.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("evidence_tables", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("evidence_tables")
 
 
 def _summary(both: float, p99: float) -> dict:
