@@ -258,7 +258,8 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64, caden
     for &(rank, id) in &candidates {
         let fit = match step.requests()[&id].phase {
             Phase::Running => step.schedule_running(ctx, id, 0),
-            Phase::Rotated if rank.sits_out => continue,
+            // Sits out only while others compute: on an idle device it pushes no one out.
+            Phase::Rotated if rank.sits_out && !ctx.plan.scheduled.is_empty() => continue,
             Phase::Rotated => {
                 let need = reactive::return_blocks(step, id, 1);
                 let free = u64::from(step.blocks().free_device());
