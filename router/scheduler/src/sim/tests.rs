@@ -392,3 +392,56 @@ fn time_sharing_admits_a_higher_class_on_its_own_demand() {
     let (high, low) = (ttft_ok(0), ttft_ok(1));
     assert!(high >= 0.85 && high >= low + 0.5, "first tokens on time: class 0 {high:.2}, class 1 {low:.2}");
 }
+
+/// Requests sharing the device under time-sharing, all due at once: three prompts admitted
+/// together compute in the same steps, so their next tokens share one deadline, and they reach
+/// a block boundary together with no block free. The request that lacks a block makes room with
+/// a request due after it — as late and newer counts, so the newest leaves for host and the
+/// others compute. When only a later deadline counted, no one could make room for anyone, the
+/// plan computed no one, and the deadlock breaker dropped the newest for recompute (it then
+/// waited for blocks past its stall bound).
+#[test]
+fn time_sharing_makes_room_among_requests_due_at_once() {
+    let requests =
+        (0..3).map(|_| SimRequest { arrival: 0.0, prompt_tokens: 32, max_new_tokens: 60, slo: None, priority: 0 }).collect();
+    // 16-token blocks: 3 blocks each at 48 positions fill the 9; the 49th needs a 10th.
+    let mut c = config(PolicyKind::RotaSched, 9, requests);
+    c.scheduler.rotasched.time_share = true;
+    // Objectives no victim has slack for a round trip under: the overload mode time-shares.
+    c.scheduler.default_slo = Slo::new(1.0, 0.03);
+    c.step_log = true;
+    let report = simulate(&c).expect("valid config");
+    assert_eq!(report.scheduler.recomputes, 0, "a request was dropped for recompute");
+    assert!(report.scheduler.rotations_in > 0, "the scenario overloads the device");
+    assert_gaps_within(&report, c.scheduler.default_slo.max_stall_s);
+}
+
+/// Every request finished, and none had a gap longer than `bound` plus the longest step
+/// (the step log must be on).
+fn assert_gaps_within(report: &crate::sim::SimReport, bound: f64) {
+    assert!(report.outcomes.iter().all(|o| o.finished), "stalled {}", report.stalled);
+    let longest_step = report.step_log.windows(2).map(|w| w[1].time - w[0].time).fold(0.0, f64::max);
+    for o in &report.outcomes {
+        let gap = o.max_gap_s.unwrap();
+        assert!(gap <= bound + longest_step, "longest gap {gap:.3} s, bound {bound} s + a step of {longest_step:.3} s");
+    }
+}
+
+/// Two long generations that do not both fit (one block short). A request on host due back by
+/// its stall bound, with no victim that memory would bring back within its own, used to wait for
+/// the other to end — seconds past its bound, on host beside a nearly empty pool. Such a return
+/// is overload: the device is time-shared, and both keep their stall bound.
+#[test]
+fn a_return_no_victim_can_make_room_for_is_time_shared() {
+    let requests = vec![
+        SimRequest { arrival: 0.0, prompt_tokens: 48, max_new_tokens: 200, slo: None, priority: 0 },
+        SimRequest { arrival: 1.0, prompt_tokens: 48, max_new_tokens: 180, slo: None, priority: 0 },
+    ];
+    // 16 and 15 blocks at their ends: 31 against a pool of 24.
+    let mut c = config(PolicyKind::RotaSched, 24, requests);
+    c.scheduler.rotasched.time_share = true;
+    c.scheduler.default_slo = Slo::new(1.0, 0.1);
+    c.step_log = true;
+    let report = simulate(&c).expect("valid config");
+    assert_gaps_within(&report, c.scheduler.default_slo.max_stall_s);
+}

@@ -47,7 +47,9 @@
 //! Under overload it serves steps as swap does (unless a request of a higher class waits on a
 //! lower class's memory, which swap's order would keep it waiting on): when the running
 //! requests cannot all grow and none has slack for a round trip (or the rotation budget is
-//! spent), or once a running request short of a block has pushed newer ones out
+//! spent), when a request on host is due back by its stall bound and the free blocks cannot take
+//! it (`return_stranded`: no victim memory brings back in time, so it would wait for the running
+//! requests to end), or once a running request short of a block has pushed newer ones out
 //! (`Walk::ForRequesterUnderOverload`), running requests come first, the newest is preempted on
 //! shortage and those rotated out return oldest first before any admission (one behind an oldest
 //! that cannot return yet comes back first where that does not delay it: `backfill.rs`), until
@@ -148,7 +150,8 @@ impl SchedulingPolicy for RotaSched {
         let mut planner = Planner::new(step, self.settings, step_s, self.reserve_blocks, rotation_budget_left, self.timing);
         if (!self.owed.is_empty() || planner.overloaded(ctx)) && !planner.priority_inversion() {
             // Overload: the running requests cannot all grow and none has slack for a round
-            // trip, or a running request already pushed newer ones out for want of such a
+            // trip, a return due by its stall bound does not fit the free blocks, or a running
+            // request already pushed newer ones out for want of such a
             // victim (`Walk::ForRequesterUnderOverload`). Until every request rotated out that
             // way is back, the device is time-shared by next-token deadline (`timeshare.rs`;
             // `time_share`, the default).

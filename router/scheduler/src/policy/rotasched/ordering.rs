@@ -2,7 +2,7 @@
 //! decodes that may park) behind the ones that cannot, and the late and parked classes last.
 
 use super::urgency::{Urgency, STALL_RETURN_STEPS};
-use super::Planner;
+use super::{reactive, Planner};
 use crate::request::Phase;
 use crate::step::StepCtx;
 
@@ -22,9 +22,28 @@ impl Planner<'_, '_> {
     }
 
     /// Overload: the running requests need more new blocks for their next tokens than are
-    /// free, and none of them has slack for a round trip (or the rotation budget is spent).
+    /// free, and none of them has slack for a round trip (or the rotation budget is spent); or a
+    /// request on host is due back by its stall bound and the free blocks cannot take it
+    /// (`return_stranded`).
     pub(super) fn overloaded(&self, ctx: &StepCtx) -> bool {
-        self.blocks_short_for_running() && self.rotation_victims(ctx, u64::MAX).is_empty()
+        (self.blocks_short_for_running() && self.rotation_victims(ctx, u64::MAX).is_empty()) || self.return_stranded(ctx)
+    }
+
+    /// A request on host within `STALL_RETURN_STEPS` steps of its stall bound for which the free
+    /// blocks do not suffice. This mode makes room only with victims that memory brings back
+    /// within their own bound (`back_within_stall_bound`); where none is, such a request would
+    /// wait for the running requests to end, for as long as they run — time-sharing brings it
+    /// back by its deadline and sends out whoever is due latest.
+    fn return_stranded(&self, ctx: &StepCtx) -> bool {
+        let horizon = ctx.now + STALL_RETURN_STEPS * self.step_s;
+        let free = u64::from(self.blocks().free_device());
+        self.requests().values().any(|r| {
+            r.phase == Phase::Rotated
+                && !r.doomed
+                && r.has_work()
+                && r.stall_deadline().is_some_and(|at| at <= horizon)
+                && reactive::return_blocks(self.step, r.id, 1) > free
+        })
     }
 
     /// Urgency order, except that running requests with slack to spare for a round trip (the

@@ -273,7 +273,7 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64, caden
             _ => continue,
         };
         if let Fit::NoBlocks(short) = fit {
-            make_room(step, ctx, short, rank.priority, rank.deadline, &mut leaving);
+            make_room(step, ctx, short, rank, &mut leaving);
         }
     }
     for id in leaving {
@@ -286,31 +286,35 @@ pub(super) fn plan(step: &mut StepBuilder, ctx: &mut StepCtx, step_s: f64, caden
 }
 
 /// Picks requests idle on the device (not computing this step yet) of the same or a lower class
-/// and due later than `after`, latest first, to leave until `short` blocks are on their way:
+/// and due after the `requester` (later, or as late and newer: requests computed in the same step
+/// share a deadline), latest first, to leave until `short` blocks are on their way:
 /// they leave at the end of planning (`leaving`), after computing in this step if they do, since
 /// their blocks are free only at the step's acknowledgement either way. Recomputed instead (at
 /// once) when the host has no room. The departures (`depart`) normally send such requests off
 /// after their last compute in the step before; this is for the returns and admissions they
 /// did not foresee.
-fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, priority: i32, after: f64, leaving: &mut Vec<u64>) {
+fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, requester: Rank, leaving: &mut Vec<u64>) {
     let now = ctx.now;
     let short = short.saturating_sub(ctx.release_credit);
     if short == 0 {
         return;
     }
-    let mut idle: Vec<(f64, u64)> = step
+    let after = (requester.deadline, requester.seq);
+    let nothing_computes = ctx.plan.scheduled.is_empty();
+    let mut idle: Vec<(f64, u64, u64)> = step
         .running_by_rank()
         .into_iter()
         .filter(|&id| step.evictable(ctx, id) && !leaving.contains(&id))
         .filter_map(|id| {
             let r = &step.requests()[&id];
             let at = deadline(r, now, r.last_token_at, false);
-            (r.last_token_at.is_some() && r.priority >= priority && at > after).then_some((at, id))
+            let later = at > after.0 || (at == after.0 && r.seq > after.1 && nothing_computes);
+            (r.last_token_at.is_some() && r.priority >= requester.priority && later).then_some((at, r.seq, id))
         })
         .collect();
-    idle.sort_by(|a, b| b.0.total_cmp(&a.0));
+    idle.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
     let mut freed = 0;
-    for (_, id) in idle {
+    for (_, _, id) in idle {
         if freed >= short {
             break;
         }
