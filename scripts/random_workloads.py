@@ -9,7 +9,9 @@ on `--profile`; `run` keeps each policy's attainment, gaps and throughput per wo
 joint attainment minus the best baseline's (points) and its p99 gap over that baseline's;
 `compare` reads two such files and prints, for each, the workloads where RotaSched is more than
 the suite's margin behind, those within the suite's p99 ratio, those within 5% of the best
-baseline's throughput, and the joint differences summed.
+baseline's throughput, and the joint differences summed; then the single-class workloads where a
+gap passed the stall bound and, in those with priority classes, class 0's first tokens on time
+and class 1's longest gaps.
 
     .venv/bin/python scripts/random_workloads.py run --first 0 --count 60 --out DIR
     .venv/bin/python scripts/random_workloads.py compare BEFORE/results.json AFTER/results.json
@@ -80,7 +82,15 @@ def simulate(index: int, profile: str) -> dict:
             "joint": summary["attainment"]["both"], "ttft": summary["attainment"]["ttft"],
             "tbt": summary["attainment"]["tbt"], "p99_gap_s": summary["tbt_s"]["p99"],
             "max_gap_s": summary["tbt_s"]["max"], "tokens_per_s": summary["throughput_tokens_per_s"],
+            # The share of requests none of whose gaps passed the stall bound.
+            "stall": summary["attainment"]["stall"],
         }
+        classes = summary.get("by_priority") or {}
+        if len(classes) > 1:
+            policies[run["series"]]["by_class"] = {
+                name: {"ttft": c["attainment"]["ttft"], "joint": c["attainment"]["both"],
+                       "stall": c["attainment"]["stall"], "max_gap_s": c["request_max_gap_s"]["max"]}
+                for name, c in classes.items()}
     return {"index": index, "flags": flags, "slo": report["slo"], "policies": policies}
 
 
@@ -125,7 +135,31 @@ def compare(args: argparse.Namespace) -> int:
               f"{sum(v['p99_gap_ratio'] <= P99_GAP_RATIO for v in verdicts)}; throughput within 5% in "
               f"{sum(v['throughput_ratio'] >= 0.95 for v in verdicts)}; joint - best summed "
               f"{sum(v['joint_minus_best'] for v in verdicts) * 100:+.0f} points")
+        print("  " + stall_and_classes([workloads[i] for i in common]))
     return 0
+
+
+def stall_and_classes(workloads: list[dict]) -> str:
+    """Where some request's gap passed its stall bound (RotaSched; the better baseline by that
+    measure), and in the runs with priority classes, class 0's first tokens on time and class 1's
+    longest gap. Empty for results written before these were kept."""
+    kept = [w for w in workloads if "stall" in w["policies"]["rotasched"]]
+    if not kept:
+        return "(no stall-bound figures in this file)"
+    single = [w for w in kept if "by_class" not in w["policies"]["rotasched"]]
+    broken = [w["index"] for w in single if w["policies"]["rotasched"]["stall"] < 1.0]
+    broken_baseline = [w["index"] for w in single if max(w["policies"][b]["stall"] for b in BASELINES) < 1.0]
+    text = (f"single-class: a gap past the stall bound in {len(broken)} of {len(single)} {broken} "
+            f"(the better baseline: {len(broken_baseline)})")
+    classed = [w["policies"]["rotasched"]["by_class"] for w in kept if "by_class" in w["policies"]["rotasched"]]
+    if classed:
+        high = sorted(c["0"]["ttft"] for c in classed)
+        lead = sorted(c["0"]["ttft"] - c["1"]["ttft"] for c in classed)
+        long_low = sum(c["1"]["max_gap_s"] > 5.0 for c in classed)
+        text += (f"; {len(classed)} with classes: class 0 first tokens on time median {high[len(high) // 2] * 100:.0f}%, "
+                 f"ahead of class 1 by {lead[len(lead) // 2] * 100:+.0f} points (median); class 1's longest gap "
+                 f"over 5 s in {long_low}")
+    return text
 
 
 def main(argv: list[str]) -> int:
