@@ -299,7 +299,6 @@ fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, requester: R
     if short == 0 {
         return;
     }
-    let after = (requester.deadline, requester.seq);
     let nothing_computes = ctx.plan.scheduled.is_empty();
     let mut idle: Vec<(f64, u64, u64)> = step
         .running_by_rank()
@@ -308,7 +307,7 @@ fn make_room(step: &mut StepBuilder, ctx: &mut StepCtx, short: u64, requester: R
         .filter_map(|id| {
             let r = &step.requests()[&id];
             let at = deadline(r, now, r.last_token_at, false);
-            let later = at > after.0 || (at == after.0 && r.seq > after.1 && nothing_computes);
+            let later = at > requester.deadline || (at == requester.deadline && r.seq > requester.seq && nothing_computes);
             (r.last_token_at.is_some() && r.priority >= requester.priority && later).then_some((at, r.seq, id))
         })
         .collect();
