@@ -112,8 +112,9 @@ async def one_generate(session, url: str, body: dict) -> tuple[int, float, bool]
 async def one_stream(session, url: str, body: dict) -> tuple[int, float, bool]:
     started = time.monotonic()
     outcome = await read_stream(session, url, body, None)
-    # A stream always answers 200; the limit is reported as an error event at once.
-    return 200, time.monotonic() - started, outcome in ("final", "error")
+    # Past the limit a stream is refused before it starts: 429 at once, as /generate is.
+    status = int(outcome.split()[1]) if outcome.startswith("status ") else 200
+    return status, time.monotonic() - started, outcome in ("final", "error")
 
 
 @pytest.fixture(scope="module")

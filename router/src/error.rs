@@ -122,13 +122,20 @@ impl HttpError {
     }
 }
 
-impl IntoResponse for HttpError {
-    fn into_response(self) -> Response {
+impl HttpError {
+    /// The error as a response: its status, TGI's body and `Retry-After` when known.
+    pub fn response(&self) -> Response {
         let mut response = (self.status(), Json(self.body())).into_response();
         if let Some(seconds) = self.retry_after_s() {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
         }
         response
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        self.response()
     }
 }
 

@@ -60,7 +60,7 @@ pub(crate) async fn generate_stream(
     State(state): State<Arc<AppState>>,
     JsonBody(request): JsonBody<GenerateRequest>,
 ) -> Response {
-    stream_response(state, request, "/generate_stream", Instant::now())
+    stream_response(state, request, "/generate_stream", Instant::now()).await
 }
 
 /// TGI's compat route: `stream` chooses; the non-streamed answer is a one-element array.
@@ -85,7 +85,7 @@ pub(crate) async fn compat_generate(
 ) -> Response {
     let arrival = Instant::now();
     if request.stream {
-        return stream_response(state, request.into(), "/", arrival);
+        return stream_response(state, request.into(), "/", arrival).await;
     }
     let log = RequestLog::start("/", arrival);
     match generate_response(&state, request.into(), &log).await {
@@ -234,8 +234,9 @@ fn to_response(
     }
 }
 
-/// Answers with SSE at once; validation and engine errors arrive as an error event.
-fn stream_response(
+/// Answers with SSE once the engine took the request; validation and engine errors arrive as an
+/// error event, a refusal before the engine took it as its own status (`sse_response`).
+async fn stream_response(
     state: Arc<AppState>,
     request: GenerateRequest,
     route: &'static str,
@@ -248,11 +249,14 @@ fn stream_response(
             let log = RequestLog::start(route, arrival);
             if let Err(error) = run_stream(&state, request, &log, &sender).await {
                 log.failed(&error);
-                sender.send_json(&error.body()).await;
+                if !sender.refuse(&error) {
+                    sender.send_json(&error.body()).await;
+                }
             }
         }
         .instrument(span)
     })
+    .await
 }
 
 #[tracing::instrument(
@@ -286,6 +290,7 @@ async fn run_stream(
     let seed = valid.parameters.sampling.seed;
     let stream = state.engine.submit(valid.engine_request(None))?;
     log.submitted(&valid, &stream);
+    sender.open();
     let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
     loop {
         let event = tokio::select! {

@@ -77,7 +77,7 @@ pub(crate) async fn chat_completions(
         // Tools come with one choice: one call to follow.
         let call = calls_tools.then(|| Mutex::new(CallStream::default()));
         let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| chat_chunk(identity, update, call.as_ref());
-        return openai_stream(state, headers, plan, Arc::new(chunk));
+        return openai_stream(state, headers, plan, Arc::new(chunk)).await;
     }
     let log = RequestLog::start(CHAT_ROUTE, arrival);
     let result = async {
@@ -166,7 +166,7 @@ pub(crate) async fn completions(
             arrival,
             choices_per_prompt: request.sampling.choices() as usize,
         };
-        return openai_stream(state, headers, plan, Arc::new(completion_chunk));
+        return openai_stream(state, headers, plan, Arc::new(completion_chunk)).await;
     }
     let log = RequestLog::start(COMPLETIONS_ROUTE, arrival);
     let result = async {

@@ -103,8 +103,9 @@ pub(crate) struct StreamPlan {
     pub choices_per_prompt: usize,
 }
 
-/// Answers with SSE at once and runs every prompt as one choice of the stream.
-pub(crate) fn openai_stream(
+/// Runs every prompt as one choice of the stream; answers with SSE once the engine took a
+/// choice, or with the refusal met before (`sse_response`).
+pub(crate) async fn openai_stream(
     state: Arc<AppState>,
     headers: HeaderMap,
     plan: StreamPlan,
@@ -159,6 +160,7 @@ pub(crate) fn openai_stream(
         }
         .instrument(span)
     })
+    .await
 }
 
 fn usage_chunk(identity: &ResponseIdentity, usage: Usage) -> serde_json::Value {
@@ -197,7 +199,9 @@ async fn run_choice(
         Ok(usage) => Ok(usage),
         Err(error) => {
             log.failed(&error);
-            shared.sender.send_json(&error.openai_stream_body()).await;
+            if !shared.sender.refuse(&error) {
+                shared.sender.send_json(&error.openai_stream_body()).await;
+            }
             Err(())
         }
     }
@@ -231,6 +235,7 @@ async fn stream_choice(
     let seed = valid.parameters.sampling.seed;
     let stream = state.engine.submit(valid.engine_request(None))?;
     log.submitted(&valid, &stream);
+    sender.open();
     let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
     loop {
         let event = tokio::select! {

@@ -1,14 +1,21 @@
 //! Server-sent events: a producer task writes events into a bounded channel that the response
 //! body drains. The task notices a closed connection (`EventSender::closed`) and returns,
 //! dropping its engine stream, which cancels the request in the engine.
+//!
+//! The response's head waits until the stream opens: its first event, or the producer's
+//! `open` once the engine took the request. A refusal before that (the concurrency limit, SLO
+//! admission, a draining or recovering engine) answers with its own status (429 or 503, with
+//! `Retry-After` when known) instead of 200 and an error event, so a client or a router in
+//! front can retry it elsewhere. Other errors stay events of a 200 stream, as TGI sends them.
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Mutex;
 
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
@@ -16,13 +23,43 @@ use tokio_stream::StreamExt;
 /// applies back-pressure instead of buffering a whole generation.
 const EVENT_BUFFER: usize = 32;
 
+use crate::error::HttpError;
+
 pub(crate) struct EventSender {
     events: mpsc::Sender<Event>,
+    /// Until the stream opens: the head of the response, `None` for the stream's own.
+    opening: Mutex<Option<oneshot::Sender<Option<Response>>>>,
 }
 
 impl EventSender {
+    /// Answers with the stream's head (200); later events follow it. Called once the engine
+    /// took the request, so that a refusal after it is an event.
+    pub fn open(&self) {
+        if let Some(opening) = self.opening.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+            let _ = opening.send(None);
+        }
+    }
+
+    /// Answers with `error`'s own status instead of a stream when the stream has not opened and
+    /// the error is a refusal to retry (429, 503); true then. False otherwise: the caller sends
+    /// it as an event.
+    pub fn refuse(&self, error: &HttpError) -> bool {
+        let retryable = matches!(error.status().as_u16(), 429 | 503);
+        if !retryable {
+            return false;
+        }
+        match self.opening.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+            Some(opening) => {
+                let _ = opening.send(Some(error.response()));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Sends `data:<json>`; false when the client has gone.
     pub async fn send_json<T: Serialize>(&self, value: &T) -> bool {
+        self.open();
         match Event::default().json_data(value) {
             Ok(event) => self.events.send(event).await.is_ok(),
             Err(error) => {
@@ -34,6 +71,7 @@ impl EventSender {
 
     /// Sends `data:<text>` verbatim (the OpenAI routes' `[DONE]`).
     pub async fn send_text(&self, text: &str) -> bool {
+        self.open();
         self.events.send(Event::default().data(text)).await.is_ok()
     }
 
@@ -43,14 +81,20 @@ impl EventSender {
     }
 }
 
-/// Starts `produce` on its own task and answers with the events it sends (status 200).
-pub(crate) fn sse_response<F, Fut>(headers: HeaderMap, produce: F) -> Response
+/// Starts `produce` on its own task and answers, once the stream opens, with the events it
+/// sends (status 200), or with the refusal it met before (see the module's comment).
+pub(crate) async fn sse_response<F, Fut>(headers: HeaderMap, produce: F) -> Response
 where
     F: FnOnce(EventSender) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (events, receiver) = mpsc::channel(EVENT_BUFFER);
-    tokio::spawn(produce(EventSender { events }));
+    let (opening, opened) = oneshot::channel();
+    tokio::spawn(produce(EventSender { events, opening: Mutex::new(Some(opening)) }));
+    // A producer that ends without an event leaves an empty stream.
+    if let Ok(Some(refusal)) = opened.await {
+        return refusal;
+    }
     let stream = ReceiverStream::new(receiver).map(Ok::<Event, Infallible>);
     (headers, Sse::new(stream).keep_alive(KeepAlive::default())).into_response()
 }

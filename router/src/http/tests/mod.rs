@@ -444,6 +444,19 @@ async fn requests_over_the_concurrency_limit_get_429_at_once() {
     let chat = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1});
     let (status, _, _) = send(&app, post("/v1/chat/completions", &chat)).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // A stream refused before it starts answers with the status too, not 200 and an error
+    // event, so a client or a router in front can retry it elsewhere.
+    let (status, headers, text) = send(&app, post("/generate_stream", &json!({"inputs": "x"}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"error": "Model is overloaded", "error_type": "overloaded"})
+    );
+    let chat_stream = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "stream": true});
+    assert_eq!(send(&app, post("/v1/chat/completions", &chat_stream)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    let compat = json!({"inputs": "x", "stream": true});
+    assert_eq!(send(&app, post("/", &compat)).await.0, StatusCode::TOO_MANY_REQUESTS);
     drop(held);
     // The closed stream releases its permit (noticed asynchronously) and cancels its request,
     // which the shard forgets with the next step.
@@ -574,9 +587,25 @@ async fn slo_admission_refuses_what_cannot_meet_its_first_token_objective() {
     let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
         "slo": {"ttft_ms": 1, "tbt_ms": 100}});
     assert_eq!(send(&app, post("/v1/chat/completions", &chat)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // Streams are refused the same way, before their head, so that a router can retry them.
+    for (path, body) in [
+        ("/generate_stream", hopeless.clone()),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "stream": true, "slo": {"ttft_ms": 1, "tbt_ms": 100}})),
+        ("/v1/completions", json!({"prompt": ["Hi", "Hello"], "max_tokens": 2, "stream": true,
+            "slo": {"ttft_ms": 1, "tbt_ms": 100}})),
+    ] {
+        let (status, headers, text) = send(&app, post(path, &body)).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{path}: {text}");
+        assert!(headers["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1, "{path}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error_type"], "overloaded", "{path}");
+    }
     // A reachable objective is admitted and served.
     let fine = json!({"inputs": "Hello", "parameters": {"max_new_tokens": 2, "priority": -1,
         "slo": {"ttft_ms": 60000, "tbt_ms": 1000, "max_stall_ms": 5000}}});
     let (status, _, text) = send(&app, post("/generate", &fine)).await;
     assert_eq!(status, StatusCode::OK, "{text}");
+    let (status, _, text) = send(&app, post("/generate_stream", &fine)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(sse_data(&text).last().unwrap()["generated_text"].is_string(), "{text}");
 }
