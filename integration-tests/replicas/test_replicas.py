@@ -201,11 +201,16 @@ def test_a_refused_request_spills_over_to_another_replica(replicas, router_logs)
         responses = run_concurrently(12, 3, lambda: chat(url, {**CHAT, "slo": TIGHT_SLO}))
         assert [r.status_code for r in responses] == [200] * 12, [r.text for r in responses if r.status_code != 200][:3]
         assert all(r.json()["choices"][0]["message"]["content"] for r in responses)
-        served = [success_count(r) - b for r, b in zip(replicas, served_before)]
+        # Streams too: the replica refuses one before it starts, with 429 rather than 200 and an
+        # error event, so the router retries it.
         refused = refusing.metric("superinfer_admission_refused_total") - refused_before
+        streamed = run_concurrently(6, 3, lambda: stream_chat(url, 4, extra={"slo": TIGHT_SLO}))
+        assert streamed == [None] * 6, streamed
+        served = [success_count(r) - b for r, b in zip(replicas, served_before)]
+        refused_streams = refusing.metric("superinfer_admission_refused_total") - refused_before - refused
     # Round robin sent a third of them to the refusing replica first; all were answered elsewhere.
-    assert served[2] == 0 and served[0] + served[1] == 12, served
-    assert refused >= 1, refused
+    assert served[2] == 0 and served[0] + served[1] == 18, served
+    assert refused >= 1 and refused_streams >= 1, (refused, refused_streams)
 
 
 def test_tgi_and_openai_routes_through_the_router(replicas, router_logs):
@@ -235,11 +240,11 @@ def test_tgi_and_openai_routes_through_the_router(replicas, router_logs):
         assert [line for line in response.iter_lines() if line][-1] == b"data: [DONE]"
 
 
-def stream_chat(url: str, max_tokens: int, answered=lambda: None) -> str | None:
-    """A streamed chat completion; None when it completed (a finish reason, then [DONE]), else
-    what went wrong. `answered` is called once the response headers came, or the request failed
-    without them."""
-    body = {**CHAT, "max_tokens": max_tokens, "stream": True}
+def stream_chat(url: str, max_tokens: int, answered=lambda: None, extra: dict | None = None) -> str | None:
+    """A streamed chat completion (`extra` added to its body); None when it completed (a finish
+    reason, then [DONE]), else what went wrong. `answered` is called once the response headers
+    came, or the request failed without them."""
+    body = {**CHAT, "max_tokens": max_tokens, "stream": True, **(extra or {})}
     try:
         try:
             response = requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=120)
