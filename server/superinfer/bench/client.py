@@ -68,10 +68,10 @@ def _handle_event(api: Api, event: dict, record: RequestRecord, now: float) -> b
     if "error" in event:
         error = event["error"]
         record.error = error.get("message", str(error)) if isinstance(error, dict) else str(error)
-        # On the streaming routes a refusal (429 on the others: `--admission slo`, a queue
-        # time-out) arrives as an error event after a 200: TGI's `error_type` "overloaded",
-        # OpenAI's `http_status_code` 429. Before any token it is the server shedding the
-        # request, not a failure.
+        # A refusal after a stream started (a queue time-out; from TGI, any refusal) arrives as
+        # an error event after a 200: TGI's `error_type` "overloaded", OpenAI's
+        # `http_status_code` 429. (SuperInfer answers one before the start with the 429 itself.)
+        # Before any token it is the server shedding the request, not a failure.
         overloaded = (event.get("error_type") == "overloaded"
                       or (isinstance(error, dict) and error.get("http_status_code") == 429))
         record.refused = overloaded and not record.token_times
