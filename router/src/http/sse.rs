@@ -19,11 +19,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
+use crate::error::HttpError;
+
 /// Events in flight between the producer and the connection; small so that a slow client
 /// applies back-pressure instead of buffering a whole generation.
 const EVENT_BUFFER: usize = 32;
-
-use crate::error::HttpError;
 
 pub(crate) struct EventSender {
     events: mpsc::Sender<Event>,
