@@ -113,6 +113,12 @@ impl HttpError {
 }
 
 impl HttpError {
+    /// The server refuses the request for now (its load, a drain or a recovery), not for what it
+    /// asks: a client or a router may retry it, here later or elsewhere.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, HttpError::Overloaded | HttpError::SloOverloaded { .. } | HttpError::Unavailable(_))
+    }
+
     /// Seconds after which a retry may succeed here (the `Retry-After` header), when known.
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {

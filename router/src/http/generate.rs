@@ -249,9 +249,7 @@ async fn stream_response(
             let log = RequestLog::start(route, arrival);
             if let Err(error) = run_stream(&state, request, &log, &sender).await {
                 log.failed(&error);
-                if !sender.refuse(&error) {
-                    sender.send_json(&error.body()).await;
-                }
+                sender.fail(&error, &error.body()).await;
             }
         }
         .instrument(span)

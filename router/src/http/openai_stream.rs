@@ -199,9 +199,7 @@ async fn run_choice(
         Ok(usage) => Ok(usage),
         Err(error) => {
             log.failed(&error);
-            if !shared.sender.refuse(&error) {
-                shared.sender.send_json(&error.openai_stream_body()).await;
-            }
+            shared.sender.fail(&error, &error.openai_stream_body()).await;
             Err(())
         }
     }

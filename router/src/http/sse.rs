@@ -40,21 +40,17 @@ impl EventSender {
         }
     }
 
-    /// Answers with `error`'s own status instead of a stream when the stream has not opened and
-    /// the error is a refusal to retry (429, 503); true then. False otherwise: the caller sends
-    /// it as an event.
-    pub fn refuse(&self, error: &HttpError) -> bool {
-        let retryable = matches!(error.status().as_u16(), 429 | 503);
-        if !retryable {
-            return false;
-        }
-        match self.opening.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
-            Some(opening) => {
+    /// Ends the stream with `error`: answered with its own status instead of a stream when it is
+    /// a refusal (`HttpError::is_refusal`) and the stream has not opened; sent as `event` (the
+    /// route's error shape) otherwise.
+    pub async fn fail<T: Serialize>(&self, error: &HttpError, event: &T) {
+        if error.is_refusal() {
+            if let Some(opening) = self.opening.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
                 let _ = opening.send(Some(error.response()));
-                true
+                return;
             }
-            None => false,
         }
+        self.send_json(event).await;
     }
 
     /// Sends `data:<json>`; false when the client has gone.
