@@ -83,10 +83,11 @@ def test_a_stall_fails_the_streams_in_flight_within_the_deadline_then_recovers(s
     try:
         for stream in streams:
             assert stream.join(STEP_TIMEOUT_S + 30), "a stream hung on a stopped shard"
-        # Refused while recovering, with TGI's shape, at once.
+        # Refused while recovering, with TGI's shape, at once, and when to retry (the next probe).
         refused = generate(server.url, {}, timeout_s=10)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error_type"] == "unavailable"
+        assert refused.headers["retry-after"] == "1", refused.headers
         assert health(server.url, timeout_s=5) == 503
     finally:
         send(shard, signal.SIGCONT)
@@ -105,8 +106,16 @@ def test_sigterm_lets_the_streams_in_flight_finish_and_exits_zero(server):
                for i in range(16)]
     assert wait_for(lambda: server.metric("superinfer_engine_requests") == 16, timeout_s=60)
     server.process.send_signal(signal.SIGTERM)
-    # Draining: new requests are refused with 503 while the 16 run on.
-    assert wait_for(lambda: generate(server.url, {}, timeout_s=10).status_code == 503, timeout_s=10)
+    # Draining: new requests are refused with 503 while the 16 run on, with no time to retry
+    # here (the server is going away).
+    last = {}
+
+    def refused() -> bool:
+        last["response"] = generate(server.url, {}, timeout_s=10)
+        return last["response"].status_code == 503
+
+    assert wait_for(refused, timeout_s=10)
+    assert "retry-after" not in last["response"].headers, last["response"].headers
     for stream in streams:
         assert stream.join(300), "a stream did not end"
         assert stream.final is not None, (stream.error, stream.failure, stream.tokens)

@@ -27,9 +27,10 @@ pub enum HttpError {
     Incomplete,
     #[error("unhealthy: {0}")]
     Unhealthy(String),
-    /// The server cannot take the request now (shard recovering, or shutting down); retry.
-    #[error("Service unavailable: {0}")]
-    Unavailable(String),
+    /// The server cannot take the request now (shard recovering, or shutting down); retry, with
+    /// `Retry-After` when it will be back here.
+    #[error("Service unavailable: {message}")]
+    Unavailable { message: String, retry_after_s: Option<u64> },
     #[error("Unauthorized")]
     Unauthorized,
     #[error("Payload too large: the request body is over {0} bytes")]
@@ -46,11 +47,12 @@ pub enum HttpError {
 impl From<EngineError> for HttpError {
     fn from(error: EngineError) -> Self {
         match error {
-            EngineError::Unavailable(_) | EngineError::Draining => HttpError::Unavailable(error.to_string()),
-            EngineError::SloUnreachable { retry_after_s, .. } => {
-                HttpError::SloOverloaded { message: error.to_string(), retry_after_s: Some(retry_after_s) }
+            EngineError::Unavailable(_) | EngineError::Draining => {
+                HttpError::Unavailable { message: error.to_string(), retry_after_s: error.retry_after_s() }
             }
-            EngineError::QueueTimeout { .. } => HttpError::SloOverloaded { message: error.to_string(), retry_after_s: None },
+            EngineError::SloUnreachable { .. } | EngineError::QueueTimeout { .. } => {
+                HttpError::SloOverloaded { message: error.to_string(), retry_after_s: error.retry_after_s() }
+            }
             other => HttpError::Generation(other.to_string()),
         }
     }
@@ -73,7 +75,7 @@ impl HttpError {
             HttpError::Generation(_) => StatusCode::FAILED_DEPENDENCY,
             HttpError::Overloaded | HttpError::SloOverloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             HttpError::Incomplete | HttpError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            HttpError::Unhealthy(_) | HttpError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            HttpError::Unhealthy(_) | HttpError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             HttpError::Unauthorized => StatusCode::UNAUTHORIZED,
             HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         }
@@ -90,7 +92,7 @@ impl HttpError {
             HttpError::Overloaded | HttpError::SloOverloaded { .. } => "overloaded",
             HttpError::Incomplete => "incomplete_generation",
             HttpError::Unhealthy(_) => "healthcheck",
-            HttpError::Unavailable(_) => "unavailable",
+            HttpError::Unavailable { .. } => "unavailable",
             HttpError::Unauthorized => "unauthorized",
             HttpError::PayloadTooLarge(_) => "payload_too_large",
             HttpError::Metrics(_) => "metrics",
@@ -116,13 +118,13 @@ impl HttpError {
     /// The server refuses the request for now (its load, a drain or a recovery), not for what it
     /// asks: a client or a router may retry it, here later or elsewhere.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, HttpError::Overloaded | HttpError::SloOverloaded { .. } | HttpError::Unavailable(_))
+        matches!(self, HttpError::Overloaded | HttpError::SloOverloaded { .. } | HttpError::Unavailable { .. })
     }
 
     /// Seconds after which a retry may succeed here (the `Retry-After` header), when known.
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
-            HttpError::SloOverloaded { retry_after_s, .. } => *retry_after_s,
+            HttpError::SloOverloaded { retry_after_s, .. } | HttpError::Unavailable { retry_after_s, .. } => *retry_after_s,
             _ => None,
         }
     }
@@ -170,7 +172,7 @@ mod tests {
             (HttpError::Overloaded, 429, "overloaded"),
             (HttpError::Incomplete, 500, "incomplete_generation"),
             (HttpError::Unhealthy("down".into()), 503, "healthcheck"),
-            (HttpError::Unavailable("draining".into()), 503, "unavailable"),
+            (HttpError::Unavailable { message: "draining".into(), retry_after_s: None }, 503, "unavailable"),
             (HttpError::Unauthorized, 401, "unauthorized"),
             (HttpError::PayloadTooLarge(10), 413, "payload_too_large"),
             (
@@ -213,5 +215,11 @@ mod tests {
         for refused in [EngineError::Draining, EngineError::Unavailable("step timed out".into())] {
             assert_eq!(HttpError::from(refused).status(), StatusCode::SERVICE_UNAVAILABLE);
         }
+        // A recovering shard is probed again within a second: a retry then may succeed here. A
+        // draining server will not take it again.
+        let recovering = HttpError::from(EngineError::Unavailable("step timed out".into())).response();
+        assert_eq!(recovering.headers()[axum::http::header::RETRY_AFTER], "1");
+        let draining = HttpError::from(EngineError::Draining).response();
+        assert!(draining.headers().get(axum::http::header::RETRY_AFTER).is_none());
     }
 }

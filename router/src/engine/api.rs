@@ -166,3 +166,16 @@ pub enum EngineError {
     #[error("the request waited {waited_ms} ms in the queue without starting, past its first-token objective and the queue time-out")]
     QueueTimeout { waited_ms: u64 },
 }
+
+impl EngineError {
+    /// Seconds after which a retry may succeed here, when known: a refusal during recovery (the
+    /// next probe) or by SLO admission (its own estimate). A draining server will not take it
+    /// again, and the others fail for the request itself.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            EngineError::Unavailable(_) => Some(super::recovery::recovery_retry_after_s()),
+            EngineError::SloUnreachable { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
+        }
+    }
+}

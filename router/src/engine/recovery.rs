@@ -19,6 +19,12 @@ use crate::client::ClientError;
 
 /// Pause between probes of a failed shard.
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The `Retry-After` of a request refused while the shard recovers: the next probe, in whole
+/// seconds (a retry sooner finds the same state).
+pub(crate) fn recovery_retry_after_s() -> u64 {
+    PROBE_INTERVAL.as_secs_f64().ceil().max(1.0) as u64
+}
 /// The default step deadline is this many times the step's predicted duration...
 const STEP_DEADLINE_FACTOR: f64 = 20.0;
 /// ...but never shorter than this (a loaded machine, a first CUDA graph, a large prefill)...

@@ -1,6 +1,8 @@
 //! The streamed form of the OpenAI routes: one chunk per generated token for each choice,
 //! then the usage chunk when asked (`stream_options.include_usage`), then `data: [DONE]`.
-//! Errors end the stream with OpenAI's stream error shape (status stays 200).
+//! A choice's error is an event in OpenAI's stream error shape (status stays 200; a refusal
+//! before the stream opens answers with its own status, `sse_response`); the other choices run
+//! to their end and the stream still ends with `data: [DONE]`, without the usage chunk.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -139,22 +141,30 @@ pub(crate) async fn openai_stream(
                 run_choice(shared, choice, prompt)
             });
             let results = join_all(choices).await;
-            let mut usage = Usage::new(0, 0);
+            let mut usage = Some(Usage::new(0, 0));
             for (index, result) in results.into_iter().enumerate() {
                 match result {
                     Ok(Some(choice_usage)) => {
                         let first_choice = index % choices_per_prompt.max(1) == 0;
-                        usage = Usage::new(
-                            usage.prompt_tokens + if first_choice { choice_usage.prompt_tokens } else { 0 },
-                            usage.completion_tokens + choice_usage.completion_tokens,
-                        )
+                        usage = usage.map(|usage| {
+                            Usage::new(
+                                usage.prompt_tokens + if first_choice { choice_usage.prompt_tokens } else { 0 },
+                                usage.completion_tokens + choice_usage.completion_tokens,
+                            )
+                        });
                     }
-                    // The client left, or the choice failed and reported its error.
-                    Ok(None) | Err(()) => return,
+                    // The client left.
+                    Ok(None) => return,
+                    // The choice reported its error; the others ran to their end. The stream still
+                    // ends with `[DONE]` (as OpenAI's routes do after an error event), without
+                    // usage, which would count only part of the request.
+                    Err(()) => usage = None,
                 }
             }
-            if include_usage && !sender.send_json(&usage_chunk(&identity, usage)).await {
-                return;
+            if let Some(usage) = usage.filter(|_| include_usage) {
+                if !sender.send_json(&usage_chunk(&identity, usage)).await {
+                    return;
+                }
             }
             sender.send_text("[DONE]").await;
         }

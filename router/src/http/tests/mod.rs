@@ -238,7 +238,8 @@ async fn stream_errors_are_events_with_status_200() {
     assert_eq!(
         sse_data(&body),
         vec![
-            json!({"error": {"message": "Input validation error: `top_p` must be > 0.0 and < 1.0", "http_status_code": 422}})
+            json!({"error": {"message": "Input validation error: `top_p` must be > 0.0 and < 1.0", "http_status_code": 422}}),
+            json!("[DONE]")
         ]
     );
 }
@@ -350,7 +351,8 @@ async fn values_the_engine_cannot_represent_are_422() {
     assert_eq!(
         sse_data(&text),
         vec![
-            json!({"error": {"message": "Input validation error: `prompt` must hold at least one prompt", "http_status_code": 422}})
+            json!({"error": {"message": "Input validation error: `prompt` must hold at least one prompt", "http_status_code": 422}}),
+            json!("[DONE]")
         ]
     );
     let (status, _, text) = send(

@@ -87,6 +87,33 @@ async fn completions_stream_interleaves_choices_and_ends_once() {
     assert_eq!(events[events.len() - 2]["usage"]["completion_tokens"], 6);
 }
 
+/// One choice failing does not cut the others short, and the stream still ends with `[DONE]`
+/// (clients that time a request by it, and OpenAI's own, expect it), without a usage chunk that
+/// would count only part of the request.
+#[tokio::test]
+async fn a_failed_choice_reports_its_error_and_the_stream_still_ends_with_done() {
+    let (app, _) = app(HttpConfig { max_input_tokens: 8, max_total_tokens: 16, ..HttpConfig::default() }).await;
+    let body = json!({"prompt": ["a", "a b c d e f g h i j k"], "max_tokens": 3, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = sse_data(&text);
+    assert_eq!(events.last().unwrap(), "[DONE]", "{text}");
+    assert_eq!(events.iter().filter(|event| *event == "[DONE]").count(), 1);
+    let errors: Vec<&Value> = events.iter().filter(|event| event.get("error").is_some()).collect();
+    assert_eq!(errors.len(), 1, "{text}");
+    assert_eq!(errors[0]["error"]["http_status_code"], 422);
+    let first: Vec<&Value> = events
+        .iter()
+        .filter_map(|event| event["choices"].as_array())
+        .flatten()
+        .filter(|choice| choice["index"] == 0)
+        .collect();
+    assert_eq!(first.len(), 3, "{text}");
+    assert_eq!(first[2]["finish_reason"], "length");
+    assert!(events.iter().all(|event| event.get("usage").map_or(true, Value::is_null)), "{text}");
+}
+
 #[tokio::test]
 async fn a_template_that_does_not_compile_disables_chat_only() {
     let (app, _) = app_with_template(HttpConfig::default(), "{% for %}".into()).await;
