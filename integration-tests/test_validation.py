@@ -115,6 +115,12 @@ def test_openai_routes_validate(guarded):
     assert json.loads(lines[0][5:]) == {
         "error": {"message": "Input validation error: `top_p` must be > 0.0 and < 1.0", "http_status_code": 422}
     }
+    # The stream still ends with [DONE], as OpenAI's routes do after an error; OpenAI's own client
+    # raises the error event.
+    assert lines[-1][5:].strip() == "[DONE]", lines
+    with pytest.raises(openai.APIError, match="top_p"):
+        list(client.chat.completions.create(model="tgi", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                            top_p=5))
     response = post(guarded, "/v1/completions", {"prompt": ["a", "b", "c"], "max_tokens": 1})
     assert response.status_code == 422
     assert response.json() == validation_error("`prompt` supports up to 2 prompts. Given: 3")
