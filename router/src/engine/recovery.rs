@@ -25,6 +25,7 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 pub(crate) fn recovery_retry_after_s() -> u64 {
     PROBE_INTERVAL.as_secs_f64().ceil().max(1.0) as u64
 }
+
 /// The default step deadline is this many times the step's predicted duration...
 const STEP_DEADLINE_FACTOR: f64 = 20.0;
 /// ...but never shorter than this (a loaded machine, a first CUDA graph, a large prefill)...
