@@ -2,7 +2,8 @@
 results: per rate and policy, median [range] over the repetitions (or seeds) of first-token and
 joint attainment, p99 and longest gap and output throughput (or goodput); for a measured
 comparison also TBT attainment, the p99 first token and goodput, RotaSched's joint attainment minus the best
-baseline's and its p99 gap over that baseline's per repetition, and its requests with a gap past
+baseline's, its p99 gap over that baseline's and its output throughput against the faster
+baseline's per repetition, and its requests with a gap past
 the suite's p99 ratio (how many of them lost their first token).
 
     .venv/bin/python scripts/evidence_tables.py docs/results/evidence/2026-12-03/azure/compare.json
@@ -58,7 +59,7 @@ def measured(document: dict) -> None:
         print(f"rate {rate:g}: TBT ok / p99 first token (s) / goodput (req/s): {'; '.join(cells)}")
         if not any(p != "rotasched" for p in document["policies"]):
             continue
-        diffs, ratios, above = [], [], []
+        diffs, ratios, above, gaps, throughput = [], [], [], [], []
         for repetition in sorted({r["repetition"] for r in runs if r["rate"] == rate}):
             same = {r["series"]: r for r in runs if r["rate"] == rate and r["repetition"] == repetition}
             if any(p not in same for p in document["policies"]):
@@ -68,10 +69,15 @@ def measured(document: dict) -> None:
                        key=lambda s: s["attainment"]["both"])
             diffs.append((ours["attainment"]["both"] - best["attainment"]["both"]) * 100)
             ratios.append(ours["tbt_s"]["p99"] / best["tbt_s"]["p99"])
+            gaps.append((ours["tbt_s"]["p99"], best["tbt_s"]["p99"]))
+            faster = max(same[p]["summary"]["throughput_tokens_per_s"] for p in document["policies"] if p != "rotasched")
+            throughput.append((ours["throughput_tokens_per_s"] / faster - 1.0) * 100)
             above.append(_above_ratio(same["rotasched"].get("requests", []), P99_GAP_RATIO * best["tbt_s"]["p99"],
                                       Slo(**slo)))
         print(f"rate {rate:g}: RotaSched joint − best baseline's per repetition: "
-              f"{', '.join(f'{d:+.0f}' for d in diffs)}; p99 gap ratio: {', '.join(f'{r:.2f}' for r in ratios)}")
+              f"{', '.join(f'{d:+.0f}' for d in diffs)}; p99 gap ratio: {', '.join(f'{r:.2f}' for r in ratios)} "
+              f"({', '.join(f'{a:.2f} / {b:.2f} s' for a, b in gaps)}); output tokens/s against the faster baseline: "
+              f"{', '.join(f'{t:+.0f}%' for t in throughput)}")
         print(f"rate {rate:g}: RotaSched's requests with a gap above {P99_GAP_RATIO:g}× the best baseline's p99 gap, "
               f"per repetition, first token lost / all: {', '.join(f'{lost}/{n}' for lost, n in above)}")
 

@@ -157,9 +157,12 @@ def stall_and_classes(workloads: list[dict]) -> str:
         high = statistics.median(c["0"]["ttft"] for c in classed)
         lead = statistics.median(c["0"]["ttft"] - c["1"]["ttft"] for c in classed)
         long_low = sum(c["1"]["max_gap_s"] > 5.0 for c in classed)
+        high_joint = sum(c["0"]["joint"] for c in classed)
+        low_within = sum(c["1"]["stall"] for c in classed)
         text += (f"; {len(classed)} with classes: class 0 first tokens on time median {high * 100:.0f}%, "
                  f"ahead of class 1 by {lead * 100:+.0f} points (median); class 1's longest gap "
-                 f"over 5 s in {long_low}")
+                 f"over 5 s in {long_low}; summed over them, class 0's joint {high_joint:.1f}, class 1's share "
+                 f"within the stall bound {low_within:.1f}")
     return text
 
 

@@ -45,6 +45,7 @@ def test_measured_prints_the_pairs_and_the_requests_past_the_ratio(capsys):
     m.measured(document)
     out = capsys.readouterr().out
     assert "TBT ok / p99 first token (s) / goodput (req/s): swap 100% / 2.0 / 0.50; rotasched 100% / 2.0 / 0.70" in out
-    assert "per repetition: +20, +20; p99 gap ratio: 3.00, 0.67" in out
+    assert "per repetition: +20, +20; p99 gap ratio: 3.00, 0.67 (0.90 / 0.30 s, 0.20 / 0.30 s)" in out
+    assert "output tokens/s against the faster baseline: +0%, +0%" in out
     # Threshold 1.5 × 0.3 s: one request past it in the first repetition (its first token late).
     assert "first token lost / all: 1/1, 0/0" in out

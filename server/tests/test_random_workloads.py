@@ -66,6 +66,7 @@ def test_compare_counts_stall_bounds_broken_and_the_classes_where_results_keep_t
     # RotaSched broke the bound in workload 0; recompute, the better baseline by it, did not.
     assert "in 1 of 1 [0] (the better baseline: 0)" in text
     assert "1 with classes" in text and "median 90%" in text and "+50 points" in text and "over 5 s in 1" in text
+    assert "class 0's joint 0.8, class 1's share within the stall bound 0.5" in text
     # Results written before the figures were kept say so instead of failing.
     for p in single["policies"].values():
         del p["stall"]

@@ -141,30 +141,26 @@ pub(crate) async fn openai_stream(
                 run_choice(shared, choice, prompt)
             });
             let results = join_all(choices).await;
-            let mut usage = Some(Usage::new(0, 0));
+            let (mut usage, mut failed) = (Usage::new(0, 0), false);
             for (index, result) in results.into_iter().enumerate() {
                 match result {
                     Ok(Some(choice_usage)) => {
                         let first_choice = index % choices_per_prompt.max(1) == 0;
-                        usage = usage.map(|usage| {
-                            Usage::new(
-                                usage.prompt_tokens + if first_choice { choice_usage.prompt_tokens } else { 0 },
-                                usage.completion_tokens + choice_usage.completion_tokens,
-                            )
-                        });
+                        usage = Usage::new(
+                            usage.prompt_tokens + if first_choice { choice_usage.prompt_tokens } else { 0 },
+                            usage.completion_tokens + choice_usage.completion_tokens,
+                        )
                     }
                     // The client left.
                     Ok(None) => return,
                     // The choice reported its error; the others ran to their end. The stream still
                     // ends with `[DONE]` (as OpenAI's routes do after an error event), without
                     // usage, which would count only part of the request.
-                    Err(()) => usage = None,
+                    Err(()) => failed = true,
                 }
             }
-            if let Some(usage) = usage.filter(|_| include_usage) {
-                if !sender.send_json(&usage_chunk(&identity, usage)).await {
-                    return;
-                }
+            if include_usage && !failed && !sender.send_json(&usage_chunk(&identity, usage)).await {
+                return;
             }
             sender.send_text("[DONE]").await;
         }

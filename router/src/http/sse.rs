@@ -35,9 +35,14 @@ impl EventSender {
     /// Answers with the stream's head (200); later events follow it. Called once the engine
     /// took the request, so that a refusal after it is an event.
     pub fn open(&self) {
-        if let Some(opening) = self.opening.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+        if let Some(opening) = self.take_opening() {
             let _ = opening.send(None);
         }
+    }
+
+    /// The response's head, once: `None` after the stream opened or a refusal answered.
+    fn take_opening(&self) -> Option<oneshot::Sender<Option<Response>>> {
+        self.opening.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
     }
 
     /// Ends the stream with `error`: answered with its own status instead of a stream when it is
@@ -45,7 +50,7 @@ impl EventSender {
     /// route's error shape) otherwise.
     pub async fn fail<T: Serialize>(&self, error: &HttpError, event: &T) {
         if error.is_refusal() {
-            if let Some(opening) = self.opening.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+            if let Some(opening) = self.take_opening() {
                 let _ = opening.send(Some(error.response()));
                 return;
             }
