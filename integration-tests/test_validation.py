@@ -134,7 +134,7 @@ def test_malformed_body_is_422(guarded):
 
 def test_api_key_is_required_on_generation_routes(guarded):
     body = {"inputs": "hello", "parameters": {"max_new_tokens": 1}}
-    for path in ["/", "/generate", "/generate_stream", "/tokenize"]:
+    for path in ["/", "/generate", "/generate_stream", "/tokenize", "/chat_tokenize", "/vertex"]:
         assert post(guarded, path, body, headers={}).status_code == 401, path
     assert post(guarded, "/generate", body, headers={"Authorization": "Bearer wrong"}).status_code == 401
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}

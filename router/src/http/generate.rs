@@ -1,4 +1,5 @@
-//! TGI's generation routes: `POST /generate`, `/generate_stream`, `/` (compat) and `/tokenize`.
+//! TGI's generation routes: `POST /generate`, `/generate_stream`, `/` (compat), `/tokenize` and
+//! `/chat_tokenize`.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,13 +13,15 @@ use tracing::Instrument;
 use super::extract::JsonBody;
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
 use super::headers::{finished_headers, stream_headers};
+use super::openai::prepare_chat;
+use super::openai_types::ChatRequest;
 use super::request::{acquire_permit, validate_request, ValidRequest};
 use super::request_log::RequestLog;
 use super::sse::{sse_response, EventSender};
 use super::state::AppState;
 use super::types::{
-    BestOfSequence, CompatGenerateRequest, Details, GenerateRequest, GenerateResponse, SimpleToken,
-    StreamDetails, StreamResponse,
+    BestOfSequence, ChatTokenizeResponse, CompatGenerateRequest, Details, GenerateRequest,
+    GenerateResponse, SimpleToken, StreamDetails, StreamResponse,
 };
 use crate::error::{ErrorBody, HttpError};
 use crate::validation::validate_stream;
@@ -106,27 +109,52 @@ pub(crate) async fn tokenize(
 ) -> Result<Json<Vec<SimpleToken>>, HttpError> {
     // Tokenizing costs CPU time like generating: it counts against the same limit.
     let _permit = acquire_permit(&state.permits)?;
+    Ok(Json(simple_tokens(&state, request.inputs, true).await?))
+}
+
+/// The conversation as the chat route's template writes it (tools included), and its tokens.
+#[utoipa::path(post, path = "/chat_tokenize", tag = "Text Generation Inference",
+    request_body = ChatRequest,
+    responses((status = 200, body = ChatTokenizeResponse), (status = 422, body = ErrorBody),
+        (status = 429, body = ErrorBody)))]
+#[tracing::instrument(skip_all)]
+pub(crate) async fn chat_tokenize(
+    State(state): State<Arc<AppState>>,
+    JsonBody(request): JsonBody<ChatRequest>,
+) -> Result<Json<ChatTokenizeResponse>, HttpError> {
+    let (prompt, _) = prepare_chat(&state, &request)?;
+    let _permit = acquire_permit(&state.permits)?;
+    let add_special_tokens = prompt.adds_special_tokens();
+    let templated_text = prompt.render(&state)?;
+    let tokens = simple_tokens(&state, templated_text.clone(), add_special_tokens).await?;
+    Ok(Json(ChatTokenizeResponse {
+        tokenize_response: tokens,
+        templated_text,
+    }))
+}
+
+/// `text`'s tokens with their spans in it.
+async fn simple_tokens(
+    state: &AppState,
+    text: String,
+    add_special_tokens: bool,
+) -> Result<Vec<SimpleToken>, HttpError> {
     let encoded = state
         .tokenizer
-        .encode_off_executor(request.inputs.clone(), true)
+        .encode_off_executor(text.clone(), add_special_tokens)
         .await
         .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
-    let tokens = encoded
+    Ok(encoded
         .ids
         .iter()
         .zip(&encoded.offsets)
         .map(|(&id, &(start, stop))| SimpleToken {
             id,
-            text: request
-                .inputs
-                .get(start..stop)
-                .unwrap_or_default()
-                .to_string(),
+            text: text.get(start..stop).unwrap_or_default().to_string(),
             start,
             stop,
         })
-        .collect();
-    Ok(Json(tokens))
+        .collect())
 }
 
 async fn generate_response(
@@ -189,7 +217,7 @@ pub(crate) async fn run_candidates(
     Ok((best, outputs))
 }
 
-fn full_text(valid: &ValidRequest, generated_text: &str) -> String {
+pub(super) fn full_text(valid: &ValidRequest, generated_text: &str) -> String {
     if valid.parameters.return_full_text {
         format!("{}{}", valid.inputs, generated_text)
     } else {

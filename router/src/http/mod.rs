@@ -31,6 +31,7 @@ mod tools;
 mod tests;
 mod trace;
 pub mod types;
+mod vertex;
 mod worker_api;
 
 use std::sync::Arc;
@@ -82,9 +83,11 @@ pub fn router(
         .route("/generate", post(generate::generate))
         .route("/generate_stream", post(generate::generate_stream))
         .route("/tokenize", post(generate::tokenize))
+        .route("/chat_tokenize", post(generate::chat_tokenize))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/invocations", post(invocations::invocations))
+        .route("/vertex", post(vertex::vertex))
         .route("/v1/chat/completions/render", post(worker_api::render_chat))
         .route("/v1/completions/render", post(worker_api::render_completion))
         .route_layer(middleware::from_fn_with_state(

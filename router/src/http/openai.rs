@@ -68,7 +68,6 @@ pub(crate) async fn chat_completions(
                 Ok(choices) => choices.into_iter().map(Ok).collect(),
                 Err(error) => vec![Err(error)],
             },
-            add_special_tokens: false,
             include_usage,
             identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk").with_logprobs(request.logprobs),
             arrival,
@@ -81,7 +80,7 @@ pub(crate) async fn chat_completions(
     }
     let log = RequestLog::start(CHAT_ROUTE, arrival);
     let result = async {
-        let outputs = run_choices(&state, prepared?, false, arrival, &log).await?;
+        let outputs = run_choices(&state, prepared?, arrival, &log).await?;
         let (valid, first) = outputs.first().ok_or(HttpError::Incomplete)?;
         let figures = log.succeeded(first, valid.max_new_tokens);
         let headers = finished_headers(&figures, first, &state.config.compute_type, 0);
@@ -118,15 +117,15 @@ fn choice_parameters(parameters: &GenerateParameters, n: usize) -> Vec<GenerateP
 }
 
 /// Runs every choice at once (each under its own permit) and returns them in order.
-async fn run_choices(
+pub(super) async fn run_choices(
     state: &Arc<AppState>,
     choices: Vec<(PromptText, GenerateParameters)>,
-    add_special_tokens: bool,
     arrival: Instant,
     log: &RequestLog,
 ) -> Result<Vec<(ValidRequest, GenerationOutput)>, HttpError> {
     let runs = choices.into_iter().map(|(prompt, parameters)| async move {
         let _permit = acquire_permit(&state.permits)?;
+        let add_special_tokens = prompt.adds_special_tokens();
         let inputs = prompt.render(state)?;
         let valid = validate_request(state, inputs, &parameters, add_special_tokens, arrival).await?;
         let (output, _) = run_candidates(state, &valid, log).await?;
@@ -159,7 +158,6 @@ pub(crate) async fn completions(
         let plan = StreamPlan {
             route: COMPLETIONS_ROUTE,
             prompts,
-            add_special_tokens: true,
             include_usage,
             identity: ResponseIdentity::new(&state.model_id, "text_completion")
                 .with_logprobs(request.logprobs.is_some()),
@@ -170,7 +168,7 @@ pub(crate) async fn completions(
     }
     let log = RequestLog::start(COMPLETIONS_ROUTE, arrival);
     let result = async {
-        let outputs = run_choices(&state, prepared?, true, arrival, &log).await?;
+        let outputs = run_choices(&state, prepared?, arrival, &log).await?;
         let (valid, first) = outputs.first().ok_or(HttpError::Incomplete)?;
         // One request with one set of headers and figures: the first prompt's, as TGI's.
         let figures = log.succeeded(first, valid.max_new_tokens);

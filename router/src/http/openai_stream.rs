@@ -83,6 +83,12 @@ pub(crate) enum PromptText {
 }
 
 impl PromptText {
+    /// Whether its tokens get the tokenizer's special tokens: a text prompt's do, as TGI's
+    /// `/generate` and OpenAI's completions; a conversation's template writes its own.
+    pub fn adds_special_tokens(&self) -> bool {
+        matches!(self, PromptText::Text(_))
+    }
+
     pub fn render(self, state: &AppState) -> Result<String, HttpError> {
         match self {
             PromptText::Text(text) => Ok(text),
@@ -97,7 +103,6 @@ pub(crate) struct StreamPlan {
     /// For the request log.
     pub route: &'static str,
     pub prompts: Vec<PreparedPrompt>,
-    pub add_special_tokens: bool,
     pub include_usage: bool,
     pub identity: ResponseIdentity,
     pub arrival: Instant,
@@ -119,7 +124,6 @@ pub(crate) async fn openai_stream(
             let StreamPlan {
                 route,
                 prompts,
-                add_special_tokens,
                 include_usage,
                 identity,
                 arrival,
@@ -129,7 +133,6 @@ pub(crate) async fn openai_stream(
                 let choice = Choice {
                     route,
                     index: index as u32,
-                    add_special_tokens,
                     arrival,
                 };
                 let shared = Shared {
@@ -190,7 +193,6 @@ struct Shared<'a> {
 struct Choice {
     route: &'static str,
     index: u32,
-    add_special_tokens: bool,
     arrival: Instant,
 }
 
@@ -226,12 +228,13 @@ async fn stream_choice(
     } = shared;
     let (prompt, parameters) = prompt?;
     let _permit = acquire_permit(&state.permits)?;
+    let add_special_tokens = prompt.adds_special_tokens();
     let inputs = prompt.render(state)?;
     let valid = validate_request(
         state,
         inputs,
         &parameters,
-        choice.add_special_tokens,
+        add_special_tokens,
         choice.arrival,
     )
     .await?;

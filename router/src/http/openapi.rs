@@ -5,7 +5,7 @@ use axum::response::Html;
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{generate, info, invocations, openai, openai_types, types, worker_api};
+use super::{generate, info, invocations, openai, openai_types, types, vertex, worker_api};
 use crate::error::ErrorBody;
 
 #[derive(OpenApi)]
@@ -20,9 +20,11 @@ use crate::error::ErrorBody;
         generate::generate,
         generate::generate_stream,
         generate::tokenize,
+        generate::chat_tokenize,
         openai::chat_completions,
         openai::completions,
         invocations::invocations,
+        vertex::vertex,
         info::root,
         info::health,
         info::ping,
@@ -54,6 +56,9 @@ use crate::error::ErrorBody;
         types::StreamResponse,
         types::StreamDetails,
         types::SimpleToken,
+        types::ChatTokenizeResponse,
+        vertex::VertexRequest,
+        vertex::VertexResponse,
         types::Info,
         info::ModelList,
         info::ModelCard,
@@ -138,6 +143,8 @@ mod tests {
             "/generate",
             "/generate_stream",
             "/tokenize",
+            "/chat_tokenize",
+            "/vertex",
             "/v1/chat/completions",
             "/v1/completions",
             "/health",

@@ -197,6 +197,13 @@ pub struct SimpleToken {
     pub stop: usize,
 }
 
+/// `/chat_tokenize`'s answer: the conversation as the chat template wrote it, and its tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatTokenizeResponse {
+    pub tokenize_response: Vec<SimpleToken>,
+    pub templated_text: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Info {
     pub model_id: String,

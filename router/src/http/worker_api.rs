@@ -21,6 +21,7 @@ use utoipa::ToSchema;
 
 use super::extract::JsonBody;
 use super::openai::{prepare_chat, prepare_completion};
+use super::openai_stream::PromptText;
 use super::openai_types::{ChatRequest, CompletionRequest};
 use super::request::{acquire_permit, validate_request};
 use super::state::AppState;
@@ -219,8 +220,7 @@ pub(crate) async fn render_chat(
 ) -> Result<Json<RenderedPrompt>, HttpError> {
     let (prompt, parameters) = prepare_chat(&state, &request)?;
     let _permit = acquire_permit(&state.permits)?;
-    let inputs = prompt.render(&state)?;
-    Ok(Json(render(&state, inputs, &parameters, false).await?))
+    Ok(Json(render(&state, prompt, &parameters).await?))
 }
 
 /// The token ids `/v1/completions` would serve each prompt with, in order (one per prompt,
@@ -240,8 +240,7 @@ pub(crate) async fn render_completion(
     let _permit = acquire_permit(&state.permits)?;
     let mut rendered = Vec::with_capacity(prompts.len() / choices);
     for (prompt, parameters) in prompts.into_iter().step_by(choices) {
-        let inputs = prompt.render(&state)?;
-        rendered.push(render(&state, inputs, &parameters, true).await?);
+        rendered.push(render(&state, prompt, &parameters).await?);
     }
     Ok(Json(rendered))
 }
@@ -250,10 +249,11 @@ pub(crate) async fn render_completion(
 /// included), so the ids are those the engine would get.
 async fn render(
     state: &AppState,
-    inputs: String,
+    prompt: PromptText,
     parameters: &GenerateParameters,
-    add_special_tokens: bool,
 ) -> Result<RenderedPrompt, HttpError> {
+    let add_special_tokens = prompt.adds_special_tokens();
+    let inputs = prompt.render(state)?;
     let valid = validate_request(state, inputs, parameters, add_special_tokens, Instant::now()).await?;
     Ok(RenderedPrompt { token_ids: valid.prompt_ids })
 }

@@ -71,6 +71,8 @@ pub enum ValidationError {
     ChoiceCount(usize, usize),
     #[error("`prompt` supports up to {0} prompts. Given: {1}")]
     ClientBatchSize(usize, usize),
+    #[error("`instances` must hold between 1 and {0} instances. Given: {1}")]
+    InstanceCount(usize, usize),
     #[error("`tools` are not valid: {0}")]
     InvalidTools(String),
     #[error("`{0}` is not supported")]

@@ -11,6 +11,7 @@ mod listener;
 mod openai;
 mod request_log;
 mod scripted_shard;
+mod vertex;
 mod worker_api;
 
 use std::sync::{Arc, Mutex};
