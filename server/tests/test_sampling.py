@@ -122,9 +122,23 @@ def test_greedy_batch_takes_argmax():
 
 def test_prompt_logprobs_score_the_next_tokens():
     logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(1))
-    values = prompt_logprobs(logits, [3, 7, 1])
+    values, tops = prompt_logprobs(logits, [3, 7, 1])
     expected = [float(logits[i].log_softmax(-1)[t]) for i, t in enumerate([3, 7, 1])]
     assert values == expected
+    assert tops == [[], [], []]
+
+
+def test_prompt_logprobs_give_the_most_likely_tokens_at_each_position():
+    logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(2))
+    values, tops = prompt_logprobs(logits, [3, 7, 1], top_n=2)
+    assert len(tops) == 3
+    for row, top in enumerate(tops):
+        logprobs = logits[row].log_softmax(-1)
+        best = logprobs.argsort(descending=True)[:2].tolist()
+        assert [token for token, _ in top] == best
+        assert [value for _, value in top] == [float(logprobs[t]) for t in best]
+        # The prompt token's own logprob is at most the best one.
+        assert values[row] <= top[0][1]
 
 
 def test_a_temperature_too_small_to_divide_by_samples_greedily():

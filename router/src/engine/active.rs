@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::api::{EngineEvent, FinishReason, GenerationRequest, RequestTimings, SpanContext, TokenConstraint};
+use super::api::{EngineEvent, FinishReason, GenerationRequest, PromptLogprob, RequestTimings, SpanContext, TokenConstraint};
 use super::attainment::TokenTimes;
 use crate::grammar::{Advance, GrammarError};
 
@@ -17,7 +17,7 @@ pub(crate) struct ActiveRequest {
     pub sent_to_shard: bool,
     pub generated_tokens: u32,
     /// Prompt logprobs gathered over the prefill chunks, sent with the first token.
-    pub prompt_logprobs: Vec<f32>,
+    pub prompt_logprobs: Vec<PromptLogprob>,
     pub first_scheduled: Option<Instant>,
     /// When each token was produced, for the SLO attainment counters.
     pub token_times: TokenTimes,

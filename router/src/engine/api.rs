@@ -104,6 +104,14 @@ pub struct GeneratedToken {
     pub completes_grammar: bool,
 }
 
+/// One prompt token's logprob, predicted from the positions before it, and the `top_n_tokens`
+/// most likely tokens at its position (most likely first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    pub logprob: f32,
+    pub top_tokens: Vec<TokenLogprob>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
     /// `max_new_tokens` reached.
@@ -124,7 +132,7 @@ pub struct RequestTimings {
 #[derive(Debug, Clone)]
 pub enum EngineEvent {
     /// Logprobs of prompt tokens 1.. (position 0 has none), sent once prefill completes.
-    PromptLogprobs(Vec<f32>),
+    PromptLogprobs(Vec<PromptLogprob>),
     /// One generated token. Sent for every token, including the last one.
     Token(GeneratedToken),
     /// The generation ended; no more events follow.

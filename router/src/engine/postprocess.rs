@@ -8,7 +8,7 @@ use superinfer_scheduler::StepResults;
 
 use super::active::ActiveRequests;
 use crate::grammar::Advance;
-use super::api::{EngineError, EngineEvent, FinishReason, GeneratedToken, TokenLogprob};
+use super::api::{EngineError, EngineEvent, FinishReason, GeneratedToken, PromptLogprob, TokenLogprob};
 use super::{metrics, vllm_metrics};
 use crate::pb;
 
@@ -49,7 +49,12 @@ pub(crate) fn apply_step_response(
             outcome.failed.push(id);
             continue;
         }
-        active.prompt_logprobs.extend(output.prompt_logprobs);
+        // One list of alternatives per logprob, empty without `top_n_tokens`.
+        let mut tops = output.prompt_top_tokens.into_iter();
+        active.prompt_logprobs.extend(output.prompt_logprobs.into_iter().map(|logprob| PromptLogprob {
+            logprob,
+            top_tokens: tops.next().map(|top| top.tokens.into_iter().map(token_logprob).collect()).unwrap_or_default(),
+        }));
         let Some(sampled) = output.token else { continue };
         outcome.results.sampled.push((id, sampled.id));
         let is_eos = eos_token_ids.contains(&sampled.id);
@@ -92,15 +97,15 @@ pub(crate) fn apply_step_response(
     outcome
 }
 
+fn token_logprob(top: pb::TokenLogprob) -> TokenLogprob {
+    TokenLogprob { id: top.id, logprob: top.logprob }
+}
+
 fn generated_token(sampled: pb::SampledToken, is_eos: bool, completes_grammar: bool) -> GeneratedToken {
     GeneratedToken {
         id: sampled.id,
         logprob: sampled.logprob,
-        top_tokens: sampled
-            .top_tokens
-            .into_iter()
-            .map(|top| TokenLogprob { id: top.id, logprob: top.logprob })
-            .collect(),
+        top_tokens: sampled.top_tokens.into_iter().map(token_logprob).collect(),
         is_eos,
         completes_grammar,
     }
@@ -119,6 +124,7 @@ mod tests {
             request_id,
             token: token.map(|id| pb::SampledToken { id, logprob: -0.5, top_tokens: vec![] }),
             prompt_logprobs,
+            prompt_top_tokens: vec![],
             error: String::new(),
         }
     }
@@ -178,8 +184,31 @@ mod tests {
         assert!(stream.try_recv().is_err());
         let last = pb::StepResponse { outputs: vec![output(3, Some(9), vec![-3.0])], ..Default::default() };
         apply_step_response(last, &mut requests, &[0], Instant::now());
-        assert!(matches!(stream.try_recv(), Ok(EngineEvent::PromptLogprobs(l)) if l == vec![-1.0, -2.0, -3.0]));
+        let logprobs = |l: &[PromptLogprob]| l.iter().map(|p| p.logprob).collect::<Vec<_>>();
+        assert!(matches!(stream.try_recv(), Ok(EngineEvent::PromptLogprobs(l)) if logprobs(&l) == vec![-1.0, -2.0, -3.0]));
         assert!(matches!(stream.try_recv(), Ok(EngineEvent::Token(t)) if t.id == 9));
+    }
+
+    #[test]
+    fn prompt_logprobs_carry_their_positions_alternatives() {
+        let mut requests = ActiveRequests::default();
+        let (events, mut stream) = tokio::sync::mpsc::unbounded_channel();
+        let mut request = greedy_request(vec![5, 6, 7], 4);
+        request.prompt_logprobs = true;
+        request.top_n_tokens = 1;
+        requests.insert(3, ActiveRequest::new(request, events));
+        let mut chunk = output(3, Some(9), vec![-1.0, -2.0]);
+        let top = |id, logprob| pb::TopTokens { tokens: vec![pb::TokenLogprob { id, logprob }] };
+        chunk.prompt_top_tokens = vec![top(6, -1.0), top(4, -0.5)];
+        apply_step_response(pb::StepResponse { outputs: vec![chunk], ..Default::default() }, &mut requests, &[0], Instant::now());
+        let Ok(EngineEvent::PromptLogprobs(logprobs)) = stream.try_recv() else { panic!("no prompt logprobs") };
+        assert_eq!(
+            logprobs,
+            vec![
+                PromptLogprob { logprob: -1.0, top_tokens: vec![TokenLogprob { id: 6, logprob: -1.0 }] },
+                PromptLogprob { logprob: -2.0, top_tokens: vec![TokenLogprob { id: 4, logprob: -0.5 }] },
+            ]
+        );
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub(crate) struct GenerationOutput {
     /// The sampling seed; `None` for greedy requests (TGI reports none then).
     pub seed: Option<u64>,
     pub prefill: Vec<PrefillToken>,
+    /// The most likely tokens at each prompt position after the first (with prompt logprobs
+    /// and `top_n_tokens`): OpenAI's `echo` lists them.
+    pub prefill_top_tokens: Vec<Vec<Token>>,
     pub tokens: Vec<Token>,
     pub top_tokens: Vec<Vec<Token>>,
     pub input_length: u32,
@@ -74,7 +77,7 @@ pub(crate) struct Generation {
     released: usize,
     tokens: Vec<Token>,
     top_tokens: Vec<Vec<Token>>,
-    prefill_logprobs: Option<Vec<f32>>,
+    prefill_logprobs: Option<Vec<api::PromptLogprob>>,
     seed: Option<u64>,
     timings: Timings,
     first_event: Option<Instant>,
@@ -226,16 +229,7 @@ impl Generation {
             logprob: generated.logprob,
             special,
         };
-        let top_tokens: Vec<Token> = generated
-            .top_tokens
-            .iter()
-            .map(|top| Token {
-                id: top.id,
-                text: tokenizer.token_text(top.id),
-                logprob: top.logprob,
-                special: tokenizer.is_special(top.id),
-            })
-            .collect();
+        let top_tokens = self.tokens_of(&generated.top_tokens);
         self.tokens.push(token.clone());
         if !top_tokens.is_empty() {
             self.top_tokens.push(top_tokens.clone());
@@ -280,6 +274,7 @@ impl Generation {
             generated_tokens: u32::try_from(self.tokens.len()).unwrap_or(u32::MAX),
             seed: self.seed,
             prefill: self.prefill_tokens(),
+            prefill_top_tokens: self.prefill_top_tokens(),
             tokens: std::mem::take(&mut self.tokens),
             top_tokens: std::mem::take(&mut self.top_tokens),
             input_length: u32::try_from(self.prompt_ids.len()).unwrap_or(u32::MAX),
@@ -298,10 +293,32 @@ impl Generation {
             .map(|(position, &id)| PrefillToken {
                 id,
                 text: self.tokenizer.token_text(id),
+                special: self.tokenizer.is_special(id),
                 // Position 0 has no logprob; position i's is logprobs[i - 1].
                 logprob: position
                     .checked_sub(1)
-                    .and_then(|i| logprobs.get(i).copied()),
+                    .and_then(|i| logprobs.get(i))
+                    .map(|prompt| prompt.logprob),
+            })
+            .collect()
+    }
+
+    /// The alternatives at prompt positions 1.., when the request asked for them.
+    fn prefill_top_tokens(&self) -> Vec<Vec<Token>> {
+        let logprobs = self.prefill_logprobs.as_deref().unwrap_or_default();
+        if logprobs.iter().all(|prompt| prompt.top_tokens.is_empty()) {
+            return Vec::new();
+        }
+        logprobs.iter().map(|prompt| self.tokens_of(&prompt.top_tokens)).collect()
+    }
+
+    fn tokens_of(&self, tops: &[api::TokenLogprob]) -> Vec<Token> {
+        tops.iter()
+            .map(|top| Token {
+                id: top.id,
+                text: self.tokenizer.token_text(top.id),
+                logprob: top.logprob,
+                special: self.tokenizer.is_special(top.id),
             })
             .collect()
     }

@@ -19,7 +19,7 @@ use super::openai_stream::{
     StreamPlan,
 };
 use super::openai_types::*;
-use super::request::{acquire_permit, validate_request, ValidRequest};
+use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
 use super::state::AppState;
 use super::tools::{self, CallPiece, CallStream, ToolAnswer};
@@ -125,9 +125,7 @@ pub(super) async fn run_choices(
 ) -> Result<Vec<(ValidRequest, GenerationOutput)>, HttpError> {
     let runs = choices.into_iter().map(|(prompt, parameters)| async move {
         let _permit = acquire_permit(&state.permits)?;
-        let add_special_tokens = prompt.adds_special_tokens();
-        let inputs = prompt.render(state)?;
-        let valid = validate_request(state, inputs, &parameters, add_special_tokens, arrival).await?;
+        let valid = prompt.validate(state, &parameters, arrival).await?;
         let (output, _) = run_candidates(state, &valid, log).await?;
         Ok::<_, HttpError>((valid, output))
     });
@@ -175,7 +173,7 @@ pub(crate) async fn completions(
         let headers = finished_headers(&figures, first, &state.config.compute_type, 0);
         let logprobs = request.logprobs.is_some();
         let n = request.sampling.choices() as usize;
-        Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs, logprobs, n))))
+        Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs, logprobs, request.echo, n))))
     }
     .await;
     respond(result, &log)
@@ -245,9 +243,14 @@ pub(super) fn prepare_completion(
     if request.suffix.is_some() {
         return Err(ValidationError::Unsupported("suffix").into());
     }
-    let prompts = match &request.prompt {
-        Prompt::One(prompt) => vec![prompt.clone()],
-        Prompt::Many(prompts) => prompts.clone(),
+    if request.echo && request.stream {
+        return Err(ValidationError::EchoStream.into());
+    }
+    let prompts: Vec<PromptText> = match &request.prompt {
+        Prompt::One(prompt) => vec![PromptText::Text(prompt.clone())],
+        Prompt::Many(prompts) => prompts.iter().cloned().map(PromptText::Text).collect(),
+        Prompt::Tokens(ids) => vec![PromptText::Tokens(ids.clone())],
+        Prompt::ManyTokens(prompts) => prompts.iter().cloned().map(PromptText::Tokens).collect(),
     };
     if prompts.is_empty() {
         return Err(ValidationError::EmptyPromptList.into());
@@ -259,11 +262,13 @@ pub(super) fn prepare_completion(
     let n = choice_count(state, request.sampling.choices(), prompts.len())?;
     let mut parameters = request.sampling.to_parameters(request.logprobs)?;
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
+    // An echoed prompt's logprobs are the prompt's, computed with it.
+    parameters.decoder_input_details = request.echo && request.logprobs.is_some();
     // OpenAI's order: prompt by prompt, each prompt's n choices together.
     Ok(prompts
         .into_iter()
         .flat_map(|prompt| {
-            choice_parameters(&parameters, n).into_iter().map(move |p| (PromptText::Text(prompt.clone()), p))
+            choice_parameters(&parameters, n).into_iter().map(move |p| (prompt.clone(), p))
         })
         .collect())
 }
@@ -349,40 +354,79 @@ fn chat_completion(
 /// The legacy completions API's log-probabilities: each token's text and log-probability, its
 /// alternatives (the sampled token among them, with its own log-probability), and each token's
 /// character offset in the generated text (`text_offset`, when the offsets are known).
-fn completion_logprobs(tokens: &[Token], top_tokens: &[Vec<Token>], with_offsets: bool) -> serde_json::Value {
+/// One token of the legacy completions' logprobs.
+struct LegacyToken<'a> {
+    text: &'a str,
+    /// `None` for the first token of an echoed prompt, which nothing predicts.
+    logprob: Option<f32>,
+    special: bool,
+    /// The most likely tokens at its position; `None` (null) where `logprob` is.
+    alternatives: Option<&'a [Token]>,
+}
+
+impl<'a> LegacyToken<'a> {
+    fn generated(token: &'a Token, alternatives: &'a [Token]) -> Self {
+        LegacyToken {
+            text: &token.text,
+            logprob: Some(token.logprob),
+            special: token.special,
+            alternatives: Some(alternatives),
+        }
+    }
+}
+
+/// The legacy completions' `logprobs`: each token's text, logprob, alternatives (the token
+/// itself among them) and, with `with_offsets`, where its text starts in the choice's.
+fn legacy_logprobs<'a>(tokens: impl IntoIterator<Item = LegacyToken<'a>>, with_offsets: bool) -> serde_json::Value {
+    let (mut texts, mut logprobs, mut tops, mut text_offset) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut offset = 0;
-    let mut text_offset = Vec::with_capacity(tokens.len());
     for token in tokens {
         text_offset.push(offset);
-        // A special token (the end of the answer) is listed but is not in the text.
+        // A special token (the end of the answer, a prompt's BOS) is listed but is not in the text.
         if !token.special {
             offset += token.text.chars().count();
         }
-    }
-    let top_logprobs: Vec<serde_json::Map<String, serde_json::Value>> = tokens
-        .iter()
-        .enumerate()
-        .map(|(position, token)| {
-            let mut alternatives = serde_json::Map::new();
-            for top in top_tokens.get(position).map(Vec::as_slice).unwrap_or_default() {
-                alternatives.insert(top.text.clone(), json!(top.logprob));
+        tops.push(token.alternatives.map(|alternatives| {
+            let mut map = serde_json::Map::new();
+            for top in alternatives {
+                map.insert(top.text.clone(), json!(top.logprob));
             }
-            alternatives.insert(token.text.clone(), json!(token.logprob));
-            alternatives
-        })
-        .collect();
-    let mut logprobs = json!({
-        "tokens": tokens.iter().map(|t| t.text.clone()).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": top_logprobs,
-    });
+            if let Some(logprob) = token.logprob {
+                map.insert(token.text.to_string(), json!(logprob));
+            }
+            map
+        }));
+        texts.push(token.text.to_string());
+        logprobs.push(token.logprob);
+    }
+    let mut logprobs = json!({"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops});
     if with_offsets {
         logprobs["text_offset"] = json!(text_offset);
     }
     logprobs
 }
 
-fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool, n: usize) -> Completion {
+/// A choice's logprobs: its prompt's tokens first with `echo`.
+fn choice_logprobs(output: &GenerationOutput, echo: bool) -> serde_json::Value {
+    let prompt = output.prefill.iter().enumerate().filter(|_| echo).map(|(position, token)| {
+        // The alternatives at position i are prefill_top_tokens[i - 1], as its logprob is.
+        let alternatives = position.checked_sub(1).map(|i| output.prefill_top_tokens.get(i).map(Vec::as_slice).unwrap_or_default());
+        LegacyToken {
+            text: &token.text,
+            logprob: token.logprob,
+            special: token.special,
+            alternatives: alternatives.filter(|_| token.logprob.is_some()),
+        }
+    });
+    let generated = output
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(position, token)| LegacyToken::generated(token, output.top_tokens.get(position).map(Vec::as_slice).unwrap_or_default()));
+    legacy_logprobs(prompt.chain(generated), true)
+}
+
+fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool, echo: bool, n: usize) -> Completion {
     let identity = ResponseIdentity::new(model, "text_completion");
     // Each prompt counts once (its first choice), every choice's tokens each.
     let (prompt_tokens, completion_tokens) = outputs.iter().enumerate().fold((0, 0), |(p, c), (index, (_, output))| {
@@ -398,10 +442,13 @@ fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprob
         choices: outputs
             .iter()
             .enumerate()
-            .map(|(index, (_, output))| CompletionChoice {
+            .map(|(index, (valid, output))| CompletionChoice {
                 index: index as u32,
-                text: output.generated_text.clone(),
-                logprobs: logprobs.then(|| completion_logprobs(&output.tokens, &output.top_tokens, true)),
+                text: match echo {
+                    true => format!("{}{}", valid.inputs, output.generated_text),
+                    false => output.generated_text.clone(),
+                },
+                logprobs: logprobs.then(|| choice_logprobs(output, echo)),
                 finish_reason: Some(finish_reason(output.finish_reason)),
             })
             .collect(),
@@ -482,7 +529,7 @@ fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> se
             logprobs: update
                 .token
                 .filter(|_| identity.logprobs)
-                .map(|token| completion_logprobs(std::slice::from_ref(token), &[update.top_tokens.to_vec()], false)),
+                .map(|token| legacy_logprobs([LegacyToken::generated(token, update.top_tokens)], false)),
             text: update.text,
             finish_reason: update
                 .finish

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
 use super::openai_types::{unix_now, Usage};
-use super::request::{acquire_permit, validate_request};
+use super::request::{acquire_permit, validate_request, validate_token_prompt, ValidRequest};
 use super::request_log::RequestLog;
 use super::sse::{sse_response, EventSender};
 use super::state::AppState;
@@ -78,6 +78,8 @@ pub(crate) type PreparedPrompt = Result<(PromptText, GenerateParameters), HttpEr
 #[derive(Clone)]
 pub(crate) enum PromptText {
     Text(String),
+    /// Token ids, used as given (OpenAI's completions take them).
+    Tokens(Vec<u32>),
     /// A conversation, and the tools its template is given (OpenAI's definitions).
     Chat { messages: Vec<TemplateMessage>, tools: Option<serde_json::Value> },
 }
@@ -89,13 +91,31 @@ impl PromptText {
         matches!(self, PromptText::Text(_))
     }
 
+    /// Its text: a conversation as the template writes it, token ids decoded.
     pub fn render(self, state: &AppState) -> Result<String, HttpError> {
         match self {
             PromptText::Text(text) => Ok(text),
+            PromptText::Tokens(ids) => state.tokenizer.decode(&ids, false).map_err(|error| HttpError::Tokenizer(error.to_string())),
             PromptText::Chat { messages, tools } => {
                 Ok(state.chat_template()?.render_with_tools(&messages, tools.as_ref(), true)?)
             }
         }
+    }
+
+    /// The request the engine gets for this prompt: rendered and tokenized (token ids as
+    /// given), and checked by the generation routes' rules.
+    pub async fn validate(
+        self,
+        state: &AppState,
+        parameters: &GenerateParameters,
+        arrival: Instant,
+    ) -> Result<ValidRequest, HttpError> {
+        if let PromptText::Tokens(ids) = self {
+            return validate_token_prompt(state, ids, parameters, arrival).await;
+        }
+        let add_special_tokens = self.adds_special_tokens();
+        let inputs = self.render(state)?;
+        validate_request(state, inputs, parameters, add_special_tokens, arrival).await
     }
 }
 
@@ -228,16 +248,7 @@ async fn stream_choice(
     } = shared;
     let (prompt, parameters) = prompt?;
     let _permit = acquire_permit(&state.permits)?;
-    let add_special_tokens = prompt.adds_special_tokens();
-    let inputs = prompt.render(state)?;
-    let valid = validate_request(
-        state,
-        inputs,
-        &parameters,
-        add_special_tokens,
-        choice.arrival,
-    )
-    .await?;
+    let valid = prompt.validate(state, &parameters, choice.arrival).await?;
     validate_stream(&valid.parameters)?;
     let seed = valid.parameters.sampling.seed;
     let stream = state.engine.submit(valid.engine_request(None))?;

@@ -201,6 +201,10 @@ pub struct ChatRequest {
 pub enum Prompt {
     One(String),
     Many(Vec<String>),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several prompts as token ids.
+    ManyTokens(Vec<Vec<u32>>),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -216,6 +220,11 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub suffix: Option<String>,
+    /// Each choice's text follows its prompt; with `logprobs`, the prompt's tokens come first in
+    /// them too (the first without a logprob), as a scoring client (lm-evaluation-harness) reads
+    /// them.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub echo: bool,
     /// The legacy API's log-probabilities: each token's, and this many alternatives (0–5).
     #[serde(default)]
     pub logprobs: Option<u32>,

@@ -74,9 +74,7 @@ pub(crate) async fn validate_request(
     add_special_tokens: bool,
     arrival: Instant,
 ) -> Result<ValidRequest, HttpError> {
-    let adapter = state.adapter(parameters.adapter_id.as_deref())?;
-    let parameters =
-        validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
+    let (adapter, parameters) = checked_parameters(state, parameters)?;
     if inputs.is_empty() {
         return Err(validation::ValidationError::EmptyInput.into());
     }
@@ -89,8 +87,55 @@ pub(crate) async fn validate_request(
         .encode_off_executor(inputs.clone(), add_special_tokens)
         .await
         .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
-    let keep = validation::truncated_length(encoded.ids.len(), parameters.truncate);
-    let prompt_ids = encoded.ids[encoded.ids.len() - keep..].to_vec();
+    validated(state, inputs, encoded.ids, parameters, adapter, arrival).await
+}
+
+/// Validates a prompt given as token ids (OpenAI's completions take them): used as given, no
+/// special token added; each must be one of the model's. Its text is their decoding.
+#[tracing::instrument(skip_all, fields(tokens = ids.len()))]
+pub(crate) async fn validate_token_prompt(
+    state: &AppState,
+    ids: Vec<u32>,
+    parameters: &GenerateParameters,
+    arrival: Instant,
+) -> Result<ValidRequest, HttpError> {
+    let (adapter, parameters) = checked_parameters(state, parameters)?;
+    if ids.is_empty() {
+        return Err(validation::ValidationError::EmptyInput.into());
+    }
+    let vocab_size = state.info.vocab_size;
+    if let Some(&id) = ids.iter().find(|&&id| id >= vocab_size) {
+        return Err(validation::ValidationError::TokenId(id, vocab_size).into());
+    }
+    let inputs = state
+        .tokenizer
+        .decode(&ids, false)
+        .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
+    validated(state, inputs, ids, parameters, adapter, arrival).await
+}
+
+/// The adapter a request names and its parameters, checked.
+fn checked_parameters(
+    state: &AppState,
+    parameters: &GenerateParameters,
+) -> Result<(Option<AdapterRef>, ValidParameters), HttpError> {
+    let adapter = state.adapter(parameters.adapter_id.as_deref())?;
+    let parameters =
+        validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
+    Ok((adapter, parameters))
+}
+
+/// The rules both prompt forms share once tokenized: `truncate`, the lengths, the grammar.
+async fn validated(
+    state: &AppState,
+    inputs: String,
+    ids: Vec<u32>,
+    parameters: ValidParameters,
+    adapter: Option<AdapterRef>,
+    arrival: Instant,
+) -> Result<ValidRequest, HttpError> {
+    let keep = validation::truncated_length(ids.len(), parameters.truncate);
+    let prompt_ids = ids[ids.len() - keep..].to_vec();
     let max_new_tokens =
         validation::validate_length(prompt_ids.len(), parameters.max_new_tokens, &state.limits)?;
     let constraint = match &parameters.grammar {

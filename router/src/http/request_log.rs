@@ -258,6 +258,7 @@ pub(crate) mod tests {
             generated_tokens,
             seed: Some(7),
             prefill: Vec::new(),
+            prefill_top_tokens: Vec::new(),
             tokens: Vec::new(),
             top_tokens: Vec::new(),
             input_length: 5,

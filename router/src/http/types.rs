@@ -135,6 +135,10 @@ pub struct PrefillToken {
     pub id: u32,
     pub text: String,
     pub logprob: Option<f32>,
+    /// A special token (a BOS the tokenizer added): not in the prompt's text. Not in TGI's
+    /// answer; OpenAI's echoed logprobs skip it in their text offsets.
+    #[serde(skip)]
+    pub special: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -303,6 +307,7 @@ mod tests {
                     id: 1,
                     text: "a".into(),
                     logprob: None,
+                    special: false,
                 }],
                 tokens: vec![Token {
                     id: 2,

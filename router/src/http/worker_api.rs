@@ -23,7 +23,7 @@ use super::extract::JsonBody;
 use super::openai::{prepare_chat, prepare_completion};
 use super::openai_stream::PromptText;
 use super::openai_types::{ChatRequest, CompletionRequest};
-use super::request::{acquire_permit, validate_request};
+use super::request::acquire_permit;
 use super::state::AppState;
 use super::types::GenerateParameters;
 use crate::engine::api::{EngineEvent, GenerationRequest, SamplingParams};
@@ -252,9 +252,7 @@ async fn render(
     prompt: PromptText,
     parameters: &GenerateParameters,
 ) -> Result<RenderedPrompt, HttpError> {
-    let add_special_tokens = prompt.adds_special_tokens();
-    let inputs = prompt.render(state)?;
-    let valid = validate_request(state, inputs, parameters, add_special_tokens, Instant::now()).await?;
+    let valid = prompt.validate(state, parameters, Instant::now()).await?;
     Ok(RenderedPrompt { token_ids: valid.prompt_ids })
 }
 

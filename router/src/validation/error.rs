@@ -71,6 +71,10 @@ pub enum ValidationError {
     ChoiceCount(usize, usize),
     #[error("`prompt` supports up to {0} prompts. Given: {1}")]
     ClientBatchSize(usize, usize),
+    #[error("token id {0} is not in the model's vocabulary of {1} tokens")]
+    TokenId(u32, u32),
+    #[error("`echo` is not supported when streaming")]
+    EchoStream,
     #[error("`instances` must hold between 1 and {0} instances. Given: {1}")]
     InstanceCount(usize, usize),
     #[error("`tools` are not valid: {0}")]

@@ -198,6 +198,12 @@ class TokenLogprob(_message.Message):
     logprob: float
     def __init__(self, id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
+class TopTokens(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+
 class SampledToken(_message.Message):
     __slots__ = ("id", "logprob", "top_tokens")
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -209,16 +215,18 @@ class SampledToken(_message.Message):
     def __init__(self, id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_tokens: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "token", "prompt_logprobs", "error")
+    __slots__ = ("request_id", "token", "prompt_logprobs", "prompt_top_tokens", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     token: SampledToken
     prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    prompt_top_tokens: _containers.RepeatedCompositeFieldContainer[TopTokens]
     error: str
-    def __init__(self, request_id: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., prompt_top_tokens: _Optional[_Iterable[_Union[TopTokens, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StepTimings(_message.Message):
     __slots__ = ("forward_ns", "sampling_ns", "transfer_ns", "total_ns")

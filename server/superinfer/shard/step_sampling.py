@@ -121,4 +121,10 @@ def sample_on_host(scheduled: list[ScheduledWork], requests: dict[int, RequestSt
                 top_tokens=[shard_pb2.TokenLogprob(id=i, logprob=lp) for i, lp in token.top_tokens],
             ))
     for index, (first, targets) in prompt_rows.items():
-        outputs[index].prompt_logprobs.extend(prompt_logprobs(logits[first : first + len(targets)], targets))
+        top_n = requests[scheduled[index].request_id].params.top_n_tokens
+        chosen, tops = prompt_logprobs(logits[first : first + len(targets)], targets, top_n)
+        outputs[index].prompt_logprobs.extend(chosen)
+        if top_n:
+            for top in tops:
+                outputs[index].prompt_top_tokens.add().tokens.extend(
+                    shard_pb2.TokenLogprob(id=i, logprob=lp) for i, lp in top)

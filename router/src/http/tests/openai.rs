@@ -180,6 +180,91 @@ async fn completions_return_the_legacy_logprobs_streamed_and_not() {
 }
 
 #[tokio::test]
+async fn completions_echo_the_prompt_and_score_its_tokens_first() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let prompt = "The sky is";
+    let body = json!({"prompt": prompt, "max_tokens": 1, "logprobs": 1, "echo": true, "temperature": 0});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let completion: Value = serde_json::from_str(&text).unwrap();
+    let choice = &completion["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    assert!(text.starts_with(prompt) && text.len() > prompt.len(), "{text}");
+    // The engine was asked for the prompt's logprobs.
+    assert!(log.lock().unwrap().new_requests.last().unwrap().prompt_logprobs);
+    let logprobs = &choice["logprobs"];
+    let prompt_ids = smollm2().encode(prompt, true).unwrap().ids;
+    let tokens = logprobs["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), prompt_ids.len() + 1, "{logprobs}");
+    let joined: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(joined, text);
+    // The first prompt token: no logprob and no alternatives; the others: their logprob, their
+    // position's most likely token and themselves.
+    assert!(logprobs["token_logprobs"][0].is_null() && logprobs["top_logprobs"][0].is_null(), "{logprobs}");
+    for position in 1..tokens.len() {
+        let chosen = logprobs["token_logprobs"][position].as_f64().unwrap();
+        let alternatives = logprobs["top_logprobs"][position].as_object().unwrap();
+        assert!((1..=2).contains(&alternatives.len()), "{alternatives:?}");
+        assert_eq!(alternatives[tokens[position].as_str().unwrap()].as_f64().unwrap(), chosen);
+    }
+    let offsets: Vec<usize> = logprobs["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap() as usize).collect();
+    assert_eq!(offsets[0], 0);
+    assert_eq!(offsets[prompt_ids.len()], prompt.chars().count());
+
+    // Without logprobs: the text only, and the prompt's logprobs are not computed.
+    let (_, _, text) = send(&app, post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 2, "echo": true}))).await;
+    let completion: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(completion["choices"][0]["text"], format!("{prompt}{}", &SCRIPT[..completion["choices"][0]["text"].as_str().unwrap().len() - prompt.len()]));
+    assert!(!log.lock().unwrap().new_requests.last().unwrap().prompt_logprobs);
+
+    let streamed = json!({"prompt": prompt, "max_tokens": 2, "echo": true, "stream": true});
+    // Refused as the stream's error event, as every validation error of a stream is.
+    let (_, _, text) = send(&app, post("/v1/completions", &streamed)).await;
+    let events = sse_data(&text);
+    assert_eq!(events[0]["error"]["http_status_code"], 422, "{text}");
+    assert!(events[0]["error"]["message"].as_str().unwrap().contains("`echo` is not supported when streaming"), "{text}");
+}
+
+#[tokio::test]
+async fn completions_take_prompts_as_token_ids_and_send_them_as_given() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let ids = smollm2().encode("The sky is", false).unwrap().ids;
+    let body = json!({"prompt": ids, "max_tokens": 2, "echo": true});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().prompt_token_ids, ids);
+    let completion: Value = serde_json::from_str(&text).unwrap();
+    // Echoed as their text.
+    assert!(completion["choices"][0]["text"].as_str().unwrap().starts_with("The sky is"), "{text}");
+    assert_eq!(completion["usage"]["prompt_tokens"], ids.len());
+
+    // A batch of them, streamed too: each prompt sent as given.
+    let batch = json!({"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 2});
+    let (status, _, text) = send(&app, post("/v1/completions", &batch)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["choices"].as_array().unwrap().len(), 2);
+    let streamed = json!({"prompt": [11, 12], "max_tokens": 2, "stream": true});
+    let (status, _, text) = send(&app, post("/v1/completions", &streamed)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sse_data(&text).last().unwrap(), "[DONE]");
+    let sent: Vec<Vec<u32>> = log.lock().unwrap().new_requests.iter().rev().take(3).map(|r| r.prompt_token_ids.clone()).collect();
+    assert!(sent.contains(&vec![5, 6, 7]) && sent.contains(&vec![8, 9]) && sent.contains(&vec![11, 12]), "{sent:?}");
+
+    // Ids outside the vocabulary, and an empty prompt, are refused before the engine sees them.
+    let before = log.lock().unwrap().new_requests.len();
+    for (prompt, expected) in [
+        (json!([5, 49152]), "token id 49152 is not in the model's vocabulary of 49152 tokens"),
+        (json!([[]]), "`inputs` cannot be empty"),
+        (json!([5, -1]), "did not match any variant"),
+    ] {
+        let (status, _, text) = send(&app, post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 2}))).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{prompt}: {text}");
+        assert!(text.contains(expected), "{prompt}: {text}");
+    }
+    assert_eq!(log.lock().unwrap().new_requests.len(), before);
+}
+
+#[tokio::test]
 async fn chat_streams_logprobs_when_asked_with_no_alternatives() {
     let (app, _) = app(HttpConfig::default()).await;
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true, "max_tokens": 100,

@@ -88,9 +88,16 @@ impl ScriptedShard {
         };
         if sequence.request.prompt_logprobs {
             let first = scheduled.num_computed_tokens as usize + 1;
-            output.prompt_logprobs = (first..end.min(sequence.prompt_tokens))
-                .map(|_| -1.0)
-                .collect();
+            let positions = first..end.min(sequence.prompt_tokens);
+            output.prompt_logprobs = positions.clone().map(|_| -1.0).collect();
+            let top_n = sequence.request.parameters.as_ref().map_or(0, |p| p.top_n_tokens);
+            if top_n > 0 {
+                output.prompt_top_tokens = positions
+                    .map(|_| pb::TopTokens {
+                        tokens: (0..top_n).map(|rank| pb::TokenLogprob { id: 100 + rank, logprob: -0.2 * rank as f32 }).collect(),
+                    })
+                    .collect();
+            }
         }
         if end == sequence.known_tokens {
             let id = allowed_or_lowest(&scheduled.allowed_tokens, self.script[sequence.sampled.min(self.script.len() - 1)]);

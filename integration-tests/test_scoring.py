@@ -1,0 +1,59 @@
+"""Scoring through `/v1/completions` as lm-evaluation-harness's `local-completions` model does:
+prompts as token ids, `echo` with `logprobs`, one token generated. The prompt's logprobs must be
+the model's: those the generation route reports for the same tokens, with each greedy token the
+most likely at its position."""
+import pytest
+import requests
+from openai import OpenAI
+
+PROMPT = "The three primary colors are"
+
+
+def greedy_details(url, max_new_tokens=6):
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": max_new_tokens, "details": True,
+                                              "decoder_input_details": True}}
+    response = requests.post(url + "/generate", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()["details"]
+
+
+def test_echoed_token_prompt_scores_as_the_model_generated_it(url):
+    details = greedy_details(url)
+    prompt = [token["id"] for token in details["prefill"]]
+    continuation = [token["id"] for token in details["tokens"]]
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120)
+    scored = client.completions.create(model="tgi", prompt=prompt + continuation, max_tokens=1,
+                                       temperature=0, logprobs=1, echo=True)
+    logprobs = scored.choices[0].logprobs
+    assert len(logprobs.tokens) == len(prompt) + len(continuation) + 1
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    # The prompt's tokens: the logprobs the generation route gives them.
+    expected = [token["logprob"] for token in details["prefill"][1:]]
+    assert logprobs.token_logprobs[1:len(prompt)] == pytest.approx(expected, abs=1e-3)
+    # The greedy continuation: each token is its position's most likely, at the logprob it was
+    # generated with (lm-evaluation-harness's `is_greedy`).
+    for position, token in enumerate(details["tokens"]):
+        at = len(prompt) + position
+        assert logprobs.token_logprobs[at] == pytest.approx(token["logprob"], abs=1e-3)
+        assert logprobs.token_logprobs[at] == pytest.approx(max(logprobs.top_logprobs[at].values()), abs=1e-6)
+    assert scored.choices[0].text.startswith(PROMPT)
+
+
+def test_lm_evaluation_harness_loglikelihood_payload(url):
+    # The body its `local-completions` model posts for loglikelihood requests (a batch of
+    # tokenized context + continuation), read as it reads the answer.
+    details = greedy_details(url, max_new_tokens=3)
+    context = [token["id"] for token in details["prefill"]]
+    continuation = [token["id"] for token in details["tokens"]]
+    body = {"model": "tgi", "prompt": [context + continuation, context + continuation[:1]],
+            "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True}
+    response = requests.post(url + "/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+    assert len(choices) == 2
+    for choice, length in zip(choices, [len(continuation), 1]):
+        token_logprobs = choice["logprobs"]["token_logprobs"][len(context):-1]
+        top_logprobs = choice["logprobs"]["top_logprobs"][len(context):-1]
+        assert len(token_logprobs) == length
+        assert sum(token_logprobs) == pytest.approx(sum(t["logprob"] for t in details["tokens"][:length]), abs=1e-3)
+        assert all(logprob == pytest.approx(max(top.values()), abs=1e-6) for logprob, top in zip(token_logprobs, top_logprobs))
