@@ -264,6 +264,12 @@ pub(super) fn prepare_completion(
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
     // An echoed prompt's logprobs are the prompt's, computed with it.
     parameters.decoder_input_details = request.echo && request.logprobs.is_some();
+    if let Some(best_of) = request.best_of.filter(|&best_of| best_of != 1) {
+        if n != 1 {
+            return Err(ValidationError::BestOfChoices(n as u32).into());
+        }
+        parameters.best_of = Some(best_of as usize);
+    }
     // OpenAI's order: prompt by prompt, each prompt's n choices together.
     Ok(prompts
         .into_iter()

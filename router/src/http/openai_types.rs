@@ -225,6 +225,10 @@ pub struct CompletionRequest {
     /// them.
     #[serde(default, deserialize_with = "null_as_default")]
     pub echo: bool,
+    /// Candidates generated per prompt, the one with the highest mean logprob answered (TGI's
+    /// `best_of`, within `--max-best-of`); with `n` = 1 only.
+    #[serde(default)]
+    pub best_of: Option<u32>,
     /// The legacy API's log-probabilities: each token's, and this many alternatives (0–5).
     #[serde(default)]
     pub logprobs: Option<u32>,

@@ -73,6 +73,8 @@ pub enum ValidationError {
     ClientBatchSize(usize, usize),
     #[error("token id {0} is not in the model's vocabulary of {1} tokens")]
     TokenId(u32, u32),
+    #[error("`best_of` greater than 1 is supported with `n` = 1 only. Given: `n` = {0}")]
+    BestOfChoices(u32),
     #[error("`echo` is not supported when streaming")]
     EchoStream,
     #[error("`instances` must hold between 1 and {0} instances. Given: {1}")]

@@ -265,6 +265,25 @@ async fn completions_take_prompts_as_token_ids_and_send_them_as_given() {
 }
 
 #[tokio::test]
+async fn completions_best_of_generates_candidates_and_answers_one() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let body = json!({"prompt": "Hi", "max_tokens": 3, "best_of": 2, "temperature": 0.8});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["choices"].as_array().unwrap().len(), 1);
+    assert_eq!(log.lock().unwrap().new_requests.len(), 2);
+    for (body, expected) in [
+        (json!({"prompt": "Hi", "max_tokens": 3, "best_of": 2, "n": 2}), "`best_of` greater than 1 is supported with `n` = 1 only"),
+        (json!({"prompt": "Hi", "max_tokens": 3, "best_of": 3, "temperature": 0.8}), "`best_of` must be > 0 and <= 2"),
+        (json!({"prompt": "Hi", "max_tokens": 3, "best_of": 2, "temperature": 0}), "sampling"),
+    ] {
+        let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {text}");
+        assert!(text.contains(expected), "{body}: {text}");
+    }
+}
+
+#[tokio::test]
 async fn chat_streams_logprobs_when_asked_with_no_alternatives() {
     let (app, _) = app(HttpConfig::default()).await;
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true, "max_tokens": 100,
