@@ -81,3 +81,19 @@ def test_n_choices_compute_the_prompt_once(server):
     assert server.metric("superinfer_prefix_cache_hit_tokens_total") - hits == 3 * full_blocks * 16
     one = openai.completions.create(model="tgi", prompt=prompt, max_tokens=8, temperature=0)
     assert [choice.text for choice in reply.choices] == [one.choices[0].text] * 4
+
+
+def test_logit_bias_bans_and_forces_tokens(url):
+    import requests
+
+    prompt = "The three primary colors are"
+    greedy = requests.post(f"{url}/generate", json={"inputs": prompt, "parameters": {
+        "max_new_tokens": 1, "details": True}}, timeout=120).json()["details"]["tokens"][0]
+    banned = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=1, temperature=0,
+                                             logit_bias={str(greedy["id"]): -100})
+    assert banned.choices[0].text != greedy["text"]
+    forced_id = requests.post(f"{url}/tokenize", json={"inputs": " banana"}, timeout=60).json()[-1]["id"]
+    forced = client(url).chat.completions.create(
+        model="tgi", messages=[{"role": "user", "content": prompt}], max_tokens=3, temperature=0,
+        logit_bias={str(forced_id): 100})
+    assert forced.choices[0].message.content == " banana" * 3

@@ -2,6 +2,7 @@
 seeded sampling reproducible and independent of the batch, logprobs of the unmodified logits."""
 import math
 
+import pytest
 import torch
 
 from superinfer.shard.requests import RequestState, SamplingParams
@@ -173,3 +174,22 @@ def test_a_row_that_fails_fails_its_own_request_only(failing_sampling):
     first, failed, third = sample(logits, requests)
     assert isinstance(failed, sampling.SamplingFailure) and "device-side assert" in failed.message
     assert first.token_id in (0, 1) and third.token_id in (0, 1)
+
+
+def test_logit_bias_moves_the_greedy_choice_and_the_reported_logprobs():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 0.0], [3.0, 1.0, 2.0, 0.0]])
+    plain, biased = sample(logits, [_request(rid=1, top_n_tokens=2), _request(rid=2, top_n_tokens=2, logit_bias={2: 5.0, 0: -100.0})])
+    assert plain.token_id == 0
+    assert biased.token_id == 2
+    # Its logprobs are the model's, as with penalties.
+    expected = logits[1].log_softmax(-1)
+    assert biased.logprob == pytest.approx(float(expected[2]))
+    assert biased.top_tokens == plain.top_tokens
+    # The caller's logits are left as they were.
+    assert logits[1].tolist() == [3.0, 1.0, 2.0, 0.0]
+
+
+def test_a_biased_sampled_request_never_draws_a_banned_token():
+    logits = torch.zeros(1, 6)
+    request = _request(do_sample=True, temperature=1.0, seed=4, logit_bias={t: -100.0 for t in range(5)})
+    assert all(sample(logits, [request])[0].token_id == 5 for _ in range(20))

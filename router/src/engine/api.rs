@@ -29,6 +29,9 @@ pub struct SamplingParams {
     /// 0.0: none.
     pub frequency_penalty: f32,
     pub seed: u64,
+    /// (token id, bias) added to the logits the choice is made on (OpenAI's `logit_bias`),
+    /// by token id.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl SamplingParams {
@@ -43,6 +46,7 @@ impl SamplingParams {
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }

@@ -68,6 +68,7 @@ fn sampling_parameters(sampling: &SamplingParams, top_n_tokens: u32) -> pb::Samp
         frequency_penalty: sampling.frequency_penalty,
         seed: sampling.seed,
         top_n_tokens,
+        logit_bias: sampling.logit_bias.iter().copied().collect(),
     }
 }
 

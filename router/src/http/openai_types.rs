@@ -63,6 +63,9 @@ pub struct OpenAiSampling {
     pub repetition_penalty: Option<f32>,
     #[serde(default)]
     pub n: Option<u32>,
+    /// Token id (as a string) -> bias added to its logit, -100 to 100.
+    #[serde(default)]
+    pub logit_bias: Option<std::collections::HashMap<String, f32>>,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's top-level `priority`); 0 when absent.
@@ -124,6 +127,14 @@ impl OpenAiSampling {
             priority: self.priority,
             ignore_eos: self.ignore_eos,
             grammar,
+            logit_bias: self
+                .logit_bias
+                .iter()
+                .flatten()
+                .map(|(id, bias)| {
+                    id.trim().parse::<u32>().map(|id| (id, *bias)).map_err(|_| ValidationError::LogitBiasKey(id.clone()))
+                })
+                .collect::<Result<_, _>>()?,
             ..GenerateParameters::default()
         })
     }

@@ -122,6 +122,10 @@ fn checked_parameters(
     let adapter = state.adapter(parameters.adapter_id.as_deref())?;
     let parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
+    let vocab_size = state.info.vocab_size;
+    if let Some(&(id, _)) = parameters.sampling.logit_bias.iter().find(|&&(id, _)| id >= vocab_size) {
+        return Err(validation::ValidationError::TokenId(id, vocab_size).into());
+    }
     Ok((adapter, parameters))
 }
 

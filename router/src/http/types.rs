@@ -67,6 +67,9 @@ pub struct GenerateParameters {
     /// model's id: the base model. An adapter the server did not load is a 422.
     #[serde(default)]
     pub adapter_id: Option<String>,
+    /// (token id, bias): OpenAI's `logit_bias`, set by the OpenAI routes.
+    #[serde(skip)]
+    pub logit_bias: Vec<(u32, f32)>,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's convention); 0 when absent.

@@ -23,6 +23,10 @@ pub enum ValidationError {
     RepetitionPenalty,
     #[error("`frequency_penalty` must be >= -2.0 and <= 2.0")]
     FrequencyPenalty,
+    #[error("`logit_bias` must be between -100 and 100. Given: {1} for token {0}")]
+    LogitBias(u32, f32),
+    #[error("`logit_bias` keys must be token ids. Given: {0:?}")]
+    LogitBiasKey(String),
     #[error("`top_p` must be > 0.0 and < 1.0")]
     TopP,
     #[error("`top_k` must be strictly positive")]

@@ -125,6 +125,16 @@ fn validate_priority(priority: Option<i64>) -> Result<i32, ValidationError> {
 }
 
 /// The sampling values, in TGI's order of checks (the seed is decided by the caller).
+/// OpenAI's range: -100 (the token is banned in effect) to 100 (it is all but certain).
+fn validate_logit_bias(bias: &[(u32, f32)]) -> Result<Vec<(u32, f32)>, ValidationError> {
+    if let Some(&(id, value)) = bias.iter().find(|(_, value)| !(-100.0..=100.0).contains(value)) {
+        return Err(ValidationError::LogitBias(id, value));
+    }
+    let mut bias = bias.to_vec();
+    bias.sort_by_key(|&(id, _)| id);
+    Ok(bias)
+}
+
 fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, ValidationError> {
     for (name, value) in [
         ("temperature", parameters.temperature),
@@ -169,6 +179,7 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
         repetition_penalty,
         frequency_penalty,
         seed: 0,
+        logit_bias: validate_logit_bias(&parameters.logit_bias)?,
     })
 }
 

@@ -16,9 +16,10 @@ import torch
 PENDING_TOKEN = -1
 
 
-def plain_greedy(do_sample: bool, has_penalty: bool, allowed_tokens: bytes) -> bool:
-    """A row whose next token needs nothing from the host: greedy, no penalty, no grammar."""
-    return not do_sample and not has_penalty and not allowed_tokens
+def plain_greedy(do_sample: bool, needs_host: bool, allowed_tokens: bytes) -> bool:
+    """A row whose next token needs nothing from the host: greedy, no penalty or logit bias
+    (`needs_host`), no grammar."""
+    return not do_sample and not needs_host and not allowed_tokens
 
 
 class DeviceSample:

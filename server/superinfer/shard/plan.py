@@ -8,6 +8,7 @@ the whole step's K/V before any attention reads the cache, so they read what thi
 how n choices of one prompt, admitted together, share its computation (prefix caching). Full
 blocks that are only read may be shared freely. A transfer in's destination may not be read or
 written by compute in the same step."""
+import math
 from dataclasses import dataclass
 
 from ..pb import shard_pb2
@@ -49,6 +50,7 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         frequency_penalty=message.frequency_penalty,
         seed=message.seed,
         top_n_tokens=message.top_n_tokens,
+        logit_bias=dict(message.logit_bias),
     )
     problems = []
     if params.do_sample and not params.temperature > 0:
@@ -59,6 +61,10 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         problems.append(f"typical_p must be in (0, 1], got {params.typical_p}")
     if not params.repetition_penalty > 0:
         problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+    if any(token >= limits.vocab_size for token in params.logit_bias):
+        problems.append(f"logit_bias names a token id outside the vocabulary ({limits.vocab_size})")
+    if not all(math.isfinite(bias) for bias in params.logit_bias.values()):
+        problems.append("logit_bias must be finite")
     if params.top_n_tokens > limits.max_top_n_tokens:
         problems.append(f"top_n_tokens must be <= {limits.max_top_n_tokens}, got {params.top_n_tokens}")
     if problems:

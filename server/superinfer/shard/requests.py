@@ -16,10 +16,18 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int = 0
     top_n_tokens: int = 0
+    # Token id -> bias added to its logit (OpenAI's logit_bias).
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     @property
     def has_penalty(self) -> bool:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+
+    @property
+    def needs_host(self) -> bool:
+        """Whether its next token is chosen on the host (a penalty or a logit bias), not by the
+        device's greedy pick."""
+        return self.has_penalty or bool(self.logit_bias)
 
 
 @dataclass

@@ -284,6 +284,34 @@ async fn completions_best_of_generates_candidates_and_answers_one() {
 }
 
 #[tokio::test]
+async fn logit_bias_reaches_the_shard_checked_on_both_routes() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "logit_bias": {"42": -100, "7": 2.5}});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let sent = log.lock().unwrap().new_requests.last().unwrap().parameters.clone().unwrap().logit_bias;
+    assert_eq!(sent, [(42, -100.0), (7, 2.5)].into_iter().collect());
+    let completion = json!({"prompt": "Hi", "max_tokens": 2, "logit_bias": {"5": 1}, "stream": true});
+    let (status, _, _) = send(&app, post("/v1/completions", &completion)).await;
+    assert_eq!(status, StatusCode::OK);
+    let sent = log.lock().unwrap().new_requests.last().unwrap().parameters.clone().unwrap().logit_bias;
+    assert_eq!(sent, [(5, 1.0)].into_iter().collect());
+
+    let before = log.lock().unwrap().new_requests.len();
+    for (bias, expected) in [
+        (json!({"42": -101}), "`logit_bias` must be between -100 and 100. Given: -101 for token 42"),
+        (json!({"forty": 1}), "`logit_bias` keys must be token ids"),
+        (json!({"49152": 1}), "token id 49152 is not in the model's vocabulary of 49152 tokens"),
+    ] {
+        let body = json!({"prompt": "Hi", "max_tokens": 2, "logit_bias": bias});
+        let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bias}: {text}");
+        assert!(text.contains(expected), "{bias}: {text}");
+    }
+    assert_eq!(log.lock().unwrap().new_requests.len(), before);
+}
+
+#[tokio::test]
 async fn chat_streams_logprobs_when_asked_with_no_alternatives() {
     let (app, _) = app(HttpConfig::default()).await;
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true, "max_tokens": 100,
