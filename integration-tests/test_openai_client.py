@@ -97,3 +97,17 @@ def test_logit_bias_bans_and_forces_tokens(url):
         model="tgi", messages=[{"role": "user", "content": prompt}], max_tokens=3, temperature=0,
         logit_bias={str(forced_id): 100})
     assert forced.choices[0].message.content == " banana" * 3
+
+
+def test_models_are_listed_and_retrieved_by_id(url):
+    import openai
+
+    served = [model.id for model in client(url).models.list().data]
+    assert served
+    assert client(url).models.retrieve(served[0]).id == served[0]
+    try:
+        client(url).models.retrieve("no-such-model")
+    except openai.NotFoundError as error:
+        assert "no-such-model" in error.response.json()["error"]
+    else:
+        raise AssertionError("an unknown model was found")

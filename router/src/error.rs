@@ -33,6 +33,9 @@ pub enum HttpError {
     Unavailable { message: String, retry_after_s: Option<u64> },
     #[error("Unauthorized")]
     Unauthorized,
+    /// `GET /v1/models/{id}` for a model this server does not serve.
+    #[error("The model `{0}` does not exist")]
+    ModelNotFound(String),
     #[error("Payload too large: the request body is over {0} bytes")]
     PayloadTooLarge(usize),
     /// The body is not a request of this route (bad JSON, wrong types, missing fields).
@@ -77,6 +80,7 @@ impl HttpError {
             HttpError::Incomplete | HttpError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
             HttpError::Unhealthy(_) | HttpError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             HttpError::Unauthorized => StatusCode::UNAUTHORIZED,
+            HttpError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
@@ -94,6 +98,7 @@ impl HttpError {
             HttpError::Unhealthy(_) => "healthcheck",
             HttpError::Unavailable { .. } => "unavailable",
             HttpError::Unauthorized => "unauthorized",
+            HttpError::ModelNotFound(_) => "not_found",
             HttpError::PayloadTooLarge(_) => "payload_too_large",
             HttpError::Metrics(_) => "metrics",
         }

@@ -1,7 +1,7 @@
 //! The read-only routes: `/health` (and `/ping`), `/info`, `/metrics`, `/v1/models`.
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::Json;
@@ -92,6 +92,26 @@ pub struct ModelList {
 /// The served model and its LoRA adapters, OpenAI style: a request's `model` picks one.
 #[utoipa::path(get, path = "/v1/models", tag = "OpenAI", responses((status = 200, body = ModelList)))]
 pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList { object: "list".to_string(), data: model_cards(&state) })
+}
+
+/// One of the served models (`client.models.retrieve`); 404 for any other id.
+#[utoipa::path(get, path = "/v1/models/{model}", tag = "OpenAI",
+    params(("model" = String, Path, description = "the served model's id or an adapter's")),
+    responses((status = 200, body = ModelCard), (status = 404, body = ErrorBody)))]
+pub(crate) async fn model(
+    State(state): State<Arc<AppState>>,
+    Path(model): Path<String>,
+) -> Result<Json<ModelCard>, HttpError> {
+    model_cards(&state)
+        .into_iter()
+        .find(|card| card.id == model)
+        .map(Json)
+        .ok_or(HttpError::ModelNotFound(model))
+}
+
+/// The served model, then its adapters.
+fn model_cards(state: &AppState) -> Vec<ModelCard> {
     let created = super::openai_types::unix_now();
     let card = |id: &str| ModelCard {
         id: id.to_string(),
@@ -99,7 +119,7 @@ pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList
         created,
         owned_by: state.model_id.clone(),
     };
-    let mut data = vec![card(&state.model_id)];
-    data.extend(state.info.adapters.iter().map(|adapter| card(adapter)));
-    Json(ModelList { object: "list".to_string(), data })
+    let mut cards = vec![card(&state.model_id)];
+    cards.extend(state.info.adapters.iter().map(|adapter| card(adapter)));
+    cards
 }

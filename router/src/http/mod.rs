@@ -105,6 +105,7 @@ pub fn router(
         .route("/info", get(info::info))
         .route("/metrics", get(info::metrics))
         .route("/v1/models", get(info::models))
+        .route("/v1/models/{model}", get(info::model))
         .route("/get_load", get(worker_api::get_load))
         .route("/get_server_info", get(worker_api::get_server_info))
         .route("/get_model_info", get(worker_api::get_model_info))

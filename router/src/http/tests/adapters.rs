@@ -56,4 +56,13 @@ async fn v1_models_lists_the_base_model_and_its_adapters() {
     let models: Value = serde_json::from_str(&text).unwrap();
     let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|card| card["id"].as_str().unwrap()).collect();
     assert_eq!(ids, [["smollm2-test"].as_slice(), ADAPTERS.as_slice()].concat());
+    // Each one by its id (`client.models.retrieve`); any other id is a 404.
+    for id in ["smollm2-test", ADAPTERS[0]] {
+        let (status, _, text) = send(&app, Request::get(format!("/v1/models/{id}")).body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["id"], id);
+    }
+    let (status, _, text) = send(&app, Request::get("/v1/models/gpt-4").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"error": "The model `gpt-4` does not exist", "error_type": "not_found"}));
 }
