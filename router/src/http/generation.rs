@@ -306,9 +306,6 @@ impl Generation {
     /// The alternatives at prompt positions 1.., when the request asked for them.
     fn prefill_top_tokens(&self) -> Vec<Vec<Token>> {
         let logprobs = self.prefill_logprobs.as_deref().unwrap_or_default();
-        if logprobs.iter().all(|prompt| prompt.top_tokens.is_empty()) {
-            return Vec::new();
-        }
         logprobs.iter().map(|prompt| self.tokens_of(&prompt.top_tokens)).collect()
     }
 

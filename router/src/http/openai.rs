@@ -414,7 +414,8 @@ fn legacy_logprobs<'a>(tokens: impl IntoIterator<Item = LegacyToken<'a>>, with_o
 
 /// A choice's logprobs: its prompt's tokens first with `echo`.
 fn choice_logprobs(output: &GenerationOutput, echo: bool) -> serde_json::Value {
-    let prompt = output.prefill.iter().enumerate().filter(|_| echo).map(|(position, token)| {
+    let prompt = if echo { output.prefill.as_slice() } else { &[] };
+    let prompt = prompt.iter().enumerate().map(|(position, token)| {
         // The alternatives at position i are prefill_top_tokens[i - 1], as its logprob is.
         let alternatives = position.checked_sub(1).map(|i| output.prefill_top_tokens.get(i).map(Vec::as_slice).unwrap_or_default());
         LegacyToken {

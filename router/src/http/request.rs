@@ -103,10 +103,7 @@ pub(crate) async fn validate_token_prompt(
     if ids.is_empty() {
         return Err(validation::ValidationError::EmptyInput.into());
     }
-    let vocab_size = state.info.vocab_size;
-    if let Some(&id) = ids.iter().find(|&&id| id >= vocab_size) {
-        return Err(validation::ValidationError::TokenId(id, vocab_size).into());
-    }
+    in_vocabulary(state, ids.iter().copied())?;
     let inputs = state
         .tokenizer
         .decode(&ids, false)
@@ -122,11 +119,17 @@ fn checked_parameters(
     let adapter = state.adapter(parameters.adapter_id.as_deref())?;
     let parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
-    let vocab_size = state.info.vocab_size;
-    if let Some(&(id, _)) = parameters.sampling.logit_bias.iter().find(|&&(id, _)| id >= vocab_size) {
-        return Err(validation::ValidationError::TokenId(id, vocab_size).into());
-    }
+    in_vocabulary(state, parameters.sampling.logit_bias.iter().map(|&(id, _)| id))?;
     Ok((adapter, parameters))
+}
+
+/// Token ids a request names itself (a prompt, a logit bias) must be the model's.
+fn in_vocabulary(state: &AppState, mut ids: impl Iterator<Item = u32>) -> Result<(), HttpError> {
+    let vocab_size = state.info.vocab_size;
+    match ids.find(|&id| id >= vocab_size) {
+        Some(id) => Err(validation::ValidationError::TokenId(id, vocab_size).into()),
+        None => Ok(()),
+    }
 }
 
 /// The rules both prompt forms share once tokenized: `truncate`, the lengths, the grammar.
