@@ -30,6 +30,12 @@ def test_echoed_token_prompt_scores_as_the_model_generated_it(url):
     # The prompt's tokens: the logprobs the generation route gives them.
     expected = [token["logprob"] for token in details["prefill"][1:]]
     assert logprobs.token_logprobs[1:len(prompt)] == pytest.approx(expected, abs=1e-3)
+    # Their positions' alternatives are the model's: the prompt is not the model's greedy text, so
+    # somewhere another token is more likely than the prompt's own.
+    assert any(max(top.values()) > logprob + 1e-3
+               for top, logprob in zip(logprobs.top_logprobs[1:len(prompt)], logprobs.token_logprobs[1:len(prompt)]))
+    assert all(max(top.values()) >= logprob - 1e-6
+               for top, logprob in zip(logprobs.top_logprobs[1:len(prompt)], logprobs.token_logprobs[1:len(prompt)]))
     # The greedy continuation: each token is its position's most likely, at the logprob it was
     # generated with (lm-evaluation-harness's `is_greedy`).
     for position, token in enumerate(details["tokens"]):

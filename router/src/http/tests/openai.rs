@@ -201,11 +201,17 @@ async fn completions_echo_the_prompt_and_score_its_tokens_first() {
     // The first prompt token: no logprob and no alternatives; the others: their logprob, their
     // position's most likely token and themselves.
     assert!(logprobs["token_logprobs"][0].is_null() && logprobs["top_logprobs"][0].is_null(), "{logprobs}");
+    // The scripted shard's most likely token at every prompt position is id 100: it came back
+    // with the prompt's logprobs.
+    let shard_top = smollm2().token_text(100);
     for position in 1..tokens.len() {
         let chosen = logprobs["token_logprobs"][position].as_f64().unwrap();
         let alternatives = logprobs["top_logprobs"][position].as_object().unwrap();
         assert!((1..=2).contains(&alternatives.len()), "{alternatives:?}");
         assert_eq!(alternatives[tokens[position].as_str().unwrap()].as_f64().unwrap(), chosen);
+        if position < prompt_ids.len() {
+            assert!(alternatives.contains_key(&shard_top), "{position}: {alternatives:?}");
+        }
     }
     let offsets: Vec<usize> = logprobs["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap() as usize).collect();
     assert_eq!(offsets[0], 0);
