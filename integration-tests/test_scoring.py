@@ -63,3 +63,33 @@ def test_lm_evaluation_harness_loglikelihood_payload(url):
         assert len(token_logprobs) == length
         assert sum(token_logprobs) == pytest.approx(sum(t["logprob"] for t in details["tokens"][:length]), abs=1e-3)
         assert all(logprob == pytest.approx(max(top.values()), abs=1e-6) for logprob, top in zip(token_logprobs, top_logprobs))
+
+
+def test_characters_split_over_tokens_keep_their_names_offsets_and_bytes(url):
+    # An emoji is several byte-level tokens. lm-evaluation-harness's `is_greedy` looks the
+    # sampled token up among its alternatives by name, so every token is named by its own bytes,
+    # the same way in both places (`bytes:\xNN` for part of a character), and `text_offset`
+    # points into the text the choice shows.
+    prompt = "Coffee: ☕ ☕ ☕ ☕"
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120)
+    scored = client.completions.create(model="tgi", prompt=prompt, max_tokens=6, temperature=0,
+                                       logprobs=1, echo=True)
+    choice = scored.choices[0]
+    logprobs = choice.logprobs
+    assert any(name.startswith("bytes:\\x") for name in logprobs.tokens)
+    for name, offset in zip(logprobs.tokens, logprobs.text_offset):
+        if not name.startswith("bytes:"):
+            assert choice.text[offset:offset + len(name)] == name
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+    assert logprobs.text_offset[-1] <= len(choice.text)
+    for name, top in zip(logprobs.tokens[1:], logprobs.top_logprobs[1:]):
+        assert name in top
+    # Chat: each token's bytes, joined, are the answer's.
+    chat = client.chat.completions.create(
+        model="tgi", messages=[{"role": "user", "content": "Write three coffee emoji: ☕☕☕"}],
+        max_tokens=12, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    joined = b"".join(bytes(entry.bytes) for entry in content)
+    assert joined.decode("utf-8", errors="replace") == chat.choices[0].message.content
+    for entry in content:
+        assert entry.token in [top.token for top in entry.top_logprobs]

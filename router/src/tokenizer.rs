@@ -1,9 +1,10 @@
 //! The model's tokenizer (built from the `tokenizer.json` the shard sends), shared read-only by
 //! every request. Encoding runs on tokio's blocking pool so that long prompts never stall the
 //! async executor.
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::ModelWrapper;
 use tokenizers::SplitDelimiterBehavior;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
@@ -31,6 +32,10 @@ pub struct Encoded {
 pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     special_ids: Arc<HashSet<u32>>,
+    /// Tokens added to the vocabulary (special or not): their entry is their text as written.
+    added_ids: Arc<HashSet<u32>>,
+    /// For a byte-level BPE vocabulary, the byte each character of an entry stands for.
+    byte_alphabet: Option<Arc<HashMap<char, u8>>>,
     max_bytes_per_token: Option<usize>,
 }
 
@@ -39,16 +44,16 @@ impl Tokenizer {
         let inner: tokenizers::Tokenizer = json
             .parse()
             .map_err(|error: tokenizers::Error| TokenizerError::Load(error.to_string()))?;
-        let special_ids = inner
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, token)| token.special)
-            .map(|(id, _)| id)
-            .collect();
+        let added = inner.get_added_tokens_decoder();
+        let special_ids = added.iter().filter(|(_, token)| token.special).map(|(&id, _)| id).collect();
+        let added_ids = added.keys().copied().collect();
+        let byte_alphabet = inner.get_decoder().is_some_and(decodes_byte_level).then(|| Arc::new(byte_level_alphabet()));
         let max_bytes_per_token = max_bytes_per_token(&inner);
         Ok(Self {
             inner: Arc::new(inner),
             special_ids: Arc::new(special_ids),
+            added_ids: Arc::new(added_ids),
+            byte_alphabet,
             max_bytes_per_token,
         })
     }
@@ -98,6 +103,59 @@ impl Tokenizer {
     pub fn is_special(&self, id: u32) -> bool {
         self.special_ids.contains(&id)
     }
+
+    /// The bytes one token stands for, which may be part of a UTF-8 character (a byte-level
+    /// token of an emoji): read from the vocabulary entry for a byte-level BPE (GPT-2's
+    /// alphabet) or a byte-fallback entry (`<0xE2>`); otherwise the token's text on its own
+    /// (`token_text`). `None` for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let entry = self.inner.id_to_token(id)?;
+        if self.added_ids.contains(&id) {
+            return Some(entry.into_bytes());
+        }
+        if let Some(alphabet) = &self.byte_alphabet {
+            if let Some(bytes) = entry.chars().map(|c| alphabet.get(&c).copied()).collect() {
+                return Some(bytes);
+            }
+        }
+        if let Some(byte) = fallback_byte(&entry) {
+            return Some(vec![byte]);
+        }
+        Some(self.token_text(id).into_bytes())
+    }
+}
+
+/// Whether the decoder maps a byte-level alphabet back to bytes (alone or in a sequence).
+fn decodes_byte_level(decoder: &DecoderWrapper) -> bool {
+    match decoder {
+        DecoderWrapper::ByteLevel(_) => true,
+        DecoderWrapper::Sequence(sequence) => sequence.get_decoders().iter().any(decodes_byte_level),
+        _ => false,
+    }
+}
+
+/// GPT-2's byte-level alphabet, inverted: the 188 printable bytes stand for themselves, every
+/// other byte for the character 256 + its rank among them.
+fn byte_level_alphabet() -> HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut alphabet = HashMap::with_capacity(256);
+    let mut next = 256u32;
+    for byte in 0..=255u8 {
+        let c = if printable(byte) {
+            char::from(byte)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).unwrap_or(char::REPLACEMENT_CHARACTER)
+        };
+        alphabet.insert(c, byte);
+    }
+    alphabet
+}
+
+/// A SentencePiece byte-fallback entry, `<0xNN>`.
+fn fallback_byte(entry: &str) -> Option<u8> {
+    let hex = entry.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }
 
 /// The longest vocabulary entry in bytes, when no token can stand for more input bytes than its
@@ -154,6 +212,26 @@ pub(crate) mod tests {
                 Tokenizer::from_json(&json).expect("fixture tokenizer loads")
             })
             .clone()
+    }
+
+    #[test]
+    fn token_bytes_spell_the_text_even_mid_character() {
+        let tokenizer = smollm2();
+        let text = "héllo 日本語 🤗 <|im_start|>";
+        let ids = tokenizer.encode(text, false).unwrap().ids;
+        let bytes: Vec<u8> = ids.iter().flat_map(|&id| tokenizer.token_bytes(id).unwrap()).collect();
+        assert_eq!(bytes, text.as_bytes());
+        // Some token holds part of a character: its bytes are not text on their own.
+        assert!(ids.iter().any(|&id| std::str::from_utf8(&tokenizer.token_bytes(id).unwrap()).is_err()));
+        assert_eq!(tokenizer.token_bytes(u32::MAX), None);
+    }
+
+    #[test]
+    fn byte_fallback_entries_are_their_byte() {
+        assert_eq!(fallback_byte("<0xE2>"), Some(0xE2));
+        assert_eq!(fallback_byte("<0x0A>"), Some(0x0A));
+        assert_eq!(fallback_byte("<0xE>"), None);
+        assert_eq!(fallback_byte("<s>"), None);
     }
 
     #[test]

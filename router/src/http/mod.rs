@@ -17,6 +17,7 @@ mod headers;
 mod info;
 mod invocations;
 mod listener;
+mod logprobs;
 mod openai;
 mod openai_stream;
 pub mod openai_types;

@@ -8,7 +8,6 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::future::try_join_all;
-use serde_json::json;
 
 use super::extract::JsonBody;
 use super::generate::run_candidates;
@@ -23,7 +22,9 @@ use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
 use super::state::AppState;
 use super::tools::{self, CallPiece, CallStream, ToolAnswer};
-use super::types::{GenerateParameters, Token};
+use super::logprobs::{chat_logprobs, choice_logprobs, legacy_logprobs, LegacyToken};
+use super::types::GenerateParameters;
+use crate::tokenizer::Tokenizer;
 use crate::chat_template::TemplateMessage;
 use crate::error::{ErrorBody, HttpError};
 use crate::validation::ValidationError;
@@ -75,7 +76,8 @@ pub(crate) async fn chat_completions(
         };
         // Tools come with one choice: one call to follow.
         let call = calls_tools.then(|| Mutex::new(CallStream::default()));
-        let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| chat_chunk(identity, update, call.as_ref());
+        let tokenizer = state.tokenizer.clone();
+        let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| chat_chunk(identity, update, call.as_ref(), &tokenizer);
         return openai_stream(state, headers, plan, Arc::new(chunk)).await;
     }
     let log = RequestLog::start(CHAT_ROUTE, arrival);
@@ -87,7 +89,7 @@ pub(crate) async fn chat_completions(
         let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
         Ok::<_, HttpError>((
             headers,
-            Json(chat_completion(&state.model_id, &outputs, logprobs, calls_tools)),
+            Json(chat_completion(&state, &outputs, logprobs, calls_tools)),
         ))
     }
     .await;
@@ -162,7 +164,9 @@ pub(crate) async fn completions(
             arrival,
             choices_per_prompt: request.sampling.choices() as usize,
         };
-        return openai_stream(state, headers, plan, Arc::new(completion_chunk)).await;
+        let tokenizer = state.tokenizer.clone();
+        let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| completion_chunk(identity, update, &tokenizer);
+        return openai_stream(state, headers, plan, Arc::new(chunk)).await;
     }
     let log = RequestLog::start(COMPLETIONS_ROUTE, arrival);
     let result = async {
@@ -173,7 +177,7 @@ pub(crate) async fn completions(
         let headers = finished_headers(&figures, first, &state.config.compute_type, 0);
         let logprobs = request.logprobs.is_some();
         let n = request.sampling.choices() as usize;
-        Ok::<_, HttpError>((headers, Json(completion(&state.model_id, &outputs, logprobs, request.echo, n))))
+        Ok::<_, HttpError>((headers, Json(completion(&state, &outputs, logprobs, request.echo, n))))
     }
     .await;
     respond(result, &log)
@@ -279,29 +283,6 @@ pub(super) fn prepare_completion(
         .collect())
 }
 
-fn chat_logprobs(tokens: &[Token], top_tokens: &[Vec<Token>]) -> ChatLogprobs {
-    let content = tokens
-        .iter()
-        .enumerate()
-        .map(|(position, token)| ChatLogprob {
-            token: token.text.clone(),
-            logprob: token.logprob,
-            top_logprobs: top_tokens
-                .get(position)
-                .map(|tops| {
-                    tops.iter()
-                        .map(|top| TopLogprob {
-                            token: top.text.clone(),
-                            logprob: top.logprob,
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-        })
-        .collect();
-    ChatLogprobs { content }
-}
-
 /// The assistant's answer: its text, or the tool call the text holds (`calls_tools`), with
 /// OpenAI's finish reason for it.
 fn answer(output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Option<Vec<ToolCall>>, String) {
@@ -320,12 +301,12 @@ fn answer(output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Opti
 }
 
 fn chat_completion(
-    model: &str,
+    state: &AppState,
     outputs: &[(ValidRequest, GenerationOutput)],
     logprobs: bool,
     calls_tools: bool,
 ) -> ChatCompletion {
-    let identity = ResponseIdentity::new(model, "chat.completion.chunk");
+    let identity = ResponseIdentity::new(&state.model_id, "chat.completion.chunk");
     let choices = outputs
         .iter()
         .enumerate()
@@ -338,7 +319,7 @@ fn chat_completion(
                     content,
                     tool_calls,
                 },
-                logprobs: logprobs.then(|| chat_logprobs(&output.tokens, &output.top_tokens)),
+                logprobs: logprobs.then(|| chat_logprobs(&state.tokenizer, &output.tokens, &output.top_tokens)),
                 finish_reason,
             }
         })
@@ -357,84 +338,8 @@ fn chat_completion(
     }
 }
 
-/// The legacy completions API's log-probabilities: each token's text and log-probability, its
-/// alternatives (the sampled token among them, with its own log-probability), and each token's
-/// character offset in the generated text (`text_offset`, when the offsets are known).
-/// One token of the legacy completions' logprobs.
-struct LegacyToken<'a> {
-    text: &'a str,
-    /// `None` for the first token of an echoed prompt, which nothing predicts.
-    logprob: Option<f32>,
-    special: bool,
-    /// The most likely tokens at its position; `None` (null) where `logprob` is.
-    alternatives: Option<&'a [Token]>,
-}
-
-impl<'a> LegacyToken<'a> {
-    fn generated(token: &'a Token, alternatives: &'a [Token]) -> Self {
-        LegacyToken {
-            text: &token.text,
-            logprob: Some(token.logprob),
-            special: token.special,
-            alternatives: Some(alternatives),
-        }
-    }
-}
-
-/// The legacy completions' `logprobs`: each token's text, logprob, alternatives (the token
-/// itself among them) and, with `with_offsets`, where its text starts in the choice's.
-fn legacy_logprobs<'a>(tokens: impl IntoIterator<Item = LegacyToken<'a>>, with_offsets: bool) -> serde_json::Value {
-    let (mut texts, mut logprobs, mut tops, mut text_offset) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut offset = 0;
-    for token in tokens {
-        text_offset.push(offset);
-        // A special token (the end of the answer, a prompt's BOS) is listed but is not in the text.
-        if !token.special {
-            offset += token.text.chars().count();
-        }
-        tops.push(token.alternatives.map(|alternatives| {
-            let mut map = serde_json::Map::new();
-            for top in alternatives {
-                map.insert(top.text.clone(), json!(top.logprob));
-            }
-            if let Some(logprob) = token.logprob {
-                map.insert(token.text.to_string(), json!(logprob));
-            }
-            map
-        }));
-        texts.push(token.text.to_string());
-        logprobs.push(token.logprob);
-    }
-    let mut logprobs = json!({"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops});
-    if with_offsets {
-        logprobs["text_offset"] = json!(text_offset);
-    }
-    logprobs
-}
-
-/// A choice's logprobs: its prompt's tokens first with `echo`.
-fn choice_logprobs(output: &GenerationOutput, echo: bool) -> serde_json::Value {
-    let prompt = if echo { output.prefill.as_slice() } else { &[] };
-    let prompt = prompt.iter().enumerate().map(|(position, token)| {
-        // The alternatives at position i are prefill_top_tokens[i - 1], as its logprob is.
-        let alternatives = position.checked_sub(1).map(|i| output.prefill_top_tokens.get(i).map(Vec::as_slice).unwrap_or_default());
-        LegacyToken {
-            text: &token.text,
-            logprob: token.logprob,
-            special: token.special,
-            alternatives: alternatives.filter(|_| token.logprob.is_some()),
-        }
-    });
-    let generated = output
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(position, token)| LegacyToken::generated(token, output.top_tokens.get(position).map(Vec::as_slice).unwrap_or_default()));
-    legacy_logprobs(prompt.chain(generated), true)
-}
-
-fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool, echo: bool, n: usize) -> Completion {
-    let identity = ResponseIdentity::new(model, "text_completion");
+fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool, echo: bool, n: usize) -> Completion {
+    let identity = ResponseIdentity::new(&state.model_id, "text_completion");
     // Each prompt counts once (its first choice), every choice's tokens each.
     let (prompt_tokens, completion_tokens) = outputs.iter().enumerate().fold((0, 0), |(p, c), (index, (_, output))| {
         let prompt = if index % n.max(1) == 0 { output.input_length } else { 0 };
@@ -455,7 +360,7 @@ fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprob
                     true => format!("{}{}", valid.inputs, output.generated_text),
                     false => output.generated_text.clone(),
                 },
-                logprobs: logprobs.then(|| choice_logprobs(output, echo)),
+                logprobs: logprobs.then(|| choice_logprobs(&state.tokenizer, output, echo.then_some(valid.inputs.as_str()))),
                 finish_reason: Some(finish_reason(output.finish_reason)),
             })
             .collect(),
@@ -466,7 +371,7 @@ fn completion(model: &str, outputs: &[(ValidRequest, GenerationOutput)], logprob
 /// One chunk per token. Under tools (`call`) the tokens' text is not content: the chunks
 /// carry the call as it grows (its name once complete, then pieces of its arguments), and the
 /// last one what is left of it, or the `no_tool` text.
-fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, call: Option<&Mutex<CallStream>>) -> serde_json::Value {
+fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, call: Option<&Mutex<CallStream>>, tokenizer: &Tokenizer) -> serde_json::Value {
     let generated_reason = update.finish.map(|output| finish_reason(output.finish_reason));
     let (content, piece, finish) = match call {
         None => (Some(update.text.clone()), None, generated_reason),
@@ -502,7 +407,7 @@ fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, call: Optio
     let logprobs = update
         .token
         .filter(|_| identity.logprobs || !update.top_tokens.is_empty())
-        .map(|token| chat_logprobs(std::slice::from_ref(token), &[update.top_tokens.to_vec()]));
+        .map(|token| chat_logprobs(tokenizer, std::slice::from_ref(token), &[update.top_tokens.to_vec()]));
     let chunk = ChatCompletionChunk {
         id: identity.id.clone(),
         object: "chat.completion.chunk".to_string(),
@@ -524,7 +429,7 @@ fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, call: Optio
     serde_json::to_value(chunk).unwrap_or_default()
 }
 
-fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> serde_json::Value {
+fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, tokenizer: &Tokenizer) -> serde_json::Value {
     let chunk = Completion {
         id: identity.id.clone(),
         object: "text_completion".to_string(),
@@ -536,7 +441,7 @@ fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>) -> se
             logprobs: update
                 .token
                 .filter(|_| identity.logprobs)
-                .map(|token| legacy_logprobs([LegacyToken::generated(token, update.top_tokens)], false)),
+                .map(|token| legacy_logprobs(tokenizer, [LegacyToken::generated(token, update.top_tokens)], None)),
             text: update.text,
             finish_reason: update
                 .finish

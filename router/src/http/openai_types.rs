@@ -274,12 +274,19 @@ pub fn finish_reason(reason: FinishReason) -> String {
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
+    /// The token's UTF-8 bytes, which may be part of a character (`token` then reads
+    /// `bytes:\xNN…`).
+    #[serde(default)]
+    pub bytes: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatLogprob {
     pub token: String,
     pub logprob: f32,
+    /// As `TopLogprob::bytes`.
+    #[serde(default)]
+    pub bytes: Option<Vec<u8>>,
     pub top_logprobs: Vec<TopLogprob>,
 }
 
