@@ -4,6 +4,7 @@ tools and its arguments (a JSON string) validate against the tool's parameters."
 import json
 
 import jsonschema
+import requests
 from huggingface_hub import InferenceClient
 from openai import OpenAI
 
@@ -78,3 +79,27 @@ def test_huggingface_hub_chat_completion_with_tools(url):
     assert output.choices[0].finish_reason == "tool_calls"
     arguments = call.function.arguments
     check_call(call.function.name, arguments if isinstance(arguments, str) else json.dumps(arguments))
+
+
+def test_the_tool_loop_sends_the_call_back_with_its_result(url):
+    # OpenAI's tool loop, as an agent runs it: the model calls a tool, the client appends the
+    # assistant message as the client library returned it (content None, tool_calls) and the
+    # tool's result, and asks again. The model must see its call before the result.
+    client = OpenAI(base_url=f"{url}/v1", api_key="-")
+    first = client.chat.completions.create(model="tgi", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                           max_tokens=80, temperature=0)
+    assistant = first.choices[0].message
+    call = assistant.tool_calls[0]
+    history = MESSAGES + [assistant.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}]
+    second = client.chat.completions.create(model="tgi", messages=history, max_tokens=16, temperature=0)
+    assert second.choices[0].message.content
+    # What the template wrote: the call (its name and arguments) ahead of the result.
+    templated = requests.post(f"{url}/chat_tokenize", json={"model": "tgi", "messages": history},
+                              timeout=60).json()["templated_text"]
+    assert call.function.name in templated
+    assert templated.index(call.function.name) < templated.index("18 degrees, sunny")
+    # A message with neither content nor calls is refused, as OpenAI refuses it.
+    refused = requests.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": None}]},
+                            timeout=60)
+    assert refused.status_code == 422 and "messages[0]" in refused.json()["error"], refused.text

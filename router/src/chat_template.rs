@@ -1,9 +1,14 @@
 //! The model's chat template (Jinja, from the shard's `Info`), compiled once with minijinja and
 //! rendered per chat request. Python string methods that Hugging Face templates call
 //! (`.strip()`, `.startswith()`, …) come from minijinja-contrib's pycompat layer, and
-//! whitespace control follows transformers (`trim_blocks`, `lstrip_blocks`).
+//! whitespace control follows transformers (`trim_blocks`, `lstrip_blocks`), as do the
+//! extras transformers gives templates: `raise_exception`, `strftime_now`, its own `tojson`,
+//! and loop controls (`break`, `continue`).
+use std::fmt::Write as _;
+use std::io;
+
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Serde, Value};
+use minijinja::value::{Kwargs, Serde, Value};
 use minijinja::{context, Environment, ErrorKind};
 use serde::Serialize;
 
@@ -24,6 +29,21 @@ pub enum TemplateError {
 pub struct TemplateMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls, as Hugging Face templates read them: `{"type":
+    /// "function", "function": {"name", "arguments"}}`, the arguments an object where the
+    /// caller's JSON string parses. Only for templates that render `tool_calls`; for the others
+    /// the calls are written in `content` (`ChatTemplate::renders_tool_calls`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// The call a tool's result answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl TemplateMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None }
+    }
 }
 
 /// A compiled template plus the special tokens it may refer to.
@@ -31,6 +51,7 @@ pub struct ChatTemplate {
     environment: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    renders_tool_calls: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -45,6 +66,51 @@ impl std::fmt::Debug for ChatTemplate {
 /// Templates call `raise_exception("…")` to reject conversations they cannot express.
 fn raise_exception(message: String) -> Result<String, minijinja::Error> {
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// transformers' `strftime_now(format)`: the local time, formatted as by `strftime`.
+fn strftime_now(format: String) -> Result<String, minijinja::Error> {
+    let mut text = String::new();
+    write!(text, "{}", chrono::Local::now().format(&format))
+        .map_err(|_| minijinja::Error::new(ErrorKind::InvalidOperation, format!("`strftime_now`: bad format {format:?}")))?;
+    Ok(text)
+}
+
+/// transformers' `tojson`, which is Python's `json.dumps`: `", "` and `": "` between items (or
+/// `indent=N`), no HTML escaping, characters written as they are. minijinja's own writes no
+/// spaces and escapes `<`, `>` and `&`, which changes the tokens a model was trained on (the
+/// tools in Llama 3.1's and Qwen 2.5's system prompts). Other keyword arguments are accepted
+/// and take their defaults.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(width) => {
+            let spaces = vec![b' '; width];
+            value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&spaces)))
+        }
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PythonJson)),
+    };
+    let bad = |error: String| minijinja::Error::new(ErrorKind::InvalidOperation, format!("`tojson`: {error}"));
+    written.map_err(|error| bad(error.to_string()))?;
+    String::from_utf8(out).map(Value::from_safe_string).map_err(|error| bad(error.to_string()))
+}
+
+/// `json.dumps`'s default separators.
+struct PythonJson;
+
+impl serde_json::ser::Formatter for PythonJson {
+    fn begin_array_value<W: ?Sized + io::Write>(&mut self, writer: &mut W, first: bool) -> io::Result<()> {
+        if first { Ok(()) } else { writer.write_all(b", ") }
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(&mut self, writer: &mut W, first: bool) -> io::Result<()> {
+        if first { Ok(()) } else { writer.write_all(b", ") }
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        writer.write_all(b": ")
+    }
 }
 
 impl ChatTemplate {
@@ -63,6 +129,8 @@ impl ChatTemplate {
         environment
             .set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         environment.add_function("raise_exception", raise_exception);
+        environment.add_function("strftime_now", strftime_now);
+        environment.add_filter("tojson", tojson);
         environment
             .add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|error| TemplateError::Syntax(error.to_string()))?;
@@ -70,7 +138,15 @@ impl ChatTemplate {
             environment,
             bos_token: bos_token.unwrap_or_default().to_string(),
             eos_token: eos_token.unwrap_or_default().to_string(),
+            renders_tool_calls: source.contains("tool_calls"),
         })
+    }
+
+    /// Whether the template reads a message's `tool_calls` (Llama 3.1's, Qwen 2.5's, Mistral's
+    /// do). For one that does not, an assistant's calls are written in its content as JSON, as
+    /// TGI does, so the model still sees what it called before the tools' results.
+    pub fn renders_tool_calls(&self) -> bool {
+        self.renders_tool_calls
     }
 
     pub fn render(
@@ -127,10 +203,29 @@ mod tests {
     }
 
     fn message(role: &str, content: &str) -> TemplateMessage {
-        TemplateMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        TemplateMessage::new(role, content)
+    }
+
+    /// The extras transformers gives templates, as Llama 3.1's and Qwen 2.5's use them. The
+    /// expected string is transformers' own rendering of this template (4.x,
+    /// `_compile_jinja_template(source).render(messages=…, tools=…)`).
+    #[test]
+    fn tojson_strftime_now_and_loop_controls_are_transformers_own() {
+        let source = "{% for m in messages %}{% if m.role == 'skip' %}{% continue %}{% endif %}{{ m.content }};\
+            {% if m.role == 'last' %}{% break %}{% endif %}{% endfor %}{{ tools | tojson }}|{{ tools[0] | tojson(indent=2) }}|\
+            {{ strftime_now('%Y') | length }}";
+        let template = ChatTemplate::new(source, None, None).unwrap();
+        let tools: serde_json::Value = serde_json::from_str(
+            r#"[{"type": "function", "function": {"name": "a<b>&", "z": [1, 2.5, "日本"], "a": {}}}]"#,
+        )
+        .unwrap();
+        let messages = [message("user", "1"), message("skip", "2"), message("last", "3"), message("user", "4")];
+        let rendered = template.render_with_tools(&messages, Some(&tools), false).unwrap();
+        assert_eq!(
+            rendered,
+            "1;3;[{\"type\": \"function\", \"function\": {\"name\": \"a<b>&\", \"z\": [1, 2.5, \"日本\"], \"a\": {}}}]|\
+             {\n  \"type\": \"function\",\n  \"function\": {\n    \"name\": \"a<b>&\",\n    \"z\": [\n      1,\n      2.5,\n      \"日本\"\n    ],\n    \"a\": {}\n  }\n}|4"
+        );
     }
 
     #[test]

@@ -205,23 +205,14 @@ pub(super) fn prepare_chat(
     if tool_plan.is_some() && request.sampling.response_format.is_some() {
         return Err(ValidationError::InvalidTools("`tools` and `response_format` cannot be used together".into()).into());
     }
+    // A model without a usable template is refused before the request waits for a permit.
+    let template = state.chat_template()?;
     let mut messages = request
         .messages
         .iter()
-        .map(|message| {
-            let content = message
-                .content
-                .as_ref()
-                .map(MessageContent::text)
-                .transpose()?;
-            Ok(TemplateMessage {
-                role: message.role.clone(),
-                content: content.unwrap_or_default(),
-            })
-        })
+        .enumerate()
+        .map(|(index, message)| template_message(index, message, template.renders_tool_calls()))
         .collect::<Result<Vec<_>, ValidationError>>()?;
-    // A model without a usable template is refused before the request waits for a permit.
-    state.chat_template()?;
     let top_n_tokens = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     let mut parameters = request.sampling.to_parameters(top_n_tokens)?;
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
@@ -238,6 +229,46 @@ pub(super) fn prepare_chat(
         None => None,
     };
     Ok((PromptText::Chat { messages, tools }, parameters))
+}
+
+/// One message as the template reads it. Its content is required unless it is an assistant's
+/// tool calls (OpenAI's rule); the calls go to templates that render them, and are written in
+/// the content, as JSON, for those that do not.
+fn template_message(index: usize, message: &ChatMessage, renders_tool_calls: bool) -> Result<TemplateMessage, ValidationError> {
+    let content = message.content.as_ref().map(MessageContent::text).transpose()?;
+    let calls = message.tool_calls.as_ref().filter(|calls| !calls.is_empty());
+    if calls.is_some() && message.role != "assistant" {
+        return Err(ValidationError::Message(index, "only an assistant message can hold `tool_calls`"));
+    }
+    if content.is_none() && calls.is_none() {
+        return Err(ValidationError::Message(index, "`content` is required unless the message holds `tool_calls`"));
+    }
+    let mut template_message = TemplateMessage::new(&message.role, &content.unwrap_or_default());
+    template_message.tool_call_id = message.tool_call_id.clone();
+    if let Some(calls) = calls {
+        if renders_tool_calls {
+            template_message.tool_calls = Some(calls.iter().map(template_tool_call).collect());
+        } else {
+            let written = serde_json::to_string(calls).unwrap_or_default();
+            template_message.content = match template_message.content.is_empty() {
+                true => written,
+                false => format!("{}\n{written}", template_message.content),
+            };
+        }
+    }
+    Ok(template_message)
+}
+
+/// A call as Hugging Face templates read it: the arguments as an object (they write them with
+/// `tojson`) where the caller's string is JSON, else the string as sent.
+fn template_tool_call(call: &ToolCall) -> serde_json::Value {
+    let arguments = serde_json::from_str::<serde_json::Value>(&call.function.arguments)
+        .unwrap_or_else(|_| serde_json::Value::String(call.function.arguments.clone()));
+    serde_json::json!({
+        "id": call.id,
+        "type": call.kind,
+        "function": {"name": call.function.name, "arguments": arguments},
+    })
 }
 
 pub(super) fn prepare_completion(
@@ -450,4 +481,30 @@ fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, token
         usage: None,
     };
     serde_json::to_value(chunk).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat_template::ChatTemplate;
+
+    /// A template that renders `tool_calls` (as Qwen 2.5's and Llama 3.1's do) gets each call
+    /// with its arguments as an object, and the content stays the caller's.
+    #[test]
+    fn templates_that_render_tool_calls_read_the_arguments_as_an_object() {
+        let source = "{% for m in messages %}{{ m.role }}:{{ m.content }}{% for c in m.tool_calls or [] %}\
+            <{{ c.function.name }} {{ c.function.arguments.sides }} {{ c.function.arguments | tojson }}>{% endfor %}\
+            {% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %};{% endfor %}";
+        let template = ChatTemplate::new(source, None, None).unwrap();
+        assert!(template.renders_tool_calls());
+        let message: ChatMessage = serde_json::from_value(serde_json::json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "7", "type": "function", "function": {"name": "dice", "arguments": "{\"sides\": 6}"}}]}))
+        .unwrap();
+        let result: ChatMessage =
+            serde_json::from_value(serde_json::json!({"role": "tool", "tool_call_id": "7", "content": "4"})).unwrap();
+        let messages = [template_message(0, &message, true).unwrap(), template_message(1, &result, true).unwrap()];
+        assert_eq!(messages[0].content, "");
+        let rendered = template.render(&messages, false).unwrap();
+        assert_eq!(rendered, "assistant:<dice 6 {\"sides\": 6}>;tool:4[7];");
+    }
 }

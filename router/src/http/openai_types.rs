@@ -175,8 +175,15 @@ impl MessageContent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatMessage {
     pub role: String,
+    /// Required unless the message is an assistant's `tool_calls`.
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// The calls an assistant turn made, sent back with the tools' results (OpenAI's tool loop).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

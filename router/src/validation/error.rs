@@ -51,6 +51,9 @@ pub enum ValidationError {
     EmptyPromptList,
     #[error("`messages` must hold at least one message")]
     EmptyConversation,
+    /// OpenAI's rule: a message's `content` is required unless it is an assistant's tool calls.
+    #[error("`messages[{0}]`: {1}")]
+    Message(usize, &'static str),
     #[error("`stop` supports up to {0} stop sequences. Given: {1}")]
     StopSequence(usize, usize),
     #[error("each stop sequence must be at most {0} bytes long. Given: {1}")]

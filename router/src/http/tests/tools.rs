@@ -75,3 +75,37 @@ async fn tool_choice_none_answers_in_text_and_bad_tools_are_422() {
         assert!(text.contains("`tools` are not valid"), "{text}");
     }
 }
+
+/// OpenAI's tool loop: the assistant's call goes back with the tool's result. The embedded
+/// model's template does not render `tool_calls`, so the call is written in the assistant's
+/// turn, as TGI writes it, ahead of the result.
+#[tokio::test]
+async fn an_assistant_turn_that_called_a_tool_reaches_the_template() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let call = json!({"id": "call_7", "type": "function", "function": {"name": "dice", "arguments": "{\"sides\": 6}"}});
+    let body = json!({"messages": [{"role": "user", "content": "Roll"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "4"}], "max_tokens": 4});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let prompt = smollm2().decode(&log.lock().unwrap().new_requests[0].prompt_token_ids, false).unwrap();
+    let turn = "<|im_start|>assistant\n[{\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"dice\",\"arguments\":\"{\\\"sides\\\": 6}\"}}]<|im_end|>";
+    assert!(prompt.contains(turn), "{prompt}");
+    assert!(prompt.contains("<|im_start|>tool\n4<|im_end|>"), "{prompt}");
+}
+
+#[tokio::test]
+async fn a_message_without_content_is_refused_unless_it_calls_tools() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let call = json!({"id": "1", "type": "function", "function": {"name": "now", "arguments": "{}"}});
+    for (messages, message) in [
+        (json!([{"role": "user", "content": null}]), "`messages[0]`: `content` is required"),
+        (json!([{"role": "user", "content": "Hi"}, {"role": "assistant"}]), "`messages[1]`: `content` is required"),
+        (json!([{"role": "user", "content": "Hi", "tool_calls": [call]}]), "`messages[0]`: only an assistant message"),
+    ] {
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &json!({"messages": messages}))).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert!(text.contains(message), "{text}");
+    }
+    assert!(log.lock().unwrap().new_requests.is_empty());
+}
