@@ -1,6 +1,7 @@
 """The `openai` client against the launched server's /v1 endpoints."""
 import uuid
 
+import requests
 from openai import OpenAI
 
 
@@ -111,3 +112,23 @@ def test_models_are_listed_and_retrieved_by_id(url):
         assert "no-such-model" in error.response.json()["error"]
     else:
         raise AssertionError("an unknown model was found")
+
+
+def test_continue_final_message_continues_the_assistants_text(url):
+    # vLLM's extra body fields through the OpenAI client: the prompt ends inside the last
+    # (assistant) message, so the answer continues it: exactly what /generate answers for the
+    # text the template wrote (greedy).
+    messages = [{"role": "user", "content": "Count from one to ten."},
+                {"role": "assistant", "content": "One, two, three,"}]
+    answer = client(url).chat.completions.create(
+        model="tgi", messages=messages, max_tokens=8, temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    templated = requests.post(f"{url}/chat_tokenize", json={"messages": messages, "continue_final_message": True},
+                              timeout=60).json()["templated_text"]
+    assert templated.endswith("<|im_start|>assistant\nOne, two, three,")
+    generated = requests.post(f"{url}/generate", json={"inputs": templated, "parameters": {"max_new_tokens": 8}},
+                              timeout=120).json()["generated_text"]
+    assert answer.choices[0].message.content == generated
+    refused = requests.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "messages": messages, "continue_final_message": True, "add_generation_prompt": True})
+    assert refused.status_code == 422 and "cannot both be true" in refused.json()["error"]

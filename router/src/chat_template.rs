@@ -165,20 +165,79 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        let conversation = Conversation {
+            messages: messages.to_vec(),
+            tools: tools.cloned(),
+            add_generation_prompt,
+            ..Conversation::default()
+        };
+        self.render_conversation(&conversation)
+    }
+
+    /// A conversation as the template writes it. With `continue_final_message`, the text stops
+    /// where the last message's content ends (no end of turn), so the model continues that
+    /// message, as transformers' `apply_chat_template` does: the content is marked, rendered,
+    /// and cut at the mark (before any whitespace the template trimmed after it).
+    pub fn render_conversation(&self, conversation: &Conversation) -> Result<String, TemplateError> {
         let template = self
             .environment
             .get_template(TEMPLATE_NAME)
             .map_err(|error| TemplateError::Render(error.to_string()))?;
-        template
+        let mut messages = std::borrow::Cow::Borrowed(&conversation.messages);
+        if conversation.continue_final_message {
+            match messages.to_mut().last_mut() {
+                Some(last) if !last.content.is_empty() => last.content.push_str(CONTINUE_MARK),
+                _ => return Err(TemplateError::Render("`continue_final_message`: the final message has no content to continue".into())),
+            }
+        }
+        let rendered = template
             .render(context! {
-                messages => Value::from(Serde(messages)),
-                tools => tools.map(|tools| Value::from(Serde(tools))),
-                add_generation_prompt => add_generation_prompt,
+                messages => Value::from(Serde(&*messages)),
+                tools => conversation.tools.as_ref().map(|tools| Value::from(Serde(tools))),
+                add_generation_prompt => conversation.add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
+                ..Value::from(Serde(&conversation.variables))
             })
-            .map_err(|error| TemplateError::Render(render_message(&error)))
+            .map_err(|error| TemplateError::Render(render_message(&error)))?;
+        if !conversation.continue_final_message {
+            return Ok(rendered);
+        }
+        let Some(at) = rendered.rfind(CONTINUE_MARK.trim_end()) else {
+            return Err(TemplateError::Render(
+                "`continue_final_message`: the template does not write the final message's content as given".into(),
+            ));
+        };
+        Ok(match rendered[at..].starts_with(CONTINUE_MARK) {
+            true => rendered[..at].to_string(),
+            false => rendered[..at].trim_end().to_string(),
+        })
     }
+}
+
+/// Marks the end of the message to continue; its trailing space tells whether the template
+/// trims the content's end.
+const CONTINUE_MARK: &str = "\u{1F}CONTINUE_FINAL_MESSAGE ";
+
+/// A conversation and how to render it: the request's tools, and the options OpenAI-compatible
+/// servers take beside the messages (`add_generation_prompt`, `continue_final_message`,
+/// `chat_template_kwargs`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Conversation {
+    pub messages: Vec<TemplateMessage>,
+    pub tools: Option<serde_json::Value>,
+    /// Ends with the header of the assistant's turn, for the model to answer.
+    pub add_generation_prompt: bool,
+    /// Ends inside the last message, for the model to continue it.
+    pub continue_final_message: bool,
+    /// More variables the template reads (Qwen 3's `enable_thinking`); they cannot replace the
+    /// ones above (`Conversation::RESERVED`).
+    pub variables: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Conversation {
+    /// The variables every rendering sets itself.
+    pub const RESERVED: [&'static str; 5] = ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
 }
 
 /// A template's own `raise_exception` text, or minijinja's description of the failure.
@@ -226,6 +285,41 @@ mod tests {
             "1;3;[{\"type\": \"function\", \"function\": {\"name\": \"a<b>&\", \"z\": [1, 2.5, \"日本\"], \"a\": {}}}]|\
              {\n  \"type\": \"function\",\n  \"function\": {\n    \"name\": \"a<b>&\",\n    \"z\": [\n      1,\n      2.5,\n      \"日本\"\n    ],\n    \"a\": {}\n  }\n}|4"
         );
+    }
+
+    /// transformers' `continue_final_message`: the text ends where the last message's content
+    /// does, whether the template keeps its trailing space or trims it.
+    #[test]
+    fn continuing_the_final_message_ends_inside_it() {
+        let conversation = |content: &str| Conversation {
+            messages: vec![message("user", "Hi"), message("assistant", content)],
+            continue_final_message: true,
+            ..Conversation::default()
+        };
+        let rendered = smollm2().render_conversation(&conversation("The answer is")).unwrap();
+        assert!(rendered.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nThe answer is"), "{rendered:?}");
+        let trimming = ChatTemplate::new("{% for m in messages %}[{{ m.content | trim }}]{% endfor %}", None, None).unwrap();
+        assert_eq!(trimming.render_conversation(&conversation("abc ")).unwrap(), "[Hi][abc");
+        let keeping = ChatTemplate::new("{% for m in messages %}[{{ m.content }}]{% endfor %}", None, None).unwrap();
+        assert_eq!(keeping.render_conversation(&conversation("abc ")).unwrap(), "[Hi][abc ");
+        // A template that drops the content, and a last message with none, cannot be continued.
+        let dropping = ChatTemplate::new("{% for m in messages %}[{{ m.role }}]{% endfor %}", None, None).unwrap();
+        assert!(dropping.render_conversation(&conversation("abc")).is_err());
+        assert!(smollm2().render_conversation(&conversation("")).is_err());
+    }
+
+    #[test]
+    fn template_variables_reach_the_template() {
+        let template = ChatTemplate::new(
+            "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{{ messages[0].content }}",
+            None,
+            None,
+        )
+        .unwrap();
+        let mut conversation = Conversation { messages: vec![message("user", "Hi")], ..Conversation::default() };
+        assert_eq!(template.render_conversation(&conversation).unwrap(), "Hi");
+        conversation.variables.insert("enable_thinking".into(), serde_json::Value::Bool(false));
+        assert_eq!(template.render_conversation(&conversation).unwrap(), "<think></think>Hi");
     }
 
     #[test]

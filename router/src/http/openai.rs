@@ -25,7 +25,7 @@ use super::tools::{self, CallPiece, CallStream, ToolAnswer};
 use super::logprobs::{chat_logprobs, choice_logprobs, legacy_logprobs, LegacyToken};
 use super::types::GenerateParameters;
 use crate::tokenizer::Tokenizer;
-use crate::chat_template::TemplateMessage;
+use crate::chat_template::{Conversation, TemplateMessage};
 use crate::error::{ErrorBody, HttpError};
 use crate::validation::ValidationError;
 
@@ -50,7 +50,7 @@ pub(crate) async fn chat_completions(
         .as_ref()
         .is_some_and(|options| options.include_usage);
     let prepared = prepare_chat(&state, &request);
-    let calls_tools = matches!(&prepared, Ok((PromptText::Chat { tools: Some(_), .. }, _)));
+    let calls_tools = matches!(&prepared, Ok((PromptText::Chat(conversation), _)) if conversation.tools.is_some());
     // `n` choices: the same conversation n times, n engine requests, admitted together: the
     // first computes the prompt, the others share its full blocks through the prefix cache.
     let prepared = prepared.and_then(|(prompt, parameters)| {
@@ -205,6 +205,14 @@ pub(super) fn prepare_chat(
     if tool_plan.is_some() && request.sampling.response_format.is_some() {
         return Err(ValidationError::InvalidTools("`tools` and `response_format` cannot be used together".into()).into());
     }
+    let add_generation_prompt = request.add_generation_prompt.unwrap_or(!request.continue_final_message);
+    if add_generation_prompt && request.continue_final_message {
+        return Err(ValidationError::ContinueWithGenerationPrompt.into());
+    }
+    let variables = request.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(name) = variables.keys().find(|name| Conversation::RESERVED.contains(&name.as_str())) {
+        return Err(ValidationError::TemplateVariable(name.clone()).into());
+    }
     // A model without a usable template is refused before the request waits for a permit.
     let template = state.chat_template()?;
     let mut messages = request
@@ -228,7 +236,14 @@ pub(super) fn prepare_chat(
         }
         None => None,
     };
-    Ok((PromptText::Chat { messages, tools }, parameters))
+    let conversation = Conversation {
+        messages,
+        tools,
+        add_generation_prompt,
+        continue_final_message: request.continue_final_message,
+        variables,
+    };
+    Ok((PromptText::Chat(conversation), parameters))
 }
 
 /// One message as the template reads it. Its content is required unless it is an assistant's

@@ -18,7 +18,7 @@ use super::request_log::RequestLog;
 use super::sse::{sse_response, EventSender};
 use super::state::AppState;
 use super::types::{GenerateParameters, Token};
-use crate::chat_template::TemplateMessage;
+use crate::chat_template::Conversation;
 use crate::error::HttpError;
 use crate::validation::validate_stream;
 
@@ -80,8 +80,8 @@ pub(crate) enum PromptText {
     Text(String),
     /// Token ids, used as given (OpenAI's completions take them).
     Tokens(Vec<u32>),
-    /// A conversation, and the tools its template is given (OpenAI's definitions).
-    Chat { messages: Vec<TemplateMessage>, tools: Option<serde_json::Value> },
+    /// A conversation, with the tools its template is given and how to render it.
+    Chat(Conversation),
 }
 
 impl PromptText {
@@ -96,9 +96,7 @@ impl PromptText {
         match self {
             PromptText::Text(text) => Ok(text),
             PromptText::Tokens(ids) => state.tokenizer.decode(&ids, false).map_err(|error| HttpError::Tokenizer(error.to_string())),
-            PromptText::Chat { messages, tools } => {
-                Ok(state.chat_template()?.render_with_tools(&messages, tools.as_ref(), true)?)
-            }
+            PromptText::Chat(conversation) => Ok(state.chat_template()?.render_conversation(&conversation)?),
         }
     }
 

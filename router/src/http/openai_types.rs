@@ -212,6 +212,17 @@ pub struct ChatRequest {
     /// TGI's instruction put before the tools in the last message.
     #[serde(default)]
     pub tool_prompt: Option<String>,
+    /// End the prompt with the header of the assistant's turn (the default), as vLLM's.
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// End the prompt inside the last message, for the model to continue it (vLLM's and
+    /// transformers'); needs `add_generation_prompt: false`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub continue_final_message: bool,
+    /// More variables for the chat template (`{"enable_thinking": false}` for Qwen 3), as vLLM's.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -51,6 +51,10 @@ pub enum ValidationError {
     EmptyPromptList,
     #[error("`messages` must hold at least one message")]
     EmptyConversation,
+    #[error("`chat_template_kwargs` cannot set `{0}`: the request sets it")]
+    TemplateVariable(String),
+    #[error("`continue_final_message` and `add_generation_prompt` cannot both be true")]
+    ContinueWithGenerationPrompt,
     /// OpenAI's rule: a message's `content` is required unless it is an assistant's tool calls.
     #[error("`messages[{0}]`: {1}")]
     Message(usize, &'static str),

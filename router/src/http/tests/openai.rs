@@ -396,3 +396,39 @@ async fn n_beyond_the_limits_is_422() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(text.contains("`n` > 1 with `tools`"), "{text}");
 }
+
+/// vLLM's rendering options on the chat route: `continue_final_message` ends the prompt inside
+/// the last message, `chat_template_kwargs` are template variables, `add_generation_prompt:
+/// false` leaves out the assistant's header.
+#[tokio::test]
+async fn chat_rendering_options_reach_the_template() {
+    let template = "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}\
+        {% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}\
+        {% if add_generation_prompt %}<assistant>{% endif %}";
+    let (app, log) = app_with_template(HttpConfig::default(), template.into()).await;
+    let messages = json!([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello,"}]);
+    let cases = [
+        (json!({"continue_final_message": true}), "<user>Hi</user><assistant>Hello,"),
+        (json!({"add_generation_prompt": false}), "<user>Hi</user><assistant>Hello,</assistant>"),
+        (json!({"chat_template_kwargs": {"enable_thinking": false}}), "/no_think <user>Hi</user><assistant>Hello,</assistant><assistant>"),
+    ];
+    for (index, (options, prompt)) in cases.into_iter().enumerate() {
+        let mut body = json!({"messages": messages, "max_tokens": 2});
+        body.as_object_mut().unwrap().extend(options.as_object().unwrap().clone());
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let sent = smollm2().decode(&log.lock().unwrap().new_requests[index].prompt_token_ids, false).unwrap();
+        assert_eq!(sent, prompt);
+    }
+    for (options, error) in [
+        (json!({"continue_final_message": true, "add_generation_prompt": true}), "cannot both be true"),
+        (json!({"chat_template_kwargs": {"messages": []}}), "`chat_template_kwargs` cannot set `messages`"),
+    ] {
+        let mut body = json!({"messages": messages});
+        body.as_object_mut().unwrap().extend(options.as_object().unwrap().clone());
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert!(text.contains(error), "{text}");
+    }
+    assert_eq!(log.lock().unwrap().new_requests.len(), 3);
+}
