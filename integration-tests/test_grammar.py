@@ -185,6 +185,35 @@ def test_openai_response_format_streamed_and_not(url):
         assert text.startswith("{"), text
 
 
+def test_vllm_structured_outputs_through_the_openai_client(url):
+    # What a client written for vLLM sends in `extra_body`: the newer `structured_outputs` and
+    # the older `guided_*` fields; both constrain the answer.
+    client = OpenAI(base_url=f"{url}/v1", api_key="-")
+    messages = [{"role": "user", "content": "Is the sky green? Answer yes or no."}]
+    for extra_body in ({"guided_choice": ["yes", "no"]}, {"structured_outputs": {"choice": ["yes", "no"]}}):
+        answer = client.chat.completions.create(model="tgi", messages=messages, max_tokens=10, temperature=0.8,
+                                                seed=1, extra_body=extra_body)
+        assert answer.choices[0].message.content in ("yes", "no"), answer
+        assert answer.choices[0].finish_reason == "stop"
+    person = client.chat.completions.create(model="tgi", max_tokens=MAX_NEW_TOKENS, temperature=0,
+                                            messages=[{"role": "user", "content": "Describe a person as JSON."}],
+                                            extra_body={"guided_json": PERSON})
+    check_json(PERSON, person.choices[0].message.content)
+    code = client.completions.create(model="tgi", prompt="A four-digit PIN:", max_tokens=10, temperature=0,
+                                     extra_body={"structured_outputs": {"regex": "[0-9]{4}"}})
+    assert re.fullmatch("[0-9]{4}", code.choices[0].text), code
+
+
+def test_temperature_zero_is_greedy_whatever_top_p_and_top_k_say(url):
+    # OpenAI clients often send top_p (and vLLM clients top_k) beside temperature 0: still greedy.
+    client = OpenAI(base_url=f"{url}/v1", api_key="-")
+    greedy = client.completions.create(model="tgi", prompt="Once upon a time", max_tokens=8, temperature=0)
+    for seed in (1, 2, 3):
+        narrowed = client.completions.create(model="tgi", prompt="Once upon a time", max_tokens=8, temperature=0,
+                                             top_p=0.9, seed=seed, extra_body={"top_k": 20})
+        assert narrowed.choices[0].text == greedy.choices[0].text
+
+
 def test_huggingface_hub_response_format(url):
     client = InferenceClient(base_url=url, timeout=120)
     schema = _object({"answer": {"enum": ["yes", "no"]}})

@@ -21,7 +21,7 @@ mod unlisted;
 
 pub use compiler::GrammarCompiler;
 pub use constraint::{Advance, TokenConstraint};
-pub use spec::{GrammarSpec, ResponseFormat};
+pub use spec::{GrammarSpec, ResponseFormat, StructuredOutputs};
 pub use unlisted::UnlistedProperties;
 
 /// Why a grammar cannot be served. Each is the request's own failure (422 at validation, or

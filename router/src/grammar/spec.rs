@@ -1,6 +1,6 @@
 //! What a client asks to constrain its output to, as TGI's `grammar` and OpenAI's
 //! `response_format` spell it, checked before anything is compiled.
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A grammar to compile: a JSON schema (the output is one JSON value it accepts) or a regex
@@ -45,6 +45,25 @@ pub struct JsonSchemaFormat {
     pub strict: Option<bool>,
 }
 
+/// vLLM's structured outputs, as `structured_outputs` carries them (the older top-level
+/// `guided_json`, `guided_regex` and `guided_choice` are read into one). vLLM's `grammar` and
+/// `structural_tag` are refused by name, not ignored.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputs {
+    /// A JSON schema (or a string holding one).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub json: Option<Value>,
+    #[serde(default)]
+    pub json_object: Option<bool>,
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// The answer is exactly one of these strings.
+    #[serde(default)]
+    pub choice: Option<Vec<String>>,
+}
+
 /// Any JSON object: what `json_object` asks for.
 fn any_object() -> Value {
     serde_json::json!({"type": "object"})
@@ -76,6 +95,37 @@ impl GrammarSpec {
         })
     }
 
+    /// vLLM's structured outputs (`structured_outputs`, or the older `guided_*` fields); `None`
+    /// when none is asked for. At most one constraint may be given.
+    pub fn from_structured_outputs(outputs: &StructuredOutputs) -> Result<Option<Self>, String> {
+        let mut specs = Vec::new();
+        if let Some(schema) = &outputs.json {
+            specs.push(Self::from_tgi(&serde_json::json!({"type": "json", "value": schema}))?);
+        }
+        if outputs.json_object == Some(true) {
+            specs.push(GrammarSpec::JsonSchema(any_object()));
+        }
+        if let Some(regex) = &outputs.regex {
+            specs.push(GrammarSpec::Regex(regex.clone()));
+        }
+        if let Some(choices) = &outputs.choice {
+            specs.push(Self::choice(choices)?);
+        }
+        match specs.len() {
+            0 | 1 => Ok(specs.pop()),
+            _ => Err("give one of `json`, `json_object`, `regex` and `choice`".into()),
+        }
+    }
+
+    /// Exactly one of the strings (vLLM's `choice`).
+    pub fn choice(choices: &[String]) -> Result<Self, String> {
+        if choices.is_empty() {
+            return Err("`choice` needs at least one string".into());
+        }
+        let alternatives: Vec<String> = choices.iter().map(|choice| regex_syntax::escape(choice)).collect();
+        Ok(GrammarSpec::Regex(format!("({})", alternatives.join("|"))))
+    }
+
     /// The value TGI's `grammar` parameter carries for this spec (how the OpenAI routes hand a
     /// `response_format` to the common validation).
     pub fn to_tgi(&self) -> Value {
@@ -91,6 +141,18 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_choice_is_its_strings_escaped_as_alternatives() {
+        let choices = vec!["a.b".to_string(), "c|d".to_string(), "(e)".to_string()];
+        assert_eq!(GrammarSpec::choice(&choices), Ok(GrammarSpec::Regex(r"(a\.b|c\|d|\(e\))".into())));
+        assert!(GrammarSpec::choice(&[]).is_err());
+        let outputs = StructuredOutputs { regex: Some("x".into()), ..StructuredOutputs::default() };
+        assert_eq!(GrammarSpec::from_structured_outputs(&outputs), Ok(Some(GrammarSpec::Regex("x".into()))));
+        assert_eq!(GrammarSpec::from_structured_outputs(&StructuredOutputs::default()), Ok(None));
+        let two = StructuredOutputs { json_object: Some(true), ..outputs };
+        assert!(GrammarSpec::from_structured_outputs(&two).is_err());
+    }
 
     #[test]
     fn tgi_grammars_parse_with_their_aliases_and_string_schemas() {

@@ -202,8 +202,8 @@ pub(super) fn prepare_chat(
         return Err(ValidationError::EmptyConversation.into());
     }
     let tool_plan = tools::plan(request.tools.as_ref(), request.tool_choice.as_ref(), request.tool_prompt.as_deref())?;
-    if tool_plan.is_some() && request.sampling.response_format.is_some() {
-        return Err(ValidationError::InvalidTools("`tools` and `response_format` cannot be used together".into()).into());
+    if tool_plan.is_some() && request.sampling.asks_for_format() {
+        return Err(ValidationError::InvalidTools("`tools` and `response_format` (or structured outputs) cannot be used together".into()).into());
     }
     let add_generation_prompt = request.add_generation_prompt.unwrap_or(!request.continue_final_message);
     if add_generation_prompt && request.continue_final_message {

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::types::{null_as_default, FinishReason, GenerateParameters, SloParameters};
-use crate::grammar::GrammarSpec;
+use crate::grammar::{GrammarSpec, StructuredOutputs};
 use crate::validation::ValidationError;
 
 pub fn unix_now() -> u64 {
@@ -78,9 +78,55 @@ pub struct OpenAiSampling {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
+    /// vLLM's `top_k`: the k most likely tokens; -1 or 0 for all of them.
+    #[serde(default)]
+    pub top_k: Option<i32>,
+    /// vLLM's structured outputs: `{"json": schema} | {"regex": …} | {"choice": […]} |
+    /// {"json_object": true}`.
+    #[serde(default)]
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// vLLM's older spellings of `structured_outputs`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub guided_json: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_regex: Option<String>,
+    #[serde(default)]
+    pub guided_choice: Option<Vec<String>>,
 }
 
 impl OpenAiSampling {
+    /// The one constraint on the output: `response_format`, or vLLM's structured outputs.
+    fn grammar(&self) -> Result<Option<GrammarSpec>, ValidationError> {
+        let invalid = ValidationError::InvalidGrammar;
+        let mut outputs = self.structured_outputs.clone().unwrap_or_default();
+        let guided = [self.guided_json.is_some(), self.guided_regex.is_some(), self.guided_choice.is_some()];
+        if guided.contains(&true) && self.structured_outputs.is_some() {
+            return Err(invalid("give `structured_outputs` or the `guided_*` fields, not both".into()));
+        }
+        outputs.json = outputs.json.or(self.guided_json.clone());
+        outputs.regex = outputs.regex.or(self.guided_regex.clone());
+        outputs.choice = outputs.choice.or(self.guided_choice.clone());
+        let structured = GrammarSpec::from_structured_outputs(&outputs).map_err(invalid)?;
+        let format = match &self.response_format {
+            Some(format) => GrammarSpec::from_response_format(format).map_err(invalid)?,
+            None => None,
+        };
+        match (format, structured) {
+            (Some(_), Some(_)) => Err(invalid("give `response_format` or structured outputs, not both".into())),
+            (format, structured) => Ok(format.or(structured)),
+        }
+    }
+
+    /// Whether the request asks for a format of its own (which `tools` cannot be combined with).
+    pub fn asks_for_format(&self) -> bool {
+        self.response_format.is_some()
+            || self.structured_outputs.is_some()
+            || self.guided_json.is_some()
+            || self.guided_regex.is_some()
+            || self.guided_choice.is_some()
+    }
+
     /// Choices per prompt (`n`, default 1).
     pub fn choices(&self) -> u32 {
         self.n.unwrap_or(1)
@@ -96,20 +142,22 @@ impl OpenAiSampling {
                 return Err(ValidationError::PresencePenalty);
             }
         }
-        let grammar = match &self.response_format {
-            Some(format) => GrammarSpec::from_response_format(format)
-                .map_err(ValidationError::InvalidGrammar)?
-                .map(|spec| spec.to_tgi()),
-            None => None,
+        let grammar = self.grammar()?.map(|spec| spec.to_tgi());
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k > 0 => Some(k),
+            Some(_) => return Err(ValidationError::OpenAiTopK),
         };
-        let (do_sample, temperature) = match self.temperature {
-            Some(temperature) if temperature == 0.0 => (false, None),
-            other => (true, other),
+        // Temperature 0 is greedy, whatever else narrows the sampling (as OpenAI and vLLM).
+        let (do_sample, temperature, top_p, top_k) = match self.temperature {
+            Some(temperature) if temperature == 0.0 => (false, None, None, None),
+            other => (true, other, self.top_p, top_k),
         };
         Ok(GenerateParameters {
             do_sample,
             temperature,
-            top_p: self.top_p,
+            top_p,
+            top_k,
             seed: self.seed,
             max_new_tokens: self.max_tokens.or(self.max_completion_tokens),
             stop: self
@@ -428,6 +476,21 @@ pub struct Completion {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Temperature 0 is greedy even with `top_p` or `top_k` set (TGI's validation would sample
+    /// at temperature 1 within them); vLLM's `top_k` of -1 or 0 is no limit.
+    #[test]
+    fn temperature_zero_is_greedy_whatever_narrows_sampling() {
+        let sampling = |value: serde_json::Value| serde_json::from_value::<OpenAiSampling>(value).unwrap().to_parameters(None);
+        let greedy = sampling(json!({"temperature": 0, "top_p": 0.9, "top_k": 5})).unwrap();
+        assert_eq!((greedy.do_sample, greedy.temperature, greedy.top_p, greedy.top_k), (false, None, None, None));
+        let sampled = sampling(json!({"temperature": 0.5, "top_p": 0.9, "top_k": 5})).unwrap();
+        assert_eq!((sampled.do_sample, sampled.top_p, sampled.top_k), (true, Some(0.9), Some(5)));
+        for all in [-1, 0] {
+            assert_eq!(sampling(json!({"top_k": all})).unwrap().top_k, None);
+        }
+        assert_eq!(sampling(json!({"top_k": -2})).unwrap_err(), ValidationError::OpenAiTopK);
+    }
 
     #[test]
     fn chat_request_maps_like_tgi() {

@@ -31,6 +31,8 @@ pub enum ValidationError {
     TopP,
     #[error("`top_k` must be strictly positive")]
     TopK,
+    #[error("`top_k` must be positive, or -1 or 0 for no limit")]
+    OpenAiTopK,
     #[error("`truncate` must be strictly positive and less than {0}. Given: {1}")]
     Truncate(usize, usize),
     #[error("`typical_p` must be > 0.0 and < 1.0")]

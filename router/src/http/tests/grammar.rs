@@ -111,6 +111,51 @@ async fn openai_response_formats_constrain_chat_and_completions() {
     assert!(text.contains("grammar is not valid: unknown variant `xml`"), "{text}");
 }
 
+/// vLLM's structured outputs, both spellings, on both OpenAI routes: each constrains the
+/// output as `response_format` does; two constraints at once, and vLLM's `grammar`, are refused.
+#[tokio::test]
+async fn vllm_structured_outputs_constrain_the_output() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"], "additionalProperties": false});
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 30});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let text_of = |text: &str| {
+        let body: Value = serde_json::from_str(text).unwrap();
+        body["choices"][0]["message"]["content"].as_str().or(body["choices"][0]["text"].as_str()).unwrap().to_string()
+    };
+    for extra in [json!({"guided_json": schema}), json!({"structured_outputs": {"json": schema.to_string()}})] {
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &chat(extra))).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let content: Value = serde_json::from_str(&text_of(&text)).unwrap();
+        assert!(content["n"].as_u64().is_some_and(|n| n <= 9), "{content}");
+    }
+    let choices = ["yes.", "no|maybe"];
+    for extra in [json!({"guided_choice": choices}), json!({"structured_outputs": {"choice": choices}})] {
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &chat(extra))).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(choices.contains(&text_of(&text).as_str()), "{text}");
+    }
+    let regex = json!({"prompt": "x", "max_tokens": 30, "guided_regex": "[0-9]{4}"});
+    let (status, _, text) = send(&app, post("/v1/completions", &regex)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let output = text_of(&text);
+    assert!(output.len() == 4 && output.chars().all(|c| c.is_ascii_digit()), "{output}");
+    for (extra, error) in [
+        (json!({"guided_regex": "a", "guided_choice": ["b"]}), "give one of"),
+        (json!({"guided_regex": "a", "response_format": {"type": "json_object"}}), "not both"),
+        (json!({"structured_outputs": {"grammar": "root ::= \"a\""}}), "unknown field `grammar`"),
+        (json!({"guided_choice": []}), "at least one"),
+    ] {
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &chat(extra))).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert!(text.contains(error), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn each_best_of_candidate_follows_its_own_copy_of_the_grammar() {
     let (app, log) = app(HttpConfig::default()).await;
