@@ -132,3 +132,20 @@ def test_continue_final_message_continues_the_assistants_text(url):
     refused = requests.post(f"{url}/v1/chat/completions", timeout=60, json={
         "messages": messages, "continue_final_message": True, "add_generation_prompt": True})
     assert refused.status_code == 422 and "cannot both be true" in refused.json()["error"]
+
+
+def test_stop_sequences_are_left_out_as_openai_leaves_them(url):
+    # OpenAI (and vLLM) return the text before the stop sequence; TGI's /generate keeps it.
+    prompt, stop = "1, 2, 3, 4,", [" 7"]
+    tgi = requests.post(f"{url}/generate", timeout=120, json={
+        "inputs": prompt, "parameters": {"max_new_tokens": 16, "stop": stop}}).json()["generated_text"]
+    assert tgi.endswith(" 7"), tgi
+    completion = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=16, temperature=0, stop=stop)
+    assert completion.choices[0].text == tgi[:-len(" 7")]
+    assert completion.choices[0].finish_reason == "stop"
+    streamed = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=16, temperature=0, stop=stop,
+                                              stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == completion.choices[0].text
+    kept = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=16, temperature=0, stop=stop,
+                                          extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].text == tgi

@@ -348,7 +348,7 @@ async fn run_stream(
                     return Ok(());
                 }
             }
-            GenerationEvent::End(output) => {
+            GenerationEvent::End { output, .. } => {
                 log.succeeded(&output, valid.max_new_tokens);
                 return Ok(());
             }

@@ -60,8 +60,10 @@ pub(crate) enum GenerationEvent {
         text: String,
         end: Option<Box<GenerationOutput>>,
     },
-    /// The engine ended the generation without a final token (nothing was generated).
-    End(Box<GenerationOutput>),
+    /// The engine ended the generation without a final token (nothing was generated); `text`
+    /// is what of the output no token event released (text held back as the possible start of
+    /// a stop sequence, the decoder's last bytes).
+    End { output: Box<GenerationOutput>, text: String },
 }
 
 pub(crate) struct Generation {
@@ -98,7 +100,7 @@ impl Generation {
             stream: Some(stream),
             decoder: IncrementalDecoder::new(&request.prompt_ids, true),
             tokenizer,
-            stop: StopMatcher::new(&request.parameters.stop),
+            stop: StopMatcher::new(&request.parameters.stop).trimming(request.parameters.trim_stop_sequences),
             prompt_ids: request.prompt_ids.clone(),
             max_new_tokens: request.max_new_tokens,
             ignore_eos: request.parameters.ignore_eos,
@@ -128,7 +130,10 @@ impl Generation {
         loop {
             if let Some((reason, engine_timings)) = self.finish {
                 self.ended = true;
-                return Some(self.end(reason, engine_timings).map(GenerationEvent::End));
+                return Some(self.end(reason, engine_timings).map(|output| {
+                    let text = output.generated_text.get(self.released..).unwrap_or_default().to_string();
+                    GenerationEvent::End { output, text }
+                }));
             }
             let Some(stream) = self.stream.as_mut() else {
                 self.ended = true;
@@ -179,7 +184,7 @@ impl Generation {
             self.ended = true;
             let output = self.end(reason, engine_timings)?;
             if let GenerationEvent::Token { text, end, .. } = &mut event {
-                text.push_str(&output.generated_text[self.released..]);
+                text.push_str(output.generated_text.get(self.released..).unwrap_or_default());
                 *end = Some(output);
             }
         }
@@ -214,7 +219,7 @@ impl Generation {
         self.text.push_str(&piece);
         if let Some(end) = self.stop.find(&self.text, new_from) {
             self.text.truncate(end);
-            piece = self.text[new_from..].to_string();
+            piece = self.text.get(new_from..).unwrap_or_default().to_string();
             // Dropping the stream cancels the request in the engine, which frees its blocks.
             self.stream = None;
             self.finish = Some((FinishReason::StopSequence, None));
@@ -235,12 +240,17 @@ impl Generation {
             self.top_tokens.push(top_tokens.clone());
         }
         let index = u32::try_from(self.tokens.len()).unwrap_or(u32::MAX);
-        self.released = self.text.len();
+        // Text that may be the start of a stop sequence left out of the output waits (the end
+        // of the generation releases it).
+        let held = if self.finish.is_some() { 0 } else { self.stop.held_back(&self.text) };
+        let release_to = (self.text.len() - held).max(self.released);
+        let text = self.text.get(self.released..release_to).unwrap_or_default().to_string();
+        self.released = release_to;
         Ok(GenerationEvent::Token {
             index,
             token,
             top_tokens,
-            text: piece,
+            text,
             end: None,
         })
     }
@@ -325,7 +335,7 @@ impl Generation {
     pub async fn collect(mut self) -> Result<GenerationOutput, HttpError> {
         while let Some(event) = self.next().await {
             match event? {
-                GenerationEvent::End(output)
+                GenerationEvent::End { output, .. }
                 | GenerationEvent::Token {
                     end: Some(output), ..
                 } => return Ok(*output),

@@ -298,10 +298,10 @@ fn chunk_of(
             };
             (chunk(identity, update), end)
         }
-        GenerationEvent::End(output) => {
+        GenerationEvent::End { output, text } => {
             let update = ChoiceUpdate {
                 index,
-                text: String::new(),
+                text,
                 token: None,
                 top_tokens: &[],
                 finish: Some(&output),

@@ -78,6 +78,9 @@ pub struct OpenAiSampling {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
+    /// Keep a matched stop sequence at the end of the text (vLLM's); OpenAI leaves it out.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub include_stop_str_in_output: bool,
     /// vLLM's `top_k`: the k most likely tokens; -1 or 0 for all of them.
     #[serde(default)]
     pub top_k: Option<i32>,
@@ -169,6 +172,7 @@ impl OpenAiSampling {
             repetition_penalty: self
                 .repetition_penalty
                 .or(self.presence_penalty.map(|x| x + 2.0)),
+            trim_stop_sequences: !self.include_stop_str_in_output,
             top_n_tokens,
             details: true,
             slo: self.slo.clone(),

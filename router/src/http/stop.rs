@@ -1,11 +1,16 @@
 //! Stop sequences, matched on the decoded text as it grows. A match ends the generation with
-//! `stop_sequence`; the text keeps the stop sequence and ends right after it (TGI keeps it,
-//! and its matcher only fires when the output ends with the sequence).
+//! `stop_sequence`. TGI's routes keep the stop sequence and end the text right after it (TGI
+//! keeps it, and its matcher only fires when the output ends with the sequence); OpenAI's
+//! leave it out (`trim`), as OpenAI and vLLM do, unless `include_stop_str_in_output`. A stream
+//! that leaves it out holds back text that may be the start of one (`held_back`), so no
+//! piece of a stop sequence is ever sent.
 
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {
     sequences: Vec<String>,
     longest: usize,
+    /// Cut the text before a match instead of after it.
+    trim: bool,
 }
 
 impl StopMatcher {
@@ -16,7 +21,12 @@ impl StopMatcher {
             .cloned()
             .collect();
         let longest = sequences.iter().map(String::len).max().unwrap_or(0);
-        Self { sequences, longest }
+        Self { sequences, longest, trim: false }
+    }
+
+    /// Leaves matched stop sequences out of the text.
+    pub fn trimming(self, trim: bool) -> Self {
+        Self { trim, ..self }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -25,8 +35,32 @@ impl StopMatcher {
 
     /// `text` is the whole generated text, of which bytes from `new_from` on arrived last.
     /// Returns the length the text must be cut to when a stop sequence now occurs in it: the
-    /// end of the earliest match that overlaps the new text (earlier text was checked before).
+    /// end of the earliest match that overlaps the new text (earlier text was checked before),
+    /// or its start when trimming.
     pub fn find(&self, text: &str, new_from: usize) -> Option<usize> {
+        let (start, end) = self.find_match(text, new_from)?;
+        Some(if self.trim { start } else { end })
+    }
+
+    /// How many bytes at the end of `text` must not be sent yet: the longest end of it that a
+    /// stop sequence starts with (0 unless trimming).
+    pub fn held_back(&self, text: &str) -> usize {
+        if !self.trim {
+            return 0;
+        }
+        let bytes = text.as_bytes();
+        (1..self.longest.min(bytes.len() + 1))
+            .rev()
+            .find(|&length| {
+                let start = bytes.len() - length;
+                text.is_char_boundary(start)
+                    && self.sequences.iter().any(|sequence| sequence.len() > length && sequence.as_bytes().starts_with(&bytes[start..]))
+            })
+            .unwrap_or(0)
+    }
+
+    /// The earliest match overlapping the new text: its start and end.
+    fn find_match(&self, text: &str, new_from: usize) -> Option<(usize, usize)> {
         if self.is_empty() || new_from >= text.len() {
             return None;
         }
@@ -40,10 +74,10 @@ impl StopMatcher {
             .filter_map(|sequence| {
                 window
                     .match_indices(sequence.as_str())
-                    .map(|(start, matched)| window_start + start + matched.len())
-                    .find(|&end| end > new_from)
+                    .map(|(start, matched)| (window_start + start, window_start + start + matched.len()))
+                    .find(|&(_, end)| end > new_from)
             })
-            .min()
+            .min_by_key(|&(_, end)| end)
     }
 }
 
@@ -67,6 +101,23 @@ mod tests {
             }
         }
         (text, false)
+    }
+
+    /// OpenAI's reading: the text ends before the stop sequence, and what is sent as it grows
+    /// never holds a piece of one (a possible start waits until it cannot be one).
+    #[test]
+    fn trimming_cuts_before_the_sequence_and_sends_none_of_it() {
+        let stop = matcher(&["\n\n", "END"]).trimming(true);
+        assert_eq!(run(&stop, &["Hello", " world.\n", "\nNext"]), ("Hello world.".into(), true));
+        assert_eq!(run(&stop, &["abc E", "N", "D"]), ("abc ".into(), true));
+        assert_eq!(stop.held_back("abc E"), 1);
+        assert_eq!(stop.held_back("abc EN"), 2);
+        assert_eq!(stop.held_back("abc ENX"), 0);
+        assert_eq!(stop.held_back("line\n"), 1);
+        assert_eq!(stop.held_back("日本"), 0);
+        assert_eq!(matcher(&["本語"]).trimming(true).held_back("日本"), 3);
+        // Without trimming nothing is held back.
+        assert_eq!(matcher(&["END"]).held_back("abc E"), 0);
     }
 
     #[test]

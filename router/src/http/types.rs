@@ -70,6 +70,10 @@ pub struct GenerateParameters {
     /// (token id, bias): OpenAI's `logit_bias`, set by the OpenAI routes.
     #[serde(skip)]
     pub logit_bias: Vec<(u32, f32)>,
+    /// Leave a matched stop sequence out of the text (OpenAI's routes, unless
+    /// `include_stop_str_in_output`); TGI's keep it.
+    #[serde(skip)]
+    pub trim_stop_sequences: bool,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's convention); 0 when absent.

@@ -40,6 +40,8 @@ pub struct ValidParameters {
     /// tokenized, by `validate_length`).
     pub max_new_tokens: Option<u32>,
     pub stop: Vec<String>,
+    /// Leave a matched stop sequence out of the output (OpenAI's routes).
+    pub trim_stop_sequences: bool,
     pub truncate: Option<usize>,
     pub top_n_tokens: u32,
     pub details: bool,
@@ -100,6 +102,7 @@ pub fn validate_parameters(
         best_of,
         max_new_tokens: parameters.max_new_tokens,
         stop: parameters.stop.clone(),
+        trim_stop_sequences: parameters.trim_stop_sequences,
         truncate,
         top_n_tokens,
         details: parameters.details,

@@ -432,3 +432,34 @@ async fn chat_rendering_options_reach_the_template() {
     }
     assert_eq!(log.lock().unwrap().new_requests.len(), 3);
 }
+
+/// OpenAI's routes leave a matched stop sequence out (OpenAI and vLLM do; TGI's `/generate`
+/// keeps it), streamed too: no chunk carries a piece of it, though " world" arrives a token
+/// before "." completes " world." (the text it may start is held back until it cannot).
+#[tokio::test]
+async fn openai_routes_leave_the_stop_sequence_out_streamed_and_not() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let completion = |extra: Value| {
+        let mut body = json!({"prompt": "x", "max_tokens": 20, "stop": [" world.", "Bye"]});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let (status, _, text) = send(&app, post("/v1/completions", &completion(json!({})))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["choices"][0]["text"], "Hello");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let (_, _, text) = send(&app, post("/v1/completions", &completion(json!({"include_stop_str_in_output": true})))).await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["text"], "Hello world.");
+    let (status, _, text) = send(&app, post("/v1/completions", &completion(json!({"stream": true})))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events = sse_data(&text);
+    let pieces: Vec<&str> = events[..events.len() - 1].iter().map(|event| event["choices"][0]["text"].as_str().unwrap()).collect();
+    assert_eq!(pieces.concat(), "Hello", "{pieces:?}");
+    // Chat, streamed: the same.
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20, "stop": "Goodbye", "stream": true});
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    let events = sse_data(&text);
+    let content: String = events[..events.len() - 1].iter().filter_map(|event| event["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, "Hello world. ");
+}
