@@ -149,3 +149,7 @@ def test_stop_sequences_are_left_out_as_openai_leaves_them(url):
     kept = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=16, temperature=0, stop=stop,
                                           extra_body={"include_stop_str_in_output": True})
     assert kept.choices[0].text == tgi
+    seven = requests.post(f"{url}/tokenize", json={"inputs": "7"}, timeout=60).json()[-1]["id"]
+    by_token = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=16, temperature=0,
+                                              extra_body={"stop_token_ids": [seven]})
+    assert by_token.choices[0].text == tgi and by_token.choices[0].finish_reason == "stop"

@@ -71,6 +71,7 @@ pub(crate) struct Generation {
     tokenizer: Tokenizer,
     decoder: IncrementalDecoder,
     stop: StopMatcher,
+    stop_token_ids: Vec<u32>,
     prompt_ids: Vec<u32>,
     max_new_tokens: u32,
     ignore_eos: bool,
@@ -101,6 +102,7 @@ impl Generation {
             decoder: IncrementalDecoder::new(&request.prompt_ids, true),
             tokenizer,
             stop: StopMatcher::new(&request.parameters.stop).trimming(request.parameters.trim_stop_sequences),
+            stop_token_ids: request.parameters.stop_token_ids.clone(),
             prompt_ids: request.prompt_ids.clone(),
             max_new_tokens: request.max_new_tokens,
             ignore_eos: request.parameters.ignore_eos,
@@ -221,6 +223,9 @@ impl Generation {
             self.text.truncate(end);
             piece = self.text.get(new_from..).unwrap_or_default().to_string();
             // Dropping the stream cancels the request in the engine, which frees its blocks.
+            self.stream = None;
+            self.finish = Some((FinishReason::StopSequence, None));
+        } else if self.stop_token_ids.contains(&generated.id) {
             self.stream = None;
             self.finish = Some((FinishReason::StopSequence, None));
         }

@@ -78,6 +78,9 @@ pub struct OpenAiSampling {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
+    /// Token ids that end the generation when sampled (vLLM's); their text stays.
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
     /// Keep a matched stop sequence at the end of the text (vLLM's); OpenAI leaves it out.
     #[serde(default, deserialize_with = "null_as_default")]
     pub include_stop_str_in_output: bool,
@@ -173,6 +176,7 @@ impl OpenAiSampling {
                 .repetition_penalty
                 .or(self.presence_penalty.map(|x| x + 2.0)),
             trim_stop_sequences: !self.include_stop_str_in_output,
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             top_n_tokens,
             details: true,
             slo: self.slo.clone(),

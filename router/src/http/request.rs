@@ -120,10 +120,11 @@ fn checked_parameters(
     let parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
     in_vocabulary(state, parameters.sampling.logit_bias.iter().map(|&(id, _)| id))?;
+    in_vocabulary(state, parameters.stop_token_ids.iter().copied())?;
     Ok((adapter, parameters))
 }
 
-/// Token ids a request names itself (a prompt, a logit bias) must be the model's.
+/// Token ids a request names itself (a prompt, a logit bias, stop tokens) must be the model's.
 fn in_vocabulary(state: &AppState, mut ids: impl Iterator<Item = u32>) -> Result<(), HttpError> {
     let vocab_size = state.info.vocab_size;
     match ids.find(|&id| id >= vocab_size) {

@@ -74,6 +74,10 @@ pub struct GenerateParameters {
     /// `include_stop_str_in_output`); TGI's keep it.
     #[serde(skip)]
     pub trim_stop_sequences: bool,
+    /// Token ids that end the generation when sampled, kept in the text (vLLM's
+    /// `stop_token_ids`, set by the OpenAI routes).
+    #[serde(skip)]
+    pub stop_token_ids: Vec<u32>,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's convention); 0 when absent.

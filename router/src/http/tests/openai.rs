@@ -463,3 +463,22 @@ async fn openai_routes_leave_the_stop_sequence_out_streamed_and_not() {
     let content: String = events[..events.len() - 1].iter().filter_map(|event| event["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(content, "Hello world. ");
 }
+
+/// vLLM's `stop_token_ids`: the generation ends on the first of them, its text kept; an id
+/// outside the vocabulary is a 422.
+#[tokio::test]
+async fn stop_token_ids_end_the_generation_on_the_token() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let world = smollm2().encode(" world", false).unwrap().ids;
+    assert_eq!(world.len(), 1);
+    let body = json!({"prompt": "x", "max_tokens": 20, "stop_token_ids": world});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["choices"][0]["text"], "Hello world");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "stop_token_ids": [u32::MAX]});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("is not in the model's vocabulary"), "{text}");
+}
