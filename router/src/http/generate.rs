@@ -17,7 +17,7 @@ use super::openai::prepare_chat;
 use super::openai_types::ChatRequest;
 use super::request::{acquire_permit, validate_request, ValidRequest};
 use super::request_log::RequestLog;
-use super::sse::{sse_response, EventSender};
+use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
 use super::state::AppState;
 use super::types::{
     BestOfSequence, ChatTokenizeResponse, CompatGenerateRequest, Details, GenerateRequest,
@@ -272,7 +272,7 @@ async fn stream_response(
 ) -> Response {
     let headers = stream_headers(&state.config.compute_type, request.inputs.chars().count());
     let span = tracing::Span::current();
-    sse_response(headers, move |sender| {
+    sse_response(headers, ErrorsBeforeOpen::RefusalsAnswered, move |sender| {
         async move {
             let log = RequestLog::start(route, arrival);
             if let Err(error) = run_stream(&state, request, &log, &sender).await {

@@ -15,7 +15,7 @@ use super::generation::{Generation, GenerationEvent, GenerationOutput};
 use super::openai_types::{unix_now, Usage};
 use super::request::{acquire_permit, validate_request, validate_token_prompt, ValidRequest};
 use super::request_log::RequestLog;
-use super::sse::{sse_response, EventSender};
+use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
 use super::state::AppState;
 use super::types::{GenerateParameters, Token};
 use crate::chat_template::Conversation;
@@ -137,7 +137,7 @@ pub(crate) async fn openai_stream(
     chunk: Arc<ChunkBuilder>,
 ) -> Response {
     let span = tracing::Span::current();
-    sse_response(headers, move |sender| {
+    sse_response(headers, ErrorsBeforeOpen::Answered, move |sender| {
         async move {
             let StreamPlan {
                 route,

@@ -220,8 +220,11 @@ async fn generate_stream_events_have_tgi_shape() {
     assert!(!body.contains("[DONE]"));
 }
 
+/// TGI's streams send invalid input as an event of a 200 stream, as TGI does; OpenAI's answer it
+/// with its status before the stream starts, as OpenAI and vLLM do (so the client library raises
+/// the error for that status when the request is made).
 #[tokio::test]
-async fn stream_errors_are_events_with_status_200() {
+async fn stream_errors_are_tgi_events_and_openai_statuses() {
     let (app, _) = app(HttpConfig::default()).await;
     let body = json!({"inputs": "x", "parameters": {"temperature": 0.0}});
     let (status, _, body) = send(&app, post("/generate_stream", &body)).await;
@@ -235,14 +238,9 @@ async fn stream_errors_are_events_with_status_200() {
     let chat =
         json!({"messages": [{"role": "user", "content": "x"}], "stream": true, "top_p": 2.0});
     let (status, _, body) = send(&app, post("/v1/chat/completions", &chat)).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        sse_data(&body),
-        vec![
-            json!({"error": {"message": "Input validation error: `top_p` must be > 0.0 and < 1.0", "http_status_code": 422}}),
-            json!("[DONE]")
-        ]
-    );
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error, json!({"error": "Input validation error: `top_p` must be > 0.0 and < 1.0", "error_type": "validation"}));
 }
 
 #[tokio::test]
@@ -348,14 +346,9 @@ async fn values_the_engine_cannot_represent_are_422() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     expect_422(&text, "`prompt` must hold at least one prompt");
     let stream = json!({"prompt": [], "max_tokens": 5, "stream": true});
-    let (_, _, text) = send(&app, post("/v1/completions", &stream)).await;
-    assert_eq!(
-        sse_data(&text),
-        vec![
-            json!({"error": {"message": "Input validation error: `prompt` must hold at least one prompt", "http_status_code": 422}}),
-            json!("[DONE]")
-        ]
-    );
+    let (status, _, text) = send(&app, post("/v1/completions", &stream)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    expect_422(&text, "`prompt` must hold at least one prompt");
     let (status, _, text) = send(
         &app,
         post("/v1/chat/completions", &json!({"messages": []})),

@@ -224,11 +224,10 @@ async fn completions_echo_the_prompt_and_score_its_tokens_first() {
     assert!(!log.lock().unwrap().new_requests.last().unwrap().prompt_logprobs);
 
     let streamed = json!({"prompt": prompt, "max_tokens": 2, "echo": true, "stream": true});
-    // Refused as the stream's error event, as every validation error of a stream is.
-    let (_, _, text) = send(&app, post("/v1/completions", &streamed)).await;
-    let events = sse_data(&text);
-    assert_eq!(events[0]["error"]["http_status_code"], 422, "{text}");
-    assert!(events[0]["error"]["message"].as_str().unwrap().contains("`echo` is not supported when streaming"), "{text}");
+    // Refused before the stream starts, with its status, as every error of an OpenAI stream is.
+    let (status, _, text) = send(&app, post("/v1/completions", &streamed)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("`echo` is not supported when streaming"), "{text}");
 }
 
 #[tokio::test]
