@@ -13,6 +13,7 @@ use super::extract::JsonBody;
 use super::generate::run_candidates;
 use super::generation::GenerationOutput;
 use super::headers::{finished_headers, stream_headers};
+use super::logprobs::{chat_logprobs, choice_logprobs, legacy_logprobs, LegacyToken};
 use super::openai_stream::{
     fingerprint, openai_stream, ChoiceUpdate, PreparedPrompt, PromptText, ResponseIdentity,
     StreamPlan,
@@ -22,11 +23,10 @@ use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
 use super::state::AppState;
 use super::tools::{self, CallPiece, CallStream, ToolAnswer};
-use super::logprobs::{chat_logprobs, choice_logprobs, legacy_logprobs, LegacyToken};
 use super::types::GenerateParameters;
-use crate::tokenizer::Tokenizer;
 use crate::chat_template::{Conversation, TemplateMessage};
 use crate::error::{ErrorBody, HttpError};
+use crate::tokenizer::Tokenizer;
 use crate::validation::ValidationError;
 
 const CHAT_ROUTE: &str = "/v1/chat/completions";
