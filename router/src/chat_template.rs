@@ -149,28 +149,10 @@ impl ChatTemplate {
         self.renders_tool_calls
     }
 
-    pub fn render(
-        &self,
-        messages: &[TemplateMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TemplateError> {
-        self.render_with_tools(messages, None, add_generation_prompt)
-    }
-
-    /// `render` with the request's tools (OpenAI's definitions), which templates that know
-    /// tools read as `tools`.
-    pub fn render_with_tools(
-        &self,
-        messages: &[TemplateMessage],
-        tools: Option<&serde_json::Value>,
-        add_generation_prompt: bool,
-    ) -> Result<String, TemplateError> {
-        let conversation = Conversation {
-            messages: messages.to_vec(),
-            tools: tools.cloned(),
-            add_generation_prompt,
-            ..Conversation::default()
-        };
+    /// The messages alone, as the tests render them.
+    #[cfg(test)]
+    pub fn render(&self, messages: &[TemplateMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        let conversation = Conversation { messages: messages.to_vec(), add_generation_prompt, ..Conversation::default() };
         self.render_conversation(&conversation)
     }
 
@@ -278,8 +260,9 @@ mod tests {
             r#"[{"type": "function", "function": {"name": "a<b>&", "z": [1, 2.5, "日本"], "a": {}}}]"#,
         )
         .unwrap();
-        let messages = [message("user", "1"), message("skip", "2"), message("last", "3"), message("user", "4")];
-        let rendered = template.render_with_tools(&messages, Some(&tools), false).unwrap();
+        let messages = vec![message("user", "1"), message("skip", "2"), message("last", "3"), message("user", "4")];
+        let conversation = Conversation { messages, tools: Some(tools), ..Conversation::default() };
+        let rendered = template.render_conversation(&conversation).unwrap();
         assert_eq!(
             rendered,
             "1;3;[{\"type\": \"function\", \"function\": {\"name\": \"a<b>&\", \"z\": [1, 2.5, \"日本\"], \"a\": {}}}]|\

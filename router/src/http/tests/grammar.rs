@@ -5,7 +5,7 @@
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use super::{app, post, send, sse_data};
+use super::{app, post, send, sse_data, with_fields};
 use crate::grammar::UnlistedProperties;
 use crate::http::HttpConfig;
 
@@ -118,11 +118,7 @@ async fn vllm_structured_outputs_constrain_the_output() {
     let (app, _) = app(HttpConfig::default()).await;
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
         "required": ["n"], "additionalProperties": false});
-    let chat = |extra: Value| {
-        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 30});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        body
-    };
+    let chat = |extra: Value| with_fields(json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 30}), &extra);
     let text_of = |text: &str| {
         let body: Value = serde_json::from_str(text).unwrap();
         body["choices"][0]["message"]["content"].as_str().or(body["choices"][0]["text"].as_str()).unwrap().to_string()

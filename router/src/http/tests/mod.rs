@@ -99,6 +99,12 @@ async fn send(app: &Router, request: Request<Body>) -> (StatusCode, axum::http::
 }
 
 /// The JSON payloads of an SSE body (`data:` lines), `[DONE]` as a string.
+/// `body` with the fields of `extra` added (or replaced).
+fn with_fields(mut body: Value, extra: &Value) -> Value {
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body
+}
+
 fn sse_data(body: &str) -> Vec<Value> {
     body.lines()
         .filter_map(|line| line.strip_prefix("data:"))

@@ -3,7 +3,7 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::scripted_shard::SCRIPT;
-use super::{app, app_with_template, post, send, sse_data};
+use super::{app, app_with_template, post, send, sse_data, with_fields};
 use crate::http::HttpConfig;
 use crate::tokenizer::tests::smollm2;
 
@@ -412,8 +412,7 @@ async fn chat_rendering_options_reach_the_template() {
         (json!({"chat_template_kwargs": {"enable_thinking": false}}), "/no_think <user>Hi</user><assistant>Hello,</assistant><assistant>"),
     ];
     for (index, (options, prompt)) in cases.into_iter().enumerate() {
-        let mut body = json!({"messages": messages, "max_tokens": 2});
-        body.as_object_mut().unwrap().extend(options.as_object().unwrap().clone());
+        let body = with_fields(json!({"messages": messages, "max_tokens": 2}), &options);
         let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
         assert_eq!(status, StatusCode::OK, "{text}");
         let sent = smollm2().decode(&log.lock().unwrap().new_requests[index].prompt_token_ids, false).unwrap();
@@ -423,8 +422,7 @@ async fn chat_rendering_options_reach_the_template() {
         (json!({"continue_final_message": true, "add_generation_prompt": true}), "cannot both be true"),
         (json!({"chat_template_kwargs": {"messages": []}}), "`chat_template_kwargs` cannot set `messages`"),
     ] {
-        let mut body = json!({"messages": messages});
-        body.as_object_mut().unwrap().extend(options.as_object().unwrap().clone());
+        let body = with_fields(json!({"messages": messages}), &options);
         let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
         assert!(text.contains(error), "{text}");
@@ -438,11 +436,7 @@ async fn chat_rendering_options_reach_the_template() {
 #[tokio::test]
 async fn openai_routes_leave_the_stop_sequence_out_streamed_and_not() {
     let (app, _) = app(HttpConfig::default()).await;
-    let completion = |extra: Value| {
-        let mut body = json!({"prompt": "x", "max_tokens": 20, "stop": [" world.", "Bye"]});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        body
-    };
+    let completion = |extra: Value| with_fields(json!({"prompt": "x", "max_tokens": 20, "stop": [" world.", "Bye"]}), &extra);
     let (status, _, text) = send(&app, post("/v1/completions", &completion(json!({})))).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     let body: Value = serde_json::from_str(&text).unwrap();
