@@ -153,3 +153,24 @@ def test_stop_sequences_are_left_out_as_openai_leaves_them(url):
     by_token = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=16, temperature=0,
                                               extra_body={"stop_token_ids": [seven]})
     assert by_token.choices[0].text == tgi and by_token.choices[0].finish_reason == "stop"
+
+
+def test_min_tokens_hold_the_end_back(url):
+    # vLLM's min_tokens: the greedy reply goes on past where it ended, the same text up to there.
+    messages = [{"role": "user", "content": "Answer with one word: is the sky blue?"}]
+    short = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=40, temperature=0)
+    ended = short.usage.completion_tokens
+    assert short.choices[0].finish_reason == "stop" and ended < 30
+    longer = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=40, temperature=0,
+                                                 extra_body={"min_tokens": ended + 6})
+    assert longer.usage.completion_tokens >= ended + 6
+    assert longer.choices[0].message.content.startswith(short.choices[0].message.content)
+    # A stop token is held back too; past min_tokens it ends the generation again.
+    prompt = "1, 2, 3, 4,"
+    seven = requests.post(f"{url}/tokenize", json={"inputs": "7"}, timeout=60).json()[-1]["id"]
+    first = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=16, temperature=0,
+                                           extra_body={"stop_token_ids": [seven]})
+    held = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=16, temperature=0,
+                                          extra_body={"stop_token_ids": [seven], "min_tokens": first.usage.completion_tokens + 1})
+    assert held.usage.completion_tokens > first.usage.completion_tokens
+    assert held.choices[0].text.startswith(first.choices[0].text[:-1])

@@ -193,3 +193,26 @@ def test_a_biased_sampled_request_never_draws_a_banned_token():
     logits = torch.zeros(1, 6)
     request = _request(do_sample=True, temperature=1.0, seed=4, logit_bias={t: -100.0 for t in range(5)})
     assert all(sample(logits, [request])[0].token_id == 5 for _ in range(20))
+
+
+def test_min_tokens_hold_back_the_end_tokens_until_reached():
+    """vLLM's min_tokens: an end token gets no probability while fewer tokens than that are
+    generated (greedy and sampled alike); the reported logprob stays the model's."""
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0]])
+    held = _request(tokens=(0, 3), prompt_len=1, min_tokens=2, end_token_ids=(2,), top_n_tokens=1)
+    [token] = sample(logits, [held])
+    assert token.token_id == 3 and held.holds_back_end
+    assert token.logprob == pytest.approx(float(logits[0].log_softmax(-1)[3]))
+    reached = _request(tokens=(0, 3, 3), prompt_len=1, min_tokens=2, end_token_ids=(2,))
+    assert sample(logits, [reached])[0].token_id == 2 and not reached.holds_back_end
+    drawn = _request(do_sample=True, seed=5, min_tokens=4, end_token_ids=(2, 3))
+    assert all(sample(logits, [drawn])[0].token_id in (0, 1) for _ in range(20))
+    # Without end tokens named, min_tokens holds nothing back.
+    assert sample(logits, [_request(min_tokens=5)])[0].token_id == 2
+
+
+def test_min_tokens_yield_to_a_grammar_that_can_only_end():
+    """A row whose every other token is already impossible keeps its end token."""
+    logits = torch.tensor([[float("-inf"), float("-inf"), 1.0]])
+    request = _request(min_tokens=3, end_token_ids=(2,))
+    assert sample(logits, [request])[0].token_id == 2

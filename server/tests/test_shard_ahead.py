@@ -176,7 +176,7 @@ def test_a_request_forgotten_while_its_token_is_on_the_device_is_dropped_cleanly
     assert all(token >= 0 for token in executor.requests[1].token_ids)
 
 
-@pytest.mark.parametrize("case", ["sampling", "a penalty", "a grammar mask", "prompt logprobs"])
+@pytest.mark.parametrize("case", ["sampling", "a penalty", "min_tokens", "a grammar mask", "prompt logprobs"])
 def test_only_plain_greedy_steps_run_ahead(tiny_llama_dir, case):
     executor = _pipelined(tiny_llama_dir)
     first, second = _steps(ahead=True, new_tokens=2)
@@ -185,6 +185,8 @@ def test_only_plain_greedy_steps_run_ahead(tiny_llama_dir, case):
         request.parameters.CopyFrom(pb.SamplingParameters(do_sample=True, temperature=0.7, seed=3))
     elif case == "a penalty":
         request.parameters.CopyFrom(pb.SamplingParameters(repetition_penalty=1.3))
+    elif case == "min_tokens":
+        request.parameters.CopyFrom(pb.SamplingParameters(min_tokens=3, end_token_ids=[2]))
     elif case == "prompt logprobs":
         request.prompt_logprobs = True
     if case == "a grammar mask":

@@ -77,6 +77,8 @@ BAD_PLANS = {
     "scheduled twice": pb.StepRequest(scheduled=[_schedule(1, 3, 1, [0]), _schedule(1, 3, 1, [0])]),
     "disagrees with the chunk": pb.StepRequest(scheduled=[_schedule(1, 3, 1, [0], sample=False)]),
     "outside the vocabulary": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[TINY_VOCAB])]),
+    "end_token_ids names a token id outside": pb.StepRequest(new_requests=[pb.NewRequest(
+        id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(min_tokens=2, end_token_ids=[TINY_VOCAB]))]),
     "temperature": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[4],
                                                               parameters=pb.SamplingParameters(do_sample=True))]),
 }

@@ -32,6 +32,12 @@ pub struct SamplingParams {
     /// (token id, bias) added to the logits the choice is made on (OpenAI's `logit_bias`),
     /// by token id.
     pub logit_bias: Vec<(u32, f32)>,
+    /// vLLM's `min_tokens`: until this many tokens are generated the shard gives
+    /// `end_token_ids` no probability.
+    pub min_tokens: u32,
+    /// The tokens that would end the generation (the model's EOS unless `ignore_eos`, the
+    /// request's stop tokens); empty without `min_tokens`.
+    pub end_token_ids: Vec<u32>,
 }
 
 impl SamplingParams {
@@ -47,6 +53,8 @@ impl SamplingParams {
             frequency_penalty: 0.0,
             seed: 0,
             logit_bias: Vec::new(),
+            min_tokens: 0,
+            end_token_ids: Vec::new(),
         }
     }
 }

@@ -69,6 +69,8 @@ fn sampling_parameters(sampling: &SamplingParams, top_n_tokens: u32) -> pb::Samp
         seed: sampling.seed,
         top_n_tokens,
         logit_bias: sampling.logit_bias.iter().copied().collect(),
+        min_tokens: sampling.min_tokens,
+        end_token_ids: sampling.end_token_ids.clone(),
     }
 }
 

@@ -72,6 +72,9 @@ pub(crate) struct Generation {
     decoder: IncrementalDecoder,
     stop: StopMatcher,
     stop_token_ids: Vec<u32>,
+    /// Neither stop sequences nor stop tokens end the generation before this many tokens
+    /// (vLLM's `min_tokens`; the shard holds back EOS and stop tokens until then).
+    min_tokens: u32,
     prompt_ids: Vec<u32>,
     max_new_tokens: u32,
     ignore_eos: bool,
@@ -103,6 +106,7 @@ impl Generation {
             tokenizer,
             stop: StopMatcher::new(&request.parameters.stop).trimming(request.parameters.trim_stop_sequences),
             stop_token_ids: request.parameters.stop_token_ids.clone(),
+            min_tokens: request.parameters.sampling.min_tokens,
             prompt_ids: request.prompt_ids.clone(),
             max_new_tokens: request.max_new_tokens,
             ignore_eos: request.parameters.ignore_eos,
@@ -219,13 +223,14 @@ impl Generation {
             .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
         let new_from = self.text.len();
         self.text.push_str(&piece);
-        if let Some(end) = self.stop.find(&self.text, new_from) {
+        let may_stop = self.tokens.len() + 1 >= self.min_tokens as usize;
+        if let Some(end) = self.stop.find(&self.text, new_from).filter(|_| may_stop) {
             self.text.truncate(end);
             piece = self.text.get(new_from..).unwrap_or_default().to_string();
             // Dropping the stream cancels the request in the engine, which frees its blocks.
             self.stream = None;
             self.finish = Some((FinishReason::StopSequence, None));
-        } else if self.stop_token_ids.contains(&generated.id) {
+        } else if may_stop && self.stop_token_ids.contains(&generated.id) {
             self.stream = None;
             self.finish = Some((FinishReason::StopSequence, None));
         }

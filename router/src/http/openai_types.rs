@@ -81,6 +81,10 @@ pub struct OpenAiSampling {
     /// Token ids that end the generation when sampled (vLLM's); their text stays.
     #[serde(default)]
     pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM's `min_tokens`: the generation may not end (EOS, stop tokens, stop sequences)
+    /// before this many tokens; at most `max_tokens`.
+    #[serde(default)]
+    pub min_tokens: Option<u32>,
     /// Keep a matched stop sequence at the end of the text (vLLM's); OpenAI leaves it out.
     #[serde(default, deserialize_with = "null_as_default")]
     pub include_stop_str_in_output: bool,
@@ -177,6 +181,7 @@ impl OpenAiSampling {
                 .or(self.presence_penalty.map(|x| x + 2.0)),
             trim_stop_sequences: !self.include_stop_str_in_output,
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            min_tokens: self.min_tokens.unwrap_or(0),
             top_n_tokens,
             details: true,
             slo: self.slo.clone(),

@@ -117,11 +117,24 @@ fn checked_parameters(
     parameters: &GenerateParameters,
 ) -> Result<(Option<AdapterRef>, ValidParameters), HttpError> {
     let adapter = state.adapter(parameters.adapter_id.as_deref())?;
-    let parameters =
+    let mut parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
     in_vocabulary(state, parameters.sampling.logit_bias.iter().map(|&(id, _)| id))?;
     in_vocabulary(state, parameters.stop_token_ids.iter().copied())?;
+    if parameters.sampling.min_tokens > 0 {
+        parameters.sampling.end_token_ids = end_token_ids(state, &parameters);
+    }
     Ok((adapter, parameters))
+}
+
+/// The tokens that would end a generation with these parameters: the model's EOS (unless
+/// `ignore_eos`) and the request's stop tokens, in the vocabulary, each once.
+fn end_token_ids(state: &AppState, parameters: &validation::ValidParameters) -> Vec<u32> {
+    let eos = if parameters.ignore_eos { &[][..] } else { &state.info.eos_token_ids[..] };
+    let mut ids: Vec<u32> = eos.iter().chain(&parameters.stop_token_ids).copied().filter(|&id| id < state.info.vocab_size).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Token ids a request names itself (a prompt, a logit bias, stop tokens) must be the model's.

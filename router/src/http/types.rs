@@ -78,6 +78,10 @@ pub struct GenerateParameters {
     /// `stop_token_ids`, set by the OpenAI routes).
     #[serde(skip)]
     pub stop_token_ids: Vec<u32>,
+    /// The generation may not end (EOS, stop tokens, stop sequences) before this many tokens
+    /// (vLLM's `min_tokens`, set by the OpenAI routes).
+    #[serde(skip)]
+    pub min_tokens: u32,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's convention); 0 when absent.

@@ -39,6 +39,8 @@ pub enum ValidationError {
     TypicalP,
     #[error("`max_new_tokens` must be strictly positive")]
     NegativeMaxNewTokens,
+    #[error("`min_tokens` must be less than or equal to `max_tokens`={1}. Given: {0}")]
+    MinTokens(u32, u32),
     #[error("`inputs` tokens + `max_new_tokens` must be <= {0}. Given: {1} `inputs` tokens and {2} `max_new_tokens`")]
     MaxTotalTokens(usize, usize, u32),
     #[error("`inputs` must have less than {0} tokens. Given: {1}")]

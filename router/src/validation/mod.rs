@@ -78,6 +78,9 @@ pub fn validate_parameters(
     if parameters.max_new_tokens == Some(0) {
         return Err(ValidationError::NegativeMaxNewTokens);
     }
+    if let Some(max) = parameters.max_new_tokens.filter(|&max| parameters.min_tokens > max) {
+        return Err(ValidationError::MinTokens(parameters.min_tokens, max));
+    }
     validate_stop(&parameters.stop, limits)?;
     sampling.seed = match parameters.seed {
         Some(_) if best_of > 1 => return Err(ValidationError::BestOfSeed),
@@ -186,6 +189,9 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
         frequency_penalty,
         seed: 0,
         logit_bias: validate_logit_bias(&parameters.logit_bias)?,
+        min_tokens: parameters.min_tokens,
+        // The HTTP layer, which knows the model's EOS, names them (`with_end_tokens`).
+        end_token_ids: Vec::new(),
     })
 }
 

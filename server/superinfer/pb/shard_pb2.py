@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bshard.proto\x12\x13superinfer.shard.v1\"\r\n\x0bInfoRequest\"\x86\x03\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nnum_layers\x18\x06 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x07 \x01(\r\x12\x10\n\x08head_dim\x18\x08 \x01(\r\x12\x13\n\x0b\x62lock_bytes\x18\t \x01(\x04\x12\x1f\n\x17max_position_embeddings\x18\n \x01(\r\x12\x12\n\nvocab_size\x18\x0b \x01(\r\x12\x16\n\x0etokenizer_json\x18\x0c \x01(\t\x12\x15\n\rchat_template\x18\r \x01(\t\x12\x15\n\reos_token_ids\x18\x0e \x03(\r\x12\x11\n\tbos_token\x18\x0f \x01(\t\x12\x11\n\teos_token\x18\x10 \x01(\t\x12\x12\n\nworld_size\x18\x11 \x01(\r\x12\x10\n\x08\x61\x64\x61pters\x18\x12 \x03(\t\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"E\n\rWarmupRequest\x12\x18\n\x10max_batch_tokens\x18\x01 \x01(\r\x12\x1a\n\x12max_batch_requests\x18\x02 \x01(\r\"\x96\x02\n\tCostModel\x12\x13\n\x0bstep_base_s\x18\x01 \x01(\x01\x12\x1b\n\x13per_prefill_token_s\x18\x02 \x01(\x01\x12\x1c\n\x14per_decode_request_s\x18\x03 \x01(\x01\x12\x1b\n\x13per_context_token_s\x18\x04 \x01(\x01\x12\x1c\n\x14swap_out_bytes_per_s\x18\x05 \x01(\x01\x12\x1b\n\x13swap_in_bytes_per_s\x18\x06 \x01(\x01\x12\x1b\n\x13transfer_overhead_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x64uplex\x18\x08 \x01(\x08\x12\x34\n\x0btoken_curve\x18\t \x01(\x0b\x32\x1f.superinfer.shard.v1.TokenCurve\"N\n\nTokenCurve\x12\x10\n\x08tokens_s\x18\x01 \x03(\x01\x12\x11\n\tdecodes_s\x18\x02 \x03(\x01\x12\x1b\n\x13per_context_token_s\x18\x03 \x01(\x01\"x\n\x0eWarmupResponse\x12\x19\n\x11num_device_blocks\x18\x01 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x02 \x01(\r\x12\x32\n\ncost_model\x18\x03 \x01(\x0b\x32\x1e.superinfer.shard.v1.CostModel\"\xc6\x02\n\x12SamplingParameters\x12\x11\n\tdo_sample\x18\x01 \x01(\x08\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\x11\n\ttypical_p\x18\x05 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x14\n\x0ctop_n_tokens\x18\t \x01(\r\x12J\n\nlogit_bias\x18\n \x03(\x0b\x32\x36.superinfer.shard.v1.SamplingParameters.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\x9c\x01\n\nNewRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12;\n\nparameters\x18\x03 \x01(\x0b\x32\'.superinfer.shard.v1.SamplingParameters\x12\x17\n\x0fprompt_logprobs\x18\x04 \x01(\x08\x12\x12\n\nadapter_id\x18\x05 \x01(\t\"\xaa\x01\n\x10ScheduledRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x1b\n\x13num_computed_tokens\x18\x02 \x01(\r\x12\x16\n\x0enum_new_tokens\x18\x03 \x01(\r\x12\x13\n\x0b\x62lock_table\x18\x04 \x03(\r\x12\x0e\n\x06sample\x18\x05 \x01(\x08\x12\x16\n\x0e\x61llowed_tokens\x18\x06 \x01(\x0c\x12\x18\n\x10input_from_shard\x18\x07 \x01(\x08\">\n\x08Transfer\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\nsrc_blocks\x18\x02 \x03(\r\x12\x12\n\ndst_blocks\x18\x03 \x03(\r\"\x9e\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x66orget\x18\x02 \x03(\x04\x12\x35\n\x0cnew_requests\x18\x03 \x03(\x0b\x32\x1f.superinfer.shard.v1.NewRequest\x12\x31\n\nrotate_out\x18\x04 \x03(\x0b\x32\x1d.superinfer.shard.v1.Transfer\x12\x30\n\trotate_in\x18\x05 \x03(\x0b\x32\x1d.superinfer.shard.v1.Transfer\x12\x38\n\tscheduled\x18\x06 \x03(\x0b\x32%.superinfer.shard.v1.ScheduledRequest\x12\x18\n\x10previous_step_id\x18\x07 \x01(\x04\"+\n\x0cTokenLogprob\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\">\n\tTopTokens\x12\x31\n\x06tokens\x18\x01 \x03(\x0b\x32!.superinfer.shard.v1.TokenLogprob\"b\n\x0cSampledToken\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x35\n\ntop_tokens\x18\x03 \x03(\x0b\x32!.superinfer.shard.v1.TokenLogprob\"\xc7\x01\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x35\n\x05token\x18\x02 \x01(\x0b\x32!.superinfer.shard.v1.SampledTokenH\x00\x88\x01\x01\x12\x17\n\x0fprompt_logprobs\x18\x03 \x03(\x02\x12\x39\n\x11prompt_top_tokens\x18\x05 \x03(\x0b\x32\x1e.superinfer.shard.v1.TopTokens\x12\r\n\x05\x65rror\x18\x04 \x01(\tB\x08\n\x06_token\"]\n\x0bStepTimings\x12\x12\n\nforward_ns\x18\x01 \x01(\x04\x12\x13\n\x0bsampling_ns\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_ns\x18\x03 \x01(\x04\x12\x10\n\x08total_ns\x18\x04 \x01(\x04\"\xa4\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x33\n\x07outputs\x18\x02 \x03(\x0b\x32\".superinfer.shard.v1.RequestOutput\x12\x1b\n\x13\x63ompleted_transfers\x18\x03 \x03(\x04\x12\x31\n\x07timings\x18\x04 \x01(\x0b\x32 .superinfer.shard.v1.StepTimings\"\x0e\n\x0cResetRequest\")\n\rResetResponse\x12\x18\n\x10\x64ropped_requests\x18\x01 \x01(\r2\x97\x03\n\x05Shard\x12K\n\x04Info\x12 .superinfer.shard.v1.InfoRequest\x1a!.superinfer.shard.v1.InfoResponse\x12Q\n\x06Health\x12\".superinfer.shard.v1.HealthRequest\x1a#.superinfer.shard.v1.HealthResponse\x12Q\n\x06Warmup\x12\".superinfer.shard.v1.WarmupRequest\x1a#.superinfer.shard.v1.WarmupResponse\x12K\n\x04Step\x12 .superinfer.shard.v1.StepRequest\x1a!.superinfer.shard.v1.StepResponse\x12N\n\x05Reset\x12!.superinfer.shard.v1.ResetRequest\x1a\".superinfer.shard.v1.ResetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bshard.proto\x12\x13superinfer.shard.v1\"\r\n\x0bInfoRequest\"\x86\x03\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nnum_layers\x18\x06 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x07 \x01(\r\x12\x10\n\x08head_dim\x18\x08 \x01(\r\x12\x13\n\x0b\x62lock_bytes\x18\t \x01(\x04\x12\x1f\n\x17max_position_embeddings\x18\n \x01(\r\x12\x12\n\nvocab_size\x18\x0b \x01(\r\x12\x16\n\x0etokenizer_json\x18\x0c \x01(\t\x12\x15\n\rchat_template\x18\r \x01(\t\x12\x15\n\reos_token_ids\x18\x0e \x03(\r\x12\x11\n\tbos_token\x18\x0f \x01(\t\x12\x11\n\teos_token\x18\x10 \x01(\t\x12\x12\n\nworld_size\x18\x11 \x01(\r\x12\x10\n\x08\x61\x64\x61pters\x18\x12 \x03(\t\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"E\n\rWarmupRequest\x12\x18\n\x10max_batch_tokens\x18\x01 \x01(\r\x12\x1a\n\x12max_batch_requests\x18\x02 \x01(\r\"\x96\x02\n\tCostModel\x12\x13\n\x0bstep_base_s\x18\x01 \x01(\x01\x12\x1b\n\x13per_prefill_token_s\x18\x02 \x01(\x01\x12\x1c\n\x14per_decode_request_s\x18\x03 \x01(\x01\x12\x1b\n\x13per_context_token_s\x18\x04 \x01(\x01\x12\x1c\n\x14swap_out_bytes_per_s\x18\x05 \x01(\x01\x12\x1b\n\x13swap_in_bytes_per_s\x18\x06 \x01(\x01\x12\x1b\n\x13transfer_overhead_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x64uplex\x18\x08 \x01(\x08\x12\x34\n\x0btoken_curve\x18\t \x01(\x0b\x32\x1f.superinfer.shard.v1.TokenCurve\"N\n\nTokenCurve\x12\x10\n\x08tokens_s\x18\x01 \x03(\x01\x12\x11\n\tdecodes_s\x18\x02 \x03(\x01\x12\x1b\n\x13per_context_token_s\x18\x03 \x01(\x01\"x\n\x0eWarmupResponse\x12\x19\n\x11num_device_blocks\x18\x01 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x02 \x01(\r\x12\x32\n\ncost_model\x18\x03 \x01(\x0b\x32\x1e.superinfer.shard.v1.CostModel\"\xf1\x02\n\x12SamplingParameters\x12\x11\n\tdo_sample\x18\x01 \x01(\x08\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\x11\n\ttypical_p\x18\x05 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x14\n\x0ctop_n_tokens\x18\t \x01(\r\x12J\n\nlogit_bias\x18\n \x03(\x0b\x32\x36.superinfer.shard.v1.SamplingParameters.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0b \x01(\r\x12\x15\n\rend_token_ids\x18\x0c \x03(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\x9c\x01\n\nNewRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12;\n\nparameters\x18\x03 \x01(\x0b\x32\'.superinfer.shard.v1.SamplingParameters\x12\x17\n\x0fprompt_logprobs\x18\x04 \x01(\x08\x12\x12\n\nadapter_id\x18\x05 \x01(\t\"\xaa\x01\n\x10ScheduledRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x1b\n\x13num_computed_tokens\x18\x02 \x01(\r\x12\x16\n\x0enum_new_tokens\x18\x03 \x01(\r\x12\x13\n\x0b\x62lock_table\x18\x04 \x03(\r\x12\x0e\n\x06sample\x18\x05 \x01(\x08\x12\x16\n\x0e\x61llowed_tokens\x18\x06 \x01(\x0c\x12\x18\n\x10input_from_shard\x18\x07 \x01(\x08\">\n\x08Transfer\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\nsrc_blocks\x18\x02 \x03(\r\x12\x12\n\ndst_blocks\x18\x03 \x03(\r\"\x9e\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x66orget\x18\x02 \x03(\x04\x12\x35\n\x0cnew_requests\x18\x03 \x03(\x0b\x32\x1f.superinfer.shard.v1.NewRequest\x12\x31\n\nrotate_out\x18\x04 \x03(\x0b\x32\x1d.superinfer.shard.v1.Transfer\x12\x30\n\trotate_in\x18\x05 \x03(\x0b\x32\x1d.superinfer.shard.v1.Transfer\x12\x38\n\tscheduled\x18\x06 \x03(\x0b\x32%.superinfer.shard.v1.ScheduledRequest\x12\x18\n\x10previous_step_id\x18\x07 \x01(\x04\"+\n\x0cTokenLogprob\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\">\n\tTopTokens\x12\x31\n\x06tokens\x18\x01 \x03(\x0b\x32!.superinfer.shard.v1.TokenLogprob\"b\n\x0cSampledToken\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x35\n\ntop_tokens\x18\x03 \x03(\x0b\x32!.superinfer.shard.v1.TokenLogprob\"\xc7\x01\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x35\n\x05token\x18\x02 \x01(\x0b\x32!.superinfer.shard.v1.SampledTokenH\x00\x88\x01\x01\x12\x17\n\x0fprompt_logprobs\x18\x03 \x03(\x02\x12\x39\n\x11prompt_top_tokens\x18\x05 \x03(\x0b\x32\x1e.superinfer.shard.v1.TopTokens\x12\r\n\x05\x65rror\x18\x04 \x01(\tB\x08\n\x06_token\"]\n\x0bStepTimings\x12\x12\n\nforward_ns\x18\x01 \x01(\x04\x12\x13\n\x0bsampling_ns\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_ns\x18\x03 \x01(\x04\x12\x10\n\x08total_ns\x18\x04 \x01(\x04\"\xa4\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x33\n\x07outputs\x18\x02 \x03(\x0b\x32\".superinfer.shard.v1.RequestOutput\x12\x1b\n\x13\x63ompleted_transfers\x18\x03 \x03(\x04\x12\x31\n\x07timings\x18\x04 \x01(\x0b\x32 .superinfer.shard.v1.StepTimings\"\x0e\n\x0cResetRequest\")\n\rResetResponse\x12\x18\n\x10\x64ropped_requests\x18\x01 \x01(\r2\x97\x03\n\x05Shard\x12K\n\x04Info\x12 .superinfer.shard.v1.InfoRequest\x1a!.superinfer.shard.v1.InfoResponse\x12Q\n\x06Health\x12\".superinfer.shard.v1.HealthRequest\x1a#.superinfer.shard.v1.HealthResponse\x12Q\n\x06Warmup\x12\".superinfer.shard.v1.WarmupRequest\x1a#.superinfer.shard.v1.WarmupResponse\x12K\n\x04Step\x12 .superinfer.shard.v1.StepRequest\x1a!.superinfer.shard.v1.StepResponse\x12N\n\x05Reset\x12!.superinfer.shard.v1.ResetRequest\x1a\".superinfer.shard.v1.ResetResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,33 +50,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WARMUPRESPONSE']._serialized_start=911
   _globals['_WARMUPRESPONSE']._serialized_end=1031
   _globals['_SAMPLINGPARAMETERS']._serialized_start=1034
-  _globals['_SAMPLINGPARAMETERS']._serialized_end=1360
-  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_start=1312
-  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_end=1360
-  _globals['_NEWREQUEST']._serialized_start=1363
-  _globals['_NEWREQUEST']._serialized_end=1519
-  _globals['_SCHEDULEDREQUEST']._serialized_start=1522
-  _globals['_SCHEDULEDREQUEST']._serialized_end=1692
-  _globals['_TRANSFER']._serialized_start=1694
-  _globals['_TRANSFER']._serialized_end=1756
-  _globals['_STEPREQUEST']._serialized_start=1759
-  _globals['_STEPREQUEST']._serialized_end=2045
-  _globals['_TOKENLOGPROB']._serialized_start=2047
-  _globals['_TOKENLOGPROB']._serialized_end=2090
-  _globals['_TOPTOKENS']._serialized_start=2092
-  _globals['_TOPTOKENS']._serialized_end=2154
-  _globals['_SAMPLEDTOKEN']._serialized_start=2156
-  _globals['_SAMPLEDTOKEN']._serialized_end=2254
-  _globals['_REQUESTOUTPUT']._serialized_start=2257
-  _globals['_REQUESTOUTPUT']._serialized_end=2456
-  _globals['_STEPTIMINGS']._serialized_start=2458
-  _globals['_STEPTIMINGS']._serialized_end=2551
-  _globals['_STEPRESPONSE']._serialized_start=2554
-  _globals['_STEPRESPONSE']._serialized_end=2718
-  _globals['_RESETREQUEST']._serialized_start=2720
-  _globals['_RESETREQUEST']._serialized_end=2734
-  _globals['_RESETRESPONSE']._serialized_start=2736
-  _globals['_RESETRESPONSE']._serialized_end=2777
-  _globals['_SHARD']._serialized_start=2780
-  _globals['_SHARD']._serialized_end=3187
+  _globals['_SAMPLINGPARAMETERS']._serialized_end=1403
+  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_start=1355
+  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_end=1403
+  _globals['_NEWREQUEST']._serialized_start=1406
+  _globals['_NEWREQUEST']._serialized_end=1562
+  _globals['_SCHEDULEDREQUEST']._serialized_start=1565
+  _globals['_SCHEDULEDREQUEST']._serialized_end=1735
+  _globals['_TRANSFER']._serialized_start=1737
+  _globals['_TRANSFER']._serialized_end=1799
+  _globals['_STEPREQUEST']._serialized_start=1802
+  _globals['_STEPREQUEST']._serialized_end=2088
+  _globals['_TOKENLOGPROB']._serialized_start=2090
+  _globals['_TOKENLOGPROB']._serialized_end=2133
+  _globals['_TOPTOKENS']._serialized_start=2135
+  _globals['_TOPTOKENS']._serialized_end=2197
+  _globals['_SAMPLEDTOKEN']._serialized_start=2199
+  _globals['_SAMPLEDTOKEN']._serialized_end=2297
+  _globals['_REQUESTOUTPUT']._serialized_start=2300
+  _globals['_REQUESTOUTPUT']._serialized_end=2499
+  _globals['_STEPTIMINGS']._serialized_start=2501
+  _globals['_STEPTIMINGS']._serialized_end=2594
+  _globals['_STEPRESPONSE']._serialized_start=2597
+  _globals['_STEPRESPONSE']._serialized_end=2761
+  _globals['_RESETREQUEST']._serialized_start=2763
+  _globals['_RESETREQUEST']._serialized_end=2777
+  _globals['_RESETRESPONSE']._serialized_start=2779
+  _globals['_RESETRESPONSE']._serialized_end=2820
+  _globals['_SHARD']._serialized_start=2823
+  _globals['_SHARD']._serialized_end=3230
 # @@protoc_insertion_point(module_scope)

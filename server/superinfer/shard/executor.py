@@ -246,7 +246,7 @@ class ShardExecutor:
         sample_rows, prompt_rows = logit_rows(scheduled, work, self.requests)
         states = [self.requests[scheduled[i].request_id] for i, _ in sample_rows]
         on_device = self.pipeline and bool(sample_rows) and not prompt_rows and all(
-            plain_greedy(state.params.do_sample, state.params.needs_host, scheduled[i].allowed_tokens)
+            plain_greedy(state.params.do_sample, state.needs_host, scheduled[i].allowed_tokens)
             for (i, _), state in zip(sample_rows, states))
         events = None
         if on_device and self.runner.device.type == "cuda":

@@ -51,6 +51,8 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         seed=message.seed,
         top_n_tokens=message.top_n_tokens,
         logit_bias=dict(message.logit_bias),
+        min_tokens=message.min_tokens,
+        end_token_ids=tuple(message.end_token_ids) if message.min_tokens else (),
     )
     problems = []
     if params.do_sample and not params.temperature > 0:
@@ -63,6 +65,8 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
     if any(token >= limits.vocab_size for token in params.logit_bias):
         problems.append(f"logit_bias names a token id outside the vocabulary ({limits.vocab_size})")
+    if any(token >= limits.vocab_size for token in params.end_token_ids):
+        problems.append(f"end_token_ids names a token id outside the vocabulary ({limits.vocab_size})")
     if not all(math.isfinite(bias) for bias in params.logit_bias.values()):
         problems.append("logit_bias must be finite")
     if params.top_n_tokens > limits.max_top_n_tokens:

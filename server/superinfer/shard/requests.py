@@ -18,6 +18,10 @@ class SamplingParams:
     top_n_tokens: int = 0
     # Token id -> bias added to its logit (OpenAI's logit_bias).
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # vLLM's min_tokens: until this many tokens are generated, `end_token_ids` (the router's
+    # choice: the model's EOS, the request's stop tokens) get no probability.
+    min_tokens: int = 0
+    end_token_ids: tuple[int, ...] = ()
 
     @property
     def has_penalty(self) -> bool:
@@ -51,6 +55,16 @@ class RequestState:
     @property
     def num_generated(self) -> int:
         return len(self.token_ids) - self.prompt_len
+
+    @property
+    def holds_back_end(self) -> bool:
+        """Whether its next token may not end the generation (`min_tokens` not reached)."""
+        return bool(self.params.end_token_ids) and self.num_generated < self.params.min_tokens
+
+    @property
+    def needs_host(self) -> bool:
+        """Whether its next token is chosen on the host, not by the device's greedy pick."""
+        return self.params.needs_host or self.holds_back_end
 
     def generator_for(self, device: torch.device) -> torch.Generator:
         """The request's generator, created (seeded) on first use on the device that samples."""

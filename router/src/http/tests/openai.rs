@@ -2,7 +2,7 @@
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use super::scripted_shard::SCRIPT;
+use super::scripted_shard::{EOS, SCRIPT};
 use super::{app, app_with_template, post, send, sse_data, with_fields};
 use crate::http::HttpConfig;
 use crate::tokenizer::tests::smollm2;
@@ -474,4 +474,32 @@ async fn stop_token_ids_end_the_generation_on_the_token() {
     let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
     assert!(text.contains("is not in the model's vocabulary"), "{text}");
+}
+
+/// vLLM's `min_tokens`: neither a stop token nor a stop sequence ends the generation before it
+/// (the shard holds EOS and the stop tokens back, told which); more than `max_tokens` is a 422.
+#[tokio::test]
+async fn min_tokens_keep_the_generation_going_until_reached() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let world = smollm2().encode(" world", false).unwrap().ids;
+    let body = json!({"prompt": "x", "max_tokens": 20, "stop_token_ids": world, "stop": "Hello", "min_tokens": 3});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["choices"][0]["text"], SCRIPT, "{body}");
+    let parameters = log.lock().unwrap().new_requests[0].parameters.clone().unwrap();
+    assert_eq!((parameters.min_tokens, parameters.end_token_ids), (3, vec![EOS, world[0]]));
+    // Without min_tokens nothing is held back; with ignore_eos, EOS is not an end token.
+    let plain = json!({"prompt": "x", "max_tokens": 20, "stop_token_ids": world});
+    let held = json!({"prompt": "x", "max_tokens": 20, "min_tokens": 2, "ignore_eos": true});
+    for body in [plain, held] {
+        let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+    }
+    let sent: Vec<Vec<u32>> = log.lock().unwrap().new_requests[1..].iter().map(|r| r.parameters.clone().unwrap().end_token_ids).collect();
+    assert_eq!(sent, [Vec::<u32>::new(), Vec::new()]);
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "min_tokens": 5});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("`min_tokens` must be less than or equal to `max_tokens`=4"), "{text}");
 }
