@@ -176,7 +176,7 @@ def test_over_the_concurrency_limit_is_429(guarded):
         while not next(lines).startswith(b"data:"):
             pass
         response = post(guarded, "/generate", {"inputs": "hello", "parameters": {"max_new_tokens": 1}})
-        assert response.status_code == 429
+        assert response.status_code == 429 and response.headers["Retry-After"] == "1"
         assert response.json() == {"error": "Model is overloaded", "error_type": "overloaded"}
         with pytest.raises(OverloadedError):
             Client(guarded.url, headers=AUTH, timeout=120).generate("hello", max_new_tokens=1)

@@ -17,6 +17,8 @@ pub enum HttpError {
     Template(#[from] TemplateError),
     #[error("Request failed during generation: {0}")]
     Generation(String),
+    /// Every concurrency permit (`--max-concurrent-requests`) is taken: 429 at once, as TGI
+    /// answers, with `Retry-After` (`CONCURRENCY_RETRY_AFTER_S`).
     #[error("Model is overloaded")]
     Overloaded,
     /// The request cannot meet its objective here now (SLO admission, queue time-out): 429, with
@@ -119,6 +121,11 @@ impl HttpError {
     }
 }
 
+/// The `Retry-After` of a request refused for want of a concurrency permit: one frees when any
+/// request in flight ends, which at a full server is a matter of steps, so the shortest
+/// header value; a router in front may send it elsewhere at once.
+pub const CONCURRENCY_RETRY_AFTER_S: u64 = 1;
+
 impl HttpError {
     /// The server refuses the request for now (its load, a drain or a recovery), not for what it
     /// asks: a client or a router may retry it, here later or elsewhere.
@@ -130,6 +137,7 @@ impl HttpError {
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
             HttpError::SloOverloaded { retry_after_s, .. } | HttpError::Unavailable { retry_after_s, .. } => *retry_after_s,
+            HttpError::Overloaded => Some(CONCURRENCY_RETRY_AFTER_S),
             _ => None,
         }
     }
@@ -226,5 +234,12 @@ mod tests {
         assert_eq!(recovering.headers()[axum::http::header::RETRY_AFTER], "1");
         let draining = HttpError::from(EngineError::Draining).response();
         assert!(draining.headers().get(axum::http::header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn a_full_server_says_when_to_retry() {
+        let full = HttpError::Overloaded.response();
+        assert_eq!(full.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(full.headers()[axum::http::header::RETRY_AFTER], CONCURRENCY_RETRY_AFTER_S.to_string().as_str());
     }
 }

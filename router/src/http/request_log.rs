@@ -89,10 +89,11 @@ impl RequestLog {
 
     /// Records the failure (metrics and the log line).
     pub fn failed(&self, error: &HttpError) {
-        self.end(error.error_type(), &error.to_string(), "Failure");
+        self.end(error.error_type(), &error.to_string(), Some(error.status().as_u16()), "Failure");
     }
 
-    fn end(&self, error_type: &'static str, error: &str, message: &str) {
+    /// `status`: the response's, when the request got one (a client that went away did not).
+    fn end(&self, error_type: &'static str, error: &str, status: Option<u16>, message: &str) {
         let mut progress = self.progress();
         if std::mem::replace(&mut progress.finished, true) {
             return;
@@ -103,6 +104,7 @@ impl RequestLog {
             route = self.route,
             error_type,
             error,
+            status,
             total_time = ?self.arrival.elapsed(),
             input_length = progress.submitted.as_ref().map(|(length, _)| *length),
             "{message}"
@@ -119,6 +121,7 @@ impl Drop for RequestLog {
         self.end(
             "dropped",
             "the request ended before its response did (the client went away)",
+            None,
             "Dropped",
         );
     }
@@ -313,6 +316,8 @@ pub(crate) mod tests {
         assert_eq!(lines[0]["message"], "Failure");
         assert_eq!(lines[0]["route"], "/v1/completions");
         assert_eq!(lines[0]["error_type"], "validation");
+        assert_eq!(lines[0]["status"], 422);
+        assert!(lines[1].get("status").is_none(), "{}", lines[1]);
         assert!(
             lines[0]["error"]
                 .as_str()
