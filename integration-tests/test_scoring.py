@@ -93,3 +93,17 @@ def test_characters_split_over_tokens_keep_their_names_offsets_and_bytes(url):
     assert joined.decode("utf-8", errors="replace") == chat.choices[0].message.content
     for entry in content:
         assert entry.token in [top.token for top in entry.top_logprobs]
+
+
+def test_a_streamed_echo_starts_with_the_prompt_and_its_logprobs(url):
+    # vLLM streams an echoed prompt: each choice's first chunk, then the generated tokens.
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120)
+    whole = client.completions.create(model="tgi", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1, echo=True)
+    chunks = list(client.completions.create(model="tgi", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1,
+                                            echo=True, stream=True))
+    assert chunks[0].choices[0].text == PROMPT
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == whole.choices[0].text
+    prompt_tokens = len(chunks[0].choices[0].logprobs.tokens)
+    assert chunks[0].choices[0].logprobs.token_logprobs[0] is None
+    assert chunks[0].choices[0].logprobs.token_logprobs[1:] == pytest.approx(
+        whole.choices[0].logprobs.token_logprobs[1:prompt_tokens], abs=1e-3)

@@ -312,7 +312,7 @@ async fn run_stream(
         log.arrival(),
     )
     .await?;
-    validate_stream(&valid.parameters)?;
+    validate_stream(&valid.parameters, false)?;
     let seed = valid.parameters.sampling.seed;
     let stream = state.engine.submit(valid.engine_request(None))?;
     log.submitted(&valid, &stream);

@@ -302,8 +302,9 @@ impl Generation {
         }))
     }
 
-    /// Prompt tokens with their logprobs, when the request asked for them.
-    fn prefill_tokens(&self) -> Vec<PrefillToken> {
+    /// Prompt tokens with their logprobs, when the request asked for them (known once the
+    /// first token's event is out).
+    pub fn prefill_tokens(&self) -> Vec<PrefillToken> {
         let Some(logprobs) = &self.prefill_logprobs else {
             return Vec::new();
         };
@@ -324,7 +325,7 @@ impl Generation {
     }
 
     /// The alternatives at prompt positions 1.., when the request asked for them.
-    fn prefill_top_tokens(&self) -> Vec<Vec<Token>> {
+    pub fn prefill_top_tokens(&self) -> Vec<Vec<Token>> {
         let logprobs = self.prefill_logprobs.as_deref().unwrap_or_default();
         logprobs.iter().map(|prompt| self.tokens_of(&prompt.top_tokens)).collect()
     }

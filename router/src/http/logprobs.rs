@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::generation::GenerationOutput;
 use super::openai_types::{ChatLogprob, ChatLogprobs, TopLogprob};
-use super::types::Token;
+use super::types::{PrefillToken, Token};
 use crate::detokenizer::IncrementalDecoder;
 use crate::tokenizer::Tokenizer;
 
@@ -112,21 +112,7 @@ pub(crate) fn legacy_logprobs<'a>(
 /// offsets counted from the end of the prompt's text as the choice shows it.
 pub(crate) fn choice_logprobs(tokenizer: &Tokenizer, output: &GenerationOutput, echo: Option<&str>) -> serde_json::Value {
     let prompt = if echo.is_some() { output.prefill.as_slice() } else { &[] };
-    // What each prompt token completes of the prompt's text, decoded as generated text is.
-    let mut decoder = IncrementalDecoder::new(&[], true);
-    let prompt = prompt.iter().enumerate().map(move |(position, token)| {
-        // The alternatives at position i are prefill_top_tokens[i - 1], as its logprob is.
-        let alternatives = position
-            .checked_sub(1)
-            .map(|i| output.prefill_top_tokens.get(i).map(Vec::as_slice).unwrap_or_default());
-        LegacyToken {
-            id: token.id,
-            chars: decoder.push(tokenizer, token.id).map(|text| text.chars().count()).unwrap_or_default(),
-            logprob: token.logprob,
-            alternatives: alternatives.filter(|_| token.logprob.is_some()),
-        }
-    });
-    let prompt = legacy_logprobs(tokenizer, prompt, Some(0));
+    let prompt = prompt_logprobs(tokenizer, prompt, &output.prefill_top_tokens, Some(0));
     let generated = output
         .tokens
         .iter()
@@ -134,6 +120,30 @@ pub(crate) fn choice_logprobs(tokenizer: &Tokenizer, output: &GenerationOutput, 
         .map(|(position, token)| LegacyToken::generated(token, output.top_tokens.get(position).map(Vec::as_slice).unwrap_or_default()));
     let generated = legacy_logprobs(tokenizer, generated, Some(echo.map_or(0, |text| text.chars().count())));
     joined(prompt, generated)
+}
+
+/// An echoed prompt's legacy logprobs (`prefill_top_tokens[i - 1]`: the alternatives at
+/// position i; the first token has none), offsets from `offsets_from` as `legacy_logprobs`.
+pub(crate) fn prompt_logprobs(
+    tokenizer: &Tokenizer,
+    prefill: &[PrefillToken],
+    prefill_top_tokens: &[Vec<Token>],
+    offsets_from: Option<usize>,
+) -> serde_json::Value {
+    // What each prompt token completes of the prompt's text, decoded as generated text is.
+    let mut decoder = IncrementalDecoder::new(&[], true);
+    let prompt = prefill.iter().enumerate().map(move |(position, token)| {
+        let alternatives = position
+            .checked_sub(1)
+            .map(|i| prefill_top_tokens.get(i).map(Vec::as_slice).unwrap_or_default());
+        LegacyToken {
+            id: token.id,
+            chars: decoder.push(tokenizer, token.id).map(|text| text.chars().count()).unwrap_or_default(),
+            logprob: token.logprob,
+            alternatives: alternatives.filter(|_| token.logprob.is_some()),
+        }
+    });
+    legacy_logprobs(tokenizer, prompt, offsets_from)
 }
 
 /// Two runs of legacy logprobs as one (each field's lists one after the other).

@@ -13,7 +13,7 @@ use super::extract::JsonBody;
 use super::generate::run_candidates;
 use super::generation::GenerationOutput;
 use super::headers::{finished_headers, stream_headers};
-use super::logprobs::{chat_logprobs, choice_logprobs, legacy_logprobs, LegacyToken};
+use super::logprobs::{chat_logprobs, choice_logprobs, legacy_logprobs, prompt_logprobs, LegacyToken};
 use super::openai_stream::{
     fingerprint, openai_stream, ChoiceUpdate, PreparedPrompt, PromptText, ResponseIdentity,
     StreamPlan,
@@ -73,6 +73,7 @@ pub(crate) async fn chat_completions(
             identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk").with_logprobs(request.logprobs),
             arrival,
             choices_per_prompt: choices,
+            echo: false,
         };
         // Tools come with one choice: one call to follow.
         let call = calls_tools.then(|| Mutex::new(CallStream::default()));
@@ -163,6 +164,7 @@ pub(crate) async fn completions(
                 .with_logprobs(request.logprobs.is_some()),
             arrival,
             choices_per_prompt: request.sampling.choices() as usize,
+            echo: request.echo,
         };
         let tokenizer = state.tokenizer.clone();
         let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| completion_chunk(identity, update, &tokenizer);
@@ -292,9 +294,6 @@ pub(super) fn prepare_completion(
 ) -> Result<Vec<(PromptText, GenerateParameters)>, HttpError> {
     if request.suffix.is_some() {
         return Err(ValidationError::Unsupported("suffix").into());
-    }
-    if request.echo && request.stream {
-        return Err(ValidationError::EchoStream.into());
     }
     let prompts: Vec<PromptText> = match &request.prompt {
         Prompt::One(prompt) => vec![PromptText::Text(prompt.clone())],
@@ -484,10 +483,12 @@ fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, token
         system_fingerprint: fingerprint(),
         choices: vec![CompletionChoice {
             index: update.index,
-            logprobs: update
-                .token
-                .filter(|_| identity.logprobs)
-                .map(|token| legacy_logprobs(tokenizer, [LegacyToken::generated(token, update.top_tokens)], None)),
+            logprobs: match (&update.echoed, update.token) {
+                _ if !identity.logprobs => None,
+                (Some(echoed), _) => Some(prompt_logprobs(tokenizer, echoed.tokens, echoed.top_tokens, None)),
+                (None, Some(token)) => Some(legacy_logprobs(tokenizer, [LegacyToken::generated(token, update.top_tokens)], None)),
+                (None, None) => None,
+            },
             text: update.text,
             finish_reason: update
                 .finish

@@ -17,7 +17,7 @@ use super::request::{acquire_permit, validate_request, validate_token_prompt, Va
 use super::request_log::RequestLog;
 use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
 use super::state::AppState;
-use super::types::{GenerateParameters, Token};
+use super::types::{GenerateParameters, PrefillToken, Token};
 use crate::chat_template::Conversation;
 use crate::error::HttpError;
 use crate::validation::validate_stream;
@@ -64,6 +64,15 @@ pub(crate) struct ChoiceUpdate<'a> {
     pub top_tokens: &'a [Token],
     /// Present on the choice's last chunk.
     pub finish: Option<&'a GenerationOutput>,
+    /// Set on the chunk that echoes the prompt (`text` is the prompt's).
+    pub echoed: Option<EchoedPrompt<'a>>,
+}
+
+/// An echoed prompt's tokens and their alternatives (empty unless the request asked for
+/// logprobs).
+pub(crate) struct EchoedPrompt<'a> {
+    pub tokens: &'a [PrefillToken],
+    pub top_tokens: &'a [Vec<Token>],
 }
 
 /// Builds one chunk's JSON from an update.
@@ -126,6 +135,8 @@ pub(crate) struct StreamPlan {
     pub arrival: Instant,
     /// Consecutive prompts that are `n` choices of one prompt: its tokens count once in usage.
     pub choices_per_prompt: usize,
+    /// Each choice's first chunk echoes its prompt (the completions' `echo`).
+    pub echo: bool,
 }
 
 /// Runs every prompt as one choice of the stream; answers with SSE once the engine took a
@@ -146,12 +157,14 @@ pub(crate) async fn openai_stream(
                 identity,
                 arrival,
                 choices_per_prompt,
+                echo,
             } = plan;
             let choices = prompts.into_iter().enumerate().map(|(index, prompt)| {
                 let choice = Choice {
                     route,
                     index: index as u32,
                     arrival,
+                    echo,
                 };
                 let shared = Shared {
                     state: &state,
@@ -212,6 +225,7 @@ struct Choice {
     route: &'static str,
     index: u32,
     arrival: Instant,
+    echo: bool,
 }
 
 /// Streams one choice; `Ok(None)` when the client left, `Err` after reporting an error.
@@ -247,12 +261,13 @@ async fn stream_choice(
     let (prompt, parameters) = prompt?;
     let _permit = acquire_permit(&state.permits)?;
     let valid = prompt.validate(state, &parameters, choice.arrival).await?;
-    validate_stream(&valid.parameters)?;
+    validate_stream(&valid.parameters, choice.echo)?;
     let seed = valid.parameters.sampling.seed;
     let stream = state.engine.submit(valid.engine_request(None))?;
     log.submitted(&valid, &stream);
     sender.open();
     let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
+    let mut echo = choice.echo;
     loop {
         let event = tokio::select! {
             // The log records the choice as dropped.
@@ -260,6 +275,21 @@ async fn stream_choice(
             event = generation.next() => event,
         };
         let event = event.ok_or(HttpError::Incomplete)??;
+        // The prompt's chunk goes ahead of the first token's, once its logprobs are known.
+        if std::mem::take(&mut echo) {
+            let (tokens, top_tokens) = (generation.prefill_tokens(), generation.prefill_top_tokens());
+            let update = ChoiceUpdate {
+                index: choice.index,
+                text: valid.inputs.clone(),
+                token: None,
+                top_tokens: &[],
+                finish: None,
+                echoed: Some(EchoedPrompt { tokens: &tokens, top_tokens: &top_tokens }),
+            };
+            if !sender.send_json(&chunk(identity, update)).await {
+                return Ok(None);
+            }
+        }
         let (update, output) = chunk_of(event, choice.index, identity, chunk);
         if !sender.send_json(&update).await {
             return Ok(None);
@@ -295,6 +325,7 @@ fn chunk_of(
                 token: Some(&token),
                 top_tokens: &top_tokens,
                 finish: end.as_deref(),
+                echoed: None,
             };
             (chunk(identity, update), end)
         }
@@ -305,6 +336,7 @@ fn chunk_of(
                 token: None,
                 top_tokens: &[],
                 finish: Some(&output),
+                echoed: None,
             };
             (chunk(identity, update), Some(output))
         }

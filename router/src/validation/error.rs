@@ -90,8 +90,6 @@ pub enum ValidationError {
     TokenId(u32, u32),
     #[error("`best_of` greater than 1 is supported with `n` = 1 only. Given: `n` = {0}")]
     BestOfChoices(u32),
-    #[error("`echo` is not supported when streaming")]
-    EchoStream,
     #[error("`instances` must hold between 1 and {0} instances. Given: {1}")]
     InstanceCount(usize, usize),
     #[error("`tools` are not valid: {0}")]

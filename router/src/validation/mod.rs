@@ -257,12 +257,14 @@ fn validate_slo(slo: &SloParameters) -> Result<Slo, ValidationError> {
     Ok(Slo::new(slo.ttft_ms / 1e3, slo.tbt_ms / 1e3).with_max_stall(slo.max_stall_ms.map(|ms| ms / 1e3)))
 }
 
-/// Rules for streamed requests, checked before anything is scheduled.
-pub fn validate_stream(parameters: &ValidParameters) -> Result<(), ValidationError> {
+/// Rules for streamed requests, checked before anything is scheduled. `streams_prompt`: the
+/// stream has a place for the prompt's details (an echoed completion's first chunk); TGI's
+/// has none.
+pub fn validate_stream(parameters: &ValidParameters, streams_prompt: bool) -> Result<(), ValidationError> {
     if parameters.best_of > 1 {
         return Err(ValidationError::BestOfStream);
     }
-    if parameters.decoder_input_details {
+    if parameters.decoder_input_details && !streams_prompt {
         return Err(ValidationError::PrefillDetailsStream);
     }
     Ok(())

@@ -273,7 +273,7 @@ fn streaming_rejects_best_of_and_prefill_details() {
     })
     .unwrap();
     assert_eq!(
-        validate_stream(&best_of).unwrap_err().to_string(),
+        validate_stream(&best_of, true).unwrap_err().to_string(),
         "`best_of` != 1 is not supported when streaming tokens"
     );
     let prefill = check(GenerateParameters {
@@ -282,9 +282,10 @@ fn streaming_rejects_best_of_and_prefill_details() {
     })
     .unwrap();
     assert_eq!(
-        validate_stream(&prefill).unwrap_err().to_string(),
+        validate_stream(&prefill, false).unwrap_err().to_string(),
         "`decoder_input_details` == true is not supported when streaming tokens"
     );
+    assert!(validate_stream(&prefill, true).is_ok());
 }
 
 #[test]

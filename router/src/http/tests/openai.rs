@@ -223,11 +223,25 @@ async fn completions_echo_the_prompt_and_score_its_tokens_first() {
     assert_eq!(completion["choices"][0]["text"], format!("{prompt}{}", &SCRIPT[..completion["choices"][0]["text"].as_str().unwrap().len() - prompt.len()]));
     assert!(!log.lock().unwrap().new_requests.last().unwrap().prompt_logprobs);
 
-    let streamed = json!({"prompt": prompt, "max_tokens": 2, "echo": true, "stream": true});
-    // Refused before the stream starts, with its status, as every error of an OpenAI stream is.
+    // Streamed: each choice's first chunk is its prompt, with the prompt's logprobs as the
+    // whole completion gives them (without offsets, as every chunk); the text adds up the same.
+    let whole = json!({"prompt": prompt, "max_tokens": 2, "echo": true, "logprobs": 1, "temperature": 0});
+    let (_, _, text) = send(&app, post("/v1/completions", &whole)).await;
+    let whole: Value = serde_json::from_str(&text).unwrap();
+    let streamed = json!({"prompt": prompt, "max_tokens": 2, "echo": true, "logprobs": 1, "temperature": 0, "stream": true, "n": 2});
     let (status, _, text) = send(&app, post("/v1/completions", &streamed)).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
-    assert!(text.contains("`echo` is not supported when streaming"), "{text}");
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events = sse_data(&text);
+    for index in 0..2 {
+        let chunks: Vec<&Value> = events.iter().filter(|e| e["choices"][0]["index"] == index).collect();
+        assert_eq!(chunks[0]["choices"][0]["text"], prompt);
+        let echoed = &chunks[0]["choices"][0]["logprobs"];
+        for field in ["tokens", "token_logprobs", "top_logprobs"] {
+            assert_eq!(echoed[field].as_array().unwrap()[..], whole["choices"][0]["logprobs"][field].as_array().unwrap()[..prompt_ids.len()], "{field}");
+        }
+        let text: String = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+        assert_eq!(text, whole["choices"][0]["text"].as_str().unwrap());
+    }
 }
 
 #[tokio::test]
