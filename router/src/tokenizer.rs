@@ -36,6 +36,9 @@ pub struct Tokenizer {
     added_ids: Arc<HashSet<u32>>,
     /// For a byte-level BPE vocabulary, the byte each character of an entry stands for.
     byte_alphabet: Option<Arc<HashMap<char, u8>>>,
+    /// A token that decodes to its own entry, as (id, text): what another token says after it
+    /// is that token's text in running text (`in_context`).
+    anchor: Option<(u32, Arc<str>)>,
     max_bytes_per_token: Option<usize>,
 }
 
@@ -49,11 +52,16 @@ impl Tokenizer {
         let added_ids = added.keys().copied().collect();
         let byte_alphabet = inner.get_decoder().is_some_and(decodes_byte_level).then(|| Arc::new(byte_level_alphabet()));
         let max_bytes_per_token = max_bytes_per_token(&inner);
+        let anchor = ["a", "e", "t", "x"].into_iter().find_map(|entry| {
+            let id = inner.token_to_id(entry)?;
+            (inner.decode(&[id], false).ok()? == entry).then(|| (id, Arc::from(entry)))
+        });
         Ok(Self {
             inner: Arc::new(inner),
             special_ids: Arc::new(special_ids),
             added_ids: Arc::new(added_ids),
             byte_alphabet,
+            anchor,
             max_bytes_per_token,
         })
     }
@@ -106,8 +114,9 @@ impl Tokenizer {
 
     /// The bytes one token stands for, which may be part of a UTF-8 character (a byte-level
     /// token of an emoji): read from the vocabulary entry for a byte-level BPE (GPT-2's
-    /// alphabet) or a byte-fallback entry (`<0xE2>`); otherwise the token's text on its own
-    /// (`token_text`). `None` for an id outside the vocabulary.
+    /// alphabet) or a byte-fallback entry (`<0xE2>`); otherwise the token's text in running
+    /// text (`in_context`: a SentencePiece `▁world` is ` world`, whose space a decoder strips
+    /// from a text's first token). `None` for an id outside the vocabulary.
     pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
         let entry = self.inner.id_to_token(id)?;
         if self.added_ids.contains(&id) {
@@ -121,7 +130,14 @@ impl Tokenizer {
         if let Some(byte) = fallback_byte(&entry) {
             return Some(vec![byte]);
         }
-        Some(self.token_text(id).into_bytes())
+        Some(self.in_context(id).unwrap_or_else(|| self.token_text(id)).into_bytes())
+    }
+
+    /// A token's text after another (the anchor's, taken off), when it decodes so.
+    fn in_context(&self, id: u32) -> Option<String> {
+        let (anchor, text) = self.anchor.as_ref()?;
+        let both = self.decode(&[*anchor, id], false).ok()?;
+        both.strip_prefix(&**text).map(str::to_string)
     }
 }
 
@@ -224,6 +240,35 @@ pub(crate) mod tests {
         // Some token holds part of a character: its bytes are not text on their own.
         assert!(ids.iter().any(|&id| std::str::from_utf8(&tokenizer.token_bytes(id).unwrap()).is_err()));
         assert_eq!(tokenizer.token_bytes(u32::MAX), None);
+    }
+
+    /// A SentencePiece vocabulary (Llama 2's decoder: `▁` to space, byte fallback, and the
+    /// text's first space stripped).
+    fn sentencepiece() -> Tokenizer {
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                      "vocab": {"<unk>": 0, "<0xE2>": 1, "a": 2, "\u{2581}world": 3, "\u{2581}": 4, "ld": 5},
+                      "merges": []},
+        });
+        Tokenizer::from_json(&json.to_string()).unwrap()
+    }
+
+    #[test]
+    fn sentencepiece_tokens_keep_their_leading_space() {
+        let tokenizer = sentencepiece();
+        // On its own the decoder strips the space; in running text it is there.
+        assert_eq!(tokenizer.token_text(3), "world");
+        assert_eq!(tokenizer.token_bytes(3).unwrap(), b" world");
+        assert_eq!(tokenizer.token_bytes(4).unwrap(), b" ");
+        assert_eq!(tokenizer.token_bytes(5).unwrap(), b"ld");
+        assert_eq!(tokenizer.token_bytes(1).unwrap(), [0xE2]);
     }
 
     #[test]
