@@ -44,6 +44,7 @@ pub(crate) async fn chat_completions(
     JsonBody(request): JsonBody<ChatRequest>,
 ) -> Response {
     let arrival = Instant::now();
+    log_ignored_fields(CHAT_ROUTE, &request.ignored);
     let stream = request.stream;
     let include_usage = request
         .stream_options
@@ -145,6 +146,7 @@ pub(crate) async fn completions(
     JsonBody(request): JsonBody<CompletionRequest>,
 ) -> Response {
     let arrival = Instant::now();
+    log_ignored_fields(COMPLETIONS_ROUTE, &request.ignored);
     let include_usage = request
         .stream_options
         .as_ref()

@@ -284,6 +284,20 @@ pub struct ChatRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Fields this server does not read: logged (`log_ignored_fields`), the request served.
+    #[serde(flatten, skip_serializing)]
+    #[schema(ignore)]
+    pub ignored: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// Logs the fields of a request that the server does not read, as vLLM does, so a client
+/// that counts on one (a parameter of another server, a misspelling) finds out why it had no
+/// effect.
+pub(crate) fn log_ignored_fields(route: &str, ignored: &std::collections::BTreeMap<String, serde_json::Value>) {
+    if !ignored.is_empty() {
+        let fields: Vec<&str> = ignored.keys().map(String::as_str).collect();
+        tracing::warn!(route, ?fields, "the request holds fields this server does not read; they were ignored");
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -322,6 +336,10 @@ pub struct CompletionRequest {
     /// The legacy API's log-probabilities: each token's, and this many alternatives (0–5).
     #[serde(default)]
     pub logprobs: Option<u32>,
+    /// Fields this server does not read: logged (`log_ignored_fields`), the request served.
+    #[serde(flatten, skip_serializing)]
+    #[schema(ignore)]
+    pub ignored: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -489,6 +507,21 @@ pub struct Completion {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Only the fields neither the request nor its sampling reads are ignored ones.
+    #[test]
+    fn fields_the_server_does_not_read_are_collected() {
+        let chat: ChatRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": "Hi"}], "temperature": 0.5, "min_tokens": 2,
+            "stream": false, "user": "u-1", "temprature": 0.1})).unwrap();
+        assert_eq!(chat.ignored.keys().collect::<Vec<_>>(), ["temprature", "user"]);
+        assert_eq!((chat.sampling.temperature, chat.sampling.min_tokens), (Some(0.5), Some(2)));
+        let completion: CompletionRequest =
+            serde_json::from_value(json!({"prompt": "x", "echo": true, "max_tokens": 3, "logprobs": 1})).unwrap();
+        assert!(completion.ignored.is_empty(), "{:?}", completion.ignored);
+        // Answers and the schema do not carry them.
+        assert!(serde_json::to_value(&chat).unwrap().get("user").is_none());
+    }
 
     /// Temperature 0 is greedy even with `top_p` or `top_k` set (TGI's validation would sample
     /// at temperature 1 within them); vLLM's `top_k` of -1 or 0 is no limit.
