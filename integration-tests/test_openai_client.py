@@ -174,3 +174,13 @@ def test_min_tokens_hold_the_end_back(url):
                                           extra_body={"stop_token_ids": [seven], "min_tokens": first.usage.completion_tokens + 1})
     assert held.usage.completion_tokens > first.usage.completion_tokens
     assert held.choices[0].text.startswith(first.choices[0].text[:-1])
+
+
+def test_min_p_one_keeps_only_the_most_likely_token(url):
+    # vLLM's min_p: at 1.0 nothing less likely than the top token is left, so sampling is greedy.
+    prompt = "The three primary colors are"
+    greedy = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=12, temperature=0)
+    for seed in (1, 2):
+        sampled = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=12, temperature=1.0,
+                                                 seed=seed, extra_body={"min_p": 1.0})
+        assert sampled.choices[0].text == greedy.choices[0].text

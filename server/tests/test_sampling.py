@@ -9,6 +9,7 @@ from superinfer.shard.requests import RequestState, SamplingParams
 from superinfer.shard.sampling import (
     apply_frequency_penalty,
     apply_repetition_penalty,
+    min_p_filter,
     prompt_logprobs,
     sample,
     top_k_filter,
@@ -216,3 +217,13 @@ def test_min_tokens_yield_to_a_grammar_that_can_only_end():
     logits = torch.tensor([[float("-inf"), float("-inf"), 1.0]])
     request = _request(min_tokens=3, end_token_ids=(2,))
     assert sample(logits, [request])[0].token_id == 2
+
+
+def test_min_p_leaves_out_tokens_below_its_share_of_the_most_likely():
+    logits = torch.tensor([2.0, 2.0 + math.log(0.5), 2.0 + math.log(0.09), -1.0])
+    kept = torch.isfinite(min_p_filter(logits, 0.1)).tolist()
+    assert kept == [True, True, False, False]
+    assert torch.equal(min_p_filter(logits, 0.0), logits)
+    # min_p 1 keeps only the most likely: a sampled request then draws the greedy token.
+    request = _request(do_sample=True, temperature=1.0, seed=9, min_p=1.0)
+    assert all(sample(torch.tensor([[0.5, 3.0, 2.9]]), [request])[0].token_id == 1 for _ in range(20))

@@ -79,6 +79,8 @@ BAD_PLANS = {
     "outside the vocabulary": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[TINY_VOCAB])]),
     "end_token_ids names a token id outside": pb.StepRequest(new_requests=[pb.NewRequest(
         id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(min_tokens=2, end_token_ids=[TINY_VOCAB]))]),
+    "min_p must be in [0, 1]": pb.StepRequest(new_requests=[pb.NewRequest(
+        id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(do_sample=True, temperature=1, min_p=1.5))]),
     "temperature": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[4],
                                                               parameters=pb.SamplingParameters(do_sample=True))]),
 }

@@ -24,6 +24,8 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// 1.0: no typical-p restriction.
     pub typical_p: f32,
+    /// 0.0: none; else tokens below min_p × the most likely one's probability are left out.
+    pub min_p: f32,
     /// 1.0: none.
     pub repetition_penalty: f32,
     /// 0.0: none.
@@ -49,6 +51,7 @@ impl SamplingParams {
             top_k: 0,
             top_p: 1.0,
             typical_p: 1.0,
+            min_p: 0.0,
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             seed: 0,

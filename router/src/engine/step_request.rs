@@ -64,6 +64,7 @@ fn sampling_parameters(sampling: &SamplingParams, top_n_tokens: u32) -> pb::Samp
         top_k: sampling.top_k,
         top_p: sampling.top_p,
         typical_p: sampling.typical_p,
+        min_p: sampling.min_p,
         repetition_penalty: sampling.repetition_penalty,
         frequency_penalty: sampling.frequency_penalty,
         seed: sampling.seed,

@@ -91,6 +91,10 @@ pub struct OpenAiSampling {
     /// vLLM's `top_k`: the k most likely tokens; -1 or 0 for all of them.
     #[serde(default)]
     pub top_k: Option<i32>,
+    /// vLLM's `min_p`: tokens less likely than this share of the most likely one are left out
+    /// (0 to 1; 0, the default, leaves none out).
+    #[serde(default)]
+    pub min_p: Option<f32>,
     /// vLLM's structured outputs: `{"json": schema} | {"regex": …} | {"choice": […]} |
     /// {"json_object": true}`.
     #[serde(default)]
@@ -182,6 +186,8 @@ impl OpenAiSampling {
             trim_stop_sequences: !self.include_stop_str_in_output,
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             min_tokens: self.min_tokens.unwrap_or(0),
+            // Checked whatever the temperature; greedy decoding does not read it.
+            min_p: self.min_p,
             top_n_tokens,
             details: true,
             slo: self.slo.clone(),

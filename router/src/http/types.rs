@@ -82,6 +82,10 @@ pub struct GenerateParameters {
     /// (vLLM's `min_tokens`, set by the OpenAI routes).
     #[serde(skip)]
     pub min_tokens: u32,
+    /// Tokens below min_p × the most likely one's probability are left out (vLLM's `min_p`,
+    /// 0 to 1, set by the OpenAI routes).
+    #[serde(skip)]
+    pub min_p: Option<f32>,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's convention); 0 when absent.

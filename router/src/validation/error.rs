@@ -37,6 +37,8 @@ pub enum ValidationError {
     Truncate(usize, usize),
     #[error("`typical_p` must be > 0.0 and < 1.0")]
     TypicalP,
+    #[error("`min_p` must be between 0.0 and 1.0")]
+    MinP,
     #[error("`max_new_tokens` must be strictly positive")]
     NegativeMaxNewTokens,
     #[error("`min_tokens` must be less than or equal to `max_tokens`={1}. Given: {0}")]

@@ -151,6 +151,7 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
         ("frequency_penalty", parameters.frequency_penalty),
         ("top_p", parameters.top_p),
         ("typical_p", parameters.typical_p),
+        ("min_p", parameters.min_p),
     ] {
         // NaN cannot come from JSON, but the range rules below would let +inf through.
         if value.is_some_and(|value| !value.is_finite()) {
@@ -171,6 +172,10 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
     }
     let top_p = open_unit_interval(parameters.top_p, ValidationError::TopP)?;
     let typical_p = open_unit_interval(parameters.typical_p, ValidationError::TypicalP)?;
+    let min_p = parameters.min_p.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ValidationError::MinP);
+    }
     let top_k = match parameters.top_k {
         Some(value) if value <= 0 => return Err(ValidationError::TopK),
         Some(value) => value as u32,
@@ -185,6 +190,7 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
         top_k,
         top_p,
         typical_p,
+        min_p,
         repetition_penalty,
         frequency_penalty,
         seed: 0,

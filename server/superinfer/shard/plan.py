@@ -53,6 +53,7 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         logit_bias=dict(message.logit_bias),
         min_tokens=message.min_tokens,
         end_token_ids=tuple(message.end_token_ids) if message.min_tokens else (),
+        min_p=message.min_p if message.do_sample else 0.0,
     )
     problems = []
     if params.do_sample and not params.temperature > 0:
@@ -61,6 +62,8 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         problems.append(f"top_p must be in (0, 1], got {params.top_p}")
     if not 0 < params.typical_p <= 1:
         problems.append(f"typical_p must be in (0, 1], got {params.typical_p}")
+    if not 0 <= params.min_p <= 1:
+        problems.append(f"min_p must be in [0, 1], got {params.min_p}")
     if not params.repetition_penalty > 0:
         problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
     if any(token >= limits.vocab_size for token in params.logit_bias):

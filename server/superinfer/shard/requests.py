@@ -22,6 +22,8 @@ class SamplingParams:
     # choice: the model's EOS, the request's stop tokens) get no probability.
     min_tokens: int = 0
     end_token_ids: tuple[int, ...] = ()
+    # 0.0: none; else tokens below min_p × the most likely one's probability are left out.
+    min_p: float = 0.0
 
     @property
     def has_penalty(self) -> bool:

@@ -78,6 +78,14 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove.scatter(0, order, remove), float("-inf"))
 
 
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """logits: [V]; leaves out the tokens less likely than min_p × the most likely one."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+
+
 def typical_p_filter(logits: torch.Tensor, typical_p: float) -> torch.Tensor:
     """logits: [V]; keeps the tokens whose surprise is closest to the entropy, up to mass typical_p."""
     if typical_p >= 1.0:
@@ -122,6 +130,7 @@ def _draw(logits: torch.Tensor, request: RequestState) -> int:
     warped = logits / params.temperature
     if not _is_distribution(warped):
         return _argmax(logits)
+    warped = min_p_filter(warped, params.min_p)
     warped = top_k_filter(warped, params.top_k)
     warped = top_p_filter(warped, params.top_p)
     warped = typical_p_filter(warped, params.typical_p)
