@@ -227,6 +227,7 @@ pub(super) fn prepare_chat(
         .collect::<Result<Vec<_>, ValidationError>>()?;
     let top_n_tokens = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     let mut parameters = request.sampling.to_parameters(top_n_tokens)?;
+    parameters.truncate = request.sampling.truncate(state.limits.max_input_tokens)?;
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
     let tools = match tool_plan {
         Some(plan) => {
@@ -312,6 +313,7 @@ pub(super) fn prepare_completion(
     }
     let n = choice_count(state, request.sampling.choices(), prompts.len())?;
     let mut parameters = request.sampling.to_parameters(request.logprobs)?;
+    parameters.truncate = request.sampling.truncate(state.limits.max_input_tokens)?;
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
     // An echoed prompt's logprobs are the prompt's, computed with it.
     parameters.decoder_input_details = request.echo && request.logprobs.is_some();

@@ -95,6 +95,10 @@ pub struct OpenAiSampling {
     /// (0 to 1; 0, the default, leaves none out).
     #[serde(default)]
     pub min_p: Option<f32>,
+    /// vLLM's `truncate_prompt_tokens`: keep only the prompt's last k tokens (TGI's
+    /// `truncate`); -1 keeps as many as `--max-input-tokens` allows.
+    #[serde(default)]
+    pub truncate_prompt_tokens: Option<i64>,
     /// vLLM's structured outputs: `{"json": schema} | {"regex": …} | {"choice": […]} |
     /// {"json_object": true}`.
     #[serde(default)]
@@ -144,6 +148,17 @@ impl OpenAiSampling {
     /// Choices per prompt (`n`, default 1).
     pub fn choices(&self) -> u32 {
         self.n.unwrap_or(1)
+    }
+
+    /// TGI's `truncate` for `truncate_prompt_tokens` (-1: the input limit, `max_input_tokens`);
+    /// other values below 1 are a 422, as too large ones are in validation.
+    pub fn truncate(&self, max_input_tokens: usize) -> Result<Option<usize>, ValidationError> {
+        match self.truncate_prompt_tokens {
+            None => Ok(None),
+            Some(-1) => Ok(Some(max_input_tokens)),
+            Some(k) if k >= 1 => Ok(Some(usize::try_from(k).unwrap_or(usize::MAX))),
+            Some(k) => Err(ValidationError::TruncatePromptTokens(k)),
+        }
     }
 
     /// TGI's parameters for this request; `top_n_tokens` from the logprobs options.

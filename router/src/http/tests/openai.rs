@@ -535,3 +535,27 @@ async fn min_p_is_sent_to_the_shard_and_checked() {
         assert!(text.contains("`min_p` must be between 0.0 and 1.0"), "{text}");
     }
 }
+
+/// vLLM's `truncate_prompt_tokens`: the prompt's last k tokens are kept (TGI's `truncate`); -1
+/// keeps what the input limit allows, where the whole prompt would be refused.
+#[tokio::test]
+async fn truncate_prompt_tokens_keeps_the_prompts_end() {
+    let (app, log) = app(HttpConfig { max_input_tokens: 8, max_total_tokens: 16, ..HttpConfig::default() }).await;
+    let prompt = "a b c d e f g h i j k";
+    let ids = smollm2().encode(prompt, true).unwrap().ids;
+    assert!(ids.len() > 8);
+    let (status, _, text) = send(&app, post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 2}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    for (keep, kept) in [(json!(3), 3), (json!(-1), 8)] {
+        let body = json!({"prompt": prompt, "max_tokens": 2, "truncate_prompt_tokens": keep});
+        let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let usage = serde_json::from_str::<Value>(&text).unwrap()["usage"]["prompt_tokens"].clone();
+        assert_eq!(usage, kept);
+        assert_eq!(log.lock().unwrap().new_requests.last().unwrap().prompt_token_ids, ids[ids.len() - kept..]);
+    }
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "truncate_prompt_tokens": 0});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("`truncate_prompt_tokens` must be -1"), "{text}");
+}
