@@ -19,7 +19,8 @@ TGI_PARAMETERS = [
 ]
 OPENAI_PARAMETERS = [
     "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "frequency_penalty",
-    "presence_penalty", "repetition_penalty", "n", "slo.ttft_ms", "slo.tbt_ms",
+    "presence_penalty", "repetition_penalty", "n", "slo.ttft_ms", "slo.tbt_ms", "min_p", "min_tokens",
+    "truncate_prompt_tokens",
 ]
 # (route, parameter) pairs; each test sends every bad value for one of them.
 CASES = (

@@ -184,3 +184,17 @@ def test_min_p_one_keeps_only_the_most_likely_token(url):
         sampled = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=12, temperature=1.0,
                                                  seed=seed, extra_body={"min_p": 1.0})
         assert sampled.choices[0].text == greedy.choices[0].text
+
+
+def test_presence_penalty_zero_is_no_penalty(url):
+    # OpenAI's default, which its sample code sends: the reply is the same as without it.
+    messages = [{"role": "user", "content": "List the days of the week."}]
+    plain = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=24, temperature=0)
+    zero = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=24, temperature=0,
+                                               presence_penalty=0, frequency_penalty=0)
+    assert zero.choices[0].message.content == plain.choices[0].message.content
+    # A penalty moves greedy decoding (a negative one, toward tokens it already said: this
+    # model's margins are wider than 2 on this list).
+    penalized = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=24, temperature=0,
+                                                    presence_penalty=-2)
+    assert penalized.choices[0].message.content != plain.choices[0].message.content

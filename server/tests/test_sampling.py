@@ -8,6 +8,7 @@ import torch
 from superinfer.shard.requests import RequestState, SamplingParams
 from superinfer.shard.sampling import (
     apply_frequency_penalty,
+    apply_presence_penalty,
     apply_repetition_penalty,
     min_p_filter,
     prompt_logprobs,
@@ -227,3 +228,13 @@ def test_min_p_leaves_out_tokens_below_its_share_of_the_most_likely():
     # min_p 1 keeps only the most likely: a sampled request then draws the greedy token.
     request = _request(do_sample=True, temperature=1.0, seed=9, min_p=1.0)
     assert all(sample(torch.tensor([[0.5, 3.0, 2.9]]), [request])[0].token_id == 1 for _ in range(20))
+
+
+def test_presence_penalty_subtracts_once_per_generated_token():
+    logits = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    assert apply_presence_penalty(logits, torch.tensor([2, 2, 0]), 0.5).tolist() == [0.5, 1.0, 0.5, 1.0]
+    # Over the generated tokens only (the prompt is token 3), as OpenAI's: greedy moves off the
+    # token it already said.
+    request = _request(tokens=(3, 1), prompt_len=1, presence_penalty=1.0)
+    assert sample(torch.tensor([[0.0, 2.0, 1.5, 5.0]]), [request])[0].token_id == 3
+    assert sample(torch.tensor([[0.0, 2.0, 1.5, 0.0]]), [request])[0].token_id == 2

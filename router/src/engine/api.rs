@@ -30,6 +30,8 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// 0.0: none.
     pub frequency_penalty: f32,
+    /// 0.0: none; subtracted from each token generated at least once.
+    pub presence_penalty: f32,
     pub seed: u64,
     /// (token id, bias) added to the logits the choice is made on (OpenAI's `logit_bias`),
     /// by token id.
@@ -54,6 +56,7 @@ impl SamplingParams {
             min_p: 0.0,
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
             logit_bias: Vec::new(),
             min_tokens: 0,

@@ -67,6 +67,7 @@ fn sampling_parameters(sampling: &SamplingParams, top_n_tokens: u32) -> pb::Samp
         min_p: sampling.min_p,
         repetition_penalty: sampling.repetition_penalty,
         frequency_penalty: sampling.frequency_penalty,
+        presence_penalty: sampling.presence_penalty,
         seed: sampling.seed,
         top_n_tokens,
         logit_bias: sampling.logit_bias.iter().copied().collect(),

@@ -1,6 +1,7 @@
 //! Bodies of the OpenAI-compatible routes, and their mapping to TGI's generation parameters
-//! (TGI's own mapping: `temperature == 0` is greedy, `presence_penalty` becomes
-//! `repetition_penalty = x + 2`, `top_logprobs` becomes `top_n_tokens`).
+//! (TGI's own mapping: `temperature == 0` is greedy, `top_logprobs` becomes `top_n_tokens`).
+//! `presence_penalty` is OpenAI's (subtracted from each token already generated), not TGI's
+//! `repetition_penalty = x + 2`, which turned the OpenAI default of 0 into a heavy penalty.
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -166,11 +167,6 @@ impl OpenAiSampling {
         &self,
         top_n_tokens: Option<u32>,
     ) -> Result<GenerateParameters, ValidationError> {
-        if let Some(presence) = self.presence_penalty {
-            if !(-2.0..=2.0).contains(&presence) {
-                return Err(ValidationError::PresencePenalty);
-            }
-        }
         let grammar = self.grammar()?.map(|spec| spec.to_tgi());
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => None,
@@ -195,9 +191,8 @@ impl OpenAiSampling {
                 .map(StopSequences::into_vec)
                 .unwrap_or_default(),
             frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self
-                .repetition_penalty
-                .or(self.presence_penalty.map(|x| x + 2.0)),
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
             trim_stop_sequences: !self.include_stop_str_in_output,
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             min_tokens: self.min_tokens.unwrap_or(0),
@@ -571,7 +566,7 @@ mod tests {
         assert!(!parameters.do_sample);
         assert_eq!(parameters.temperature, None);
         assert_eq!(parameters.max_new_tokens, Some(7));
-        assert_eq!(parameters.repetition_penalty, Some(2.5));
+        assert_eq!((parameters.presence_penalty, parameters.repetition_penalty), (Some(0.5), None));
         assert_eq!(parameters.stop, vec!["\n".to_string()]);
         assert!(parameters.ignore_eos);
         assert_eq!(

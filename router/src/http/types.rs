@@ -86,6 +86,10 @@ pub struct GenerateParameters {
     /// 0 to 1, set by the OpenAI routes).
     #[serde(skip)]
     pub min_p: Option<f32>,
+    /// Subtracted from the logit of each token generated at least once (OpenAI's
+    /// `presence_penalty`, -2 to 2, set by the OpenAI routes).
+    #[serde(skip)]
+    pub presence_penalty: Option<f32>,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's convention); 0 when absent.

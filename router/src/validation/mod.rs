@@ -149,6 +149,7 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
         ("temperature", parameters.temperature),
         ("repetition_penalty", parameters.repetition_penalty),
         ("frequency_penalty", parameters.frequency_penalty),
+        ("presence_penalty", parameters.presence_penalty),
         ("top_p", parameters.top_p),
         ("typical_p", parameters.typical_p),
         ("min_p", parameters.min_p),
@@ -172,6 +173,10 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
     }
     let top_p = open_unit_interval(parameters.top_p, ValidationError::TopP)?;
     let typical_p = open_unit_interval(parameters.typical_p, ValidationError::TypicalP)?;
+    let presence_penalty = parameters.presence_penalty.unwrap_or(0.0);
+    if !(-2.0..=2.0).contains(&presence_penalty) {
+        return Err(ValidationError::PresencePenalty);
+    }
     let min_p = parameters.min_p.unwrap_or(0.0);
     if !(0.0..=1.0).contains(&min_p) {
         return Err(ValidationError::MinP);
@@ -193,6 +198,7 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
         min_p,
         repetition_penalty,
         frequency_penalty,
+        presence_penalty,
         seed: 0,
         logit_bias: validate_logit_bias(&parameters.logit_bias)?,
         min_tokens: parameters.min_tokens,

@@ -109,7 +109,7 @@ class WarmupResponse(_message.Message):
     def __init__(self, num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ...) -> None: ...
 
 class SamplingParameters(_message.Message):
-    __slots__ = ("do_sample", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "frequency_penalty", "seed", "top_n_tokens", "logit_bias", "min_tokens", "end_token_ids", "min_p")
+    __slots__ = ("do_sample", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "frequency_penalty", "seed", "top_n_tokens", "logit_bias", "min_tokens", "end_token_ids", "min_p", "presence_penalty")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,7 @@ class SamplingParameters(_message.Message):
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     END_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     do_sample: bool
     temperature: float
     top_k: int
@@ -143,7 +144,8 @@ class SamplingParameters(_message.Message):
     min_tokens: int
     end_token_ids: _containers.RepeatedScalarFieldContainer[int]
     min_p: float
-    def __init__(self, do_sample: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., top_n_tokens: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., end_token_ids: _Optional[_Iterable[int]] = ..., min_p: _Optional[float] = ...) -> None: ...
+    presence_penalty: float
+    def __init__(self, do_sample: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., top_n_tokens: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., end_token_ids: _Optional[_Iterable[int]] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ...) -> None: ...
 
 class NewRequest(_message.Message):
     __slots__ = ("id", "prompt_token_ids", "parameters", "prompt_logprobs", "adapter_id")

@@ -48,6 +48,7 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         typical_p=message.typical_p if message.do_sample and message.typical_p else 1.0,
         repetition_penalty=message.repetition_penalty or 1.0,
         frequency_penalty=message.frequency_penalty,
+        presence_penalty=message.presence_penalty,
         seed=message.seed,
         top_n_tokens=message.top_n_tokens,
         logit_bias=dict(message.logit_bias),
@@ -62,6 +63,8 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         problems.append(f"top_p must be in (0, 1], got {params.top_p}")
     if not 0 < params.typical_p <= 1:
         problems.append(f"typical_p must be in (0, 1], got {params.typical_p}")
+    if not (math.isfinite(params.frequency_penalty) and math.isfinite(params.presence_penalty)):
+        problems.append("frequency_penalty and presence_penalty must be finite")
     if not 0 <= params.min_p <= 1:
         problems.append(f"min_p must be in [0, 1], got {params.min_p}")
     if not params.repetition_penalty > 0:

@@ -14,6 +14,8 @@ class SamplingParams:
     typical_p: float = 1.0
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
+    # Subtracted from each token generated at least once (OpenAI's presence_penalty).
+    presence_penalty: float = 0.0
     seed: int = 0
     top_n_tokens: int = 0
     # Token id -> bias added to its logit (OpenAI's logit_bias).
@@ -27,7 +29,7 @@ class SamplingParams:
 
     @property
     def has_penalty(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def needs_host(self) -> bool:

@@ -59,6 +59,13 @@ def apply_frequency_penalty(logits: torch.Tensor, generated_ids: torch.Tensor, p
     return logits - penalty * counts
 
 
+def apply_presence_penalty(logits: torch.Tensor, generated_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits: [V]; subtracts penalty from each token generated at least once."""
+    seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    seen[generated_ids] = True
+    return logits - penalty * seen.to(logits.dtype)
+
+
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """logits: [V]; keeps the k largest (ties with the k-th included), -inf elsewhere."""
     if k <= 0 or k >= logits.shape[-1]:
@@ -106,9 +113,12 @@ def _penalized(logits: torch.Tensor, request: RequestState) -> torch.Tensor:
     if params.repetition_penalty != 1.0:
         ids = upload(torch.tensor(request.token_ids, dtype=torch.int64), logits.device)
         logits = apply_repetition_penalty(logits, ids, params.repetition_penalty)
-    if params.frequency_penalty != 0.0 and request.num_generated:
+    if (params.frequency_penalty != 0.0 or params.presence_penalty != 0.0) and request.num_generated:
         generated = upload(torch.tensor(request.token_ids[request.prompt_len :], dtype=torch.int64), logits.device)
-        logits = apply_frequency_penalty(logits, generated, params.frequency_penalty)
+        if params.frequency_penalty != 0.0:
+            logits = apply_frequency_penalty(logits, generated, params.frequency_penalty)
+        if params.presence_penalty != 0.0:
+            logits = apply_presence_penalty(logits, generated, params.presence_penalty)
     return logits
 
 

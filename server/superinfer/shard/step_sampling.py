@@ -34,7 +34,7 @@ def samples_plain_greedy(request: shard_pb2.StepRequest, requests: dict[int, Req
             params, prompt_logprobs = new[item.id].parameters, new[item.id].prompt_logprobs
             do_sample = params.do_sample
             penalty = (params.repetition_penalty not in (0.0, 1.0) or bool(params.frequency_penalty)
-                       or bool(params.logit_bias) or bool(params.min_tokens and params.end_token_ids))
+                       or bool(params.presence_penalty) or bool(params.logit_bias) or bool(params.min_tokens and params.end_token_ids))
         elif item.id in requests:
             state = requests[item.id]
             do_sample, penalty, prompt_logprobs = state.params.do_sample, state.needs_host, state.prompt_logprobs

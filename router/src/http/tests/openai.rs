@@ -518,16 +518,23 @@ async fn min_tokens_keep_the_generation_going_until_reached() {
     assert!(text.contains("`min_tokens` must be less than or equal to `max_tokens`=4"), "{text}");
 }
 
-/// vLLM's `min_p` reaches the shard with the sampling parameters; outside 0..=1 it is a 422,
-/// whatever the temperature.
+/// vLLM's `min_p` and OpenAI's `presence_penalty` reach the shard with the sampling
+/// parameters; `min_p` outside 0..=1 is a 422, whatever the temperature.
 #[tokio::test]
 async fn min_p_is_sent_to_the_shard_and_checked() {
     let (app, log) = app(HttpConfig::default()).await;
-    let body = json!({"prompt": "x", "max_tokens": 2, "temperature": 0.7, "min_p": 0.05});
+    let body = json!({"prompt": "x", "max_tokens": 2, "temperature": 0.7, "min_p": 0.05, "presence_penalty": 0.0});
     let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     let parameters = log.lock().unwrap().new_requests[0].parameters.clone().unwrap();
     assert!(parameters.do_sample && (parameters.min_p - 0.05).abs() < 1e-6, "{parameters:?}");
+    // OpenAI's presence_penalty is its own (0, OpenAI's default, is none), not a repetition penalty.
+    assert_eq!((parameters.presence_penalty, parameters.repetition_penalty), (0.0, 1.0));
+    let body = json!({"prompt": "x", "max_tokens": 2, "presence_penalty": -1.5});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let parameters = log.lock().unwrap().new_requests[1].parameters.clone().unwrap();
+    assert_eq!((parameters.presence_penalty, parameters.repetition_penalty), (-1.5, 1.0));
     for min_p in [1.5, -0.1] {
         let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "min_p": min_p});
         let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
