@@ -39,8 +39,9 @@ class InFlight:
     device_read: frozenset[int]  # rotate-out sources
 
 
-def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limits: PlanLimits) -> SamplingParams:
-    params = SamplingParams(
+def read_sampling_params(message: shard_pb2.SamplingParameters) -> SamplingParams:
+    """The message's parameters as sampling reads them (unchecked: `sampling_params` checks)."""
+    return SamplingParams(
         do_sample=message.do_sample,
         temperature=message.temperature if message.do_sample else 1.0,
         top_k=message.top_k,
@@ -56,6 +57,10 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         end_token_ids=tuple(message.end_token_ids) if message.min_tokens else (),
         min_p=message.min_p if message.do_sample else 0.0,
     )
+
+
+def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limits: PlanLimits) -> SamplingParams:
+    params = read_sampling_params(message)
     problems = []
     if params.do_sample and not params.temperature > 0:
         problems.append(f"temperature must be > 0 when sampling, got {params.temperature}")

@@ -37,6 +37,14 @@ class SamplingParams:
         device's greedy pick."""
         return self.has_penalty or bool(self.logit_bias)
 
+    def holds_back_end(self, num_generated: int) -> bool:
+        """Whether the next token after `num_generated` may not end the generation."""
+        return bool(self.end_token_ids) and num_generated < self.min_tokens
+
+    def needs_host_after(self, num_generated: int) -> bool:
+        """Whether the next token after `num_generated` is chosen on the host."""
+        return self.needs_host or self.holds_back_end(num_generated)
+
 
 @dataclass
 class RequestState:
@@ -63,12 +71,12 @@ class RequestState:
     @property
     def holds_back_end(self) -> bool:
         """Whether its next token may not end the generation (`min_tokens` not reached)."""
-        return bool(self.params.end_token_ids) and self.num_generated < self.params.min_tokens
+        return self.params.holds_back_end(self.num_generated)
 
     @property
     def needs_host(self) -> bool:
         """Whether its next token is chosen on the host, not by the device's greedy pick."""
-        return self.params.needs_host or self.holds_back_end
+        return self.params.needs_host_after(self.num_generated)
 
     def generator_for(self, device: torch.device) -> torch.Generator:
         """The request's generator, created (seeded) on first use on the device that samples."""

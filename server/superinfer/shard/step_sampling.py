@@ -8,7 +8,7 @@ import torch
 
 from ..pb import shard_pb2
 from .device_sampling import PENDING_TOKEN, DeviceSample, plain_greedy
-from .plan import ScheduledWork
+from .plan import ScheduledWork, read_sampling_params
 from .rank_commands import RankWork
 from .requests import RequestState
 from .sampling import SamplingFailure, prompt_logprobs, sample
@@ -31,10 +31,8 @@ def samples_plain_greedy(request: shard_pb2.StepRequest, requests: dict[int, Req
     new = {n.id: n for n in request.new_requests}
     for item in request.scheduled:
         if item.id in new:
-            params, prompt_logprobs = new[item.id].parameters, new[item.id].prompt_logprobs
-            do_sample = params.do_sample
-            penalty = (params.repetition_penalty not in (0.0, 1.0) or bool(params.frequency_penalty)
-                       or bool(params.presence_penalty) or bool(params.logit_bias) or bool(params.min_tokens and params.end_token_ids))
+            params, prompt_logprobs = read_sampling_params(new[item.id].parameters), new[item.id].prompt_logprobs
+            do_sample, penalty = params.do_sample, params.needs_host_after(0)
         elif item.id in requests:
             state = requests[item.id]
             do_sample, penalty, prompt_logprobs = state.params.do_sample, state.needs_host, state.prompt_logprobs
