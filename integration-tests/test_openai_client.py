@@ -198,3 +198,29 @@ def test_presence_penalty_zero_is_no_penalty(url):
     penalized = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=24, temperature=0,
                                                     presence_penalty=-2)
     assert penalized.choices[0].message.content != plain.choices[0].message.content
+
+
+def _token_ids(url, text):
+    reply = requests.post(f"{url}/tokenize", json={"inputs": text}, timeout=30)
+    reply.raise_for_status()
+    return [token["id"] for token in reply.json()]
+
+
+def test_allowed_token_ids_keep_the_reply_to_those_tokens(url):
+    # vLLM's allowed_token_ids: greedy and sampled replies hold only those tokens.
+    allowed = _token_ids(url, " red green blue")
+    prompt = "The three primary colors are"
+    for extra in ({"temperature": 0}, {"temperature": 1.0, "seed": 5}):
+        reply = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=6,
+                                               extra_body={"allowed_token_ids": allowed}, **extra)
+        assert reply.usage.completion_tokens == 6
+        assert set(_token_ids(url, reply.choices[0].text)) <= set(allowed), reply.choices[0].text
+
+
+def test_bad_words_keep_a_word_out_of_the_reply(url):
+    prompt = "The capital of France is"
+    greedy = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=8, temperature=0)
+    assert "Paris" in greedy.choices[0].text
+    banned = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=8, temperature=0,
+                                            extra_body={"bad_words": ["Paris"]})
+    assert "Paris" not in banned.choices[0].text and banned.choices[0].text

@@ -7,6 +7,7 @@ import torch
 
 from superinfer.shard.requests import RequestState, SamplingParams
 from superinfer.shard.sampling import (
+    SamplingFailure,
     apply_frequency_penalty,
     apply_presence_penalty,
     apply_repetition_penalty,
@@ -17,6 +18,7 @@ from superinfer.shard.sampling import (
     top_p_filter,
     typical_p_filter,
 )
+from superinfer.shard.token_mask import AllowedTokens
 
 
 def _request(rid=1, tokens=(0,), prompt_len=1, **params) -> RequestState:
@@ -238,3 +240,44 @@ def test_presence_penalty_subtracts_once_per_generated_token():
     request = _request(tokens=(3, 1), prompt_len=1, presence_penalty=1.0)
     assert sample(torch.tensor([[0.0, 2.0, 1.5, 5.0]]), [request])[0].token_id == 3
     assert sample(torch.tensor([[0.0, 2.0, 1.5, 0.0]]), [request])[0].token_id == 2
+
+
+def test_allowed_token_ids_restrict_greedy_and_sampled_choices():
+    logits = torch.tensor([[5.0, 1.0, 2.0, 0.5]])
+    assert sample(logits, [_request(allowed_token_ids=(1, 3))])[0].token_id == 1
+    sampled = _request(do_sample=True, temperature=5.0, seed=3, allowed_token_ids=(2, 3))
+    assert {sample(logits, [sampled])[0].token_id for _ in range(40)} == {2, 3}
+    # The logprob reported stays the model's, as with a logit bias.
+    assert sample(logits, [_request(allowed_token_ids=(1,))])[0].logprob == pytest.approx(
+        logits.log_softmax(-1)[0, 1].item())
+    # Another request of the batch is not restricted.
+    assert [s.token_id for s in sample(logits.repeat(2, 1), [_request(allowed_token_ids=(3,)), _request()])] == [3, 0]
+
+
+def test_allowed_token_ids_the_grammar_rules_out_fail_the_request_alone():
+    logits = torch.tensor([[5.0, 1.0, 2.0, 0.5]]).repeat(2, 1)
+    grammar = AllowedTokens(bias=torch.tensor([[0.0, float("-inf"), float("-inf"), float("-inf")]] * 2), empty_rows=[])
+    out = sample(logits, [_request(allowed_token_ids=(1, 2)), _request()], grammar)
+    assert isinstance(out[0], SamplingFailure) and "allowed_token_ids" in out[0].message
+    assert out[1].token_id == 0
+
+
+def test_bad_words_ban_the_token_that_would_complete_them():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 0.0]])
+    # A one-token word is never chosen.
+    assert sample(logits, [_request(bad_words=((1,),))])[0].token_id == 2
+    # A two-token word (2, 1): token 1 is banned only right after a generated 2.
+    word = ((2, 1),)
+    assert sample(logits, [_request(tokens=(0, 3), bad_words=word)])[0].token_id == 1
+    assert sample(logits, [_request(tokens=(0, 3, 2), bad_words=word)])[0].token_id == 2
+    # The prompt does not count: the 2 there is not a generated token.
+    assert sample(logits, [_request(tokens=(0, 2), prompt_len=2, bad_words=word)])[0].token_id == 1
+    # A ban that would leave nothing is not applied.
+    only = torch.tensor([[float("-inf"), 1.0, float("-inf"), float("-inf")]])
+    assert sample(only, [_request(bad_words=((1,),))])[0].token_id == 1
+
+
+def test_allowed_tokens_and_bad_words_are_chosen_on_the_host():
+    assert SamplingParams(allowed_token_ids=(1,)).needs_host
+    assert SamplingParams(bad_words=((1, 2),)).needs_host
+    assert not SamplingParams().needs_host

@@ -79,6 +79,10 @@ BAD_PLANS = {
     "outside the vocabulary": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[TINY_VOCAB])]),
     "end_token_ids names a token id outside": pb.StepRequest(new_requests=[pb.NewRequest(
         id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(min_tokens=2, end_token_ids=[TINY_VOCAB]))]),
+    "allowed_token_ids names a token id outside": pb.StepRequest(new_requests=[pb.NewRequest(
+        id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(allowed_token_ids=[1, TINY_VOCAB]))]),
+    "bad_words holds an empty sequence": pb.StepRequest(new_requests=[pb.NewRequest(
+        id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(bad_words=[pb.TokenSequence(ids=[])]))]),
     "min_p must be in [0, 1]": pb.StepRequest(new_requests=[pb.NewRequest(
         id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(do_sample=True, temperature=1, min_p=1.5))]),
     "temperature": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[4],

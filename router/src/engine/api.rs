@@ -42,6 +42,11 @@ pub struct SamplingParams {
     /// The tokens that would end the generation (the model's EOS unless `ignore_eos`, the
     /// request's stop tokens); empty without `min_tokens`.
     pub end_token_ids: Vec<u32>,
+    /// Empty: every token; else only these may be chosen (vLLM's `allowed_token_ids`), sorted.
+    pub allowed_token_ids: Vec<u32>,
+    /// Token sequences that may not be generated (vLLM's `bad_words`, tokenized): the shard
+    /// leaves out the last token of each where the generated tokens end with the rest of it.
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 impl SamplingParams {
@@ -61,6 +66,8 @@ impl SamplingParams {
             logit_bias: Vec::new(),
             min_tokens: 0,
             end_token_ids: Vec::new(),
+            allowed_token_ids: Vec::new(),
+            bad_words: Vec::new(),
         }
     }
 }

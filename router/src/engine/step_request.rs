@@ -65,6 +65,8 @@ fn sampling_parameters(sampling: &SamplingParams, top_n_tokens: u32) -> pb::Samp
         top_p: sampling.top_p,
         typical_p: sampling.typical_p,
         min_p: sampling.min_p,
+        allowed_token_ids: sampling.allowed_token_ids.clone(),
+        bad_words: sampling.bad_words.iter().map(|ids| pb::TokenSequence { ids: ids.clone() }).collect(),
         repetition_penalty: sampling.repetition_penalty,
         frequency_penalty: sampling.frequency_penalty,
         presence_penalty: sampling.presence_penalty,

@@ -96,6 +96,13 @@ pub struct OpenAiSampling {
     /// (0 to 1; 0, the default, leaves none out).
     #[serde(default)]
     pub min_p: Option<f32>,
+    /// vLLM's `allowed_token_ids`: only these tokens may be chosen.
+    #[serde(default)]
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's `bad_words`: words that may not be generated (the last token of each is left out
+    /// where the reply would complete it).
+    #[serde(default)]
+    pub bad_words: Option<Vec<String>>,
     /// vLLM's `truncate_prompt_tokens`: keep only the prompt's last k tokens (TGI's
     /// `truncate`); -1 keeps as many as `--max-input-tokens` allows.
     #[serde(default)]
@@ -198,6 +205,8 @@ impl OpenAiSampling {
             min_tokens: self.min_tokens.unwrap_or(0),
             // Checked whatever the temperature; greedy decoding does not read it.
             min_p: self.min_p,
+            allowed_token_ids: self.allowed_token_ids.clone(),
+            bad_words: self.bad_words.clone().unwrap_or_default(),
             top_n_tokens,
             details: true,
             slo: self.slo.clone(),

@@ -116,15 +116,41 @@ fn checked_parameters(
     state: &AppState,
     parameters: &GenerateParameters,
 ) -> Result<(Option<AdapterRef>, ValidParameters), HttpError> {
+    let raw = parameters;
     let adapter = state.adapter(parameters.adapter_id.as_deref())?;
     let mut parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
     in_vocabulary(state, parameters.sampling.logit_bias.iter().map(|&(id, _)| id))?;
     in_vocabulary(state, parameters.stop_token_ids.iter().copied())?;
+    in_vocabulary(state, parameters.sampling.allowed_token_ids.iter().copied())?;
+    parameters.sampling.bad_words = bad_word_ids(state, &raw.bad_words)?;
     if parameters.sampling.min_tokens > 0 {
         parameters.sampling.end_token_ids = end_token_ids(state, &parameters);
     }
     Ok((adapter, parameters))
+}
+
+/// Each bad word's tokens as the reply would hold it: at the start of the text and after a
+/// space (vLLM's rule), each form once. The spaced form is left out where it is longer: the
+/// tokenizer then splits the space off as a token of its own, and banning that sequence would
+/// ban a plain space before the word's usual form.
+fn bad_word_ids(state: &AppState, words: &[String]) -> Result<Vec<Vec<u32>>, HttpError> {
+    let mut sequences: Vec<Vec<u32>> = Vec::new();
+    for word in words {
+        let word = word.trim_start();
+        let encode = |text: &str| {
+            state.tokenizer.encode(text, false).map(|encoded| encoded.ids).map_err(|error| HttpError::Tokenizer(error.to_string()))
+        };
+        let plain = encode(word)?;
+        let spaced = encode(&format!(" {word}"))?;
+        let forms = if spaced.len() > plain.len() { vec![plain] } else { vec![plain, spaced] };
+        for form in forms {
+            if !form.is_empty() && !sequences.contains(&form) {
+                sequences.push(form);
+            }
+        }
+    }
+    Ok(sequences)
 }
 
 /// The tokens that would end a generation with these parameters: the model's EOS (unless

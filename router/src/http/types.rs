@@ -86,6 +86,13 @@ pub struct GenerateParameters {
     /// 0 to 1, set by the OpenAI routes).
     #[serde(skip)]
     pub min_p: Option<f32>,
+    /// Only these tokens may be chosen (vLLM's `allowed_token_ids`, set by the OpenAI routes);
+    /// `Some(empty)` is a 422.
+    #[serde(skip)]
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Words that may not be generated (vLLM's `bad_words`, set by the OpenAI routes).
+    #[serde(skip)]
+    pub bad_words: Vec<String>,
     /// Subtracted from the logit of each token generated at least once (OpenAI's
     /// `presence_penalty`, -2 to 2, set by the OpenAI routes).
     #[serde(skip)]

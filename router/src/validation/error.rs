@@ -39,6 +39,10 @@ pub enum ValidationError {
     TypicalP,
     #[error("`min_p` must be between 0.0 and 1.0")]
     MinP,
+    #[error("`allowed_token_ids` must not be empty")]
+    AllowedTokenIds,
+    #[error("`bad_words` entries must not be empty")]
+    BadWords,
     #[error("`truncate_prompt_tokens` must be -1 (the input limit) or at least 1. Given: {0}")]
     TruncatePromptTokens(i64),
     #[error("`max_new_tokens` must be strictly positive")]

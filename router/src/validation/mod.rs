@@ -181,6 +181,19 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
     if !(0.0..=1.0).contains(&min_p) {
         return Err(ValidationError::MinP);
     }
+    let allowed_token_ids = match &parameters.allowed_token_ids {
+        Some(ids) if ids.is_empty() => return Err(ValidationError::AllowedTokenIds),
+        Some(ids) => {
+            let mut ids = ids.clone();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        }
+        None => Vec::new(),
+    };
+    if parameters.bad_words.iter().any(|word| word.trim().is_empty()) {
+        return Err(ValidationError::BadWords);
+    }
     let top_k = match parameters.top_k {
         Some(value) if value <= 0 => return Err(ValidationError::TopK),
         Some(value) => value as u32,
@@ -204,6 +217,9 @@ fn validate_sampling(parameters: &GenerateParameters) -> Result<SamplingParams, 
         min_tokens: parameters.min_tokens,
         // The HTTP layer, which knows the model's EOS, names them (`with_end_tokens`).
         end_token_ids: Vec::new(),
+        allowed_token_ids,
+        // The HTTP layer, which has the tokenizer, tokenizes them (`bad_word_ids`).
+        bad_words: Vec::new(),
     })
 }
 

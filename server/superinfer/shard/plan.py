@@ -56,6 +56,8 @@ def read_sampling_params(message: shard_pb2.SamplingParameters) -> SamplingParam
         min_tokens=message.min_tokens,
         end_token_ids=tuple(message.end_token_ids) if message.min_tokens else (),
         min_p=message.min_p if message.do_sample else 0.0,
+        allowed_token_ids=tuple(message.allowed_token_ids),
+        bad_words=tuple(tuple(word.ids) for word in message.bad_words),
     )
 
 
@@ -78,6 +80,10 @@ def sampling_params(message: shard_pb2.SamplingParameters, request_id: int, limi
         problems.append(f"logit_bias names a token id outside the vocabulary ({limits.vocab_size})")
     if any(token >= limits.vocab_size for token in params.end_token_ids):
         problems.append(f"end_token_ids names a token id outside the vocabulary ({limits.vocab_size})")
+    if any(token >= limits.vocab_size for token in params.allowed_token_ids):
+        problems.append(f"allowed_token_ids names a token id outside the vocabulary ({limits.vocab_size})")
+    if any(not word or max(word) >= limits.vocab_size for word in params.bad_words):
+        problems.append(f"bad_words holds an empty sequence or a token id outside the vocabulary ({limits.vocab_size})")
     if not all(math.isfinite(bias) for bias in params.logit_bias.values()):
         problems.append("logit_bias must be finite")
     if params.top_n_tokens > limits.max_top_n_tokens:

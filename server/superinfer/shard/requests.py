@@ -26,6 +26,11 @@ class SamplingParams:
     end_token_ids: tuple[int, ...] = ()
     # 0.0: none; else tokens below min_p × the most likely one's probability are left out.
     min_p: float = 0.0
+    # Empty: every token; else only these may be chosen (vLLM's allowed_token_ids).
+    allowed_token_ids: tuple[int, ...] = ()
+    # Token sequences that may not be generated (vLLM's bad_words): the last token of each is
+    # left out where the generated tokens end with the rest of it.
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     @property
     def has_penalty(self) -> bool:
@@ -33,9 +38,9 @@ class SamplingParams:
 
     @property
     def needs_host(self) -> bool:
-        """Whether its next token is chosen on the host (a penalty or a logit bias), not by the
-        device's greedy pick."""
-        return self.has_penalty or bool(self.logit_bias)
+        """Whether its next token is chosen on the host (a penalty, a logit bias, a restricted
+        vocabulary), not by the device's greedy pick."""
+        return self.has_penalty or bool(self.logit_bias) or bool(self.allowed_token_ids) or bool(self.bad_words)
 
     def holds_back_end(self, num_generated: int) -> bool:
         """Whether the next token after `num_generated` may not end the generation."""

@@ -186,6 +186,42 @@ def hold_back_end_tokens(logits: torch.Tensor, requests: list[RequestState]) -> 
     return logits
 
 
+def completed_bad_words(request: RequestState) -> list[int]:
+    """The last tokens of the request's bad words that its next token would complete: those whose
+    other tokens end what it has generated (a one-token word: always)."""
+    generated = len(request.token_ids) - request.prompt_len
+    banned = []
+    for word in request.params.bad_words:
+        rest = len(word) - 1
+        if rest == 0 or (rest <= generated and tuple(request.token_ids[-rest:]) == word[:-1]):
+            banned.append(word[-1])
+    return banned
+
+
+@torch.inference_mode()
+def restrict_tokens(logits: torch.Tensor, requests: list[RequestState]) -> torch.Tensor:
+    """logits [R, V] with the tokens each request may not choose at -inf (a copy when any has such
+    a rule): those outside its `allowed_token_ids`, and the bad words it would complete — unless
+    that would leave its row nothing."""
+    rows = [(row, request) for row, request in enumerate(requests)
+            if request.params.allowed_token_ids or request.params.bad_words]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for row, request in rows:
+        if request.params.allowed_token_ids:
+            ids = upload(torch.tensor(request.params.allowed_token_ids, dtype=torch.int64), logits.device)
+            kept = torch.full_like(logits[row], float("-inf"))
+            logits[row] = kept.index_copy(0, ids, logits[row].index_select(0, ids))
+        banned = completed_bad_words(request)
+        if banned:
+            ids = upload(torch.tensor(banned, dtype=torch.int64), logits.device)
+            held = logits[row].index_fill(0, ids, float("-inf"))
+            if bool(torch.isfinite(held).any()):
+                logits[row] = held
+    return logits
+
+
 def sample(logits: torch.Tensor, requests: list[RequestState],
            allowed: AllowedTokens | None = None) -> list[SampledToken | SamplingFailure]:
     """logits: [R, V] float32, row r for requests[r]; allowed: the grammar's tokens per row
@@ -196,7 +232,10 @@ def sample(logits: torch.Tensor, requests: list[RequestState],
         for row in allowed.empty_rows:
             failures[row] = SamplingFailure("the grammar allows no next token")
     logprobs = logits.log_softmax(-1)  # [R, V], before logit biases, penalties and warpers
-    logits = hold_back_end_tokens(apply_logit_bias(logits, requests), requests)
+    logits = hold_back_end_tokens(restrict_tokens(apply_logit_bias(logits, requests), requests), requests)
+    for row, request in enumerate(requests):
+        if request.params.allowed_token_ids and row not in failures and not bool(torch.isfinite(logits[row]).any()):
+            failures[row] = SamplingFailure("no token of allowed_token_ids is allowed by the grammar")
     # [R] greedy fast path for the whole batch; max(-1) is argmax with the same first-index
     # ties, 2-3x faster on the CPU (36 vs 88 µs for one row of 49,152, 1.0 vs 2.6 ms for 32)
     chosen = logits.max(-1).indices

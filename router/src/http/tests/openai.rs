@@ -566,3 +566,41 @@ async fn truncate_prompt_tokens_keeps_the_prompts_end() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
     assert!(text.contains("`truncate_prompt_tokens` must be -1"), "{text}");
 }
+
+/// vLLM's `allowed_token_ids` reach the shard sorted, each once; an empty list or an id outside
+/// the vocabulary is a 422.
+#[tokio::test]
+async fn allowed_token_ids_are_sent_to_the_shard_and_checked() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let body = json!({"prompt": "x", "max_tokens": 2, "allowed_token_ids": [30, 7, 30]});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let parameters = log.lock().unwrap().new_requests[0].parameters.clone().unwrap();
+    assert_eq!(parameters.allowed_token_ids, vec![7, 30]);
+    for (ids, message) in [(json!([]), "`allowed_token_ids` must not be empty"), (json!([7, 10_000_000]), "token id 10000000")] {
+        let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "allowed_token_ids": ids});
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert!(text.contains(message), "{text}");
+    }
+}
+
+/// vLLM's `bad_words` reach the shard tokenized as the reply would hold them: at the start and
+/// after a space; a blank word is a 422.
+#[tokio::test]
+async fn bad_words_are_tokenized_for_the_shard() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let tokenizer = smollm2();
+    let ids = |text: &str| tokenizer.encode(text, false).unwrap().ids;
+    let body = json!({"prompt": "x", "max_tokens": 2, "bad_words": ["hello", " hello", "New York"]});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let sent: Vec<Vec<u32>> = log.lock().unwrap().new_requests[0].parameters.clone().unwrap()
+        .bad_words.into_iter().map(|word| word.ids).collect();
+    assert_eq!(sent, vec![ids("hello"), ids(" hello"), ids("New York"), ids(" New York")]);
+    assert!(ids(" New York").len() > 1, "a word of several tokens is sent whole");
+    let blank = json!({"messages": [{"role": "user", "content": "Hi"}], "bad_words": ["ok", " "]});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &blank)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("`bad_words` entries must not be empty"), "{text}");
+}
