@@ -224,3 +224,13 @@ def test_bad_words_keep_a_word_out_of_the_reply(url):
     banned = client(url).completions.create(model="tgi", prompt=prompt, max_tokens=8, temperature=0,
                                             extra_body={"bad_words": ["Paris"]})
     assert "Paris" not in banned.choices[0].text and banned.choices[0].text
+
+
+def test_continuous_usage_stats_count_tokens_as_they_stream(url):
+    chunks = list(client(url).completions.create(
+        model="tgi", prompt="Count to ten:", max_tokens=5, temperature=0, stream=True,
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    counted = [chunk.usage.completion_tokens for chunk in chunks if chunk.choices]
+    assert counted == list(range(1, 6))
+    assert chunks[-1].usage.completion_tokens == 5 and not chunks[-1].choices
+    assert len({chunk.usage.prompt_tokens for chunk in chunks}) == 1

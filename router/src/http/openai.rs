@@ -46,10 +46,7 @@ pub(crate) async fn chat_completions(
     let arrival = Instant::now();
     log_ignored_fields(CHAT_ROUTE, &request.ignored);
     let stream = request.stream;
-    let include_usage = request
-        .stream_options
-        .as_ref()
-        .is_some_and(|options| options.include_usage);
+    let usage = UsageReports::of(request.stream_options.as_ref());
     let prepared = prepare_chat(&state, &request);
     let calls_tools = matches!(&prepared, Ok((PromptText::Chat(conversation), _)) if conversation.tools.is_some());
     // `n` choices: the same conversation n times, n engine requests, admitted together: the
@@ -70,7 +67,7 @@ pub(crate) async fn chat_completions(
                 Ok(choices) => choices.into_iter().map(Ok).collect(),
                 Err(error) => vec![Err(error)],
             },
-            include_usage,
+            usage,
             identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk").with_logprobs(request.logprobs),
             arrival,
             choices_per_prompt: choices,
@@ -147,10 +144,7 @@ pub(crate) async fn completions(
 ) -> Response {
     let arrival = Instant::now();
     log_ignored_fields(COMPLETIONS_ROUTE, &request.ignored);
-    let include_usage = request
-        .stream_options
-        .as_ref()
-        .is_some_and(|options| options.include_usage);
+    let usage = UsageReports::of(request.stream_options.as_ref());
     let prepared = prepare_completion(&state, &request);
     if request.stream {
         let headers = stream_headers(&state.config.compute_type, 0);
@@ -161,7 +155,7 @@ pub(crate) async fn completions(
         let plan = StreamPlan {
             route: COMPLETIONS_ROUTE,
             prompts,
-            include_usage,
+            usage,
             identity: ResponseIdentity::new(&state.model_id, "text_completion")
                 .with_logprobs(request.logprobs.is_some()),
             arrival,

@@ -12,7 +12,7 @@ use futures::future::join_all;
 use tracing::Instrument;
 
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
-use super::openai_types::{unix_now, Usage};
+use super::openai_types::{unix_now, Usage, UsageReports};
 use super::request::{acquire_permit, validate_request, validate_token_prompt, ValidRequest};
 use super::request_log::RequestLog;
 use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
@@ -130,7 +130,7 @@ pub(crate) struct StreamPlan {
     /// For the request log.
     pub route: &'static str,
     pub prompts: Vec<PreparedPrompt>,
-    pub include_usage: bool,
+    pub usage: UsageReports,
     pub identity: ResponseIdentity,
     pub arrival: Instant,
     /// Consecutive prompts that are `n` choices of one prompt: its tokens count once in usage.
@@ -153,7 +153,7 @@ pub(crate) async fn openai_stream(
             let StreamPlan {
                 route,
                 prompts,
-                include_usage,
+                usage: reports,
                 identity,
                 arrival,
                 choices_per_prompt,
@@ -165,6 +165,7 @@ pub(crate) async fn openai_stream(
                     index: index as u32,
                     arrival,
                     echo,
+                    usage_per_chunk: reports.every_chunk,
                 };
                 let shared = Shared {
                     state: &state,
@@ -193,7 +194,7 @@ pub(crate) async fn openai_stream(
                     Err(()) => failed = true,
                 }
             }
-            if include_usage && !failed && !sender.send_json(&usage_chunk(&identity, usage)).await {
+            if reports.at_end && !failed && !sender.send_json(&usage_chunk(&identity, usage)).await {
                 return;
             }
             sender.send_text("[DONE]").await;
@@ -226,6 +227,8 @@ struct Choice {
     index: u32,
     arrival: Instant,
     echo: bool,
+    /// Each chunk carries the choice's usage so far (`UsageReports::every_chunk`).
+    usage_per_chunk: bool,
 }
 
 /// Streams one choice; `Ok(None)` when the client left, `Err` after reporting an error.
@@ -268,6 +271,15 @@ async fn stream_choice(
     sender.open();
     let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
     let mut echo = choice.echo;
+    let prompt_tokens = valid.prompt_ids.len() as u32;
+    let mut generated = 0;
+    // vLLM's continuous usage: the choice's prompt and the tokens it has generated so far.
+    let with_usage = |mut update: serde_json::Value, usage: Usage| {
+        if let (true, Some(fields)) = (choice.usage_per_chunk, update.as_object_mut()) {
+            fields.insert("usage".into(), serde_json::json!(usage));
+        }
+        update
+    };
     loop {
         let event = tokio::select! {
             // The log records the choice as dropped.
@@ -286,20 +298,22 @@ async fn stream_choice(
                 finish: None,
                 echoed: Some(EchoedPrompt { tokens: &tokens, top_tokens: &top_tokens }),
             };
-            if !sender.send_json(&chunk(identity, update)).await {
+            if !sender.send_json(&with_usage(chunk(identity, update), Usage::new(prompt_tokens, 0))).await {
                 return Ok(None);
             }
         }
+        generated += u32::from(matches!(event, GenerationEvent::Token { .. }));
         let (update, output) = chunk_of(event, choice.index, identity, chunk);
-        if !sender.send_json(&update).await {
+        let usage = match &output {
+            Some(output) => Usage::new(output.input_length, output.generated_tokens),
+            None => Usage::new(prompt_tokens, generated),
+        };
+        if !sender.send_json(&with_usage(update, usage)).await {
             return Ok(None);
         }
         if let Some(output) = output {
             log.succeeded(&output, valid.max_new_tokens);
-            return Ok(Some(Usage::new(
-                output.input_length,
-                output.generated_tokens,
-            )));
+            return Ok(Some(usage));
         }
     }
 }

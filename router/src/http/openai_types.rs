@@ -39,6 +39,25 @@ impl StopSequences {
 pub struct StreamOptions {
     #[serde(default, deserialize_with = "null_as_default")]
     pub include_usage: bool,
+    /// vLLM's: with `include_usage`, every chunk also carries its choice's usage so far.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub continuous_usage_stats: bool,
+}
+
+/// Where a stream reports usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct UsageReports {
+    /// A last chunk with the request's usage (`include_usage`).
+    pub at_end: bool,
+    /// Each chunk with its choice's usage so far (vLLM's `continuous_usage_stats`).
+    pub every_chunk: bool,
+}
+
+impl UsageReports {
+    pub fn of(options: Option<&StreamOptions>) -> Self {
+        let at_end = options.is_some_and(|options| options.include_usage);
+        Self { at_end, every_chunk: at_end && options.is_some_and(|options| options.continuous_usage_stats) }
+    }
 }
 
 /// Sampling fields the chat and completion requests share.

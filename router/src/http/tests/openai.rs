@@ -604,3 +604,37 @@ async fn bad_words_are_tokenized_for_the_shard() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
     assert!(text.contains("`bad_words` entries must not be empty"), "{text}");
 }
+
+/// vLLM's `continuous_usage_stats`: with `include_usage`, every chunk carries its choice's usage
+/// so far (its prompt, its tokens generated up to and with this chunk); without it, chunks carry
+/// none.
+#[tokio::test]
+async fn continuous_usage_stats_put_each_choices_usage_on_every_chunk() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let options = json!({"include_usage": true, "continuous_usage_stats": true});
+    let body = json!({"prompt": ["a", "b c"], "max_tokens": 3, "stream": true, "stream_options": options});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events = sse_data(&text);
+    let prompt_tokens: Vec<usize> = log.lock().unwrap().new_requests.iter().map(|r| r.prompt_token_ids.len()).collect();
+    for index in 0..2 {
+        let usages: Vec<(usize, usize, usize)> = events
+            .iter()
+            .filter(|event| event["choices"].as_array().is_some_and(|c| !c.is_empty()) && event["choices"][0]["index"] == index)
+            .map(|event| {
+                let usage = &event["usage"];
+                let count = |name: &str| usage[name].as_u64().unwrap_or_else(|| panic!("{event}")) as usize;
+                (count("prompt_tokens"), count("completion_tokens"), count("total_tokens"))
+            })
+            .collect();
+        let prompt = prompt_tokens[index as usize];
+        assert_eq!(usages, (1..=3).map(|n| (prompt, n, prompt + n)).collect::<Vec<_>>(), "choice {index}");
+    }
+    let total = &events[events.len() - 2]["usage"];
+    assert_eq!(total["completion_tokens"], 6);
+    // Without include_usage the option asks for nothing.
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": true,
+                      "stream_options": {"continuous_usage_stats": true}});
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert!(sse_data(&text).iter().all(|event| event.get("usage").is_none_or(Value::is_null)), "{text}");
+}
