@@ -234,3 +234,19 @@ def test_continuous_usage_stats_count_tokens_as_they_stream(url):
     assert counted == list(range(1, 6))
     assert chunks[-1].usage.completion_tokens == 5 and not chunks[-1].choices
     assert len({chunk.usage.prompt_tokens for chunk in chunks}) == 1
+
+
+def test_skip_special_tokens_false_keeps_their_text(url):
+    messages = [{"role": "user", "content": "Say hi."}]
+    first = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=60, temperature=0)
+    assert first.choices[0].finish_reason == "stop"
+    # The end-of-turn token that ends the reply stays out of the text either way.
+    kept = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=60, temperature=0,
+                                               extra_body={"skip_special_tokens": False})
+    assert kept.choices[0].message.content == first.choices[0].message.content
+    # Generated past it (ignore_eos), its text is there only when asked for.
+    past = first.usage.completion_tokens + 3
+    for skip in (False, True):
+        reply = client(url).chat.completions.create(model="tgi", messages=messages, max_tokens=past, temperature=0,
+                                                    extra_body={"skip_special_tokens": skip, "ignore_eos": True})
+        assert ("<|im_end|>" in reply.choices[0].message.content) == (not skip), reply.choices[0].message.content

@@ -72,6 +72,9 @@ pub(crate) struct Generation {
     decoder: IncrementalDecoder,
     stop: StopMatcher,
     stop_token_ids: Vec<u32>,
+    /// Special tokens' text is output (vLLM's `skip_special_tokens: false`), but for the EOS
+    /// that ends the generation.
+    keep_special_tokens: bool,
     /// Neither stop sequences nor stop tokens end the generation before this many tokens
     /// (vLLM's `min_tokens`; the shard holds back EOS and stop tokens until then).
     min_tokens: u32,
@@ -102,7 +105,8 @@ impl Generation {
         let sampling = request.parameters.sampling.do_sample;
         Self {
             stream: Some(stream),
-            decoder: IncrementalDecoder::new(&request.prompt_ids, true),
+            decoder: IncrementalDecoder::new(&request.prompt_ids, !request.parameters.keep_special_tokens),
+            keep_special_tokens: request.parameters.keep_special_tokens,
             tokenizer,
             stop: StopMatcher::new(&request.parameters.stop).trimming(request.parameters.trim_stop_sequences),
             stop_token_ids: request.parameters.stop_token_ids.clone(),
@@ -217,10 +221,12 @@ impl Generation {
     fn on_token(&mut self, generated: GeneratedToken) -> Result<GenerationEvent, HttpError> {
         let tokenizer = &self.tokenizer;
         let special = tokenizer.is_special(generated.id);
-        let mut piece = self
-            .decoder
-            .push(tokenizer, generated.id)
-            .map_err(|error| HttpError::Tokenizer(error.to_string()))?;
+        let ends = generated.is_eos && !self.ignore_eos;
+        let mut piece = if ends && self.keep_special_tokens {
+            String::new()
+        } else {
+            self.decoder.push(tokenizer, generated.id).map_err(|error| HttpError::Tokenizer(error.to_string()))?
+        };
         let new_from = self.text.len();
         self.text.push_str(&piece);
         let may_stop = self.tokens.len() + 1 >= self.min_tokens as usize;

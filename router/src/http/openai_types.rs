@@ -108,6 +108,10 @@ pub struct OpenAiSampling {
     /// Keep a matched stop sequence at the end of the text (vLLM's); OpenAI leaves it out.
     #[serde(default, deserialize_with = "null_as_default")]
     pub include_stop_str_in_output: bool,
+    /// vLLM's `skip_special_tokens` (default true): false keeps special tokens' text in the
+    /// output, but for the end-of-sequence token that ends it.
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
     /// vLLM's `top_k`: the k most likely tokens; -1 or 0 for all of them.
     #[serde(default)]
     pub top_k: Option<i32>,
@@ -220,6 +224,7 @@ impl OpenAiSampling {
             repetition_penalty: self.repetition_penalty,
             presence_penalty: self.presence_penalty,
             trim_stop_sequences: !self.include_stop_str_in_output,
+            keep_special_tokens: self.skip_special_tokens == Some(false),
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             min_tokens: self.min_tokens.unwrap_or(0),
             // Checked whatever the temperature; greedy decoding does not read it.

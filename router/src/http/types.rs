@@ -74,6 +74,10 @@ pub struct GenerateParameters {
     /// `include_stop_str_in_output`); TGI's keep it.
     #[serde(skip)]
     pub trim_stop_sequences: bool,
+    /// Keep special tokens' text in the output (vLLM's `skip_special_tokens: false`, set by the
+    /// OpenAI routes); the end-of-sequence token that ends the generation stays out.
+    #[serde(skip)]
+    pub keep_special_tokens: bool,
     /// Token ids that end the generation when sampled, kept in the text (vLLM's
     /// `stop_token_ids`, set by the OpenAI routes).
     #[serde(skip)]

@@ -42,6 +42,8 @@ pub struct ValidParameters {
     pub stop: Vec<String>,
     /// Leave a matched stop sequence out of the output (OpenAI's routes).
     pub trim_stop_sequences: bool,
+    /// Special tokens' text stays in the output (but the ending EOS's).
+    pub keep_special_tokens: bool,
     /// Sampling one of these ends the generation (`stop_sequence`).
     pub stop_token_ids: Vec<u32>,
     pub truncate: Option<usize>,
@@ -108,6 +110,7 @@ pub fn validate_parameters(
         max_new_tokens: parameters.max_new_tokens,
         stop: parameters.stop.clone(),
         trim_stop_sequences: parameters.trim_stop_sequences,
+        keep_special_tokens: parameters.keep_special_tokens,
         stop_token_ids: parameters.stop_token_ids.clone(),
         truncate,
         top_n_tokens,

@@ -610,13 +610,15 @@ async fn bad_words_are_tokenized_for_the_shard() {
 /// none.
 #[tokio::test]
 async fn continuous_usage_stats_put_each_choices_usage_on_every_chunk() {
-    let (app, log) = app(HttpConfig::default()).await;
+    let (app, _) = app(HttpConfig::default()).await;
     let options = json!({"include_usage": true, "continuous_usage_stats": true});
     let body = json!({"prompt": ["a", "b c"], "max_tokens": 3, "stream": true, "stream_options": options});
     let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     let events = sse_data(&text);
-    let prompt_tokens: Vec<usize> = log.lock().unwrap().new_requests.iter().map(|r| r.prompt_token_ids.len()).collect();
+    // The choices run at once: the shard may see them in either order.
+    let prompt_tokens: Vec<usize> = ["a", "b c"].iter().map(|prompt| smollm2().encode(prompt, true).unwrap().ids.len()).collect();
+    assert_ne!(prompt_tokens[0], prompt_tokens[1]);
     for index in 0..2 {
         let usages: Vec<(usize, usize, usize)> = events
             .iter()
@@ -637,4 +639,31 @@ async fn continuous_usage_stats_put_each_choices_usage_on_every_chunk() {
                       "stream_options": {"continuous_usage_stats": true}});
     let (_, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
     assert!(sse_data(&text).iter().all(|event| event.get("usage").is_none_or(Value::is_null)), "{text}");
+}
+
+/// vLLM's `skip_special_tokens: false` keeps special tokens' text in the output, streamed or
+/// not; the end-of-sequence token that ends the generation stays out, as it does by default.
+#[tokio::test]
+async fn special_tokens_text_is_kept_when_not_skipped() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let script_tokens = smollm2().encode(SCRIPT, false).unwrap().ids.len();
+    // With ignore_eos the scripted shard's EOS (<|im_end|>) is generated twice and ends nothing.
+    let past_eos = json!({"prompt": "x", "max_tokens": script_tokens + 2, "ignore_eos": true});
+    let ended = json!({"prompt": "x", "max_tokens": 50});
+    for (body, skip, expected) in [
+        (&past_eos, false, format!("{SCRIPT}<|im_end|><|im_end|>")),
+        (&past_eos, true, SCRIPT.to_string()),
+        (&ended, false, SCRIPT.to_string()),
+    ] {
+        let mut body = body.clone();
+        body["skip_special_tokens"] = json!(skip);
+        let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let reply: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(reply["choices"][0]["text"], expected, "skip_special_tokens {skip}");
+        body["stream"] = json!(true);
+        let (_, _, text) = send(&app, post("/v1/completions", &body)).await;
+        let streamed: String = sse_data(&text).iter().filter_map(|event| event["choices"][0]["text"].as_str().map(String::from)).collect();
+        assert_eq!(streamed, expected, "streamed, skip_special_tokens {skip}");
+    }
 }
