@@ -144,6 +144,11 @@ pub struct RouterConfig {
     /// letter. A schema's own `"additionalProperties": true` always wins.
     #[arg(long, env = "GRAMMAR_UNLISTED_PROPERTIES", value_enum, default_value_t = UnlistedProperties::Forbid)]
     pub grammar_unlisted_properties: UnlistedProperties,
+    /// Split a thinking model's reasoning (`<think>…</think>`) out of chat replies into
+    /// `reasoning_content` (vLLM's flag): qwen3 where the reply opens the block, deepseek_r1
+    /// where the template opens it in the prompt. Off by default: the reply is all content.
+    #[arg(long, env = "REASONING_PARSER", value_enum)]
+    pub reasoning_parser: Option<crate::http::reasoning::ReasoningParser>,
     /// One step in flight: send step N+1 while the shard computes step N (decodes take the
     /// token N samples from the shard); stops apply one step late, the extra token is never
     /// returned. Requests with a grammar wait for each result.

@@ -129,6 +129,7 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
         max_client_batch_size: config.max_client_batch_size,
         disable_grammar_support: config.disable_grammar_support,
         grammar_unlisted_properties: config.grammar_unlisted_properties,
+        reasoning_parser: config.reasoning_parser,
         payload_limit: config.payload_limit,
         api_key: config.api_key.clone(),
         model_id: String::new(),

@@ -22,6 +22,7 @@ mod openai;
 mod openai_stream;
 pub mod openai_types;
 mod openapi;
+pub mod reasoning;
 mod request;
 mod request_log;
 mod sse;

@@ -21,6 +21,7 @@ use super::openai_stream::{
 use super::openai_types::*;
 use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
+use super::reasoning::{ChoiceSplitters, ReasoningSplitter};
 use super::state::AppState;
 use super::tools::{self, CallPiece, CallStream, ToolAnswer};
 use super::types::GenerateParameters;
@@ -75,8 +76,12 @@ pub(crate) async fn chat_completions(
         };
         // Tools come with one choice: one call to follow.
         let call = calls_tools.then(|| Mutex::new(CallStream::default()));
+        // Under tools the reply is the call's text: its reasoning is not split out of a stream.
+        let reasoning = state.config.reasoning_parser.filter(|_| !calls_tools).map(ChoiceSplitters::new);
         let tokenizer = state.tokenizer.clone();
-        let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| chat_chunk(identity, update, call.as_ref(), &tokenizer);
+        let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| {
+            chat_chunk(identity, update, call.as_ref(), reasoning.as_ref(), &tokenizer)
+        };
         return openai_stream(state, headers, plan, Arc::new(chunk)).await;
     }
     let log = RequestLog::start(CHAT_ROUTE, arrival);
@@ -326,20 +331,20 @@ pub(super) fn prepare_completion(
         .collect())
 }
 
-/// The assistant's answer: its text, or the tool call the text holds (`calls_tools`), with
-/// OpenAI's finish reason for it.
-fn answer(output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Option<Vec<ToolCall>>, String) {
+/// The assistant's answer: its text (the reply after its reasoning, under a reasoning parser),
+/// or the tool call the text holds (`calls_tools`), with OpenAI's finish reason for it.
+fn answer(text: &str, output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Option<Vec<ToolCall>>, String) {
     let reason = finish_reason(output.finish_reason);
     if !calls_tools {
-        return (Some(output.generated_text.clone()), None, reason);
+        return (Some(text.to_string()), None, reason);
     }
-    match tools::parse_answer(&output.generated_text) {
+    match tools::parse_answer(text) {
         Some(ToolAnswer::Call { name, arguments }) => {
             let call = ToolCall { id: TOOL_CALL_ID.into(), kind: "function".into(), function: FunctionCall { name, arguments } };
             (None, Some(vec![call]), "tool_calls".into())
         }
         Some(ToolAnswer::Text(text)) => (Some(text), None, reason),
-        None => (Some(output.generated_text.clone()), None, reason),
+        None => (Some(text.to_string()), None, reason),
     }
 }
 
@@ -354,11 +359,16 @@ fn chat_completion(
         .iter()
         .enumerate()
         .map(|(index, (_, output))| {
-            let (content, tool_calls, finish_reason) = answer(output, calls_tools);
+            let (reasoning_content, text) = match state.config.reasoning_parser {
+                Some(parser) => ReasoningSplitter::split_whole(parser, &output.generated_text),
+                None => (None, output.generated_text.clone()),
+            };
+            let (content, tool_calls, finish_reason) = answer(&text, output, calls_tools);
             ChatChoice {
                 index: index as u32,
                 message: AssistantMessage {
                     role: "assistant".to_string(),
+                    reasoning_content,
                     content,
                     tool_calls,
                 },
@@ -414,11 +424,24 @@ fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], lo
 /// One chunk per token. Under tools (`call`) the tokens' text is not content: the chunks
 /// carry the call as it grows (its name once complete, then pieces of its arguments), and the
 /// last one what is left of it, or the `no_tool` text.
-fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, call: Option<&Mutex<CallStream>>, tokenizer: &Tokenizer) -> serde_json::Value {
+fn chat_chunk(
+    identity: &ResponseIdentity,
+    update: ChoiceUpdate<'_>,
+    call: Option<&Mutex<CallStream>>,
+    reasoning: Option<&ChoiceSplitters>,
+    tokenizer: &Tokenizer,
+) -> serde_json::Value {
     let generated_reason = update.finish.map(|output| finish_reason(output.finish_reason));
-    let (content, piece, finish) = match call {
-        None => (Some(update.text.clone()), None, generated_reason),
-        Some(call) => {
+    let mut reasoning_content = None;
+    let (content, piece, finish) = match (call, reasoning) {
+        (None, Some(splitters)) => {
+            let split = splitters.push(update.index, &update.text, update.finish.is_some());
+            let only_reasoning = split.content.is_empty() && !split.reasoning.is_empty();
+            reasoning_content = Some(split.reasoning).filter(|text| !text.is_empty());
+            ((!only_reasoning).then_some(split.content), None, generated_reason)
+        }
+        (None, None) => (Some(update.text.clone()), None, generated_reason),
+        (Some(call), _) => {
             let mut call = call.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match update.finish {
                 None => (None, call.push(&update.text), None),
@@ -461,6 +484,7 @@ fn chat_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, call: Optio
             index: update.index,
             delta: Delta {
                 role: "assistant".to_string(),
+                reasoning_content,
                 content,
                 tool_calls,
             },

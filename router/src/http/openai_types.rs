@@ -444,6 +444,10 @@ pub struct ChatLogprobs {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: String,
+    /// The reply's reasoning (`--reasoning-parser`): absent without one, or when the reply had
+    /// no reasoning part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Null when the answer is a tool call.
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -506,6 +510,9 @@ pub struct ChatCompletion {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Delta {
     pub role: String,
+    /// The piece of reasoning this chunk adds (`--reasoning-parser`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Null in the chunks of a tool call.
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -647,6 +654,7 @@ mod tests {
                 index: 0,
                 delta: Delta {
                     role: "assistant".into(),
+                    reasoning_content: None,
                     content: Some("Hi".into()),
                     tool_calls: None,
                 },

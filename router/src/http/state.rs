@@ -30,6 +30,8 @@ pub struct HttpConfig {
     /// Grammars (and so `response_format` and `tools`) are refused with 422.
     pub disable_grammar_support: bool,
     pub grammar_unlisted_properties: UnlistedProperties,
+    /// Chat replies' reasoning goes to `reasoning_content` (`--reasoning-parser`).
+    pub reasoning_parser: Option<super::reasoning::ReasoningParser>,
     /// Request bodies larger than this are answered 413.
     pub payload_limit: usize,
     /// When set, the generation routes require `Authorization: Bearer <key>`.
@@ -64,6 +66,7 @@ impl Default for HttpConfig {
             max_client_batch_size: 4,
             disable_grammar_support: false,
             grammar_unlisted_properties: UnlistedProperties::default(),
+            reasoning_parser: None,
             payload_limit: 2_000_000,
             api_key: None,
             model_id: String::new(),

@@ -667,3 +667,33 @@ async fn special_tokens_text_is_kept_when_not_skipped() {
         assert_eq!(streamed, expected, "streamed, skip_special_tokens {skip}");
     }
 }
+
+/// `--reasoning-parser`: the reply's reasoning goes to `reasoning_content`, whole or streamed.
+/// The scripted reply has no tags: under deepseek_r1 (the prompt opened the block) it is all
+/// reasoning, cut short before `</think>`; under qwen3 (the reply would open it) all content.
+#[tokio::test]
+async fn reasoning_parser_splits_the_reply() {
+    use crate::http::reasoning::ReasoningParser;
+    for (parser, reasoning, content) in [(ReasoningParser::DeepseekR1, Some(SCRIPT), ""), (ReasoningParser::Qwen3, None, SCRIPT)] {
+        let (app, _) = app(HttpConfig { reasoning_parser: Some(parser), ..HttpConfig::default() }).await;
+        let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50});
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
+        assert_eq!(message["reasoning_content"].as_str(), reasoning, "{parser:?}: {message}");
+        assert_eq!(message["content"], content, "{parser:?}: {message}");
+        let mut streamed = body.clone();
+        (streamed["stream"], streamed["n"]) = (json!(true), json!(2));
+        let (_, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
+        for index in 0..2 {
+            let deltas: Vec<Value> = sse_data(&text)
+                .into_iter()
+                .filter(|event| event["choices"][0]["index"] == index)
+                .map(|event| event["choices"][0]["delta"].clone())
+                .collect();
+            let joined = |field: &str| deltas.iter().filter_map(|delta| delta[field].as_str()).collect::<String>();
+            assert_eq!(joined("reasoning_content"), reasoning.unwrap_or(""), "{parser:?} choice {index}");
+            assert_eq!(joined("content"), content, "{parser:?} choice {index}");
+        }
+    }
+}
