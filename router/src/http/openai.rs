@@ -62,6 +62,8 @@ pub(crate) async fn chat_completions(
     if stream {
         let headers = stream_headers(&state.config.compute_type, 0);
         let choices = prepared.as_ref().map_or(1, Vec::len);
+        // A grammar (a format, tools) holds the reply from its first token: it has no reasoning.
+        let constrained = matches!(&prepared, Ok(choices) if choices.iter().any(|(_, p)| p.grammar.is_some()));
         let plan = StreamPlan {
             route: CHAT_ROUTE,
             prompts: match prepared {
@@ -76,8 +78,7 @@ pub(crate) async fn chat_completions(
         };
         // Tools come with one choice: one call to follow.
         let call = calls_tools.then(|| Mutex::new(CallStream::default()));
-        // Under tools the reply is the call's text: its reasoning is not split out of a stream.
-        let reasoning = state.config.reasoning_parser.filter(|_| !calls_tools).map(ChoiceSplitters::new);
+        let reasoning = state.config.reasoning_parser.filter(|_| !constrained).map(ChoiceSplitters::new);
         let tokenizer = state.tokenizer.clone();
         let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| {
             chat_chunk(identity, update, call.as_ref(), reasoning.as_ref(), &tokenizer)
@@ -358,8 +359,9 @@ fn chat_completion(
     let choices = outputs
         .iter()
         .enumerate()
-        .map(|(index, (_, output))| {
-            let (reasoning_content, text) = match state.config.reasoning_parser {
+        .map(|(index, (valid, output))| {
+            // A grammar (a format, tools) holds the reply from its first token: no reasoning.
+            let (reasoning_content, text) = match state.config.reasoning_parser.filter(|_| valid.parameters.grammar.is_none()) {
                 Some(parser) => ReasoningSplitter::split_whole(parser, &output.generated_text),
                 None => (None, output.generated_text.clone()),
             };
@@ -423,7 +425,8 @@ fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], lo
 
 /// One chunk per token. Under tools (`call`) the tokens' text is not content: the chunks
 /// carry the call as it grows (its name once complete, then pieces of its arguments), and the
-/// last one what is left of it, or the `no_tool` text.
+/// last one what is left of it, or the `no_tool` text. Under a reasoning parser (`reasoning`,
+/// never with a grammar, so never with tools) each piece goes to `reasoning_content` or content.
 fn chat_chunk(
     identity: &ResponseIdentity,
     update: ChoiceUpdate<'_>,
@@ -432,21 +435,24 @@ fn chat_chunk(
     tokenizer: &Tokenizer,
 ) -> serde_json::Value {
     let generated_reason = update.finish.map(|output| finish_reason(output.finish_reason));
-    let mut reasoning_content = None;
-    let (content, piece, finish) = match (call, reasoning) {
-        (None, Some(splitters)) => {
+    // Under a reasoning parser the reasoning is a field of its own; the rest is the reply.
+    let (text, reasoning_content) = match reasoning {
+        Some(splitters) => {
             let split = splitters.push(update.index, &update.text, update.finish.is_some());
-            let only_reasoning = split.content.is_empty() && !split.reasoning.is_empty();
-            reasoning_content = Some(split.reasoning).filter(|text| !text.is_empty());
-            ((!only_reasoning).then_some(split.content), None, generated_reason)
+            (split.content, Some(split.reasoning).filter(|text| !text.is_empty()))
         }
-        (None, None) => (Some(update.text.clone()), None, generated_reason),
-        (Some(call), _) => {
+        None => (update.text.clone(), None),
+    };
+    let (content, piece, finish) = match call {
+        // A chunk of reasoning alone has no content.
+        None if text.is_empty() && reasoning_content.is_some() => (None, None, generated_reason),
+        None => (Some(text), None, generated_reason),
+        Some(call) => {
             let mut call = call.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match update.finish {
-                None => (None, call.push(&update.text), None),
+                None => (None, call.push(&text), None),
                 Some(output) => {
-                    let last = call.push(&update.text);
+                    let last = call.push(&text);
                     match tools::parse_answer(&output.generated_text) {
                         Some(answer @ ToolAnswer::Call { .. }) => {
                             let piece = CallPiece::joined(last, call.finish(&answer));

@@ -109,3 +109,23 @@ async fn a_message_without_content_is_refused_unless_it_calls_tools() {
     }
     assert!(log.lock().unwrap().new_requests.is_empty());
 }
+
+/// A reasoning parser leaves replies under a grammar alone: the grammar holds them from the
+/// first token, so there is no reasoning to split out, and the call is still made (deepseek_r1
+/// would otherwise take the whole reply for reasoning, whose block the template opened).
+#[tokio::test]
+async fn a_reasoning_parser_leaves_a_tool_call_alone() {
+    let config = HttpConfig { reasoning_parser: Some(crate::http::reasoning::ReasoningParser::DeepseekR1), ..HttpConfig::default() };
+    let (app, _) = app(config).await;
+    for stream in [false, true] {
+        let body = json!({"messages": [{"role": "user", "content": "Time?"}], "max_tokens": 40, "tools": tools(),
+            "tool_choice": {"type": "function", "function": {"name": "now"}}, "stream": stream});
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(!text.contains("reasoning_content") && text.contains("\"tool_calls\""), "{text}");
+        let format = json!({"messages": [{"role": "user", "content": "JSON"}], "max_tokens": 40, "stream": stream,
+            "response_format": {"type": "json_object"}});
+        let (_, _, text) = send(&app, post("/v1/chat/completions", &format)).await;
+        assert!(!text.contains("reasoning_content"), "{text}");
+    }
+}
