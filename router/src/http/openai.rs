@@ -21,7 +21,7 @@ use super::openai_stream::{
 use super::openai_types::*;
 use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
-use super::reasoning::{ChoiceSplitters, ReasoningSplitter};
+use super::reasoning::{ChoiceSplitters, ReasoningParser, ReasoningSplitter};
 use super::state::AppState;
 use super::tools::{self, CallPiece, CallStream, ToolAnswer};
 use super::types::GenerateParameters;
@@ -59,11 +59,12 @@ pub(crate) async fn chat_completions(
         }
         Ok(choice_parameters(&parameters, n).into_iter().map(|p| (prompt.clone(), p)).collect::<Vec<_>>())
     });
+    // A grammar (a format, tools) holds the reply from its first token: it has no reasoning.
+    let constrained = matches!(&prepared, Ok(choices) if choices.iter().any(|(_, p)| p.grammar.is_some()));
+    let reasoning_parser = state.config.reasoning_parser.filter(|_| !constrained);
     if stream {
         let headers = stream_headers(&state.config.compute_type, 0);
         let choices = prepared.as_ref().map_or(1, Vec::len);
-        // A grammar (a format, tools) holds the reply from its first token: it has no reasoning.
-        let constrained = matches!(&prepared, Ok(choices) if choices.iter().any(|(_, p)| p.grammar.is_some()));
         let plan = StreamPlan {
             route: CHAT_ROUTE,
             prompts: match prepared {
@@ -78,7 +79,7 @@ pub(crate) async fn chat_completions(
         };
         // Tools come with one choice: one call to follow.
         let call = calls_tools.then(|| Mutex::new(CallStream::default()));
-        let reasoning = state.config.reasoning_parser.filter(|_| !constrained).map(ChoiceSplitters::new);
+        let reasoning = reasoning_parser.map(ChoiceSplitters::new);
         let tokenizer = state.tokenizer.clone();
         let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| {
             chat_chunk(identity, update, call.as_ref(), reasoning.as_ref(), &tokenizer)
@@ -94,7 +95,7 @@ pub(crate) async fn chat_completions(
         let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
         Ok::<_, HttpError>((
             headers,
-            Json(chat_completion(&state, &outputs, logprobs, calls_tools)),
+            Json(chat_completion(&state, &outputs, logprobs, calls_tools, reasoning_parser)),
         ))
     }
     .await;
@@ -349,19 +350,21 @@ fn answer(text: &str, output: &GenerationOutput, calls_tools: bool) -> (Option<S
     }
 }
 
+/// The whole reply of each choice; `reasoning_parser` where its reasoning is split out (none
+/// under a grammar).
 fn chat_completion(
     state: &AppState,
     outputs: &[(ValidRequest, GenerationOutput)],
     logprobs: bool,
     calls_tools: bool,
+    reasoning_parser: Option<ReasoningParser>,
 ) -> ChatCompletion {
     let identity = ResponseIdentity::new(&state.model_id, "chat.completion.chunk");
     let choices = outputs
         .iter()
         .enumerate()
-        .map(|(index, (valid, output))| {
-            // A grammar (a format, tools) holds the reply from its first token: no reasoning.
-            let (reasoning_content, text) = match state.config.reasoning_parser.filter(|_| valid.parameters.grammar.is_none()) {
+        .map(|(index, (_, output))| {
+            let (reasoning_content, text) = match reasoning_parser {
                 Some(parser) => ReasoningSplitter::split_whole(parser, &output.generated_text),
                 None => (None, output.generated_text.clone()),
             };
