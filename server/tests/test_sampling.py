@@ -1,6 +1,7 @@
 """Sampling: penalties against hand-computed values, warpers restrict the support as defined,
 seeded sampling reproducible and independent of the batch, logprobs of the unmodified logits."""
 import math
+import random
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from superinfer.shard.requests import RequestState, SamplingParams
 from superinfer.shard.sampling import (
     SamplingFailure,
     apply_frequency_penalty,
+    completed_bad_words,
     apply_presence_penalty,
     apply_repetition_penalty,
     min_p_filter,
@@ -275,6 +277,21 @@ def test_bad_words_ban_the_token_that_would_complete_them():
     # A ban that would leave nothing is not applied.
     only = torch.tensor([[float("-inf"), 1.0, float("-inf"), float("-inf")]])
     assert sample(only, [_request(bad_words=((1,),))])[0].token_id == 1
+
+
+def test_bad_words_index_bans_what_comparing_every_word_bans():
+    """The per-length index gives, for any generated tail, the tokens a word-by-word comparison
+    gives: words of one to four tokens sharing leads, a tail shorter than some words."""
+    rng = random.Random(7)
+    words = tuple({tuple(rng.randrange(6) for _ in range(rng.randint(1, 4))) for _ in range(300)})
+    for _ in range(200):
+        prompt = [rng.randrange(6) for _ in range(3)]
+        generated = [rng.randrange(6) for _ in range(rng.randint(0, 5))]
+        request = _request(tokens=prompt + generated, prompt_len=3, bad_words=words)
+        expected = sorted(word[-1] for word in words
+                          if len(word) - 1 <= len(generated)
+                          and (len(word) == 1 or tuple(generated[len(generated) - len(word) + 1:]) == word[:-1]))
+        assert sorted(completed_bad_words(request)) == expected, (generated, expected)
 
 
 def test_allowed_tokens_and_bad_words_are_chosen_on_the_host():

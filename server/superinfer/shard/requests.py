@@ -1,6 +1,7 @@
 """What the shard keeps per request between steps: its token ids (prompt and every sampled
 token), its sampling parameters and its own random generator."""
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -41,6 +42,23 @@ class SamplingParams:
         """Whether its next token is chosen on the host (a penalty, a logit bias, a restricted
         vocabulary), not by the device's greedy pick."""
         return self.has_penalty or bool(self.logit_bias) or bool(self.allowed_token_ids) or bool(self.bad_words)
+
+    @cached_property
+    def bad_word_endings(self) -> dict[int, dict[tuple[int, ...], tuple[int, ...]]]:
+        """`bad_words` indexed once for every step: by the length of a word's leading tokens, then
+        by those tokens, the last tokens that would complete a word. A step looks up the generated
+        tokens' tail once per length instead of comparing every word (a request may name
+        thousands)."""
+        index: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        for word in self.bad_words:
+            index.setdefault(len(word) - 1, {}).setdefault(word[:-1], []).append(word[-1])
+        return {length: {lead: tuple(ends) for lead, ends in by_lead.items()}
+                for length, by_lead in sorted(index.items())}
+
+    @cached_property
+    def allowed_ids(self) -> torch.Tensor:
+        """`allowed_token_ids` as a host tensor, built once (up to the vocabulary's size)."""
+        return torch.tensor(self.allowed_token_ids, dtype=torch.int64)
 
     def holds_back_end(self, num_generated: int) -> bool:
         """Whether the next token after `num_generated` may not end the generation."""

@@ -190,11 +190,12 @@ def completed_bad_words(request: RequestState) -> list[int]:
     """The last tokens of the request's bad words that its next token would complete: those whose
     other tokens end what it has generated (a one-token word: always)."""
     generated = len(request.token_ids) - request.prompt_len
-    banned = []
-    for word in request.params.bad_words:
-        rest = len(word) - 1
-        if rest == 0 or (rest <= generated and tuple(request.token_ids[-rest:]) == word[:-1]):
-            banned.append(word[-1])
+    banned: list[int] = []
+    for length, by_lead in request.params.bad_word_endings.items():
+        if length > generated:
+            break
+        lead = tuple(request.token_ids[len(request.token_ids) - length:]) if length else ()
+        banned.extend(by_lead.get(lead, ()))
     return banned
 
 
@@ -210,7 +211,7 @@ def restrict_tokens(logits: torch.Tensor, requests: list[RequestState]) -> torch
     logits = logits.clone()
     for row, request in rows:
         if request.params.allowed_token_ids:
-            ids = upload(torch.tensor(request.params.allowed_token_ids, dtype=torch.int64), logits.device)
+            ids = upload(request.params.allowed_ids, logits.device)
             kept = torch.full_like(logits[row], float("-inf"))
             logits[row] = kept.index_copy(0, ids, logits[row].index_select(0, ids))
         banned = completed_bad_words(request)
