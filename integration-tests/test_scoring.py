@@ -107,3 +107,61 @@ def test_a_streamed_echo_starts_with_the_prompt_and_its_logprobs(url):
     assert chunks[0].choices[0].logprobs.token_logprobs[0] is None
     assert chunks[0].choices[0].logprobs.token_logprobs[1:] == pytest.approx(
         whole.choices[0].logprobs.token_logprobs[1:prompt_tokens], abs=1e-3)
+
+
+def test_vllm_prompt_logprobs_are_the_models(url):
+    # vLLM's `prompt_logprobs`: each prompt token's logprob (the generation route's for the same
+    # tokens), its rank, and the k most likely tokens at its position; the greedy continuation,
+    # scored as a prompt, is rank 1 everywhere.
+    details = greedy_details(url, max_new_tokens=4)
+    prompt = [token["id"] for token in details["prefill"]]
+    continuation = [token["id"] for token in details["tokens"]]
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120)
+    scored = client.completions.create(model="tgi", prompt=prompt + continuation, max_tokens=1, temperature=0,
+                                       extra_body={"prompt_logprobs": 3})
+    positions = scored.choices[0].model_extra["prompt_logprobs"]
+    assert len(positions) == len(prompt) + len(continuation) and positions[0] is None
+    tokens = prompt + continuation
+    for position in range(1, len(tokens)):
+        entry = positions[position]
+        own = entry[str(tokens[position])]
+        alternatives = sorted((value for key, value in entry.items() if value["rank"] <= 3), key=lambda v: v["rank"])
+        assert [value["rank"] for value in alternatives] == [1, 2, 3]
+        assert all(a["logprob"] >= b["logprob"] for a, b in zip(alternatives, alternatives[1:]))
+        # Its rank agrees with the alternatives: as many of them are more likely as its rank says.
+        more_likely = sum(value["logprob"] > own["logprob"] + 1e-4 for value in alternatives)
+        assert more_likely == min(own["rank"] - 1, 3) or abs(alternatives[min(own["rank"], 3) - 1]["logprob"] - own["logprob"]) < 1e-3
+        if position < len(prompt):
+            assert own["logprob"] == pytest.approx(details["prefill"][position]["logprob"], abs=1e-3)
+        else:
+            assert own["rank"] == 1 and own["logprob"] == pytest.approx(details["tokens"][position - len(prompt)]["logprob"], abs=1e-3)
+    # The prompt is not the model's greedy text: somewhere its token is not the most likely.
+    assert any(positions[p][str(tokens[p])]["rank"] > 1 for p in range(1, len(prompt)))
+    # Chat: once, for the conversation.
+    chat = client.chat.completions.create(model="tgi", messages=[{"role": "user", "content": PROMPT}], max_tokens=1,
+                                          extra_body={"prompt_logprobs": 0})
+    positions = chat.model_extra["prompt_logprobs"]
+    assert len(positions) == chat.usage.prompt_tokens and positions[0] is None
+    assert all(len(entry) == 1 for entry in positions[1:])
+
+
+def test_a_prompt_scored_again_is_not_served_from_the_prefix_cache(url):
+    # lm-evaluation-harness scores one context with many continuations: the context's blocks are
+    # cached after the first, but a request that asks for its prompt's logprobs must compute
+    # every position, or the cached ones would have none (and the rest would be misplaced).
+    context = ("The quick brown fox jumps over the lazy dog while five boxing wizards jump quickly, "
+               "and a wizard of the north casts spells over the frozen lake at dawn")
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120)
+    scores = [client.completions.create(model="tgi", prompt=context + ending, max_tokens=1, temperature=0,
+                                        logprobs=0, echo=True).choices[0].logprobs.token_logprobs
+              for ending in (" today.", " today.", " tonight.")]
+    assert len(scores[0]) > 34, "the context spans more than two 16-token blocks"
+    assert scores[1] == pytest.approx(scores[0], abs=1e-3)
+    shared = len(scores[0]) - 3
+    assert scores[2][:shared] == pytest.approx(scores[0][:shared], abs=1e-3)
+    assert all(value is not None for value in scores[2][1:])
+    positions = [requests.post(url + "/v1/completions", json={"prompt": context, "max_tokens": 1, "prompt_logprobs": 0},
+                               timeout=120).json()["choices"][0]["prompt_logprobs"] for _ in range(2)]
+    assert all(entry is not None for entry in positions[1][1:])
+    assert [v["logprob"] for entry in positions[1][1:] for v in entry.values()] == pytest.approx(
+        [v["logprob"] for entry in positions[0][1:] for v in entry.values()], abs=1e-3)

@@ -103,6 +103,7 @@ fn request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) -> GenerationRequest
         max_new_tokens,
         ignore_eos: true,
         prompt_logprobs: false,
+        prompt_top_n: None,
         top_n_tokens: 0,
         slo: None,
         priority: 0,

@@ -129,15 +129,19 @@ def test_greedy_batch_takes_argmax():
 
 def test_prompt_logprobs_score_the_next_tokens():
     logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(1))
-    values, tops = prompt_logprobs(logits, [3, 7, 1])
+    values, ranks, tops = prompt_logprobs(logits, [3, 7, 1])
     expected = [float(logits[i].log_softmax(-1)[t]) for i, t in enumerate([3, 7, 1])]
     assert values == expected
     assert tops == [[], [], []]
+    # Rank: 1 + how many tokens are more likely at that position.
+    assert ranks == [int((logits[i] > logits[i, t]).sum()) + 1 for i, t in enumerate([3, 7, 1])]
+    best = logits[0].argmax().item()
+    assert prompt_logprobs(logits[:1], [best])[1] == [1]
 
 
 def test_prompt_logprobs_give_the_most_likely_tokens_at_each_position():
     logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(2))
-    values, tops = prompt_logprobs(logits, [3, 7, 1], top_n=2)
+    values, _, tops = prompt_logprobs(logits, [3, 7, 1], top_n=2)
     assert len(tops) == 3
     for row, top in enumerate(tops):
         logprobs = logits[row].log_softmax(-1)

@@ -124,3 +124,35 @@ def test_a_block_written_in_a_step_is_read_at_its_own_position_only():
         validate_plan(plan([1, 0, 3]), {}, limits, nothing)
     with pytest.raises(PlanError, match="written by requests 2 and 1"):
         validate_plan(plan([0, 4, 5], second_start=0), {}, limits, nothing)
+
+
+@pytest.mark.parametrize("top_n", [None, 0, 3])
+def test_prompt_logprobs_over_chunks_carry_ranks_and_their_own_top_n(tiny_llama_dir, top_n):
+    """A prompt scored in two chunks: each position's logprob, rank and alternatives are the
+    one-shot forward's; `prompt_top_n` (vLLM's prompt_logprobs) sets the alternatives, unset
+    they follow top_n_tokens (TGI's, 2 here)."""
+    prompt = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    logprobs = runner_logits(make_runner(tiny_llama_dir), prompt, [0, 1, 2]).log_softmax(-1)
+    executor = make_executor(tiny_llama_dir)
+    new = pb.NewRequest(id=1, prompt_token_ids=prompt, prompt_logprobs=True,
+                        parameters=pb.SamplingParameters(top_n_tokens=2))
+    if top_n is not None:
+        new.prompt_top_n = top_n
+    outputs = []
+    for step_id, (start, count) in enumerate([(0, 24), (24, 16)], start=1):
+        step = pb.StepRequest(step_id=step_id, new_requests=[new] if step_id == 1 else [], scheduled=[
+            pb.ScheduledRequest(id=1, num_computed_tokens=start, num_new_tokens=count, block_table=[0, 1, 2],
+                                sample=start + count == len(prompt))])
+        outputs.extend(executor.step(step).outputs)
+    values = [v for o in outputs for v in o.prompt_logprobs]
+    ranks = [r for o in outputs for r in o.prompt_ranks]
+    tops = [t for o in outputs for t in o.prompt_top_tokens]
+    assert len(values) == len(ranks) == len(prompt) - 1
+    for position in range(1, len(prompt)):
+        row, token = logprobs[position - 1], prompt[position]
+        assert abs(values[position - 1] - float(row[token])) < 1e-4
+        assert ranks[position - 1] == int((row > row[token]).sum()) + 1
+    expected_n = 2 if top_n is None else top_n
+    assert len(tops) == (len(prompt) - 1 if expected_n else 0)
+    for position, top in enumerate(tops, start=1):
+        assert [t.id for t in top.tokens] == logprobs[position - 1].topk(expected_n).indices.tolist()

@@ -83,6 +83,8 @@ BAD_PLANS = {
         id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(allowed_token_ids=[1, TINY_VOCAB]))]),
     "bad_words holds an empty sequence": pb.StepRequest(new_requests=[pb.NewRequest(
         id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(bad_words=[pb.TokenSequence(ids=[])]))]),
+    "prompt_top_n must be <=": pb.StepRequest(new_requests=[pb.NewRequest(
+        id=4, prompt_token_ids=[4], prompt_logprobs=True, prompt_top_n=100_000)]),
     "min_p must be in [0, 1]": pb.StepRequest(new_requests=[pb.NewRequest(
         id=4, prompt_token_ids=[4], parameters=pb.SamplingParameters(do_sample=True, temperature=1, min_p=1.5))]),
     "temperature": pb.StepRequest(new_requests=[pb.NewRequest(id=4, prompt_token_ids=[4],

@@ -32,7 +32,7 @@ fn run(policy: PolicyKind, concurrency: u64) -> f64 {
             let prompt_len = 256 + (next_id * 37 % 768) as usize;
             prompt_lens.insert(next_id, prompt_len);
             let prompt = (0..prompt_len as u32).map(|t| t + next_id as u32).collect();
-            let spec = RequestSpec { id: next_id, prompt_token_ids: prompt, max_new_tokens: 128, slo: None, arrival: now, priority: 0, kv_namespace: 0 };
+            let spec = RequestSpec { id: next_id, prompt_token_ids: prompt, max_new_tokens: 128, slo: None, arrival: now, priority: 0, kv_namespace: 0, scores_prompt: false };
             scheduler.add(spec, now).expect("fits");
             next_id += 1;
         }

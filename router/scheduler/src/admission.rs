@@ -237,7 +237,7 @@ mod tests {
     }
 
     fn spec(id: u64, prompt: u32, new_tokens: u32, priority: i32) -> RequestSpec {
-        RequestSpec { id, prompt_token_ids: (0..prompt).map(|i| id as u32 * 997 + i).collect(), max_new_tokens: new_tokens, slo: None, arrival: 0.0, priority, kv_namespace: 0 }
+        RequestSpec { id, prompt_token_ids: (0..prompt).map(|i| id as u32 * 997 + i).collect(), max_new_tokens: new_tokens, slo: None, arrival: 0.0, priority, kv_namespace: 0, scores_prompt: false }
     }
 
     #[test]

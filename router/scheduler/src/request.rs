@@ -22,6 +22,9 @@ pub struct RequestSpec {
     /// KV namespace: the LoRA adapter the request runs with (0: the base model). Cached prefix
     /// blocks are shared only within one namespace.
     pub kv_namespace: u64,
+    /// Its prompt's logprobs are asked for: every prompt position is computed, so it takes no
+    /// cached prefix (its blocks are still offered to later requests).
+    pub scores_prompt: bool,
 }
 
 /// Where a request's KV is. Transfers in flight are phases of their own: their blocks belong
@@ -67,6 +70,8 @@ pub(crate) struct RequestState {
     pub(crate) arrival: f64,
     pub(crate) priority: i32,
     pub(crate) kv_namespace: u64,
+    /// Its prompt's logprobs are asked for (`RequestSpec::scores_prompt`).
+    pub(crate) scores_prompt: bool,
     pub(crate) phase: Phase,
     /// Positions whose KV is (or, once planned steps finish, will be) in the request's blocks.
     pub(crate) num_computed: u32,
@@ -102,6 +107,16 @@ pub(crate) struct RequestState {
 }
 
 impl RequestState {
+    /// The tokens a cached prefix is looked up for: none when every prompt position must be
+    /// computed (its logprobs are asked for), else all of them.
+    pub(crate) fn prefix_lookup(&self) -> &[u32] {
+        if self.scores_prompt {
+            &[]
+        } else {
+            &self.tokens
+        }
+    }
+
     pub(crate) fn new(spec: RequestSpec, seq: u64, default_slo: Slo) -> Self {
         RequestState {
             id: spec.id,
@@ -113,6 +128,7 @@ impl RequestState {
             arrival: spec.arrival,
             priority: spec.priority,
             kv_namespace: spec.kv_namespace,
+            scores_prompt: spec.scores_prompt,
             phase: Phase::Waiting,
             num_computed: 0,
             pending_steps: 0,

@@ -192,7 +192,7 @@ impl<'a> StepBuilder<'a> {
         if ctx.requests_left == 0 || !request.has_work() {
             return Fit::NoBudget;
         }
-        let probe = self.core.blocks.probe_prefix(request.kv_namespace, &request.tokens);
+        let probe = self.core.blocks.probe_prefix(request.kv_namespace, request.prefix_lookup());
         let bs = u64::from(self.core.blocks.block_size());
         let cached_tokens = u64::from(probe.hit_blocks) * bs;
         let available = ctx.tokens_left.saturating_sub(ctx.decode_reserve).min(ctx.prefill_token_cap);
@@ -206,11 +206,11 @@ impl<'a> StepBuilder<'a> {
         if needed > free {
             return Fit::NoBlocks(needed - free);
         }
-        let tokens = self.core.requests[&id].tokens.clone();
-        let covered = self.core.blocks.acquire_prefix(id, self.core.requests[&id].kv_namespace, &tokens);
+        let lookup = self.core.requests[&id].prefix_lookup().to_vec();
+        let covered = self.core.blocks.acquire_prefix(id, self.core.requests[&id].kv_namespace, &lookup);
         let grown = self.core.blocks.grow(id, target);
         debug_assert!(grown, "admission was sized from the probe");
-        self.core.counters.prefix_queried_tokens += tokens.len() as u64;
+        self.core.counters.prefix_queried_tokens += lookup.len() as u64;
         self.core.counters.prefix_hit_tokens += u64::from(covered);
         self.core.waiting.retain(|w| *w != id);
         let request = self.core.requests.get_mut(&id).expect("admitted request exists");

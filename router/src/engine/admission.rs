@@ -117,7 +117,7 @@ mod tests {
         // A view that still holds them queued refuses as the tokens in transit did.
         let mut busy = scheduler();
         for id in 0..3 {
-            let spec = RequestSpec { id, prompt_token_ids: vec![7; 256], max_new_tokens: 4, slo: None, arrival: 0.0, priority: 1, kv_namespace: 0 };
+            let spec = RequestSpec { id, prompt_token_ids: vec![7; 256], max_new_tokens: 4, slo: None, arrival: 0.0, priority: 1, kv_namespace: 0, scores_prompt: false };
             busy.add(spec, 0.0).unwrap();
         }
         gate.published(busy.admission_view(), 256);

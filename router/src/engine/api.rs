@@ -83,6 +83,9 @@ pub struct GenerationRequest {
     pub ignore_eos: bool,
     /// Ask for the logprob of every prompt token (TGI's `decoder_input_details`).
     pub prompt_logprobs: bool,
+    /// With `prompt_logprobs`: alternatives at each prompt position (vLLM's `prompt_logprobs`);
+    /// `None`: `top_n_tokens`.
+    pub prompt_top_n: Option<u32>,
     /// Alternatives to report with each generated token.
     pub top_n_tokens: u32,
     /// Objectives (seconds; validation converts the API's milliseconds); `None` takes the
@@ -129,11 +132,13 @@ pub struct GeneratedToken {
     pub completes_grammar: bool,
 }
 
-/// One prompt token's logprob, predicted from the positions before it, and the `top_n_tokens`
-/// most likely tokens at its position (most likely first).
+/// One prompt token's logprob, predicted from the positions before it, its rank there (1: the
+/// most likely), and the most likely tokens at its position (most likely first; as many as the
+/// request's `prompt_top_n`, or `top_n_tokens`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptLogprob {
     pub logprob: f32,
+    pub rank: u32,
     pub top_tokens: Vec<TokenLogprob>,
 }
 

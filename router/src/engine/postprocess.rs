@@ -4,7 +4,7 @@
 //! gets the results it needs.
 use std::time::Instant;
 
-use superinfer_scheduler::StepResults;
+use superinfer_scheduler::{ScheduledEntry, StepResults};
 
 use super::active::ActiveRequests;
 use crate::grammar::Advance;
@@ -22,6 +22,18 @@ pub(crate) struct StepOutcome {
     pub disconnected: Vec<u64>,
     /// Requests the shard failed on their own this step (their `Failed` event is sent).
     pub failed: Vec<u64>,
+}
+
+/// A prompt's logprobs come back chunk by chunk, in position order: the logprobs of a chunk
+/// that starts at position c follow the c before it. A request preempted for recompute computes
+/// its prompt again from position 0, so what it had gathered is dropped first, not doubled.
+/// Call it with a step's scheduled entries before applying that step's reply.
+pub(crate) fn align_prompt_logprobs(scheduled: &[ScheduledEntry], requests: &mut ActiveRequests) {
+    for entry in scheduled {
+        if let Some(active) = requests.get_mut(entry.id) {
+            active.prompt_logprobs.truncate(entry.num_computed_tokens as usize);
+        }
+    }
 }
 
 pub(crate) fn apply_step_response(
@@ -49,10 +61,13 @@ pub(crate) fn apply_step_response(
             outcome.failed.push(id);
             continue;
         }
-        // One list of alternatives per logprob, empty without `top_n_tokens`.
+        // One list of alternatives and one rank per logprob (no alternatives without a
+        // `prompt_top_n` or `top_n_tokens`).
         let mut tops = output.prompt_top_tokens.into_iter();
+        let mut ranks = output.prompt_ranks.into_iter();
         active.prompt_logprobs.extend(output.prompt_logprobs.into_iter().map(|logprob| PromptLogprob {
             logprob,
+            rank: ranks.next().unwrap_or_default(),
             top_tokens: tops.next().map(|top| top.tokens.into_iter().map(token_logprob).collect()).unwrap_or_default(),
         }));
         let Some(sampled) = output.token else { continue };
@@ -125,6 +140,7 @@ mod tests {
             token: token.map(|id| pb::SampledToken { id, logprob: -0.5, top_tokens: vec![] }),
             prompt_logprobs,
             prompt_top_tokens: vec![],
+            prompt_ranks: vec![],
             error: String::new(),
         }
     }
@@ -190,7 +206,7 @@ mod tests {
     }
 
     #[test]
-    fn prompt_logprobs_carry_their_positions_alternatives() {
+    fn prompt_logprobs_carry_their_positions_alternatives_and_ranks() {
         let mut requests = ActiveRequests::default();
         let (events, mut stream) = tokio::sync::mpsc::unbounded_channel();
         let mut request = greedy_request(vec![5, 6, 7], 4);
@@ -200,15 +216,47 @@ mod tests {
         let mut chunk = output(3, Some(9), vec![-1.0, -2.0]);
         let top = |id, logprob| pb::TopTokens { tokens: vec![pb::TokenLogprob { id, logprob }] };
         chunk.prompt_top_tokens = vec![top(6, -1.0), top(4, -0.5)];
+        chunk.prompt_ranks = vec![1, 2];
         apply_step_response(pb::StepResponse { outputs: vec![chunk], ..Default::default() }, &mut requests, &[0], Instant::now());
         let Ok(EngineEvent::PromptLogprobs(logprobs)) = stream.try_recv() else { panic!("no prompt logprobs") };
         assert_eq!(
             logprobs,
             vec![
-                PromptLogprob { logprob: -1.0, top_tokens: vec![TokenLogprob { id: 6, logprob: -1.0 }] },
-                PromptLogprob { logprob: -2.0, top_tokens: vec![TokenLogprob { id: 4, logprob: -0.5 }] },
+                PromptLogprob { logprob: -1.0, rank: 1, top_tokens: vec![TokenLogprob { id: 6, logprob: -1.0 }] },
+                PromptLogprob { logprob: -2.0, rank: 2, top_tokens: vec![TokenLogprob { id: 4, logprob: -0.5 }] },
             ]
         );
+    }
+
+    #[test]
+    fn a_prompt_computed_again_from_the_start_keeps_one_logprob_per_position() {
+        let mut requests = ActiveRequests::default();
+        let (events, mut stream) = tokio::sync::mpsc::unbounded_channel();
+        let mut request = greedy_request(vec![5, 6, 7, 8, 9], 4);
+        request.prompt_logprobs = true;
+        requests.insert(3, ActiveRequest::new(request, events));
+        let entry = |computed, new| ScheduledEntry { id: 3, num_computed_tokens: computed, num_new_tokens: new, block_table: vec![0] };
+        // A first chunk of 3 positions, then a recompute from 0 (the whole prompt), then the
+        // first token: 4 logprobs, those of the second pass.
+        align_prompt_logprobs(&[entry(0, 3)], &mut requests);
+        apply_step_response(pb::StepResponse { outputs: vec![output(3, None, vec![-1.0, -2.0, -3.0])], ..Default::default() }, &mut requests, &[0], Instant::now());
+        align_prompt_logprobs(&[entry(0, 5)], &mut requests);
+        let again = output(3, Some(9), vec![-1.5, -2.5, -3.5, -4.5]);
+        apply_step_response(pb::StepResponse { outputs: vec![again], ..Default::default() }, &mut requests, &[0], Instant::now());
+        let Ok(EngineEvent::PromptLogprobs(logprobs)) = stream.try_recv() else { panic!("no prompt logprobs") };
+        assert_eq!(logprobs.iter().map(|p| p.logprob).collect::<Vec<_>>(), vec![-1.5, -2.5, -3.5, -4.5]);
+        // Chunks that follow each other keep what came before.
+        let mut requests = ActiveRequests::default();
+        let (events, mut stream) = tokio::sync::mpsc::unbounded_channel();
+        let mut request = greedy_request(vec![5, 6, 7, 8, 9], 4);
+        request.prompt_logprobs = true;
+        requests.insert(3, ActiveRequest::new(request, events));
+        align_prompt_logprobs(&[entry(0, 3)], &mut requests);
+        apply_step_response(pb::StepResponse { outputs: vec![output(3, None, vec![-1.0, -2.0, -3.0])], ..Default::default() }, &mut requests, &[0], Instant::now());
+        align_prompt_logprobs(&[entry(3, 2)], &mut requests);
+        apply_step_response(pb::StepResponse { outputs: vec![output(3, Some(9), vec![-4.0])], ..Default::default() }, &mut requests, &[0], Instant::now());
+        let Ok(EngineEvent::PromptLogprobs(logprobs)) = stream.try_recv() else { panic!("no prompt logprobs") };
+        assert_eq!(logprobs.len(), 4);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use super::api::{EngineError, EngineEvent, FinishReason, GenerationRequest};
 use super::constraints::allowed_tokens;
 use super::handle::{Command, EngineHandle, EngineLoad, EngineStatus};
 use super::metrics;
-use super::postprocess::apply_step_response;
+use super::postprocess::{align_prompt_logprobs, apply_step_response};
 use super::recovery::{EngineTimeouts, Recovery, RecoveryTurn};
 use super::step_request::build_step_request;
 use super::step_trace::annotate_step;
@@ -290,6 +290,7 @@ impl Engine {
             arrival: request.arrival.saturating_duration_since(self.clock_origin).as_secs_f64(),
             priority: request.priority,
             kv_namespace: request.adapter.as_ref().map_or(0, |adapter| adapter.namespace),
+            scores_prompt: request.prompt_logprobs,
         }
     }
 
@@ -349,6 +350,7 @@ impl Engine {
         };
         let correction = self.scheduler.cost_model().correction;
         metrics::record_step(&step.plan, step.started.elapsed(), response.timings.as_ref(), correction);
+        align_prompt_logprobs(&step.plan.scheduled, &mut self.requests);
         let outcome = apply_step_response(response, &mut self.requests, &self.eos_token_ids, Instant::now());
         self.scheduler.complete(&outcome.results, self.clock());
         for (id, reason) in outcome.finished {

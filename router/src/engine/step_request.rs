@@ -32,6 +32,7 @@ pub(crate) fn build_step_request(
                 prompt_token_ids: active.request.prompt_token_ids.clone(),
                 parameters: Some(sampling_parameters(&active.request.sampling, active.request.top_n_tokens)),
                 prompt_logprobs: active.request.prompt_logprobs,
+                prompt_top_n: active.request.prompt_top_n.filter(|_| active.request.prompt_logprobs),
                 adapter_id: active.request.adapter.as_ref().map(|adapter| adapter.id.clone()).unwrap_or_default(),
             })
         })

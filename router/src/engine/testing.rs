@@ -10,6 +10,7 @@ pub(crate) fn greedy_request(prompt_token_ids: Vec<u32>, max_new_tokens: u32) ->
         max_new_tokens,
         ignore_eos: false,
         prompt_logprobs: false,
+        prompt_top_n: None,
         top_n_tokens: 0,
         slo: None,
         priority: 0,

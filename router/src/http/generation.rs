@@ -322,10 +322,8 @@ impl Generation {
                 text: self.tokenizer.token_text(id),
                 special: self.tokenizer.is_special(id),
                 // Position 0 has no logprob; position i's is logprobs[i - 1].
-                logprob: position
-                    .checked_sub(1)
-                    .and_then(|i| logprobs.get(i))
-                    .map(|prompt| prompt.logprob),
+                logprob: position.checked_sub(1).and_then(|i| logprobs.get(i)).map(|prompt| prompt.logprob),
+                rank: position.checked_sub(1).and_then(|i| logprobs.get(i)).map(|prompt| prompt.rank),
             })
             .collect()
     }

@@ -108,11 +108,20 @@ pub(crate) fn legacy_logprobs<'a>(
     logprobs
 }
 
-/// A choice's logprobs; with `echo`, the prompt's tokens first, and the generated tokens'
-/// offsets counted from the end of the prompt's text as the choice shows it.
-pub(crate) fn choice_logprobs(tokenizer: &Tokenizer, output: &GenerationOutput, echo: Option<&str>) -> serde_json::Value {
+/// A choice's logprobs; with `echo`, the prompt's tokens first (with `top_n` alternatives each,
+/// as the generated tokens), and the generated tokens' offsets counted from the end of the
+/// prompt's text as the choice shows it.
+pub(crate) fn choice_logprobs(
+    tokenizer: &Tokenizer,
+    output: &GenerationOutput,
+    echo: Option<&str>,
+    top_n: usize,
+) -> serde_json::Value {
     let prompt = if echo.is_some() { output.prefill.as_slice() } else { &[] };
-    let prompt = prompt_logprobs(tokenizer, prompt, &output.prefill_top_tokens, Some(0));
+    // vLLM's `prompt_logprobs` may have asked for more alternatives at the prompt's positions.
+    let tops: Vec<Vec<Token>> =
+        output.prefill_top_tokens.iter().map(|top| top.iter().take(top_n).cloned().collect()).collect();
+    let prompt = prompt_logprobs(tokenizer, prompt, &tops, Some(0));
     let generated = output
         .tokens
         .iter()
@@ -144,6 +153,40 @@ pub(crate) fn prompt_logprobs(
         }
     });
     legacy_logprobs(tokenizer, prompt, offsets_from)
+}
+
+/// vLLM's `prompt_logprobs`: per prompt position, `null` for the first, else the token id ->
+/// `{logprob, rank, decoded_token}` of the prompt's token, then of the `top_n` most likely tokens
+/// there (ranks 1, 2, …; the prompt's token once if among them). An impossible token's -inf
+/// logprob is written -9999.0, as vLLM writes it (JSON has no infinity).
+pub(crate) fn vllm_prompt_logprobs(
+    tokenizer: &Tokenizer,
+    prefill: &[PrefillToken],
+    prefill_top_tokens: &[Vec<Token>],
+    top_n: usize,
+) -> Vec<Option<serde_json::Map<String, serde_json::Value>>> {
+    let entry = |id: u32, logprob: f32, rank: Option<u32>| {
+        let logprob = if logprob == f32::NEG_INFINITY { -9999.0 } else { logprob };
+        (id.to_string(), json!({"logprob": logprob, "rank": rank, "decoded_token": tokenizer.token_text(id)}))
+    };
+    prefill
+        .iter()
+        .enumerate()
+        .map(|(position, token)| {
+            let logprob = token.logprob?;
+            let mut map = serde_json::Map::new();
+            let (id, value) = entry(token.id, logprob, token.rank);
+            map.insert(id, value);
+            let alternatives = position.checked_sub(1).and_then(|i| prefill_top_tokens.get(i)).map(Vec::as_slice);
+            for (rank, top) in alternatives.unwrap_or_default().iter().take(top_n).enumerate() {
+                if top.id != token.id {
+                    let (id, value) = entry(top.id, top.logprob, Some(rank as u32 + 1));
+                    map.insert(id, value);
+                }
+            }
+            Some(map)
+        })
+        .collect()
 }
 
 /// Two runs of legacy logprobs as one (each field's lists one after the other).
@@ -222,7 +265,13 @@ mod tests {
             prefill: ids
                 .iter()
                 .enumerate()
-                .map(|(i, &id)| PrefillToken { id, text: tokenizer.token_text(id), logprob: (i > 0).then_some(-1.0), special: false })
+                .map(|(i, &id)| PrefillToken {
+                    id,
+                    text: tokenizer.token_text(id),
+                    logprob: (i > 0).then_some(-1.0),
+                    special: false,
+                    rank: (i > 0).then_some(1),
+                })
                 .collect(),
             prefill_top_tokens: vec![Vec::new(); ids.len() - 1],
             tokens: vec![token(&tokenizer, 198, "\n", -0.1)],
@@ -230,7 +279,7 @@ mod tests {
             input_length: ids.len() as u32,
             timings: Timings { arrival: now, validated: now, first_scheduled: now, finished: now },
         };
-        let logprobs = choice_logprobs(&tokenizer, &output, Some(prompt));
+        let logprobs = choice_logprobs(&tokenizer, &output, Some(prompt), 0);
         let offsets: Vec<usize> = serde_json::from_value(logprobs["text_offset"].clone()).unwrap();
         let names: Vec<String> = serde_json::from_value(logprobs["tokens"].clone()).unwrap();
         assert_eq!(names.len(), ids.len() + 1);
@@ -243,5 +292,31 @@ mod tests {
             }
         }
         assert_eq!(offsets.last(), Some(&chars.len()));
+    }
+
+    /// The prompt's token among the alternatives is listed once, with its own rank; an impossible
+    /// token's logprob is vLLM's -9999.0; only `top_n` alternatives are listed.
+    #[test]
+    fn vllm_prompt_logprobs_list_each_token_once() {
+        let tokenizer = smollm2();
+        let prefill = [
+            PrefillToken { id: 5, text: String::new(), logprob: None, special: true, rank: None },
+            PrefillToken { id: 7, text: String::new(), logprob: Some(-0.1), special: false, rank: Some(1) },
+            PrefillToken { id: 8, text: String::new(), logprob: Some(f32::NEG_INFINITY), special: false, rank: Some(900) },
+        ];
+        let tops = vec![
+            vec![token(&tokenizer, 7, "", -0.1), token(&tokenizer, 9, "", -2.5), token(&tokenizer, 10, "", -3.0)],
+            vec![token(&tokenizer, 11, "", -0.2), token(&tokenizer, 12, "", -1.0), token(&tokenizer, 13, "", -3.0)],
+        ];
+        let positions = vllm_prompt_logprobs(&tokenizer, &prefill, &tops, 2);
+        assert_eq!(positions.len(), 3);
+        assert!(positions[0].is_none());
+        let first = positions[1].as_ref().unwrap();
+        assert_eq!(first.keys().collect::<Vec<_>>(), ["7", "9"]);
+        assert_eq!(first["7"]["rank"], json!(1));
+        assert_eq!(first["9"]["rank"], json!(2));
+        let second = positions[2].as_ref().unwrap();
+        assert_eq!(second.keys().collect::<Vec<_>>(), ["8", "11", "12"]);
+        assert_eq!(second["8"], json!({"logprob": -9999.0, "rank": 900, "decoded_token": tokenizer.token_text(8)}));
     }
 }

@@ -13,7 +13,7 @@ use super::extract::JsonBody;
 use super::generate::run_candidates;
 use super::generation::GenerationOutput;
 use super::headers::{finished_headers, stream_headers};
-use super::logprobs::{chat_logprobs, choice_logprobs, legacy_logprobs, prompt_logprobs, LegacyToken};
+use super::logprobs::{chat_logprobs, choice_logprobs, legacy_logprobs, prompt_logprobs, vllm_prompt_logprobs, LegacyToken};
 use super::openai_stream::{
     fingerprint, openai_stream, ChoiceUpdate, PreparedPrompt, PromptText, ResponseIdentity,
     StreamPlan,
@@ -393,7 +393,18 @@ fn chat_completion(
         system_fingerprint: fingerprint(),
         choices,
         usage: Usage::new(prompt_tokens, completion_tokens),
+        prompt_logprobs: outputs.first().and_then(|(valid, output)| prompt_logprobs_of(state, valid, output)),
     }
+}
+
+/// vLLM's `prompt_logprobs` of one output, when its request asked for them.
+fn prompt_logprobs_of(
+    state: &AppState,
+    valid: &ValidRequest,
+    output: &GenerationOutput,
+) -> Option<Vec<Option<serde_json::Map<String, serde_json::Value>>>> {
+    let top_n = valid.parameters.prompt_top_n?;
+    Some(vllm_prompt_logprobs(&state.tokenizer, &output.prefill, &output.prefill_top_tokens, top_n as usize))
 }
 
 fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool, echo: bool, n: usize) -> Completion {
@@ -418,8 +429,12 @@ fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], lo
                     true => format!("{}{}", valid.inputs, output.generated_text),
                     false => output.generated_text.clone(),
                 },
-                logprobs: logprobs.then(|| choice_logprobs(&state.tokenizer, output, echo.then_some(valid.inputs.as_str()))),
+                logprobs: logprobs.then(|| {
+                    let top_n = valid.parameters.top_n_tokens as usize;
+                    choice_logprobs(&state.tokenizer, output, echo.then_some(valid.inputs.as_str()), top_n)
+                }),
                 finish_reason: Some(finish_reason(output.finish_reason)),
+                prompt_logprobs: prompt_logprobs_of(state, valid, output),
             })
             .collect(),
         usage: Some(Usage::new(prompt_tokens, completion_tokens)),
@@ -524,6 +539,7 @@ fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, token
             finish_reason: update
                 .finish
                 .map(|output| finish_reason(output.finish_reason)),
+            prompt_logprobs: None,
         }],
         usage: None,
     };

@@ -126,6 +126,10 @@ pub struct OpenAiSampling {
     /// where the reply would complete it).
     #[serde(default)]
     pub bad_words: Option<Vec<String>>,
+    /// vLLM's `prompt_logprobs`: every prompt token's logprob and rank, with this many
+    /// alternatives at each position (the first has none: `null`); not with `stream`.
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
     /// vLLM's `truncate_prompt_tokens`: keep only the prompt's last k tokens (TGI's
     /// `truncate`); -1 keeps as many as `--max-input-tokens` allows.
     #[serde(default)]
@@ -223,6 +227,7 @@ impl OpenAiSampling {
             frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
             presence_penalty: self.presence_penalty,
+            prompt_logprobs: self.prompt_logprobs,
             trim_stop_sequences: !self.include_stop_str_in_output,
             keep_special_tokens: self.skip_special_tokens == Some(false),
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
@@ -505,6 +510,10 @@ pub struct ChatCompletion {
     pub system_fingerprint: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// vLLM's `prompt_logprobs` (the conversation's, which every choice shares), when asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub prompt_logprobs: Option<Vec<Option<serde_json::Map<String, serde_json::Value>>>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -545,6 +554,10 @@ pub struct CompletionChoice {
     #[schema(value_type = Option<Object>)]
     pub logprobs: Option<serde_json::Value>,
     pub finish_reason: Option<String>,
+    /// vLLM's `prompt_logprobs` (its prompt's), when asked; never in a streamed chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub prompt_logprobs: Option<Vec<Option<serde_json::Map<String, serde_json::Value>>>>,
 }
 
 /// Both the whole completion and each streamed chunk (`finish_reason` null until the end).

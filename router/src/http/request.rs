@@ -45,7 +45,13 @@ impl ValidRequest {
             sampling,
             max_new_tokens: self.max_new_tokens,
             ignore_eos: self.parameters.ignore_eos,
-            prompt_logprobs: self.parameters.decoder_input_details,
+            prompt_logprobs: self.parameters.decoder_input_details || self.parameters.prompt_top_n.is_some(),
+            // One list of alternatives serves both: an echo's (`top_n_tokens`) and vLLM's
+            // `prompt_logprobs`, each cut to its own count when answered.
+            prompt_top_n: self.parameters.prompt_top_n.map(|k| match self.parameters.decoder_input_details {
+                true => k.max(self.parameters.top_n_tokens),
+                false => k,
+            }),
             top_n_tokens: self.parameters.top_n_tokens,
             slo: self.parameters.slo,
             priority: self.parameters.priority,

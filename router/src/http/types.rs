@@ -101,6 +101,11 @@ pub struct GenerateParameters {
     /// `presence_penalty`, -2 to 2, set by the OpenAI routes).
     #[serde(skip)]
     pub presence_penalty: Option<f32>,
+    /// vLLM's `prompt_logprobs` (set by the OpenAI routes): every prompt token's logprob and
+    /// rank, with this many alternatives at each position (0 to `--max-top-n-tokens`; vLLM's
+    /// -1, the whole vocabulary, is refused).
+    #[serde(skip)]
+    pub prompt_logprobs: Option<i64>,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's convention); 0 when absent.
@@ -173,6 +178,10 @@ pub struct PrefillToken {
     /// answer; OpenAI's echoed logprobs skip it in their text offsets.
     #[serde(skip)]
     pub special: bool,
+    /// Its rank at its position (1: the most likely; vLLM's `prompt_logprobs` report it); `None`
+    /// for the first. Not in TGI's answer.
+    #[serde(skip)]
+    pub rank: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -342,6 +351,7 @@ mod tests {
                     text: "a".into(),
                     logprob: None,
                     special: false,
+                    rank: None,
                 }],
                 tokens: vec![Token {
                     id: 2,

@@ -198,6 +198,7 @@ fn probe_request(prompt_token_ids: Vec<u32>) -> GenerationRequest {
         max_new_tokens: 1,
         ignore_eos: true,
         prompt_logprobs: false,
+        prompt_top_n: None,
         top_n_tokens: 0,
         slo: None,
         priority: 0,

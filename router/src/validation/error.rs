@@ -43,6 +43,10 @@ pub enum ValidationError {
     AllowedTokenIds,
     #[error("`bad_words` entries must not be empty")]
     BadWords,
+    #[error("`prompt_logprobs` must be >= 0 and <= {0} (the server's --max-top-n-tokens). Given: {1}")]
+    PromptLogprobs(u32, i64),
+    #[error("`prompt_logprobs` are not available when `stream` is true")]
+    PromptLogprobsStream,
     #[error("`truncate_prompt_tokens` must be -1 (the input limit) or at least 1. Given: {0}")]
     TruncatePromptTokens(i64),
     #[error("`max_new_tokens` must be strictly positive")]

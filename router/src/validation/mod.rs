@@ -48,6 +48,8 @@ pub struct ValidParameters {
     pub stop_token_ids: Vec<u32>,
     pub truncate: Option<usize>,
     pub top_n_tokens: u32,
+    /// vLLM's `prompt_logprobs`: the prompt's logprobs with this many alternatives each.
+    pub prompt_top_n: Option<u32>,
     pub details: bool,
     pub decoder_input_details: bool,
     pub return_full_text: bool,
@@ -96,6 +98,13 @@ pub fn validate_parameters(
             top_n_tokens,
         ));
     }
+    let prompt_top_n = match parameters.prompt_logprobs {
+        None => None,
+        Some(k) => match u32::try_from(k).ok().filter(|&k| k <= limits.max_top_n_tokens) {
+            Some(k) => Some(k),
+            None => return Err(ValidationError::PromptLogprobs(limits.max_top_n_tokens, k)),
+        },
+    };
     let truncate = match parameters.truncate {
         Some(value) if value == 0 || value > limits.max_input_tokens => {
             return Err(ValidationError::Truncate(limits.max_input_tokens, value))
@@ -114,6 +123,7 @@ pub fn validate_parameters(
         stop_token_ids: parameters.stop_token_ids.clone(),
         truncate,
         top_n_tokens,
+        prompt_top_n,
         details: parameters.details,
         decoder_input_details: parameters.decoder_input_details,
         return_full_text: parameters.return_full_text.unwrap_or(false),
@@ -297,6 +307,10 @@ pub fn validate_stream(parameters: &ValidParameters, streams_prompt: bool) -> Re
     }
     if parameters.decoder_input_details && !streams_prompt {
         return Err(ValidationError::PrefillDetailsStream);
+    }
+    // vLLM's rule: a stream has no place for them (0 asks for none, and is let through).
+    if parameters.prompt_top_n.is_some_and(|k| k > 0) {
+        return Err(ValidationError::PromptLogprobsStream);
     }
     Ok(())
 }

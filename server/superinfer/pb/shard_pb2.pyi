@@ -158,18 +158,20 @@ class TokenSequence(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NewRequest(_message.Message):
-    __slots__ = ("id", "prompt_token_ids", "parameters", "prompt_logprobs", "adapter_id")
+    __slots__ = ("id", "prompt_token_ids", "parameters", "prompt_logprobs", "adapter_id", "prompt_top_n")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOP_N_FIELD_NUMBER: _ClassVar[int]
     id: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     parameters: SamplingParameters
     prompt_logprobs: bool
     adapter_id: str
-    def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., adapter_id: _Optional[str] = ...) -> None: ...
+    prompt_top_n: int
+    def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., adapter_id: _Optional[str] = ..., prompt_top_n: _Optional[int] = ...) -> None: ...
 
 class ScheduledRequest(_message.Message):
     __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table", "sample", "allowed_tokens", "input_from_shard")
@@ -242,18 +244,20 @@ class SampledToken(_message.Message):
     def __init__(self, id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_tokens: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "token", "prompt_logprobs", "prompt_top_tokens", "error")
+    __slots__ = ("request_id", "token", "prompt_logprobs", "prompt_top_tokens", "prompt_ranks", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_RANKS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     token: SampledToken
     prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
     prompt_top_tokens: _containers.RepeatedCompositeFieldContainer[TopTokens]
+    prompt_ranks: _containers.RepeatedScalarFieldContainer[int]
     error: str
-    def __init__(self, request_id: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., prompt_top_tokens: _Optional[_Iterable[_Union[TopTokens, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., prompt_top_tokens: _Optional[_Iterable[_Union[TopTokens, _Mapping]]] = ..., prompt_ranks: _Optional[_Iterable[int]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StepTimings(_message.Message):
     __slots__ = ("forward_ns", "sampling_ns", "transfer_ns", "total_ns")

@@ -110,8 +110,11 @@ def _new_requests(step, known: dict[int, RequestState], limits: PlanLimits) -> l
         if max(prompt) >= limits.vocab_size:
             raise PlanError(f"request {new.id}: token id {max(prompt)} is outside the vocabulary ({limits.vocab_size})")
         params = sampling_params(new.parameters, new.id, limits)
+        prompt_top_n = new.prompt_top_n if new.HasField("prompt_top_n") else params.top_n_tokens
+        if prompt_top_n > limits.max_top_n_tokens:
+            raise PlanError(f"request {new.id}: prompt_top_n must be <= {limits.max_top_n_tokens}, got {prompt_top_n}")
         created[new.id] = RequestState(new.id, prompt, len(prompt), params, new.prompt_logprobs,
-                                       adapter=_adapter_slot(new, limits))
+                                       prompt_top_n=prompt_top_n, adapter=_adapter_slot(new, limits))
     return list(created.values())
 
 

@@ -76,6 +76,8 @@ class RequestState:
     prompt_len: int
     params: SamplingParams
     prompt_logprobs: bool = False
+    # With prompt_logprobs: how many most likely tokens each prompt position lists.
+    prompt_top_n: int = 0
     # The step that sampled the last of `token_ids` (0: none did): with one step in flight the
     # next step may feed that token before the router has seen it (`input_from_shard`).
     sampled_in_step: int = 0

@@ -273,16 +273,19 @@ def sample(logits: torch.Tensor, requests: list[RequestState],
     ]
 
 
-def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int],
-                    top_n: int = 0) -> tuple[list[float], list[list[tuple[int, float]]]]:
-    """logits: [P, V] at consecutive positions; the logprob of each following prompt token, and
-    with `top_n` the top_n most likely tokens at each of those positions (most likely first)."""
+def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], top_n: int = 0
+                    ) -> tuple[list[float], list[int], list[list[tuple[int, float]]]]:
+    """logits: [P, V] at consecutive positions; the logprob of each following prompt token, its
+    rank there (1 + how many tokens are more likely), and with `top_n` the top_n most likely
+    tokens at each of those positions (most likely first)."""
     if not next_token_ids:
-        return [], []
+        return [], [], []
     targets = upload(torch.tensor(next_token_ids, dtype=torch.int64), logits.device)
     rows = logits[: len(next_token_ids)].log_softmax(-1)
-    chosen = rows.gather(1, targets[:, None])[:, 0].tolist()
+    chosen = rows.gather(1, targets[:, None])
+    ranks = ((rows > chosen).sum(-1) + 1).tolist()
+    chosen = chosen[:, 0].tolist()
     if not top_n:
-        return chosen, [[] for _ in chosen]
+        return chosen, ranks, [[] for _ in chosen]
     top = torch.topk(rows, min(top_n, rows.shape[-1]), dim=-1)
-    return chosen, [list(zip(ids, values)) for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+    return chosen, ranks, [list(zip(ids, values)) for ids, values in zip(top.indices.tolist(), top.values.tolist())]

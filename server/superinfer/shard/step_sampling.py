@@ -120,9 +120,10 @@ def sample_on_host(scheduled: list[ScheduledWork], requests: dict[int, RequestSt
                 top_tokens=[shard_pb2.TokenLogprob(id=i, logprob=lp) for i, lp in token.top_tokens],
             ))
     for index, (first, targets) in prompt_rows.items():
-        top_n = requests[scheduled[index].request_id].params.top_n_tokens
-        chosen, tops = prompt_logprobs(logits[first : first + len(targets)], targets, top_n)
+        top_n = requests[scheduled[index].request_id].prompt_top_n
+        chosen, ranks, tops = prompt_logprobs(logits[first : first + len(targets)], targets, top_n)
         outputs[index].prompt_logprobs.extend(chosen)
+        outputs[index].prompt_ranks.extend(ranks)
         if top_n:
             for top in tops:
                 outputs[index].prompt_top_tokens.add().tokens.extend(

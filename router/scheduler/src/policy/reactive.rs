@@ -172,7 +172,7 @@ pub(super) fn admission_keeps_growth(step: &StepBuilder, id: u64) -> bool {
 /// The device blocks missing for admitting `id` as `admission_keeps_growth` asks (0: none).
 pub(super) fn admission_deficit(step: &StepBuilder, id: u64) -> u64 {
     let request = &step.requests()[&id];
-    let probe = step.blocks().probe_prefix(request.kv_namespace, &request.tokens);
+    let probe = step.blocks().probe_prefix(request.kv_namespace, request.prefix_lookup());
     let cached = u64::from(probe.hit_blocks) * u64::from(step.blocks().block_size());
     let prompt = request.tokens.len() as u64;
     let steps = prompt.saturating_sub(cached).div_ceil(u64::from(step.config().max_batch_tokens.max(1))) + 1;
@@ -191,7 +191,7 @@ mod tests {
 
     fn spec(id: u64, first_token: u32, prompt_len: u32) -> RequestSpec {
         let prompt_token_ids = (first_token..first_token + prompt_len).collect();
-        RequestSpec { id, prompt_token_ids, max_new_tokens: 8, slo: None, arrival: 0.0, priority: 0, kv_namespace: 0 }
+        RequestSpec { id, prompt_token_ids, max_new_tokens: 8, slo: None, arrival: 0.0, priority: 0, kv_namespace: 0, scores_prompt: false }
     }
 
     /// RotaSched's overload mode admits a prompt only while the running requests can still grow
@@ -236,7 +236,7 @@ mod tests {
         for (i, &(id, arrival, ttft_s)) in requests.iter().enumerate() {
             let prompt_token_ids = (id as u32 * 1000..id as u32 * 1000 + 16).collect();
             let slo = Some(Slo::new(ttft_s, 1.0));
-            s.add(RequestSpec { id, prompt_token_ids, max_new_tokens: 8, slo, arrival, priority: 0, kv_namespace: 0 }, arrival)
+            s.add(RequestSpec { id, prompt_token_ids, max_new_tokens: 8, slo, arrival, priority: 0, kv_namespace: 0, scores_prompt: false }, arrival)
                 .unwrap();
             if i + 1 == running {
                 let plan = s.plan(0.0);

@@ -93,6 +93,7 @@ impl<'a> Simulation<'a> {
                 arrival: request.arrival,
                 priority: request.priority,
                 kv_namespace: 0,
+                scores_prompt: false,
             };
             match scheduler.add(spec, self.now) {
                 Ok(()) => {

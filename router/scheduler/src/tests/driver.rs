@@ -93,6 +93,7 @@ pub(crate) fn spec(id: u64, prompt_len: u32, max_new_tokens: u32, arrival: f64) 
         arrival,
         priority: 0,
         kv_namespace: 0,
+        scores_prompt: false,
     }
 }
 

@@ -172,7 +172,7 @@ fn events_follow_the_scheduler_under_rotation() {
         let mut tokens = shared.clone();
         tokens.extend([100 + id as u32, 200]);
         let spec = RequestSpec { id, prompt_token_ids: tokens, max_new_tokens: 8, slo: None,
-            arrival: 0.0, priority: 0, kv_namespace: 0 };
+            arrival: 0.0, priority: 0, kv_namespace: 0, scores_prompt: false };
         driver.add(spec);
     }
     for _ in 0..400 {

@@ -137,6 +137,28 @@ fn prefix_cache_hits_full_blocks_but_leaves_a_token_to_compute() {
 }
 
 #[test]
+fn a_request_scoring_its_prompt_takes_no_cached_prefix() {
+    // Its prompt's logprobs are asked for: every position is computed, though the cache holds
+    // its prefix; a later request without them still takes the prefix.
+    for policy in PolicyKind::ALL {
+        let mut d = Driver::new(config(policy, 32));
+        d.add(spec(1, 12, 2, 0.0));
+        d.step();
+        d.add(RequestSpec { id: 2, scores_prompt: true, ..spec(1, 12, 2, 0.0) });
+        let plan = d.step();
+        let entry = plan.scheduled.iter().find(|e| e.id == 2).expect("scoring request scheduled");
+        assert_eq!((entry.num_computed_tokens, entry.num_new_tokens), (0, 12), "{policy}");
+        assert_eq!(d.scheduler.stats().prefix_cache_hit_tokens, 0, "{policy}");
+        d.add(RequestSpec { id: 3, ..spec(1, 12, 2, 0.0) });
+        let plan = d.step();
+        let entry = plan.scheduled.iter().find(|e| e.id == 3).expect("third scheduled");
+        assert_eq!(entry.num_computed_tokens, 8, "{policy}");
+        d.run_to_completion(50);
+        d.assert_all_free();
+    }
+}
+
+#[test]
 fn choices_of_one_prompt_admitted_together_compute_it_once() {
     // n > 1: the choices arrive together; the first computes the prompt and the others take its
     // full blocks in the same step (the shard writes a step's K/V before any attention reads).

@@ -697,3 +697,78 @@ async fn reasoning_parser_splits_the_reply() {
         }
     }
 }
+
+/// vLLM's `prompt_logprobs`: every prompt token's logprob and rank, with k alternatives (ranks
+/// 1..k), `null` first; per choice on completions, once on chat; an echo's own alternatives keep
+/// their count; refused streamed, above the limit, and vLLM's -1.
+#[tokio::test]
+async fn prompt_logprobs_answer_vllms_shape() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let prompt = "The sky is";
+    let prompt_ids = smollm2().encode(prompt, true).unwrap().ids;
+    let body = json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let sent = log.lock().unwrap().new_requests.last().unwrap().clone();
+    assert!(sent.prompt_logprobs);
+    assert_eq!(sent.prompt_top_n, Some(2));
+    let completion: Value = serde_json::from_str(&text).unwrap();
+    let positions = completion["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(positions.len(), prompt_ids.len(), "{completion}");
+    assert!(positions[0].is_null());
+    // No generated logprobs were asked for.
+    assert!(completion["choices"][0]["logprobs"].is_null());
+    for (position, entry) in positions.iter().enumerate().skip(1) {
+        let entry = entry.as_object().unwrap();
+        // The scripted shard: logprob -1 and rank 1 + position % 3 for the prompt's token;
+        // alternatives 100, 101 with -0.0, -0.2.
+        let own = &entry[&prompt_ids[position].to_string()];
+        assert_eq!(own["logprob"], json!(-1.0));
+        assert_eq!(own["rank"], json!(1 + position as u64 % 3));
+        assert_eq!(own["decoded_token"], json!(smollm2().token_text(prompt_ids[position])));
+        assert_eq!(entry["100"]["rank"], json!(1));
+        assert_eq!(entry["101"]["rank"], json!(2));
+        assert!((entry["101"]["logprob"].as_f64().unwrap() + 0.2).abs() < 1e-6);
+        assert_eq!(entry.len(), 3, "{entry:?}");
+    }
+
+    // With an echo's logprobs (1 alternative) and 3 prompt alternatives: the shard computes 3,
+    // the echo lists its own count.
+    let body = json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 3, "echo": true, "logprobs": 1});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().prompt_top_n, Some(3));
+    let completion: Value = serde_json::from_str(&text).unwrap();
+    let choice = &completion["choices"][0];
+    assert_eq!(choice["prompt_logprobs"][1].as_object().unwrap().len(), 4, "{choice}");
+    let echoed = choice["logprobs"]["top_logprobs"][1].as_object().unwrap();
+    assert!(echoed.len() <= 2 && !echoed.contains_key(&smollm2().token_text(101)), "{echoed:?}");
+
+    // Chat: once, at the top level.
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "prompt_logprobs": 0, "n": 2});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let chat: Value = serde_json::from_str(&text).unwrap();
+    let positions = chat["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(positions.len() as u64, chat["usage"]["prompt_tokens"].as_u64().unwrap());
+    assert_eq!(positions[1].as_object().unwrap().len(), 1, "{chat}");
+    assert!(chat["choices"][0].get("prompt_logprobs").is_none());
+    // Not asked: not there.
+    let (_, _, text) = send(&app, post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 1}))).await;
+    assert!(serde_json::from_str::<Value>(&text).unwrap()["choices"][0].get("prompt_logprobs").is_none());
+
+    for (route, body, message) in [
+        ("/v1/completions", json!({"prompt": prompt, "prompt_logprobs": 1, "stream": true}), "stream"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 2, "stream": true}), "stream"),
+        ("/v1/completions", json!({"prompt": prompt, "prompt_logprobs": 100}), "max-top-n-tokens"),
+        ("/v1/completions", json!({"prompt": prompt, "prompt_logprobs": -1}), "max-top-n-tokens"),
+    ] {
+        let (status, _, text) = send(&app, post(route, &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {text}");
+        assert!(text.contains("prompt_logprobs") && text.contains(message), "{text}");
+    }
+    // Streamed, 0 asks for nothing and is let through (vLLM).
+    let body = json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0, "stream": true});
+    let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+}

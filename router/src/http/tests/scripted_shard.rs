@@ -90,7 +90,11 @@ impl ScriptedShard {
             let first = scheduled.num_computed_tokens as usize + 1;
             let positions = first..end.min(sequence.prompt_tokens);
             output.prompt_logprobs = positions.clone().map(|_| -1.0).collect();
-            let top_n = sequence.request.parameters.as_ref().map_or(0, |p| p.top_n_tokens);
+            output.prompt_ranks = positions.clone().map(|position| 1 + position as u32 % 3).collect();
+            let top_n = sequence
+                .request
+                .prompt_top_n
+                .unwrap_or_else(|| sequence.request.parameters.as_ref().map_or(0, |p| p.top_n_tokens));
             if top_n > 0 {
                 output.prompt_top_tokens = positions
                     .map(|_| pb::TopTokens {

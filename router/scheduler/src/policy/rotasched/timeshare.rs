@@ -397,6 +397,7 @@ mod tests {
             arrival: 9.0,
             priority: 0,
             kv_namespace: 0,
+            scores_prompt: false,
         };
         let mut r = RequestState::new(spec, 1, Slo::new(1.0, 0.1));
         r.tokens.extend(std::iter::repeat(2).take(generated as usize));

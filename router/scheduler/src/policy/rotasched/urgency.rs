@@ -239,7 +239,7 @@ mod tests {
         };
         let mut s = Scheduler::new(config).unwrap();
         let prompt = (0..context).collect();
-        let spec = RequestSpec { id: 1, prompt_token_ids: prompt, max_new_tokens: 8, slo: None, arrival: 0.0, priority: 0, kv_namespace: 0 };
+        let spec = RequestSpec { id: 1, prompt_token_ids: prompt, max_new_tokens: 8, slo: None, arrival: 0.0, priority: 0, kv_namespace: 0, scores_prompt: false };
         s.add(spec, 0.0).unwrap();
         s.plan(0.0);
         let mut step = StepBuilder::new(&mut s.core);
@@ -254,7 +254,7 @@ mod tests {
         let config = SchedulerConfig { policy: PolicyKind::RotaSched, ..SchedulerConfig::default() };
         let mut s = Scheduler::new(config).unwrap();
         let slo = Slo::new(1.0, 0.1).with_max_stall(Some(1.0));
-        let spec = RequestSpec { id: 1, prompt_token_ids: vec![1, 2, 3], max_new_tokens: 8, slo: Some(slo), arrival: 0.0, priority: 0, kv_namespace: 0 };
+        let spec = RequestSpec { id: 1, prompt_token_ids: vec![1, 2, 3], max_new_tokens: 8, slo: Some(slo), arrival: 0.0, priority: 0, kv_namespace: 0, scores_prompt: false };
         s.add(spec, 0.0).unwrap();
         let request = s.core.requests.get_mut(&1).unwrap();
         request.phase = Phase::Rotated;
