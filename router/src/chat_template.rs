@@ -38,11 +38,14 @@ pub struct TemplateMessage {
     /// The call a tool's result answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning (vLLM's `reasoning_content`), for templates that write it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl TemplateMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None }
+        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None, reasoning_content: None }
     }
 }
 

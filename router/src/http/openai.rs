@@ -264,8 +264,12 @@ fn template_message(index: usize, message: &ChatMessage, renders_tool_calls: boo
     if content.is_none() && calls.is_none() {
         return Err(ValidationError::Message(index, "`content` is required unless the message holds `tool_calls`"));
     }
+    if message.reasoning_content.is_some() && message.role != "assistant" {
+        return Err(ValidationError::Message(index, "only an assistant message can hold `reasoning_content`"));
+    }
     let mut template_message = TemplateMessage::new(&message.role, &content.unwrap_or_default());
     template_message.tool_call_id = message.tool_call_id.clone();
+    template_message.reasoning_content = message.reasoning_content.clone();
     if let Some(calls) = calls {
         if renders_tool_calls {
             template_message.tool_calls = Some(calls.iter().map(template_tool_call).collect());

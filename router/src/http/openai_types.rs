@@ -299,6 +299,11 @@ pub struct ChatMessage {
     /// The call a `tool` message answers.
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, as `--reasoning-parser` answered it, sent back with the
+    /// conversation: the template gets it (Qwen 3's writes the reasoning of the turns after the
+    /// last user message back into the prompt, so a tool loop keeps its thinking).
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

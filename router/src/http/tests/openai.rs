@@ -772,3 +772,22 @@ async fn prompt_logprobs_answer_vllms_shape() {
     let (status, _, text) = send(&app, post("/v1/completions", &body)).await;
     assert_eq!(status, StatusCode::OK, "{text}");
 }
+
+/// An assistant turn's `reasoning_content` sent back reaches the template (Qwen 3's writes it
+/// back for the turns after the last user message); another role's is a 422.
+#[tokio::test]
+async fn reasoning_content_in_the_history_reaches_the_template() {
+    let template = "{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}[think:{{ m.reasoning_content }}]{% endif %}{{ m.content }}{% endfor %}";
+    let (app, _) = app_with_template(HttpConfig::default(), template.into()).await;
+    let chat = json!({"messages": [{"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "I need the tool."},
+        {"role": "user", "content": "Well?"}]});
+    let (status, _, text) = send(&app, post("/chat_tokenize", &chat)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let templated = serde_json::from_str::<Value>(&text).unwrap()["templated_text"].as_str().unwrap().to_string();
+    assert_eq!(templated, "<user>Weather?<assistant>[think:I need the tool.]Checking.<user>Well?");
+    let wrong = json!({"messages": [{"role": "user", "content": "Hi", "reasoning_content": "no"}]});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &wrong)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("reasoning_content"), "{text}");
+}
