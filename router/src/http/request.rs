@@ -12,6 +12,7 @@ use super::types::GenerateParameters;
 use crate::engine::api::{AdapterRef, GenerationRequest, TokenConstraint};
 use crate::grammar::{GrammarError, GrammarSpec};
 use crate::error::HttpError;
+use crate::tokenizer::Tokenizer;
 use crate::trace_context;
 use crate::validation::{self, ValidParameters};
 
@@ -80,7 +81,7 @@ pub(crate) async fn validate_request(
     add_special_tokens: bool,
     arrival: Instant,
 ) -> Result<ValidRequest, HttpError> {
-    let (adapter, parameters) = checked_parameters(state, parameters)?;
+    let (adapter, parameters) = checked_parameters(state, parameters).await?;
     if inputs.is_empty() {
         return Err(validation::ValidationError::EmptyInput.into());
     }
@@ -105,7 +106,7 @@ pub(crate) async fn validate_token_prompt(
     parameters: &GenerateParameters,
     arrival: Instant,
 ) -> Result<ValidRequest, HttpError> {
-    let (adapter, parameters) = checked_parameters(state, parameters)?;
+    let (adapter, parameters) = checked_parameters(state, parameters).await?;
     if ids.is_empty() {
         return Err(validation::ValidationError::EmptyInput.into());
     }
@@ -118,7 +119,7 @@ pub(crate) async fn validate_token_prompt(
 }
 
 /// The adapter a request names and its parameters, checked.
-fn checked_parameters(
+async fn checked_parameters(
     state: &AppState,
     parameters: &GenerateParameters,
 ) -> Result<(Option<AdapterRef>, ValidParameters), HttpError> {
@@ -129,7 +130,13 @@ fn checked_parameters(
     in_vocabulary(state, parameters.sampling.logit_bias.iter().map(|&(id, _)| id))?;
     in_vocabulary(state, parameters.stop_token_ids.iter().copied())?;
     in_vocabulary(state, parameters.sampling.allowed_token_ids.iter().copied())?;
-    parameters.sampling.bad_words = bad_word_ids(state, &raw.bad_words)?;
+    if !raw.bad_words.is_empty() {
+        // Two encodes a word, and a request may name thousands: off the executor, as prompts.
+        let (tokenizer, words) = (state.tokenizer.clone(), raw.bad_words.clone());
+        parameters.sampling.bad_words = tokio::task::spawn_blocking(move || bad_word_ids(&tokenizer, &words))
+            .await
+            .map_err(|error| HttpError::Tokenizer(error.to_string()))??;
+    }
     if parameters.sampling.min_tokens > 0 {
         parameters.sampling.end_token_ids = end_token_ids(state, &parameters);
     }
@@ -140,12 +147,12 @@ fn checked_parameters(
 /// space (vLLM's rule), each form once. The spaced form is left out where it is longer: the
 /// tokenizer then splits the space off as a token of its own, and banning that sequence would
 /// ban a plain space before the word's usual form.
-fn bad_word_ids(state: &AppState, words: &[String]) -> Result<Vec<Vec<u32>>, HttpError> {
+fn bad_word_ids(tokenizer: &Tokenizer, words: &[String]) -> Result<Vec<Vec<u32>>, HttpError> {
     let mut sequences: Vec<Vec<u32>> = Vec::new();
     for word in words {
         let word = word.trim_start();
         let encode = |text: &str| {
-            state.tokenizer.encode(text, false).map(|encoded| encoded.ids).map_err(|error| HttpError::Tokenizer(error.to_string()))
+            tokenizer.encode(text, false).map(|encoded| encoded.ids).map_err(|error| HttpError::Tokenizer(error.to_string()))
         };
         let plain = encode(word)?;
         let spaced = encode(&format!(" {word}"))?;
