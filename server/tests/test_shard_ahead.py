@@ -156,7 +156,9 @@ def test_steps_launched_before_the_previous_one_finished_give_the_same_tokens(ti
     assert _tokens(replies) == _tokens(expected)
     for got, want in zip(replies, expected):
         for a, b in zip(got.outputs, want.outputs):
-            assert a.token.logprob == pytest.approx(b.token.logprob, abs=1e-6)
+            # float32 on the CPU: the threads' summation order varies from run to run (2e-6 seen
+            # at -2.9); the tokens above are what must not change.
+            assert a.token.logprob == pytest.approx(b.token.logprob, abs=1e-5)
             assert [t.id for t in a.token.top_tokens] == [t.id for t in b.token.top_tokens]
     # Every placeholder was replaced by its token.
     assert all(token >= 0 for state in executor.requests.values() for token in state.token_ids)
