@@ -317,13 +317,16 @@ impl Generation {
         self.prompt_ids
             .iter()
             .enumerate()
-            .map(|(position, &id)| PrefillToken {
-                id,
-                text: self.tokenizer.token_text(id),
-                special: self.tokenizer.is_special(id),
+            .map(|(position, &id)| {
                 // Position 0 has no logprob; position i's is logprobs[i - 1].
-                logprob: position.checked_sub(1).and_then(|i| logprobs.get(i)).map(|prompt| prompt.logprob),
-                rank: position.checked_sub(1).and_then(|i| logprobs.get(i)).map(|prompt| prompt.rank),
+                let scored = position.checked_sub(1).and_then(|i| logprobs.get(i));
+                PrefillToken {
+                    id,
+                    text: self.tokenizer.token_text(id),
+                    special: self.tokenizer.is_special(id),
+                    logprob: scored.map(|prompt| prompt.logprob),
+                    rank: scored.map(|prompt| prompt.rank),
+                }
             })
             .collect()
     }

@@ -117,11 +117,15 @@ pub(crate) fn choice_logprobs(
     echo: Option<&str>,
     top_n: usize,
 ) -> serde_json::Value {
-    let prompt = if echo.is_some() { output.prefill.as_slice() } else { &[] };
-    // vLLM's `prompt_logprobs` may have asked for more alternatives at the prompt's positions.
-    let tops: Vec<Vec<Token>> =
-        output.prefill_top_tokens.iter().map(|top| top.iter().take(top_n).cloned().collect()).collect();
-    let prompt = prompt_logprobs(tokenizer, prompt, &tops, Some(0));
+    let prompt = match echo {
+        Some(_) => {
+            // vLLM's `prompt_logprobs` may have asked for more alternatives at the prompt's positions.
+            let tops: Vec<Vec<Token>> =
+                output.prefill_top_tokens.iter().map(|top| top.iter().take(top_n).cloned().collect()).collect();
+            prompt_logprobs(tokenizer, &output.prefill, &tops, Some(0))
+        }
+        None => prompt_logprobs(tokenizer, &[], &[], Some(0)),
+    };
     let generated = output
         .tokens
         .iter()
