@@ -108,6 +108,12 @@ impl Tokenizer {
         self.decode(&[id], false).unwrap_or_default()
     }
 
+    /// The id of the token whose vocabulary entry is exactly `text` (an added token's content),
+    /// if there is one.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
     pub fn is_special(&self, id: u32) -> bool {
         self.special_ids.contains(&id)
     }
@@ -228,6 +234,32 @@ pub(crate) mod tests {
                 Tokenizer::from_json(&json).expect("fixture tokenizer loads")
             })
             .clone()
+    }
+
+    /// Ids of the reasoning tags in `thinking_json`.
+    pub(crate) const THINK: u32 = 49152;
+    pub(crate) const END_THINK: u32 = 49153;
+
+    /// A thinking model's tokenizer: SmolLM2's with `<think>` and `</think>` added as tokens of
+    /// their own after its vocabulary (ids `THINK`, `END_THINK`; not special, as Qwen 3's and
+    /// DeepSeek-R1's are not, so their text stays in the reply).
+    pub(crate) fn thinking_json() -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2_tokenizer.json");
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        for (id, content) in [(THINK, "<think>"), (END_THINK, "</think>")] {
+            json["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({"id": id, "content": content,
+                "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": false}));
+        }
+        json.to_string()
+    }
+
+    #[test]
+    fn added_tags_are_one_token_each() {
+        let tokenizer = Tokenizer::from_json(&thinking_json()).unwrap();
+        assert_eq!((tokenizer.token_id("<think>"), tokenizer.token_id("</think>")), (Some(THINK), Some(END_THINK)));
+        assert_eq!(tokenizer.encode("<think>Hi</think>", false).unwrap().ids.first(), Some(&THINK));
+        assert_eq!(tokenizer.decode(&[THINK, END_THINK], true).unwrap(), "<think></think>");
+        assert_eq!(smollm2().token_id("</think>"), None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the step samples for (timed: per request and per step, `superinfer_grammar_mask_seconds`
 //! and `superinfer_grammar_step_mask_seconds`). After it, `ActiveRequest::advance_grammar`
 //! feeds each sampled token to its request's matcher.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::active::ActiveRequests;
@@ -10,7 +10,8 @@ use super::metrics;
 use crate::grammar::TokenConstraint;
 
 /// The masks of the constrained requests among `sampling` (the ids the step samples for), by
-/// id. A matcher that fails gets an empty-set mask, so the shard fails that request alone.
+/// id; a reply still reasoning before its grammar holds has none. A matcher that fails gets
+/// an empty-set mask, so the shard fails that request alone.
 /// The requests' matchers are independent, so they run on up to `available_parallelism`
 /// threads: with 32 constrained streams the step waits for the slowest share, not the sum.
 pub(crate) fn allowed_tokens(sampling: &[u64], requests: &mut ActiveRequests) -> HashMap<u64, Vec<u8>> {
@@ -25,7 +26,7 @@ pub(crate) fn allowed_tokens(sampling: &[u64], requests: &mut ActiveRequests) ->
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_MASK_THREADS);
     let share = constrained.len().div_ceil(threads);
-    let computed: Vec<(u64, Vec<u8>, Duration)> = if threads == 1 || constrained.len() == 1 {
+    let computed: Vec<(u64, Option<Vec<u8>>, Duration)> = if threads == 1 || constrained.len() == 1 {
         constrained.iter_mut().map(|(id, constraint)| mask_of(*id, constraint)).collect()
     } else {
         std::thread::scope(|scope| {
@@ -39,12 +40,18 @@ pub(crate) fn allowed_tokens(sampling: &[u64], requests: &mut ActiveRequests) ->
         })
     };
     let mut masks: HashMap<u64, Vec<u8>> = HashMap::with_capacity(constrained.len());
+    let mut answered = HashSet::with_capacity(constrained.len());
     for (id, mask, elapsed) in computed {
-        metrics::record_grammar_mask(elapsed);
-        masks.insert(id, mask);
+        answered.insert(id);
+        if let Some(mask) = mask {
+            metrics::record_grammar_mask(elapsed);
+            masks.insert(id, mask);
+        }
     }
     for (id, _) in &constrained {
-        masks.entry(*id).or_insert_with(|| Vec::from([0]));
+        if !answered.contains(id) {
+            masks.insert(*id, Vec::from([0]));
+        }
     }
     metrics::record_grammar_step_masks(started.elapsed());
     masks
@@ -53,11 +60,11 @@ pub(crate) fn allowed_tokens(sampling: &[u64], requests: &mut ActiveRequests) ->
 /// Most threads one step's masks use (beyond this, thread start-up outweighs the split).
 const MAX_MASK_THREADS: usize = 8;
 
-fn mask_of(id: u64, constraint: &mut TokenConstraint) -> (u64, Vec<u8>, Duration) {
+fn mask_of(id: u64, constraint: &mut TokenConstraint) -> (u64, Option<Vec<u8>>, Duration) {
     let started = Instant::now();
     let mask = constraint.allowed_tokens().unwrap_or_else(|error| {
         tracing::warn!(id, %error, "the request's grammar failed; it allows no token");
-        Vec::from([0])
+        Some(Vec::from([0]))
     });
     (id, mask, started.elapsed())
 }

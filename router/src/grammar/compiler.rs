@@ -104,6 +104,13 @@ pub(crate) mod tests {
             .clone()
     }
 
+    /// The compiler over a thinking model's tokenizer (`tokenizer::tests::thinking_json`).
+    pub(crate) fn thinking_compiler() -> GrammarCompiler {
+        let json = crate::tokenizer::tests::thinking_json();
+        let tokenizer = crate::tokenizer::Tokenizer::from_json(&json).unwrap();
+        GrammarCompiler::new(&json, tokenizer, &[2, 0], 49154).expect("the tokenizer supports grammars")
+    }
+
     #[test]
     fn schemas_and_regexes_compile() {
         let compiler = smollm2_compiler();

@@ -20,7 +20,7 @@ mod token_env;
 mod unlisted;
 
 pub use compiler::GrammarCompiler;
-pub use constraint::{Advance, TokenConstraint};
+pub use constraint::{Advance, ReasoningTokens, TokenConstraint};
 pub use spec::{GrammarSpec, ResponseFormat, StructuredOutputs};
 pub use unlisted::UnlistedProperties;
 

@@ -59,9 +59,10 @@ pub(crate) async fn chat_completions(
         }
         Ok(choice_parameters(&parameters, n).into_iter().map(|p| (prompt.clone(), p)).collect::<Vec<_>>())
     });
-    // A grammar (a format, tools) holds the reply from its first token: it has no reasoning.
+    // A grammar (a format, tools) holds the reply after its reasoning where the model's tags are
+    // tokens; otherwise from its first token, and the reply has no reasoning.
     let constrained = matches!(&prepared, Ok(choices) if choices.iter().any(|(_, p)| p.grammar.is_some()));
-    let reasoning_parser = state.config.reasoning_parser.filter(|_| !constrained);
+    let reasoning_parser = state.config.reasoning_parser.filter(|_| !constrained || state.reasoning_tokens.is_some());
     if stream {
         let headers = stream_headers(&state.config.compute_type, 0);
         let choices = prepared.as_ref().map_or(1, Vec::len);
@@ -230,6 +231,7 @@ pub(super) fn prepare_chat(
     let mut parameters = request.sampling.to_parameters(top_n_tokens)?;
     parameters.truncate = request.sampling.truncate(state.limits.max_input_tokens)?;
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
+    parameters.reasoning_first = state.reasoning_tokens.is_some();
     let tools = match tool_plan {
         Some(plan) => {
             // As TGI: the instruction and the tools follow the last message, for templates
@@ -354,8 +356,8 @@ fn answer(text: &str, output: &GenerationOutput, calls_tools: bool) -> (Option<S
     }
 }
 
-/// The whole reply of each choice; `reasoning_parser` where its reasoning is split out (none
-/// under a grammar).
+/// The whole reply of each choice; `reasoning_parser` where its reasoning is split out (under a
+/// grammar, only where the grammar held after the reasoning).
 fn chat_completion(
     state: &AppState,
     outputs: &[(ValidRequest, GenerationOutput)],
@@ -447,8 +449,8 @@ fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], lo
 
 /// One chunk per token. Under tools (`call`) the tokens' text is not content: the chunks
 /// carry the call as it grows (its name once complete, then pieces of its arguments), and the
-/// last one what is left of it, or the `no_tool` text. Under a reasoning parser (`reasoning`,
-/// never with a grammar, so never with tools) each piece goes to `reasoning_content` or content.
+/// last one what is left of it, or the `no_tool` text. Under a reasoning parser (`reasoning`)
+/// each piece goes to `reasoning_content` or content; a call is read from the content.
 fn chat_chunk(
     identity: &ResponseIdentity,
     update: ChoiceUpdate<'_>,
@@ -475,7 +477,11 @@ fn chat_chunk(
                 None => (None, call.push(&text), None),
                 Some(output) => {
                     let last = call.push(&text);
-                    match tools::parse_answer(&output.generated_text) {
+                    let answer = match reasoning {
+                        Some(splitters) => ReasoningSplitter::split_whole(splitters.parser(), &output.generated_text).1,
+                        None => output.generated_text.clone(),
+                    };
+                    match tools::parse_answer(&answer) {
                         Some(answer @ ToolAnswer::Call { .. }) => {
                             let piece = CallPiece::joined(last, call.finish(&answer));
                             (None, piece, Some("tool_calls".into()))
@@ -483,7 +489,7 @@ fn chat_chunk(
                         Some(ToolAnswer::Text(text)) => (Some(text), None, generated_reason),
                         // Cut short: a call already begun stays unfinished, else the text is all.
                         None if call.started() => (None, None, generated_reason),
-                        None => (Some(output.generated_text.clone()), None, generated_reason),
+                        None => (Some(answer), None, generated_reason),
                     }
                 }
             }

@@ -4,6 +4,9 @@
 //! be the start of a tag waits for the next. One splitter serves the whole reply and the stream,
 //! so both give the same split.
 
+use crate::grammar::ReasoningTokens;
+use crate::tokenizer::Tokenizer;
+
 /// How a model's reply opens its reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ReasoningParser {
@@ -20,6 +23,21 @@ pub enum ReasoningParser {
 
 const START: &str = "<think>";
 const END: &str = "</think>";
+
+impl ReasoningParser {
+    /// The tags as the model's tokens, where its tokenizer has each as one token the model can
+    /// sample (`vocab_size`, 0 when unknown): a chat reply under a grammar (a format, tools) then
+    /// reasons first and the grammar holds from the token after `</think>`. `None` otherwise:
+    /// the grammar holds from the reply's first token, which then has no reasoning part.
+    pub fn tokens(self, tokenizer: &Tokenizer, vocab_size: u32) -> Option<ReasoningTokens> {
+        let id = |tag: &str| tokenizer.token_id(tag).filter(|&id| vocab_size == 0 || id < vocab_size);
+        let close = id(END)?;
+        match self {
+            ReasoningParser::Qwen3 => Some(ReasoningTokens { open: Some(id(START)?), close }),
+            ReasoningParser::DeepseekR1 => Some(ReasoningTokens { open: None, close }),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Part {
@@ -122,6 +140,10 @@ pub struct ChoiceSplitters {
 impl ChoiceSplitters {
     pub fn new(parser: ReasoningParser) -> Self {
         Self { parser, splitters: Default::default() }
+    }
+
+    pub fn parser(&self) -> ReasoningParser {
+        self.parser
     }
 
     /// Splits choice `index`'s next piece; its `last` piece releases what was held back.

@@ -199,7 +199,13 @@ async fn validated(
     let max_new_tokens =
         validation::validate_length(prompt_ids.len(), parameters.max_new_tokens, &state.limits)?;
     let constraint = match &parameters.grammar {
-        Some(spec) => Some(compile_grammar(state, spec.clone()).await?),
+        Some(spec) => {
+            let constraint = compile_grammar(state, spec.clone()).await?;
+            match state.reasoning_tokens.filter(|_| parameters.reasoning_first) {
+                Some(tokens) => Some(constraint.after_reasoning(tokens)),
+                None => Some(constraint),
+            }
+        }
         None => None,
     };
     Ok(ValidRequest {

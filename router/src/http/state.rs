@@ -10,7 +10,7 @@ use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::engine::api::AdapterRef;
 use crate::engine::{EngineHandle, ModelInfo};
 use crate::error::HttpError;
-use crate::grammar::{GrammarCompiler, GrammarError, UnlistedProperties};
+use crate::grammar::{GrammarCompiler, GrammarError, ReasoningTokens, UnlistedProperties};
 use crate::kv_events::KvEventSource;
 use crate::tokenizer::Tokenizer;
 use crate::validation::{ValidationError, ValidationLimits};
@@ -110,6 +110,9 @@ pub(crate) struct AppState {
     /// Compiles requests' grammars, or why this model's tokenizer cannot follow one (grammars
     /// are then refused; everything else is served).
     pub grammar: Result<GrammarCompiler, GrammarError>,
+    /// Under `--reasoning-parser`, the model's reasoning tags as tokens, where each is one: a
+    /// chat reply under a grammar then reasons before the grammar holds.
+    pub reasoning_tokens: Option<ReasoningTokens>,
     pub permits: Arc<Semaphore>,
     pub metrics: PrometheusHandle,
     pub model_id: String,
@@ -143,6 +146,17 @@ impl AppState {
                 .map(|compiler| compiler.with_unlisted_properties(config.grammar_unlisted_properties))
                 .inspect_err(|error| tracing::warn!(%error, "grammars are disabled"))
         };
+        let reasoning_tokens = config.reasoning_parser.and_then(|parser| {
+            let tokens = parser.tokens(&tokenizer, info.vocab_size);
+            if tokens.is_none() {
+                tracing::warn!(
+                    ?parser,
+                    "the tokenizer has no single token for <think> or </think>: a chat reply under a grammar \
+                     (a response format, tools) follows it from its first token and has no reasoning part"
+                );
+            }
+            tokens
+        });
         let limits = ValidationLimits {
             max_best_of: config.max_best_of,
             max_stop_sequences: config.max_stop_sequences,
@@ -163,6 +177,7 @@ impl AppState {
             tokenizer,
             chat_template,
             grammar,
+            reasoning_tokens,
             limits,
             model_id,
             num_shard: info.world_size,

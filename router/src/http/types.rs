@@ -106,6 +106,10 @@ pub struct GenerateParameters {
     /// -1, the whole vocabulary, is refused).
     #[serde(skip)]
     pub prompt_logprobs: Option<i64>,
+    /// The reply may reason before its grammar holds (the chat route under `--reasoning-parser`,
+    /// where the model's reasoning tags are tokens).
+    #[serde(skip)]
+    pub reasoning_first: bool,
     #[serde(default)]
     pub slo: Option<SloParameters>,
     /// Priority class: lower is served first (vLLM's convention); 0 when absent.

@@ -59,6 +59,8 @@ pub struct ValidParameters {
     pub priority: i32,
     /// The grammar the output must follow, parsed; the HTTP layer compiles it.
     pub grammar: Option<GrammarSpec>,
+    /// The grammar holds only after the reply's reasoning (`GenerateParameters::reasoning_first`).
+    pub reasoning_first: bool,
 }
 
 /// Checks every token-count-independent rule, in TGI's order. `random_seed` is used when the
@@ -131,6 +133,7 @@ pub fn validate_parameters(
         slo,
         priority,
         grammar,
+        reasoning_first: parameters.reasoning_first,
     })
 }
 

@@ -9,6 +9,7 @@ mod kv_event_sources;
 mod tools;
 mod listener;
 mod openai;
+mod reasoning;
 mod request_log;
 mod scripted_shard;
 mod vertex;
@@ -54,7 +55,16 @@ async fn app_with_args(
 ) -> (Router, Arc<Mutex<ShardLog>>) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
     let tokenizer_json = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
-    let (socket, log) = ScriptedShard::spawn(tokenizer_json, chat_template);
+    let shard = ScriptedShard::spawn(tokenizer_json, chat_template);
+    app_on_shard(config, shard, args).await
+}
+
+/// The app over a scripted shard already serving (`ScriptedShard::spawn_with_script`).
+async fn app_on_shard(
+    config: HttpConfig,
+    (socket, log): (std::path::PathBuf, Arc<Mutex<ShardLog>>),
+    args: &[&str],
+) -> (Router, Arc<Mutex<ShardLog>>) {
     let socket = socket.to_string_lossy().to_string();
     let mut argv = vec!["router", "--uds-path", socket.as_str(), "--shard-connect-timeout-s", "10"];
     argv.extend_from_slice(args);

@@ -37,6 +37,7 @@ struct Sequence {
 
 pub(super) struct ScriptedShard {
     script: Vec<u32>,
+    vocab_size: u32,
     tokenizer_json: String,
     chat_template: String,
     sequences: Mutex<HashMap<u64, Sequence>>,
@@ -49,12 +50,24 @@ impl ScriptedShard {
         tokenizer_json: String,
         chat_template: String,
     ) -> (PathBuf, Arc<Mutex<ShardLog>>) {
-        let tokenizer = crate::tokenizer::tests::smollm2();
-        let mut script = tokenizer.encode(SCRIPT, false).unwrap().ids;
+        Self::spawn_with_script(tokenizer_json, chat_template, SCRIPT, 49152)
+    }
+
+    /// A shard whose model writes `script` (tokenized by its own tokenizer) and has
+    /// `vocab_size` tokens.
+    pub(super) fn spawn_with_script(
+        tokenizer_json: String,
+        chat_template: String,
+        script: &str,
+        vocab_size: u32,
+    ) -> (PathBuf, Arc<Mutex<ShardLog>>) {
+        let tokenizer = crate::tokenizer::Tokenizer::from_json(&tokenizer_json).unwrap();
+        let mut script = tokenizer.encode(script, false).unwrap().ids;
         script.push(EOS);
         let log = Arc::new(Mutex::new(ShardLog::default()));
         let shard = ScriptedShard {
             script,
+            vocab_size,
             tokenizer_json,
             chat_template,
             sequences: Mutex::new(HashMap::new()),
@@ -158,7 +171,7 @@ impl Shard for ScriptedShard {
             head_dim: 8,
             block_bytes: 1024,
             max_position_embeddings: 8192,
-            vocab_size: 49152,
+            vocab_size: self.vocab_size,
             tokenizer_json: self.tokenizer_json.clone(),
             chat_template: self.chat_template.clone(),
             eos_token_ids: vec![EOS],

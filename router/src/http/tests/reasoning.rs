@@ -1,0 +1,103 @@
+//! A thinking model under a grammar (`--reasoning-parser`, a response format or tools): the
+//! reply reasons first and the grammar holds from the token after `</think>`, so the message has
+//! both its reasoning and an answer the grammar accepts, whole and streamed. The scripted model
+//! writes `SCRIPT`; where a mask does not allow its token, the lowest allowed one.
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::scripted_shard::ScriptedShard;
+use super::{app, app_on_shard, post, send, sse_data};
+use crate::http::reasoning::ReasoningParser;
+use crate::http::HttpConfig;
+use crate::tokenizer::tests::thinking_json;
+
+const SCRIPT: &str = "<think>Hello world.</think>Goodbye!";
+
+async fn thinking_app(parser: ReasoningParser) -> axum::Router {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let shard = ScriptedShard::spawn_with_script(thinking_json(), template, SCRIPT, 49154);
+    app_on_shard(HttpConfig { reasoning_parser: Some(parser), ..HttpConfig::default() }, shard, &[]).await.0
+}
+
+fn format_request() -> Value {
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": false});
+    json!({"messages": [{"role": "user", "content": "Well?"}], "max_tokens": 60,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}}})
+}
+
+fn is_verdict(content: &str) -> bool {
+    serde_json::from_str::<Value>(content).is_ok_and(|answer| answer["ok"].is_boolean() && answer.as_object().unwrap().len() == 1)
+}
+
+/// The deltas of a streamed reply, joined field by field.
+fn joined(text: &str, field: &str) -> String {
+    sse_data(text).iter().filter_map(|event| event["choices"][0]["delta"][field].as_str().map(String::from)).collect()
+}
+
+#[tokio::test]
+async fn a_thinking_model_reasons_before_its_format_holds() {
+    for parser in [ReasoningParser::Qwen3, ReasoningParser::DeepseekR1] {
+        let app = thinking_app(parser).await;
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &format_request())).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+        assert_eq!(choice["message"]["reasoning_content"], "Hello world.", "{parser:?}: {choice}");
+        let content = choice["message"]["content"].as_str().unwrap();
+        assert!(is_verdict(content), "{parser:?}: {content}");
+        assert_eq!(choice["finish_reason"], "stop");
+
+        let mut streamed = format_request();
+        streamed["stream"] = json!(true);
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert_eq!(joined(&text, "reasoning_content"), "Hello world.", "{parser:?}");
+        assert_eq!(joined(&text, "content"), content, "{parser:?}");
+    }
+}
+
+/// Without tags of its own in the tokenizer, the grammar holds from the first token: the whole
+/// reply is the answer, and there is no reasoning to split out.
+#[tokio::test]
+async fn without_tag_tokens_the_format_holds_from_the_first_token() {
+    let (app, _) = app(HttpConfig { reasoning_parser: Some(ReasoningParser::DeepseekR1), ..HttpConfig::default() }).await;
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &format_request())).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
+    assert!(is_verdict(message["content"].as_str().unwrap()), "{message}");
+    assert!(message.get("reasoning_content").is_none_or(Value::is_null), "{message}");
+}
+
+/// Tools: the reasoning first, then the call, read from what follows `</think>`.
+#[tokio::test]
+async fn a_thinking_model_reasons_before_it_calls_a_tool() {
+    let app = thinking_app(ReasoningParser::Qwen3).await;
+    let tools = json!([{"type": "function", "function": {"name": "dice", "parameters": {"type": "object",
+        "properties": {"sides": {"type": "integer", "minimum": 2, "maximum": 9}}, "required": ["sides"]}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "Roll"}], "max_tokens": 60, "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "dice"}}});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    assert_eq!(choice["message"]["reasoning_content"], "Hello world.");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "dice");
+    let arguments = call["arguments"].as_str().unwrap().to_string();
+    assert!(serde_json::from_str::<Value>(&arguments).unwrap()["sides"].is_u64(), "{arguments}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(joined(&text, "reasoning_content"), "Hello world.");
+    assert_eq!(joined(&text, "content"), "");
+    let events = sse_data(&text);
+    let pieces: Vec<&Value> = events.iter().filter_map(|event| event["choices"][0]["delta"]["tool_calls"].get(0)).collect();
+    assert_eq!(pieces[0]["function"]["name"], "dice", "{pieces:?}");
+    let streamed_arguments: String = pieces.iter().filter_map(|piece| piece["function"]["arguments"].as_str()).collect();
+    assert_eq!(streamed_arguments, arguments);
+    assert_eq!(events[events.len() - 2]["choices"][0]["finish_reason"], "tool_calls");
+}
