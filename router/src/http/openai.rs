@@ -50,12 +50,16 @@ pub(crate) async fn chat_completions(
     let usage = UsageReports::of(request.stream_options.as_ref());
     let prepared = prepare_chat(&state, &request);
     let calls_tools = matches!(&prepared, Ok((PromptText::Chat(conversation), _)) if conversation.tools.is_some());
+    let echo = chat_echo(&request);
     // `n` choices: the same conversation n times, n engine requests, admitted together: the
     // first computes the prompt, the others share its full blocks through the prefix cache.
     let prepared = prepared.and_then(|(prompt, parameters)| {
         let n = choice_count(&state, request.sampling.choices(), 1)?;
         if calls_tools && n > 1 {
             return Err(HttpError::from(ValidationError::Unsupported("`n` > 1 with `tools`")));
+        }
+        if calls_tools && request.echo {
+            return Err(HttpError::from(ValidationError::Unsupported("`echo` with `tools`")));
         }
         Ok(choice_parameters(&parameters, n).into_iter().map(|p| (prompt.clone(), p)).collect::<Vec<_>>())
     });
@@ -81,9 +85,10 @@ pub(crate) async fn chat_completions(
         // Tools come with one choice: one call to follow.
         let call = calls_tools.then(|| Mutex::new(CallStream::default()));
         let reasoning = reasoning_parser.map(ChoiceSplitters::new);
+        let echo = echo.map(ChoiceEcho::new);
         let tokenizer = state.tokenizer.clone();
         let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| {
-            chat_chunk(identity, update, call.as_ref(), reasoning.as_ref(), &tokenizer)
+            chat_chunk(identity, update, call.as_ref(), reasoning.as_ref(), echo.as_ref(), &tokenizer)
         };
         return openai_stream(state, headers, plan, Arc::new(chunk)).await;
     }
@@ -96,7 +101,7 @@ pub(crate) async fn chat_completions(
         let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
         Ok::<_, HttpError>((
             headers,
-            Json(chat_completion(&state, &outputs, logprobs, calls_tools, reasoning_parser)),
+            Json(chat_completion(&state, &outputs, logprobs, calls_tools, reasoning_parser, echo.as_deref())),
         ))
     }
     .await;
@@ -339,6 +344,35 @@ pub(super) fn prepare_completion(
         .collect())
 }
 
+/// vLLM's chat `echo`: the last message's text, where that message has the reply's role (the
+/// assistant's under a generation prompt, else the last message's own, as vLLM names the role).
+fn chat_echo(request: &ChatRequest) -> Option<String> {
+    let last = request.messages.last().filter(|_| request.echo)?;
+    let generation_prompt = request.add_generation_prompt.unwrap_or(!request.continue_final_message);
+    if generation_prompt && last.role != "assistant" {
+        return None;
+    }
+    last.content.as_ref().and_then(|content| content.text().ok()).filter(|text| !text.is_empty())
+}
+
+/// The echo of a stream's choices: each choice's first chunk starts with it.
+struct ChoiceEcho {
+    text: String,
+    sent: Mutex<std::collections::HashSet<u32>>,
+}
+
+impl ChoiceEcho {
+    fn new(text: String) -> Self {
+        Self { text, sent: Mutex::default() }
+    }
+
+    /// The echo, the first time choice `index` asks.
+    fn take(&self, index: u32) -> Option<&str> {
+        let mut sent = self.sent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        sent.insert(index).then_some(self.text.as_str())
+    }
+}
+
 /// The assistant's answer: its text (the reply after its reasoning, under a reasoning parser),
 /// or the tool call the text holds (`calls_tools`), with OpenAI's finish reason for it.
 fn answer(text: &str, output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Option<Vec<ToolCall>>, String) {
@@ -357,13 +391,14 @@ fn answer(text: &str, output: &GenerationOutput, calls_tools: bool) -> (Option<S
 }
 
 /// The whole reply of each choice; `reasoning_parser` where its reasoning is split out (under a
-/// grammar, only where the grammar held after the reasoning).
+/// grammar, only where the grammar held after the reasoning); `echo` starts each choice's text.
 fn chat_completion(
     state: &AppState,
     outputs: &[(ValidRequest, GenerationOutput)],
     logprobs: bool,
     calls_tools: bool,
     reasoning_parser: Option<ReasoningParser>,
+    echo: Option<&str>,
 ) -> ChatCompletion {
     let identity = ResponseIdentity::new(&state.model_id, "chat.completion.chunk");
     let choices = outputs
@@ -374,7 +409,10 @@ fn chat_completion(
                 Some(parser) => ReasoningSplitter::split_whole(parser, &output.generated_text),
                 None => (None, output.generated_text.clone()),
             };
-            let (content, tool_calls, finish_reason) = answer(&text, output, calls_tools);
+            let (mut content, tool_calls, finish_reason) = answer(&text, output, calls_tools);
+            if let (Some(echo), Some(content)) = (echo, content.as_mut()) {
+                content.insert_str(0, echo);
+            }
             ChatChoice {
                 index: index as u32,
                 message: AssistantMessage {
@@ -456,17 +494,21 @@ fn chat_chunk(
     update: ChoiceUpdate<'_>,
     call: Option<&Mutex<CallStream>>,
     reasoning: Option<&ChoiceSplitters>,
+    echo: Option<&ChoiceEcho>,
     tokenizer: &Tokenizer,
 ) -> serde_json::Value {
     let generated_reason = update.finish.map(|output| finish_reason(output.finish_reason));
     // Under a reasoning parser the reasoning is a field of its own; the rest is the reply.
-    let (text, reasoning_content) = match reasoning {
+    let (mut text, reasoning_content) = match reasoning {
         Some(splitters) => {
             let split = splitters.push(update.index, &update.text, update.finish.is_some());
             (split.content, Some(split.reasoning).filter(|text| !text.is_empty()))
         }
         None => (update.text.clone(), None),
     };
+    if let Some(echoed) = echo.and_then(|echo| echo.take(update.index)) {
+        text.insert_str(0, echoed);
+    }
     let (content, piece, finish) = match call {
         // A chunk of reasoning alone has no content.
         None if text.is_empty() && reasoning_content.is_some() => (None, None, generated_reason),

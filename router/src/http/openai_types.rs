@@ -343,6 +343,10 @@ pub struct ChatRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// vLLM's `echo`: the reply starts with the last message's text where that message is the
+    /// reply's own role's (an assistant message continued, or no generation prompt).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub echo: bool,
     /// Fields this server does not read: logged (`log_ignored_fields`), the request served.
     #[serde(flatten, skip_serializing)]
     #[schema(ignore)]

@@ -444,6 +444,34 @@ async fn chat_rendering_options_reach_the_template() {
     assert_eq!(log.lock().unwrap().new_requests.len(), 3);
 }
 
+/// vLLM's chat `echo`: a continued assistant message starts the reply, whole and in each
+/// streamed choice's first chunk; a user message under a generation prompt is not echoed; with
+/// tools it is a 422.
+#[tokio::test]
+async fn chat_echo_starts_the_reply_with_the_continued_message() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let continued = json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well, "}],
+        "continue_final_message": true, "echo": true, "max_tokens": 50});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &continued)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"]["content"], format!("Well, {SCRIPT}"));
+    let streamed = with_fields(continued.clone(), &json!({"stream": true, "n": 2}));
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
+    for index in 0..2 {
+        let chunks: Vec<Value> = sse_data(&text).into_iter().filter(|event| event["choices"][0]["index"] == index).collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"]["content"].as_str().map(|content| content.starts_with("Well, ")), Some(true));
+        let content: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(content, format!("Well, {SCRIPT}"), "choice {index}");
+    }
+    let asked = json!({"messages": [{"role": "user", "content": "Hi"}], "echo": true, "max_tokens": 50});
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &asked)).await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"]["content"], SCRIPT);
+    let tools = json!([{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]);
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &with_fields(asked, &json!({"tools": tools})))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("`echo` with `tools`"), "{text}");
+}
+
 /// OpenAI's routes leave a matched stop sequence out (OpenAI and vLLM do; TGI's `/generate`
 /// keeps it), streamed too: no chunk carries a piece of it, though " world" arrives a token
 /// before "." completes " world." (the text it may start is held back until it cannot).
