@@ -20,10 +20,9 @@ pub enum Advance {
 /// that holds only after the reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningTokens {
-    /// `<think>`, where the reply itself may open its reasoning (Qwen 3): its first token may
-    /// be this or one the grammar allows. `None` where the prompt opened it (DeepSeek-R1): the
-    /// reply reasons from its first token.
-    pub open: Option<u32>,
+    /// `<think>`: where the prompt left no block open, the reply's first token may be this
+    /// (it then reasons) or one the grammar allows.
+    pub open: u32,
     /// `</think>`: the grammar holds from the next token.
     pub close: u32,
 }
@@ -64,9 +63,11 @@ impl TokenConstraint {
 
     /// The same grammar, holding only after the reply's reasoning: until `tokens.close` is
     /// sampled any token may follow (end of sequence included: a reply cut short in its
-    /// reasoning has no answer); the closing tag itself is not the grammar's.
-    pub fn after_reasoning(mut self, tokens: ReasoningTokens) -> Self {
-        let part = if tokens.open.is_some() { Part::Opening } else { Part::Reasoning };
+    /// reasoning has no answer); the closing tag itself is not the grammar's. `open_in_prompt`:
+    /// the prompt opened the block, so the reply reasons from its first token; otherwise the
+    /// first token opens it or starts the answer.
+    pub fn after_reasoning(mut self, tokens: ReasoningTokens, open_in_prompt: bool) -> Self {
+        let part = if open_in_prompt { Part::Reasoning } else { Part::Opening };
         self.reasoning = Some((tokens, part));
         self
     }
@@ -77,7 +78,7 @@ impl TokenConstraint {
     pub fn allowed_tokens(&mut self) -> Result<Option<Vec<u8>>, GrammarError> {
         let open = match self.reasoning {
             Some((_, Part::Reasoning)) => return Ok(None),
-            Some((tokens, Part::Opening)) => tokens.open,
+            Some((tokens, Part::Opening)) => Some(tokens.open),
             _ => None,
         };
         let vocab_size = self.matcher.tok_env().map_err(matcher_error)?.tok_trie().vocab_size();
@@ -95,7 +96,7 @@ impl TokenConstraint {
     pub fn advance(&mut self, token: u32) -> Result<Advance, GrammarError> {
         if let Some((tokens, part)) = &mut self.reasoning {
             match *part {
-                Part::Opening if Some(token) == tokens.open => {
+                Part::Opening if token == tokens.open => {
                     *part = Part::Reasoning;
                     return Ok(Advance::Continue);
                 }
@@ -240,8 +241,8 @@ mod tests {
 
         let tokenizer = crate::tokenizer::Tokenizer::from_json(&crate::tokenizer::tests::thinking_json()).unwrap();
         let compiler = thinking_compiler();
-        let tokens = ReasoningTokens { open: None, close: END_THINK };
-        let mut constraint = compiler.compile(&GrammarSpec::Regex("(yes|no)!".into())).unwrap().after_reasoning(tokens);
+        let tokens = ReasoningTokens { open: THINK, close: END_THINK };
+        let mut constraint = compiler.compile(&GrammarSpec::Regex("(yes|no)!".into())).unwrap().after_reasoning(tokens, true);
         for &id in &tokenizer.encode("Hmm, maybe x.", false).unwrap().ids {
             assert_eq!(constraint.allowed_tokens(), Ok(None));
             assert_eq!(constraint.advance(id), Ok(Advance::Continue));
@@ -256,16 +257,16 @@ mod tests {
         assert_eq!(constraint.advance(bang), Ok(Advance::Complete));
     }
 
-    /// Where the reply opens its reasoning itself (Qwen 3): its first token may be `<think>` or
-    /// one the grammar allows; after a grammar's token there is no reasoning.
+    /// Where the prompt left no block open (Qwen 3's replies open their own): the first token may
+    /// be `<think>` or one the grammar allows; after a grammar's token there is no reasoning.
     #[test]
     fn a_reply_that_may_open_its_reasoning_chooses_with_its_first_token() {
         use crate::grammar::compiler::tests::thinking_compiler;
         use crate::tokenizer::tests::{END_THINK, THINK};
 
         let tokenizer = crate::tokenizer::Tokenizer::from_json(&crate::tokenizer::tests::thinking_json()).unwrap();
-        let tokens = ReasoningTokens { open: Some(THINK), close: END_THINK };
-        let compile = || thinking_compiler().compile(&GrammarSpec::Regex("(yes|no)!".into())).unwrap().after_reasoning(tokens);
+        let tokens = ReasoningTokens { open: THINK, close: END_THINK };
+        let compile = || thinking_compiler().compile(&GrammarSpec::Regex("(yes|no)!".into())).unwrap().after_reasoning(tokens, false);
         let plain = allowed_ids(&thinking_compiler().compile(&GrammarSpec::Regex("(yes|no)!".into())).unwrap().allowed_tokens().unwrap().unwrap());
 
         let mut thinking = compile();

@@ -404,9 +404,9 @@ fn chat_completion(
     let choices = outputs
         .iter()
         .enumerate()
-        .map(|(index, (_, output))| {
+        .map(|(index, (valid, output))| {
             let (reasoning_content, text) = match reasoning_parser {
-                Some(parser) => ReasoningSplitter::split_whole(parser, &output.generated_text),
+                Some(parser) => ReasoningSplitter::split_whole(parser, &valid.inputs, &output.generated_text),
                 None => (None, output.generated_text.clone()),
             };
             let (mut content, tool_calls, finish_reason) = answer(&text, output, calls_tools);
@@ -501,7 +501,7 @@ fn chat_chunk(
     // Under a reasoning parser the reasoning is a field of its own; the rest is the reply.
     let (mut text, reasoning_content) = match reasoning {
         Some(splitters) => {
-            let split = splitters.push(update.index, &update.text, update.finish.is_some());
+            let split = splitters.push(update.index, update.prompt, &update.text, update.finish.is_some());
             (split.content, Some(split.reasoning).filter(|text| !text.is_empty()))
         }
         None => (update.text.clone(), None),
@@ -520,7 +520,7 @@ fn chat_chunk(
                 Some(output) => {
                     let last = call.push(&text);
                     let answer = match reasoning {
-                        Some(splitters) => ReasoningSplitter::split_whole(splitters.parser(), &output.generated_text).1,
+                        Some(splitters) => ReasoningSplitter::split_whole(splitters.parser(), update.prompt, &output.generated_text).1,
                         None => output.generated_text.clone(),
                     };
                     match tools::parse_answer(&answer) {

@@ -58,6 +58,8 @@ pub(crate) fn fingerprint() -> String {
 /// What one chunk reports for one choice.
 pub(crate) struct ChoiceUpdate<'a> {
     pub index: u32,
+    /// The choice's prompt as the model reads it (a conversation rendered).
+    pub prompt: &'a str,
     /// The text released by this token (empty mid-character and for special tokens).
     pub text: String,
     pub token: Option<&'a Token>,
@@ -292,6 +294,7 @@ async fn stream_choice(
             let (tokens, top_tokens) = (generation.prefill_tokens(), generation.prefill_top_tokens());
             let update = ChoiceUpdate {
                 index: choice.index,
+                prompt: &valid.inputs,
                 text: valid.inputs.clone(),
                 token: None,
                 top_tokens: &[],
@@ -303,7 +306,7 @@ async fn stream_choice(
             }
         }
         generated += u32::from(matches!(event, GenerationEvent::Token { .. }));
-        let (update, output) = chunk_of(event, choice.index, identity, chunk);
+        let (update, output) = chunk_of(event, choice.index, &valid.inputs, identity, chunk);
         let usage = match &output {
             Some(output) => Usage::new(output.input_length, output.generated_tokens),
             None => Usage::new(prompt_tokens, generated),
@@ -322,6 +325,7 @@ async fn stream_choice(
 fn chunk_of(
     event: GenerationEvent,
     index: u32,
+    prompt: &str,
     identity: &ResponseIdentity,
     chunk: &ChunkBuilder,
 ) -> (serde_json::Value, Option<Box<GenerationOutput>>) {
@@ -335,6 +339,7 @@ fn chunk_of(
         } => {
             let update = ChoiceUpdate {
                 index,
+                prompt,
                 text,
                 token: Some(&token),
                 top_tokens: &top_tokens,
@@ -346,6 +351,7 @@ fn chunk_of(
         GenerationEvent::End { output, text } => {
             let update = ChoiceUpdate {
                 index,
+                prompt,
                 text,
                 token: None,
                 top_tokens: &[],

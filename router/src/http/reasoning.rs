@@ -24,17 +24,27 @@ pub enum ReasoningParser {
 const START: &str = "<think>";
 const END: &str = "</think>";
 
+/// The tags as the model's tokens, where its tokenizer has each as one token the model can
+/// sample (`vocab_size`, 0 when unknown): a chat reply under a grammar (a format, tools) then
+/// reasons first and the grammar holds from the token after `</think>`. `None` otherwise: the
+/// grammar holds from the reply's first token, which then has no reasoning part.
+pub fn tag_tokens(tokenizer: &Tokenizer, vocab_size: u32) -> Option<ReasoningTokens> {
+    let id = |tag: &str| tokenizer.token_id(tag).filter(|&id| vocab_size == 0 || id < vocab_size);
+    Some(ReasoningTokens { open: id(START)?, close: id(END)? })
+}
+
 impl ReasoningParser {
-    /// The tags as the model's tokens, where its tokenizer has each as one token the model can
-    /// sample (`vocab_size`, 0 when unknown): a chat reply under a grammar (a format, tools) then
-    /// reasons first and the grammar holds from the token after `</think>`. `None` otherwise:
-    /// the grammar holds from the reply's first token, which then has no reasoning part.
-    pub fn tokens(self, tokenizer: &Tokenizer, vocab_size: u32) -> Option<ReasoningTokens> {
-        let id = |tag: &str| tokenizer.token_id(tag).filter(|&id| vocab_size == 0 || id < vocab_size);
-        let close = id(END)?;
-        match self {
-            ReasoningParser::Qwen3 => Some(ReasoningTokens { open: Some(id(START)?), close }),
-            ReasoningParser::DeepseekR1 => Some(ReasoningTokens { open: None, close }),
+    /// Whether the prompt (the rendered conversation) leaves a reasoning block open, so the
+    /// reply reasons from its first token: its last tag is `<think>` (DeepSeek-R1's template,
+    /// Qwen 3's thinking-only models'). A last `</think>` closed it (Qwen 3's
+    /// `enable_thinking: false`, or an earlier turn's reasoning): the reply may open its own.
+    /// With no tag, the parser's own reading: `deepseek_r1` takes the block as opened, `qwen3`
+    /// as the reply's to open.
+    pub fn open_in_prompt(self, prompt: &str) -> bool {
+        match (prompt.rfind(START), prompt.rfind(END)) {
+            (Some(open), close) => close.is_none_or(|close| open > close),
+            (None, Some(_)) => false,
+            (None, None) => self == ReasoningParser::DeepseekR1,
         }
     }
 }
@@ -65,8 +75,9 @@ pub struct ReasoningSplitter {
 }
 
 impl ReasoningSplitter {
-    pub fn new(parser: ReasoningParser) -> Self {
-        Self { part: Part::Opening, pending: String::new(), reasoned: parser == ReasoningParser::DeepseekR1 }
+    /// The split of a reply to `prompt` (`ReasoningParser::open_in_prompt`).
+    pub fn new(parser: ReasoningParser, prompt: &str) -> Self {
+        Self { part: Part::Opening, pending: String::new(), reasoned: parser.open_in_prompt(prompt) }
     }
 
     /// Whether the reply has a reasoning part (it may still be empty).
@@ -121,9 +132,9 @@ impl ReasoningSplitter {
         }
     }
 
-    /// A whole reply: (reasoning, when it has a reasoning part; content).
-    pub fn split_whole(parser: ReasoningParser, text: &str) -> (Option<String>, String) {
-        let mut splitter = Self::new(parser);
+    /// A whole reply to `prompt`: (reasoning, when it has a reasoning part; content).
+    pub fn split_whole(parser: ReasoningParser, prompt: &str, text: &str) -> (Option<String>, String) {
+        let mut splitter = Self::new(parser, prompt);
         let (first, last) = (splitter.push(text), splitter.finish());
         let reasoning = splitter.reasoned().then(|| first.reasoning + &last.reasoning);
         (reasoning, first.content + &last.content)
@@ -146,10 +157,11 @@ impl ChoiceSplitters {
         self.parser
     }
 
-    /// Splits choice `index`'s next piece; its `last` piece releases what was held back.
-    pub fn push(&self, index: u32, text: &str, last: bool) -> Split {
+    /// Splits choice `index`'s next piece of its reply to `prompt`; its `last` piece releases
+    /// what was held back.
+    pub fn push(&self, index: u32, prompt: &str, text: &str, last: bool) -> Split {
         let mut splitters = self.splitters.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let splitter = splitters.entry(index).or_insert_with(|| ReasoningSplitter::new(self.parser));
+        let splitter = splitters.entry(index).or_insert_with(|| ReasoningSplitter::new(self.parser, prompt));
         let mut split = splitter.push(text);
         if last {
             let rest = splitter.finish();
@@ -177,17 +189,17 @@ mod tests {
 
     #[test]
     fn a_whole_reply_splits_at_the_closing_tag() {
-        let (reasoning, content) = ReasoningSplitter::split_whole(ReasoningParser::Qwen3, THOUGHT);
+        let (reasoning, content) = ReasoningSplitter::split_whole(ReasoningParser::Qwen3, "", THOUGHT);
         assert_eq!(reasoning.as_deref(), Some("\nThe user greets me.\n"));
         assert_eq!(content, "\n\nHello!");
         // Qwen 3 without thinking: no tag, all content, no reasoning field.
-        assert_eq!(ReasoningSplitter::split_whole(ReasoningParser::Qwen3, "Hello!"), (None, "Hello!".into()));
+        assert_eq!(ReasoningSplitter::split_whole(ReasoningParser::Qwen3, "", "Hello!"), (None, "Hello!".into()));
         // DeepSeek-R1's template opened the block in the prompt: reasoning up to the end tag.
-        let (reasoning, content) = ReasoningSplitter::split_whole(ReasoningParser::DeepseekR1, "Hmm.</think>Hi");
+        let (reasoning, content) = ReasoningSplitter::split_whole(ReasoningParser::DeepseekR1, "", "Hmm.</think>Hi");
         assert_eq!((reasoning.as_deref(), content.as_str()), (Some("Hmm."), "Hi"));
         // Cut short while thinking: it is all reasoning, no content.
-        assert_eq!(ReasoningSplitter::split_whole(ReasoningParser::DeepseekR1, "Hmm"), (Some("Hmm".into()), String::new()));
-        assert_eq!(ReasoningSplitter::split_whole(ReasoningParser::Qwen3, "<think>Hm"), (Some("Hm".into()), String::new()));
+        assert_eq!(ReasoningSplitter::split_whole(ReasoningParser::DeepseekR1, "", "Hmm"), (Some("Hmm".into()), String::new()));
+        assert_eq!(ReasoningSplitter::split_whole(ReasoningParser::Qwen3, "", "<think>Hm"), (Some("Hm".into()), String::new()));
     }
 
     #[test]
@@ -195,10 +207,10 @@ mod tests {
         let replies = [THOUGHT, "Hello <think> there", "  <thi", "<think>a</thi", "<think>é</think>ü", "</think>x"];
         for parser in [ReasoningParser::Qwen3, ReasoningParser::DeepseekR1] {
             for reply in replies {
-                let whole = ReasoningSplitter::split_whole(parser, reply);
+                let whole = ReasoningSplitter::split_whole(parser, "", reply);
                 let chars: Vec<char> = reply.chars().collect();
                 for size in 1..=3 {
-                    let mut splitter = ReasoningSplitter::new(parser);
+                    let mut splitter = ReasoningSplitter::new(parser, "");
                     let (mut reasoning, mut content) = (String::new(), String::new());
                     for piece in chars.chunks(size).map(String::from_iter) {
                         let split = splitter.push(&piece);
@@ -217,10 +229,27 @@ mod tests {
 
     #[test]
     fn text_that_may_start_a_tag_waits_and_no_more() {
-        let mut splitter = ReasoningSplitter::new(ReasoningParser::Qwen3);
+        let mut splitter = ReasoningSplitter::new(ReasoningParser::Qwen3, "");
         assert_eq!(splitter.push("<thi"), Split::default());
         assert_eq!(splitter.push("nk>plan</th"), Split { reasoning: "plan".into(), content: String::new() });
         assert_eq!(splitter.push("ink>Hi"), Split { reasoning: String::new(), content: "Hi".into() });
         assert_eq!(splitter.push(" <"), Split { reasoning: String::new(), content: " <".into() });
+    }
+
+    /// The prompt decides where the reply starts: a last `<think>` opened the block, a last
+    /// `</think>` closed it, and with none the parser's own reading holds.
+    #[test]
+    fn the_prompts_last_tag_says_whether_the_reply_starts_reasoning() {
+        let (opened, closed) = ("<user>Hi<assistant><think>\n", "<user>Hi<assistant><think>\n\n</think>\n\n");
+        let history = "<assistant><think>a</think>Yes<user>And?<assistant>";
+        for parser in [ReasoningParser::Qwen3, ReasoningParser::DeepseekR1] {
+            assert!(parser.open_in_prompt(opened));
+            assert!(!parser.open_in_prompt(closed) && !parser.open_in_prompt(history));
+            // A template that closed the block: the answer is content, under either parser.
+            assert_eq!(ReasoningSplitter::split_whole(parser, closed, "{\"ok\": true}"), (None, "{\"ok\": true}".into()));
+            assert_eq!(ReasoningSplitter::split_whole(parser, opened, "Hm.</think>Hi"), (Some("Hm.".into()), "Hi".into()));
+        }
+        assert!(ReasoningParser::DeepseekR1.open_in_prompt("<user>Hi<assistant>"));
+        assert!(!ReasoningParser::Qwen3.open_in_prompt("<user>Hi<assistant>"));
     }
 }

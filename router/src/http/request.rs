@@ -201,8 +201,8 @@ async fn validated(
     let constraint = match &parameters.grammar {
         Some(spec) => {
             let constraint = compile_grammar(state, spec.clone()).await?;
-            match state.reasoning_tokens.filter(|_| parameters.reasoning_first) {
-                Some(tokens) => Some(constraint.after_reasoning(tokens)),
+            match state.reasoning_tokens.zip(state.config.reasoning_parser).filter(|_| parameters.reasoning_first) {
+                Some((tokens, parser)) => Some(constraint.after_reasoning(tokens, parser.open_in_prompt(&inputs))),
                 None => Some(constraint),
             }
         }

@@ -147,7 +147,7 @@ impl AppState {
                 .inspect_err(|error| tracing::warn!(%error, "grammars are disabled"))
         };
         let reasoning_tokens = config.reasoning_parser.and_then(|parser| {
-            let tokens = parser.tokens(&tokenizer, info.vocab_size);
+            let tokens = super::reasoning::tag_tokens(&tokenizer, info.vocab_size);
             if tokens.is_none() {
                 tracing::warn!(
                     ?parser,

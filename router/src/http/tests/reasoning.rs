@@ -6,17 +6,25 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::scripted_shard::ScriptedShard;
-use super::{app, app_on_shard, post, send, sse_data};
+use super::{app, app_on_shard, post, send, sse_data, with_fields};
 use crate::http::reasoning::ReasoningParser;
 use crate::http::HttpConfig;
 use crate::tokenizer::tests::thinking_json;
 
 const SCRIPT: &str = "<think>Hello world.</think>Goodbye!";
 
+/// A template that closes an empty block in the prompt when asked not to think (Qwen 3's way).
+const TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>\
+    {% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}";
+
 async fn thinking_app(parser: ReasoningParser) -> axum::Router {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
     let template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
-    let shard = ScriptedShard::spawn_with_script(thinking_json(), template, SCRIPT, 49154);
+    scripted_app(parser, SCRIPT, template).await
+}
+
+async fn scripted_app(parser: ReasoningParser, script: &str, template: String) -> axum::Router {
+    let shard = ScriptedShard::spawn_with_script(thinking_json(), template, script, 49154);
     app_on_shard(HttpConfig { reasoning_parser: Some(parser), ..HttpConfig::default() }, shard, &[]).await.0
 }
 
@@ -67,6 +75,35 @@ async fn without_tag_tokens_the_format_holds_from_the_first_token() {
     let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
     assert!(is_verdict(message["content"].as_str().unwrap()), "{message}");
     assert!(message.get("reasoning_content").is_none_or(Value::is_null), "{message}");
+}
+
+/// A prompt that closed the block (`enable_thinking: false`): a model that writes no tag is held
+/// to the grammar from its first token under either parser, and its answer is content. With
+/// the block left open (DeepSeek-R1's reading of a prompt without tags) nothing holds it until
+/// `</think>`, and a reply that never closes it is all reasoning.
+#[tokio::test]
+async fn a_prompt_that_closed_the_block_holds_the_reply_from_its_first_token() {
+    for parser in [ReasoningParser::Qwen3, ReasoningParser::DeepseekR1] {
+        let app = scripted_app(parser, "Goodbye!", TEMPLATE.into()).await;
+        let closed = with_fields(format_request(), &json!({"chat_template_kwargs": {"enable_thinking": false}}));
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &closed)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
+        assert!(is_verdict(message["content"].as_str().unwrap()), "{parser:?}: {message}");
+        assert!(message.get("reasoning_content").is_none_or(Value::is_null), "{parser:?}: {message}");
+        let mut streamed = closed.clone();
+        streamed["stream"] = json!(true);
+        let (_, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
+        assert_eq!(joined(&text, "content"), message["content"].as_str().unwrap(), "{parser:?}");
+        assert_eq!(joined(&text, "reasoning_content"), "", "{parser:?}");
+
+        let (_, _, text) = send(&app, post("/v1/chat/completions", &format_request())).await;
+        let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
+        match parser {
+            ReasoningParser::DeepseekR1 => assert_eq!(message["reasoning_content"], "Goodbye!", "{message}"),
+            ReasoningParser::Qwen3 => assert!(is_verdict(message["content"].as_str().unwrap()), "{message}"),
+        }
+    }
 }
 
 /// Tools: the reasoning first, then the call, read from what follows `</think>`.
