@@ -126,6 +126,29 @@ def test_a_block_written_in_a_step_is_read_at_its_own_position_only():
         validate_plan(plan([0, 4, 5], second_start=0), {}, limits, nothing)
 
 
+def test_a_prompt_scored_once_is_not_scored_again_when_recomputed(tiny_llama_dir):
+    """Once its first token is sampled a request's prompt logprobs are sent: a re-prefill after
+    a recompute scores nothing (the router would drop it), gives the same next token as a
+    request that never asked, and its steps are plain greedy again (they may run ahead)."""
+    from superinfer.shard.step_sampling import samples_plain_greedy
+
+    prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    tokens = {}
+    for asks in (True, False):
+        executor = make_executor(tiny_llama_dir)
+        new = pb.NewRequest(id=1, prompt_token_ids=prompt, prompt_logprobs=asks)
+        first = executor.step(pb.StepRequest(step_id=1, new_requests=[new], scheduled=[
+            pb.ScheduledRequest(id=1, num_computed_tokens=0, num_new_tokens=len(prompt), block_table=[0, 1], sample=True)]))
+        assert len(first.outputs[0].prompt_logprobs) == (len(prompt) - 1 if asks else 0)
+        again = pb.StepRequest(step_id=2, scheduled=[
+            pb.ScheduledRequest(id=1, num_computed_tokens=0, num_new_tokens=len(prompt) + 1, block_table=[2, 3], sample=True)])
+        assert samples_plain_greedy(again, executor.requests)
+        second = executor.step(again).outputs[0]
+        assert not second.prompt_logprobs and not second.prompt_ranks
+        tokens[asks] = [first.outputs[0].token.id, second.token.id]
+    assert tokens[True] == tokens[False]
+
+
 @pytest.mark.parametrize("top_n", [None, 0, 3])
 def test_prompt_logprobs_over_chunks_carry_ranks_and_their_own_top_n(tiny_llama_dir, top_n):
     """A prompt scored in two chunks: each position's logprob, rank and alternatives are the

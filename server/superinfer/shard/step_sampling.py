@@ -115,6 +115,9 @@ def sample_on_host(scheduled: list[ScheduledWork], requests: dict[int, RequestSt
                 continue
             state.token_ids.append(token.token_id)
             state.sampled_in_step = step_id
+            # Its prompt's logprobs are sent with its first token (this step scored the rest):
+            # a re-prefill after a recompute scores nothing again, and its steps may run ahead.
+            state.prompt_logprobs = False
             outputs[index].token.CopyFrom(shard_pb2.SampledToken(
                 id=token.token_id, logprob=token.logprob,
                 top_tokens=[shard_pb2.TokenLogprob(id=i, logprob=lp) for i, lp in token.top_tokens],
