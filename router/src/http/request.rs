@@ -149,6 +149,8 @@ async fn checked_parameters(
 /// ban a plain space before the word's usual form.
 fn bad_word_ids(tokenizer: &Tokenizer, words: &[String]) -> Result<Vec<Vec<u32>>, HttpError> {
     let mut sequences: Vec<Vec<u32>> = Vec::new();
+    // A request may name thousands: each form is looked up, not compared with every other.
+    let mut seen: std::collections::HashSet<Vec<u32>> = std::collections::HashSet::new();
     for word in words {
         let word = word.trim_start();
         let encode = |text: &str| {
@@ -158,7 +160,7 @@ fn bad_word_ids(tokenizer: &Tokenizer, words: &[String]) -> Result<Vec<Vec<u32>>
         let spaced = encode(&format!(" {word}"))?;
         let forms = if spaced.len() > plain.len() { vec![plain] } else { vec![plain, spaced] };
         for form in forms {
-            if !form.is_empty() && !sequences.contains(&form) {
+            if !form.is_empty() && seen.insert(form.clone()) {
                 sequences.push(form);
             }
         }
