@@ -2,7 +2,7 @@
 //! the step samples for (timed: per request and per step, `superinfer_grammar_mask_seconds`
 //! and `superinfer_grammar_step_mask_seconds`). After it, `ActiveRequest::advance_grammar`
 //! feeds each sampled token to its request's matcher.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::active::ActiveRequests;
@@ -39,18 +39,20 @@ pub(crate) fn allowed_tokens(sampling: &[u64], requests: &mut ActiveRequests) ->
             workers.into_iter().filter_map(|worker| worker.join().ok()).flatten().collect()
         })
     };
+    let mut computed: HashMap<u64, (Option<Vec<u8>>, Duration)> =
+        computed.into_iter().map(|(id, mask, elapsed)| (id, (mask, elapsed))).collect();
     let mut masks: HashMap<u64, Vec<u8>> = HashMap::with_capacity(constrained.len());
-    let mut answered = HashSet::with_capacity(constrained.len());
-    for (id, mask, elapsed) in computed {
-        answered.insert(id);
-        if let Some(mask) = mask {
-            metrics::record_grammar_mask(elapsed);
-            masks.insert(id, mask);
-        }
-    }
     for (id, _) in &constrained {
-        if !answered.contains(id) {
-            masks.insert(*id, Vec::from([0]));
+        match computed.remove(id) {
+            Some((Some(mask), elapsed)) => {
+                metrics::record_grammar_mask(elapsed);
+                masks.insert(*id, mask);
+            }
+            // Still reasoning: no mask.
+            Some((None, _)) => {}
+            None => {
+                masks.insert(*id, Vec::from([0]));
+            }
         }
     }
     metrics::record_grammar_step_masks(started.elapsed());

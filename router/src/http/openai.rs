@@ -236,7 +236,7 @@ pub(super) fn prepare_chat(
     let mut parameters = request.sampling.to_parameters(top_n_tokens)?;
     parameters.truncate = request.sampling.truncate(state.limits.max_input_tokens)?;
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
-    parameters.reasoning_first = state.reasoning_tokens.is_some();
+    parameters.reasoning_first = true;
     let tools = match tool_plan {
         Some(plan) => {
             // As TGI: the instruction and the tools follow the last message, for templates

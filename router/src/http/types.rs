@@ -106,8 +106,8 @@ pub struct GenerateParameters {
     /// -1, the whole vocabulary, is refused).
     #[serde(skip)]
     pub prompt_logprobs: Option<i64>,
-    /// The reply may reason before its grammar holds (the chat route under `--reasoning-parser`,
-    /// where the model's reasoning tags are tokens).
+    /// The reply may reason before its grammar holds (set by the chat route; it takes effect under
+    /// `--reasoning-parser` where the model's reasoning tags are tokens, `AppState::reasoning_tokens`).
     #[serde(skip)]
     pub reasoning_first: bool,
     #[serde(default)]
