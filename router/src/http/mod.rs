@@ -2,8 +2,8 @@
 //! - `state`: `HttpConfig` and the state handlers share; `request`: validation of one request;
 //!   `generation`: one generation (detokenization, stop sequences, details).
 //! - routes: `generate` (TGI), `openai` (chat and completions; `tools`: tool calls under a
-//!   grammar), `info` (health, info, metrics, models), `openapi` (spec and docs page),
-//!   `worker_api` (what a load-balancing router in front asks: load, server info, render).
+//!   grammar), `responses` (OpenAI's Responses API over the chat route), `info` (health,
+//!   info, metrics, models), `openapi` (spec and docs page), `worker_api` (what a load-balancing router in front asks: load, server info, render).
 //! - plumbing: `types` / `openai_types` (bodies), `extract` (JSON body, API key), `sse`,
 //!   `headers`, `stop`, `trace` (the request span, continuing the client's trace),
 //!   `request_log` (a request's outcome: metrics and its one log line).
@@ -25,6 +25,7 @@ mod openapi;
 pub mod reasoning;
 mod request;
 mod request_log;
+mod responses;
 mod sse;
 mod state;
 mod stop;
@@ -88,6 +89,7 @@ pub fn router(
         .route("/chat_tokenize", post(generate::chat_tokenize))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::responses))
         .route("/invocations", post(invocations::invocations))
         .route("/vertex", post(vertex::vertex))
         .route("/v1/chat/completions/render", post(worker_api::render_chat))

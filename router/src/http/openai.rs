@@ -66,7 +66,7 @@ pub(crate) async fn chat_completions(
     // A grammar (a format, tools) holds the reply after its reasoning where the model's tags are
     // tokens; otherwise from its first token, and the reply has no reasoning.
     let constrained = matches!(&prepared, Ok(choices) if choices.iter().any(|(_, p)| p.grammar.is_some()));
-    let reasoning_parser = state.config.reasoning_parser.filter(|_| !constrained || state.reasoning_tokens.is_some());
+    let reasoning_parser = reasoning_parser_for(&state, constrained);
     if stream {
         let headers = stream_headers(&state.config.compute_type, 0);
         let choices = prepared.as_ref().map_or(1, Vec::len);
@@ -88,7 +88,8 @@ pub(crate) async fn chat_completions(
         let echo = echo.map(ChoiceEcho::new);
         let tokenizer = state.tokenizer.clone();
         let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| {
-            chat_chunk(identity, update, call.as_ref(), reasoning.as_ref(), echo.as_ref(), &tokenizer)
+            let chunk = chat_chunk(identity, update, call.as_ref(), reasoning.as_ref(), echo.as_ref(), &tokenizer);
+            serde_json::to_value(chunk).unwrap_or_default()
         };
         return openai_stream(state, headers, plan, Arc::new(chunk)).await;
     }
@@ -106,6 +107,13 @@ pub(crate) async fn chat_completions(
     }
     .await;
     respond(result, &log)
+}
+
+/// The parser that splits a chat reply's reasoning from its answer: the server's, unless a
+/// grammar (`constrained`) holds the reply from its first token, as it does where the model's
+/// reasoning tags are not tokens (the reply then has no reasoning).
+pub(super) fn reasoning_parser_for(state: &AppState, constrained: bool) -> Option<ReasoningParser> {
+    state.config.reasoning_parser.filter(|_| !constrained || state.reasoning_tokens.is_some())
 }
 
 /// Choices of a request: `n` per prompt, checked against the limit on sequences per request
@@ -194,7 +202,7 @@ pub(crate) async fn completions(
     respond(result, &log)
 }
 
-fn respond<T: IntoResponse>(result: Result<T, HttpError>, log: &RequestLog) -> Response {
+pub(super) fn respond<T: IntoResponse>(result: Result<T, HttpError>, log: &RequestLog) -> Response {
     match result {
         Ok(response) => response.into_response(),
         Err(error) => {
@@ -356,7 +364,7 @@ fn chat_echo(request: &ChatRequest) -> Option<String> {
 }
 
 /// The echo of a stream's choices: each choice's first chunk starts with it.
-struct ChoiceEcho {
+pub(super) struct ChoiceEcho {
     text: String,
     sent: Mutex<std::collections::HashSet<u32>>,
 }
@@ -392,7 +400,7 @@ fn answer(text: &str, output: &GenerationOutput, calls_tools: bool) -> (Option<S
 
 /// The whole reply of each choice; `reasoning_parser` where its reasoning is split out (under a
 /// grammar, only where the grammar held after the reasoning); `echo` starts each choice's text.
-fn chat_completion(
+pub(super) fn chat_completion(
     state: &AppState,
     outputs: &[(ValidRequest, GenerationOutput)],
     logprobs: bool,
@@ -488,15 +496,16 @@ fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], lo
 /// One chunk per token. Under tools (`call`) the tokens' text is not content: the chunks
 /// carry the call as it grows (its name once complete, then pieces of its arguments), and the
 /// last one what is left of it, or the `no_tool` text. Under a reasoning parser (`reasoning`)
-/// each piece goes to `reasoning_content` or content; a call is read from the content.
-fn chat_chunk(
+/// each piece goes to `reasoning_content` or content; a call is read from the content. (The
+/// Responses API's stream reads its delta.)
+pub(super) fn chat_chunk(
     identity: &ResponseIdentity,
     update: ChoiceUpdate<'_>,
     call: Option<&Mutex<CallStream>>,
     reasoning: Option<&ChoiceSplitters>,
     echo: Option<&ChoiceEcho>,
     tokenizer: &Tokenizer,
-) -> serde_json::Value {
+) -> ChatCompletionChunk {
     let generated_reason = update.finish.map(|output| finish_reason(output.finish_reason));
     // Under a reasoning parser the reasoning is a field of its own; the rest is the reply.
     let (mut text, reasoning_content) = match reasoning {
@@ -550,7 +559,7 @@ fn chat_chunk(
         .token
         .filter(|_| identity.logprobs || !update.top_tokens.is_empty())
         .map(|token| chat_logprobs(tokenizer, std::slice::from_ref(token), &[update.top_tokens.to_vec()]));
-    let chunk = ChatCompletionChunk {
+    ChatCompletionChunk {
         id: identity.id.clone(),
         object: "chat.completion.chunk".to_string(),
         created: identity.created,
@@ -568,8 +577,7 @@ fn chat_chunk(
             finish_reason: finish,
         }],
         usage: None,
-    };
-    serde_json::to_value(chunk).unwrap_or_default()
+    }
 }
 
 fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, tokenizer: &Tokenizer) -> serde_json::Value {

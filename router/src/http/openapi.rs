@@ -5,7 +5,7 @@ use axum::response::Html;
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{generate, info, invocations, openai, openai_types, types, vertex, worker_api};
+use super::{generate, info, invocations, openai, openai_types, responses, types, vertex, worker_api};
 use crate::error::ErrorBody;
 
 #[derive(OpenApi)]
@@ -23,6 +23,7 @@ use crate::error::ErrorBody;
         generate::chat_tokenize,
         openai::chat_completions,
         openai::completions,
+        responses::responses,
         invocations::invocations,
         vertex::vertex,
         info::root,
@@ -148,6 +149,7 @@ mod tests {
             "/vertex",
             "/v1/chat/completions",
             "/v1/completions",
+            "/v1/responses",
             "/health",
             "/ping",
             "/api-doc/openapi.json",

@@ -108,6 +108,11 @@ pub enum ValidationError {
     InvalidTools(String),
     #[error("`{0}` is not supported")]
     Unsupported(&'static str),
+    #[error("`{0}` is not supported: {1}")]
+    UnsupportedBecause(&'static str, &'static str),
+    /// A field of the Responses API that does not read as one (`input`, `text.format`, …).
+    #[error("`{0}` is not valid: {1}")]
+    Field(&'static str, String),
     #[error("`presence_penalty` must be >= -2.0 and <= 2.0")]
     PresencePenalty,
     /// `adapter_id` names no adapter the server loaded (`--lora-adapters`).

@@ -11,6 +11,7 @@ mod listener;
 mod openai;
 mod reasoning;
 mod request_log;
+mod responses;
 mod scripted_shard;
 mod vertex;
 mod worker_api;
