@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::scripted_shard::{ScriptedShard, SCRIPT};
-use super::{app, app_on_shard, post, send, sse_data, with_fields};
+use super::{app, app_on_shard, post, send, sse_data, wait_for, with_fields, HOLD};
 use crate::http::reasoning::ReasoningParser;
 use crate::http::HttpConfig;
 use crate::tokenizer::tests::{smollm2, thinking_json};
@@ -209,4 +209,33 @@ async fn refusals_have_their_status_whole_and_streamed() {
     assert!(log.lock().unwrap().new_requests.is_empty());
     let (status, _, _) = send(&app, post("/v1/responses", &json!([1, 2]))).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn a_refused_stream_has_its_status_and_a_client_that_leaves_cancels_its_request() {
+    let (app, log) = app(HttpConfig { max_concurrent_requests: 1, ..HttpConfig::default() }).await;
+    let long = json!({"input": HOLD, "max_output_tokens": 1000, "ignore_eos": true, "stream": true});
+    let held = tower::ServiceExt::oneshot(app.clone(), post("/v1/responses", &long)).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    wait_for(&log, |log| !log.new_requests.is_empty()).await;
+    // At the concurrency limit a response is refused at once, streamed or not, with its status.
+    for stream in [false, true] {
+        let (status, headers, text) = send(&app, post("/v1/responses", &json!({"input": "x", "stream": stream}))).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{text}");
+        assert_eq!(headers["retry-after"], "1");
+    }
+    // The client leaves: its permit is released (noticed asynchronously) and its request
+    // cancelled, which the shard forgets with the next step, before the request's end.
+    drop(held);
+    let mut status = StatusCode::TOO_MANY_REQUESTS;
+    for _ in 0..200 {
+        status = send(&app, post("/v1/responses", &json!({"input": "x", "max_output_tokens": 1}))).await.0;
+        if status != StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(status, StatusCode::OK);
+    wait_for(&log, |log| !log.forgotten.is_empty()).await;
+    assert!(log.lock().unwrap().forgotten[0].1 < 1000);
 }
