@@ -3,6 +3,7 @@ the chat route's (greedy), whole and streamed through the client's own event acc
 structured output parsed by the client, and a tool loop whose output items are sent back as
 input."""
 import json
+import uuid
 
 import jsonschema
 import openai
@@ -24,15 +25,20 @@ def client(url: str) -> OpenAI:
 
 def test_a_response_is_the_chat_reply(url):
     api = client(url)
-    response = api.responses.create(model="tgi", input=QUESTION, instructions="Answer briefly.",
+    # Instructions no other request had: the prompt's blocks are not in the prefix cache yet.
+    instructions = f"Answer briefly ({uuid.uuid4().hex[:8]})."
+    response = api.responses.create(model="tgi", input=QUESTION, instructions=instructions,
                                     max_output_tokens=20, temperature=0)
     chat = api.chat.completions.create(model="tgi", max_tokens=20, temperature=0, messages=[
-        {"role": "system", "content": "Answer briefly."}, {"role": "user", "content": QUESTION}])
+        {"role": "system", "content": instructions}, {"role": "user", "content": QUESTION}])
     assert response.output_text == chat.choices[0].message.content
     assert "Paris" in api.responses.create(model="tgi", input=QUESTION, max_output_tokens=20, temperature=0).output_text
     assert response.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
     assert response.usage.input_tokens == chat.usage.prompt_tokens
     assert response.usage.output_tokens == chat.usage.completion_tokens
+    # Both rendered the same conversation: the second took its full blocks from the prefix cache.
+    assert response.usage.input_tokens_details.cached_tokens == 0
+    assert 0 < chat.usage.prompt_tokens_details.cached_tokens < chat.usage.prompt_tokens
 
 
 def test_a_streamed_response_through_the_clients_accumulator(url):

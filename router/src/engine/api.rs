@@ -161,6 +161,9 @@ pub struct RequestTimings {
 
 #[derive(Debug, Clone)]
 pub enum EngineEvent {
+    /// The request was first scheduled: `cached_tokens` of its prompt came from the prefix cache
+    /// (their KV was not computed). Sent again if a shard recovery schedules it afresh.
+    Scheduled { cached_tokens: u32 },
     /// Logprobs of prompt tokens 1.. (position 0 has none), sent once prefill completes.
     PromptLogprobs(Vec<PromptLogprob>),
     /// One generated token. Sent for every token, including the last one.

@@ -7,7 +7,7 @@ use std::time::Instant;
 use superinfer_scheduler::{ScheduledEntry, StepPlan, Transfer};
 
 use super::active::ActiveRequests;
-use super::api::SamplingParams;
+use super::api::{EngineEvent, SamplingParams};
 use crate::pb;
 
 /// Builds the Step RPC for `plan`, with the grammar masks (`constraints::allowed_tokens`) of
@@ -27,6 +27,9 @@ pub(crate) fn build_step_request(
             let active = requests.get_mut(id)?;
             active.sent_to_shard = true;
             active.first_scheduled.get_or_insert(now);
+            // Admitted with its cached prefix as computed positions.
+            let cached_tokens = plan.scheduled.iter().find(|entry| entry.id == id).map_or(0, |entry| entry.num_computed_tokens);
+            active.send(EngineEvent::Scheduled { cached_tokens });
             Some(pb::NewRequest {
                 id,
                 prompt_token_ids: active.request.prompt_token_ids.clone(),

@@ -38,6 +38,8 @@ pub(crate) struct GenerationOutput {
     pub tokens: Vec<Token>,
     pub top_tokens: Vec<Vec<Token>>,
     pub input_length: u32,
+    /// Prompt tokens served from the prefix cache (OpenAI's `cached_tokens`).
+    pub cached_tokens: u32,
     pub timings: Timings,
 }
 
@@ -87,6 +89,7 @@ pub(crate) struct Generation {
     tokens: Vec<Token>,
     top_tokens: Vec<Vec<Token>>,
     prefill_logprobs: Option<Vec<api::PromptLogprob>>,
+    cached_tokens: u32,
     seed: Option<u64>,
     timings: Timings,
     first_event: Option<Instant>,
@@ -119,6 +122,7 @@ impl Generation {
             tokens: Vec::new(),
             top_tokens: Vec::new(),
             prefill_logprobs: None,
+            cached_tokens: 0,
             seed: sampling.then_some(seed),
             timings: Timings {
                 arrival: request.arrival,
@@ -201,9 +205,11 @@ impl Generation {
         Ok(event)
     }
 
-    /// Records `Finished` (or prompt logprobs); a failure becomes the generation's error.
+    /// Records `Finished`, prompt logprobs or the first scheduling's cached tokens; a failure
+    /// becomes the generation's error.
     fn on_end_event(&mut self, event: EngineEvent) -> Result<(), HttpError> {
         match event {
+            EngineEvent::Scheduled { cached_tokens } => self.cached_tokens = cached_tokens,
             EngineEvent::PromptLogprobs(logprobs) => self.prefill_logprobs = Some(logprobs),
             EngineEvent::Finished { reason, timings } => {
                 let reason = match reason {
@@ -304,6 +310,7 @@ impl Generation {
             tokens: std::mem::take(&mut self.tokens),
             top_tokens: std::mem::take(&mut self.top_tokens),
             input_length: u32::try_from(self.prompt_ids.len()).unwrap_or(u32::MAX),
+            cached_tokens: self.cached_tokens,
             timings,
         }))
     }

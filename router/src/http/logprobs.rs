@@ -281,6 +281,7 @@ mod tests {
             tokens: vec![token(&tokenizer, 198, "\n", -0.1)],
             top_tokens: vec![Vec::new()],
             input_length: ids.len() as u32,
+            cached_tokens: 0,
             timings: Timings { arrival: now, validated: now, first_scheduled: now, finished: now },
         };
         let logprobs = choice_logprobs(&tokenizer, &output, Some(prompt), 0);

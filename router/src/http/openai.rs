@@ -434,9 +434,6 @@ pub(super) fn chat_completion(
             }
         })
         .collect();
-    // The conversation counts once, every choice's tokens each.
-    let prompt_tokens = outputs.first().map_or(0, |(_, output)| output.input_length);
-    let completion_tokens = outputs.iter().map(|(_, output)| output.generated_tokens).sum();
     ChatCompletion {
         id: identity.id,
         object: "chat.completion".to_string(),
@@ -444,9 +441,19 @@ pub(super) fn chat_completion(
         model: identity.model,
         system_fingerprint: fingerprint(),
         choices,
-        usage: Usage::new(prompt_tokens, completion_tokens),
+        // The conversation counts once, every choice's tokens each.
+        usage: usage_of(outputs, outputs.len()),
         prompt_logprobs: outputs.first().and_then(|(valid, output)| prompt_logprobs_of(state, valid, output)),
     }
+}
+
+/// The usage of outputs that are `n` choices per prompt, in order: each prompt (and its cached
+/// part) counts once, every choice's tokens each.
+fn usage_of(outputs: &[(ValidRequest, GenerationOutput)], n: usize) -> Usage {
+    outputs.iter().enumerate().fold(Usage::new(0, 0).with_cached(0), |usage, (index, (_, output))| {
+        let choice = Usage::new(output.input_length, output.generated_tokens).with_cached(output.cached_tokens);
+        usage.plus(choice, index % n.max(1) == 0)
+    })
 }
 
 /// vLLM's `prompt_logprobs` of one output, when its request asked for them.
@@ -461,11 +468,6 @@ fn prompt_logprobs_of(
 
 fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], logprobs: bool, echo: bool, n: usize) -> Completion {
     let identity = ResponseIdentity::new(&state.model_id, "text_completion");
-    // Each prompt counts once (its first choice), every choice's tokens each.
-    let (prompt_tokens, completion_tokens) = outputs.iter().enumerate().fold((0, 0), |(p, c), (index, (_, output))| {
-        let prompt = if index % n.max(1) == 0 { output.input_length } else { 0 };
-        (p + prompt, c + output.generated_tokens)
-    });
     Completion {
         id: identity.id,
         object: "text_completion".to_string(),
@@ -489,7 +491,7 @@ fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], lo
                 prompt_logprobs: prompt_logprobs_of(state, valid, output),
             })
             .collect(),
-        usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+        usage: Some(usage_of(outputs, n)),
     }
 }
 

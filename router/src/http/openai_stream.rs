@@ -183,10 +183,7 @@ pub(crate) async fn openai_stream(
                 match result {
                     Ok(Some(choice_usage)) => {
                         let first_choice = index % choices_per_prompt.max(1) == 0;
-                        usage = Usage::new(
-                            usage.prompt_tokens + if first_choice { choice_usage.prompt_tokens } else { 0 },
-                            usage.completion_tokens + choice_usage.completion_tokens,
-                        )
+                        usage = usage.plus(choice_usage, first_choice)
                     }
                     // The client left.
                     Ok(None) => return,
@@ -308,7 +305,7 @@ async fn stream_choice(
         generated += u32::from(matches!(event, GenerationEvent::Token { .. }));
         let (update, output) = chunk_of(event, choice.index, &valid.inputs, identity, chunk);
         let usage = match &output {
-            Some(output) => Usage::new(output.input_length, output.generated_tokens),
+            Some(output) => Usage::new(output.input_length, output.generated_tokens).with_cached(output.cached_tokens),
             None => Usage::new(prompt_tokens, generated),
         };
         if !sender.send_json(&with_usage(update, usage)).await {

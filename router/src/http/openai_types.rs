@@ -410,6 +410,15 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    /// OpenAI's: how many prompt tokens the prefix cache served. On whole responses and a
+    /// stream's usage chunk (known once a choice has ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
 }
 
 impl Usage {
@@ -418,7 +427,25 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
         }
+    }
+
+    /// With `cached_tokens` of the prompt served from the prefix cache.
+    pub fn with_cached(self, cached_tokens: u32) -> Self {
+        Self { prompt_tokens_details: Some(PromptTokensDetails { cached_tokens }), ..self }
+    }
+
+    /// This usage and a choice's: the choice's prompt (and its cached part) counts only where
+    /// `counts_prompt` (the first choice of its prompt), its generated tokens always.
+    pub fn plus(self, choice: Usage, counts_prompt: bool) -> Self {
+        let cached = |usage: &Usage| usage.prompt_tokens_details.map_or(0, |details| details.cached_tokens);
+        let (prompt, cached_tokens) = match counts_prompt {
+            true => (choice.prompt_tokens, cached(&choice)),
+            false => (0, 0),
+        };
+        Usage::new(self.prompt_tokens + prompt, self.completion_tokens + choice.completion_tokens)
+            .with_cached(cached(&self) + cached_tokens)
     }
 }
 

@@ -81,6 +81,7 @@ use crate::error::ErrorBody;
         openai_types::Completion,
         openai_types::CompletionChoice,
         openai_types::Usage,
+        openai_types::PromptTokensDetails,
         openai_types::StreamOptions,
         openai_types::StopSequences,
         openai_types::Prompt,

@@ -265,6 +265,7 @@ pub(crate) mod tests {
             tokens: Vec::new(),
             top_tokens: Vec::new(),
             input_length: 5,
+            cached_tokens: 0,
             timings: Timings {
                 arrival,
                 validated: arrival + Duration::from_millis(1),

@@ -662,6 +662,7 @@ impl Output {
         let usage = json!({
             "input_tokens": end.input_length, "output_tokens": end.generated_tokens,
             "total_tokens": end.input_length + end.generated_tokens,
+            "input_tokens_details": {"cached_tokens": end.cached_tokens},
         });
         let (status, kind, reason) = match cut {
             true => ("incomplete", "response.incomplete", Some("max_output_tokens")),

@@ -819,3 +819,36 @@ async fn reasoning_content_in_the_history_reaches_the_template() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
     assert!(text.contains("reasoning_content"), "{text}");
 }
+
+#[tokio::test]
+async fn usage_counts_the_prompt_tokens_the_prefix_cache_served() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let prompt = "The same long instructions, word for word, in every request of this test. ".repeat(6);
+    let chat = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 3});
+    let cached = |usage: &Value| usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    let first: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(cached(&first["usage"]), 0, "{text}");
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    let again: Value = serde_json::from_str(&text).unwrap();
+    let hit = cached(&again["usage"]);
+    assert!(hit > 0 && hit < again["usage"]["prompt_tokens"].as_u64().unwrap(), "{text}");
+    // Streamed: on the usage chunk.
+    let streamed = with_fields(chat.clone(), &json!({"stream": true, "stream_options": {"include_usage": true}}));
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
+    let events = sse_data(&text);
+    assert_eq!(cached(&events[events.len() - 2]["usage"]), hit, "{text}");
+    // Two prompts of n = 2 choices, each prompt (and its cached part) counted once: the text
+    // was not seen before (no template), so the first computes it and the second may take its
+    // full blocks.
+    let body = json!({"prompt": [prompt, prompt], "n": 2, "max_tokens": 2});
+    let (_, _, text) = send(&app, post("/v1/completions", &body)).await;
+    let completion: Value = serde_json::from_str(&text).unwrap();
+    let usage = &completion["usage"];
+    let per_prompt = usage["prompt_tokens"].as_u64().unwrap() / 2;
+    assert!(cached(usage) < per_prompt, "{text}");
+    let (_, _, text) = send(&app, post("/v1/completions", &body)).await;
+    let completion: Value = serde_json::from_str(&text).unwrap();
+    // Sent again, both prompts take their full blocks from the cache.
+    assert!(cached(&completion["usage"]) > cached(usage), "{text}");
+}

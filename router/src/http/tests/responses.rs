@@ -239,3 +239,26 @@ async fn a_refused_stream_has_its_status_and_a_client_that_leaves_cancels_its_re
     wait_for(&log, |log| !log.forgotten.is_empty()).await;
     assert!(log.lock().unwrap().forgotten[0].1 < 1000);
 }
+
+#[tokio::test]
+async fn a_prompt_served_from_the_prefix_cache_counts_its_cached_tokens() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let input = "The same long instructions, word for word, in every request of this test. ".repeat(6);
+    let body = json!({"input": input, "max_output_tokens": 3});
+    let mut cached = Vec::new();
+    for stream in [false, false, true] {
+        let (status, _, text) = send(&app, post("/v1/responses", &with_fields(body.clone(), &json!({"stream": stream})))).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let response = match stream {
+            false => serde_json::from_str::<Value>(&text).unwrap(),
+            true => events(&text).last().unwrap()["response"].clone(),
+        };
+        let usage = &response["usage"];
+        cached.push((usage["input_tokens_details"]["cached_tokens"].as_u64().unwrap(), usage["input_tokens"].as_u64().unwrap()));
+    }
+    // The first computes the prompt; the next ones take its full blocks.
+    assert_eq!(cached[0].0, 0, "{cached:?}");
+    for (hit, prompt) in &cached[1..] {
+        assert!(*hit > 0 && hit < prompt, "{cached:?}");
+    }
+}
