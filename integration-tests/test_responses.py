@@ -59,6 +59,19 @@ def test_a_streamed_response_through_the_clients_accumulator(url):
     assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
 
 
+def test_logprobs_are_the_chat_routes(url):
+    api = client(url)
+    response = api.responses.create(model="tgi", input=QUESTION, max_output_tokens=8, temperature=0, top_logprobs=2,
+                                    include=["message.output_text.logprobs"])
+    chat = api.chat.completions.create(model="tgi", messages=[{"role": "user", "content": QUESTION}], max_tokens=8,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    ours = response.output[0].content[0].logprobs
+    theirs = chat.choices[0].logprobs.content
+    assert [lp.token for lp in ours] == [lp.token for lp in theirs]
+    assert [lp.logprob for lp in ours] == pytest.approx([lp.logprob for lp in theirs], abs=1e-4)
+    assert all(len(lp.top_logprobs) == 2 for lp in ours)
+
+
 class City(BaseModel):
     name: str
     country: str

@@ -400,7 +400,7 @@ fn answer(text: &str, output: &GenerationOutput, calls_tools: bool) -> (Option<S
 
 /// The whole reply of each choice; `reasoning_parser` where its reasoning is split out (under a
 /// grammar, only where the grammar held after the reasoning); `echo` starts each choice's text.
-pub(super) fn chat_completion(
+fn chat_completion(
     state: &AppState,
     outputs: &[(ValidRequest, GenerationOutput)],
     logprobs: bool,

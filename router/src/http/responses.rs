@@ -8,7 +8,12 @@
 //! `priority`, `slo`, …) are read as the chat route reads them. The answer's reasoning
 //! (`--reasoning-parser`), text and call become the response's output items (`Output`), whole or
 //! streamed as OpenAI's typed events (`response.created` … `response.completed`, each with its
-//! `sequence_number`). A reply cut by `max_output_tokens` is `incomplete`.
+//! `sequence_number`). Both forms are one run (`Run`): the engine's tokens read as the chat
+//! route's stream reads them, so a whole response is its stream's last event. A reply cut by
+//! `max_output_tokens` is `incomplete`. The usage counts the prompt tokens the prefix cache
+//! served and the reasoning's tokens (those before the answer's first, the tags included); the
+//! message's tokens' logprobs come with `include: ["message.output_text.logprobs"]` or
+//! `top_logprobs`.
 //!
 //! The server keeps no responses: `previous_response_id`, `conversation` and `background` are
 //! refused (422), and every response says `store: false`. A client keeps its conversation by
@@ -20,15 +25,16 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
 use serde_json::{json, Map, Value};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::extract::JsonBody;
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
 use super::headers::{finished_headers, stream_headers};
-use super::openai::{chat_chunk, chat_completion, prepare_chat, reasoning_parser_for, respond, run_choices};
+use super::openai::{chat_chunk, prepare_chat, reasoning_parser_for, respond};
 use super::openai_stream::{ChoiceUpdate, PromptText, ResponseIdentity};
 use super::openai_types::{log_ignored_fields, unix_now, ChatRequest};
-use super::request::acquire_permit;
+use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
 use super::reasoning::ChoiceSplitters;
 use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
@@ -57,54 +63,26 @@ pub(crate) async fn responses(State(state): State<Arc<AppState>>, JsonBody(body)
     log_ignored_fields(ROUTE, &request.chat.ignored);
     let prepared = prepare_chat(&state, &request.chat);
     let output = Output::new(&state.model_id, request.repeated);
+    let logprobs = request.chat.logprobs;
     if request.chat.stream {
-        return stream(state, prepared, output, arrival).await;
+        return stream(state, prepared, output, logprobs, arrival).await;
     }
     let log = RequestLog::start(ROUTE, arrival);
     let result = async {
-        let (prompt, parameters) = prepared?;
-        let plan = AnswerPlan::of(&state, &prompt, &parameters);
-        let outputs = run_choices(&state, vec![(prompt, parameters)], arrival, &log).await?;
-        let (valid, first) = outputs.first().ok_or(HttpError::Incomplete)?;
-        let figures = log.succeeded(first, valid.max_new_tokens);
-        let headers = finished_headers(&figures, first, &state.config.compute_type, 0);
-        let completion = chat_completion(&state, &outputs, false, plan.calls_tools, plan.reasoning_parser, None);
-        let mut output = output;
-        if let Some(choice) = completion.choices.first() {
-            let message = &choice.message;
-            if let Some(reasoning) = &message.reasoning_content {
-                output.reasoning(reasoning);
-            }
-            if let Some(content) = &message.content {
-                output.text(content);
-            }
-            for call in message.tool_calls.iter().flatten() {
-                output.call(&call.function.name);
-                output.arguments(&call.function.arguments);
+        let mut run = Run::start(&state, prepared?, output, logprobs, arrival, &log).await?;
+        loop {
+            let (mut events, end) = run.next().await?;
+            if let Some(end) = end {
+                let figures = log.succeeded(&end, run.valid.max_new_tokens);
+                let headers = finished_headers(&figures, &end, &state.config.compute_type, 0);
+                // The last event holds the whole response.
+                let response = events.pop().map(|mut event| event["response"].take()).unwrap_or_default();
+                return Ok::<_, HttpError>((headers, Json(response)));
             }
         }
-        let mut events = output.finish(first);
-        let response = events.pop().map(|mut event| event["response"].take()).unwrap_or_default();
-        Ok::<_, HttpError>((headers, Json(response)))
     }
     .await;
     respond(result, &log)
-}
-
-/// How a chat reply becomes output: whether it is a tool call, and how its reasoning is split
-/// off (the chat route's rules).
-struct AnswerPlan {
-    calls_tools: bool,
-    reasoning_parser: Option<super::reasoning::ReasoningParser>,
-}
-
-impl AnswerPlan {
-    fn of(state: &AppState, prompt: &PromptText, parameters: &GenerateParameters) -> Self {
-        Self {
-            calls_tools: matches!(prompt, PromptText::Chat(conversation) if conversation.tools.is_some()),
-            reasoning_parser: reasoning_parser_for(state, parameters.grammar.is_some()),
-        }
-    }
 }
 
 /// The streamed response: `response.created` and `response.in_progress` once the engine took
@@ -115,6 +93,7 @@ async fn stream(
     state: Arc<AppState>,
     prepared: Result<(PromptText, GenerateParameters), HttpError>,
     output: Output,
+    logprobs: bool,
     arrival: Instant,
 ) -> Response {
     let headers = stream_headers(&state.config.compute_type, 0);
@@ -122,12 +101,11 @@ async fn stream(
     sse_response(headers, ErrorsBeforeOpen::Answered, move |sender| {
         async move {
             let log = RequestLog::start(ROUTE, arrival);
-            let mut output = output;
-            if let Err(error) = stream_events(&state, prepared, &sender, &mut output, &log, arrival).await {
+            let mut sequence = 0;
+            if let Err(error) = stream_events(&state, prepared, output, logprobs, &sender, &log, arrival, &mut sequence).await {
                 log.failed(&error);
-                let event = output.event("error", json!({
-                    "code": error.error_type(), "message": error.to_string(), "param": null,
-                }));
+                let event = json!({"type": "error", "code": error.error_type(), "message": error.to_string(),
+                    "param": null, "sequence_number": sequence});
                 sender.fail(&error, &event).await;
             }
         }
@@ -136,72 +114,36 @@ async fn stream(
     .await
 }
 
+/// Streams a run's events; `sequence` is the next event's number (an error event's).
+#[allow(clippy::too_many_arguments)]
 async fn stream_events(
     state: &AppState,
     prepared: Result<(PromptText, GenerateParameters), HttpError>,
+    output: Output,
+    logprobs: bool,
     sender: &EventSender,
-    output: &mut Output,
     log: &RequestLog,
     arrival: Instant,
+    sequence: &mut u64,
 ) -> Result<(), HttpError> {
-    let (prompt, parameters) = prepared?;
-    let plan = AnswerPlan::of(state, &prompt, &parameters);
-    let _permit = acquire_permit(&state.permits)?;
-    let valid = prompt.validate(state, &parameters, arrival).await?;
-    validate_stream(&valid.parameters, false)?;
-    let seed = valid.parameters.sampling.seed;
-    let stream = state.engine.submit(valid.engine_request(None))?;
-    log.submitted(&valid, &stream);
-    let opening = [output.lifecycle("response.created"), output.lifecycle("response.in_progress")];
+    let mut run = Run::start(state, prepared?, output, logprobs, arrival, log).await?;
+    let opening = [run.output.lifecycle("response.created"), run.output.lifecycle("response.in_progress")];
+    *sequence = run.output.sequence;
     if !send_all(sender, opening).await {
         return Ok(());
     }
-    let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
-    let call = plan.calls_tools.then(|| Mutex::new(CallStream::default()));
-    let splitters = plan.reasoning_parser.map(ChoiceSplitters::new);
-    let identity = ResponseIdentity::new(&state.model_id, "chat.completion.chunk");
     loop {
-        let event = tokio::select! {
+        let step = tokio::select! {
             // The log records the request as dropped.
             _ = sender.closed() => return Ok(()),
-            event = generation.next() => event,
+            step = run.next() => step,
         };
-        let (text, token, top_tokens, end) = match event.ok_or(HttpError::Incomplete)?? {
-            GenerationEvent::Token { token, top_tokens, text, end, .. } => (text, Some(token), top_tokens, end),
-            GenerationEvent::End { output, text } => (text, None, Vec::new(), Some(output)),
-        };
-        let update = ChoiceUpdate {
-            index: 0,
-            prompt: &valid.inputs,
-            text,
-            token: token.as_ref(),
-            top_tokens: &top_tokens,
-            finish: end.as_deref(),
-            echoed: None,
-        };
-        let chunk = chat_chunk(&identity, update, call.as_ref(), splitters.as_ref(), None, &state.tokenizer);
-        let mut events = Vec::new();
-        if let Some(delta) = chunk.choices.first().map(|choice| &choice.delta) {
-            if let Some(reasoning) = delta.reasoning_content.as_deref().filter(|text| !text.is_empty()) {
-                events.extend(output.reasoning(reasoning));
-            }
-            if let Some(content) = delta.content.as_deref().filter(|text| !text.is_empty()) {
-                events.extend(output.text(content));
-            }
-            for piece in delta.tool_calls.iter().flatten() {
-                if let Some(name) = &piece.function.name {
-                    events.extend(output.call(name));
-                }
-                events.extend(output.arguments(&piece.function.arguments));
-            }
-        }
+        let (events, end) = step?;
+        *sequence = run.output.sequence;
         if let Some(end) = &end {
-            log.succeeded(end, valid.max_new_tokens);
-            events.extend(output.finish(end));
-            send_all(sender, events).await;
-            return Ok(());
+            log.succeeded(end, run.valid.max_new_tokens);
         }
-        if !send_all(sender, events).await {
+        if !send_all(sender, events).await || end.is_some() {
             return Ok(());
         }
     }
@@ -217,6 +159,118 @@ async fn send_all(sender: &EventSender, events: impl IntoIterator<Item = Value>)
     true
 }
 
+/// One response being generated: the engine's tokens read as the chat route's stream reads them
+/// (its reasoning split, its tool call), each chunk turned into the output's events. The whole
+/// response is the same run with its events unsent, so both forms have one reading.
+struct Run<'a> {
+    state: &'a AppState,
+    valid: ValidRequest,
+    generation: Generation,
+    call: Option<Mutex<CallStream>>,
+    splitters: Option<ChoiceSplitters>,
+    identity: ResponseIdentity,
+    output: Output,
+    /// Tokens' logprobs not yet given to a piece of the message (held-back text).
+    pending_logprobs: Vec<Value>,
+    /// Tokens generated before the reply's first answer (text or call).
+    tokens_before_answer: u32,
+    answered: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<'a> Run<'a> {
+    /// Takes a permit, validates (a stream's rules: the output has no place for prompt
+    /// logprobs) and submits the request.
+    async fn start(
+        state: &'a AppState,
+        (prompt, parameters): (PromptText, GenerateParameters),
+        output: Output,
+        logprobs: bool,
+        arrival: Instant,
+        log: &RequestLog,
+    ) -> Result<Run<'a>, HttpError> {
+        let calls_tools = matches!(&prompt, PromptText::Chat(conversation) if conversation.tools.is_some());
+        let reasoning_parser = reasoning_parser_for(state, parameters.grammar.is_some());
+        let permit = acquire_permit(&state.permits)?;
+        let valid = prompt.validate(state, &parameters, arrival).await?;
+        validate_stream(&valid.parameters, false)?;
+        let seed = valid.parameters.sampling.seed;
+        let stream = state.engine.submit(valid.engine_request(None))?;
+        log.submitted(&valid, &stream);
+        let generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
+        Ok(Run {
+            state,
+            valid,
+            generation,
+            call: calls_tools.then(|| Mutex::new(CallStream::default())),
+            splitters: reasoning_parser.map(ChoiceSplitters::new),
+            identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk").with_logprobs(logprobs),
+            output,
+            pending_logprobs: Vec::new(),
+            tokens_before_answer: 0,
+            answered: false,
+            _permit: permit,
+        })
+    }
+
+    /// The events of the engine's next token (or end), and the output once it has ended.
+    async fn next(&mut self) -> Result<(Vec<Value>, Option<Box<GenerationOutput>>), HttpError> {
+        let (text, token, top_tokens, end) = match self.generation.next().await.ok_or(HttpError::Incomplete)?? {
+            GenerationEvent::Token { token, top_tokens, text, end, .. } => (text, Some(token), top_tokens, end),
+            GenerationEvent::End { output, text } => (text, None, Vec::new(), Some(output)),
+        };
+        let update = ChoiceUpdate {
+            index: 0,
+            prompt: &self.valid.inputs,
+            text,
+            token: token.as_ref(),
+            top_tokens: &top_tokens,
+            finish: end.as_deref(),
+            echoed: None,
+        };
+        let chunk = chat_chunk(&self.identity, update, self.call.as_ref(), self.splitters.as_ref(), None, &self.state.tokenizer);
+        let mut events = Vec::new();
+        if let Some(choice) = chunk.choices.into_iter().next() {
+            let delta = choice.delta;
+            let logprobs = choice.logprobs.map(|logprobs| logprobs.content).unwrap_or_default();
+            if let Some(reasoning) = delta.reasoning_content.filter(|text| !text.is_empty()) {
+                events.extend(self.output.reasoning(&reasoning));
+            }
+            let content = delta.content.filter(|text| !text.is_empty());
+            let answers = content.is_some() || delta.tool_calls.is_some();
+            if !self.answered {
+                self.tokens_before_answer += u32::from(token.is_some() && !answers);
+                if answers && self.output.reasoned() {
+                    // What came before the answer was its reasoning, the tags included: not
+                    // the message's tokens.
+                    self.pending_logprobs.clear();
+                }
+            }
+            self.answered |= answers;
+            self.pending_logprobs.extend(logprobs.iter().filter_map(|logprob| serde_json::to_value(logprob).ok()));
+            if let Some(content) = content {
+                let logprobs = std::mem::take(&mut self.pending_logprobs);
+                events.extend(self.output.text(&content, logprobs));
+            }
+            for piece in delta.tool_calls.into_iter().flatten() {
+                self.pending_logprobs.clear();
+                if let Some(name) = &piece.function.name {
+                    events.extend(self.output.call(name));
+                }
+                events.extend(self.output.arguments(&piece.function.arguments));
+            }
+        }
+        if let Some(end) = &end {
+            // What is left (the end-of-sequence token's) closes the message, if one is open.
+            let rest = std::mem::take(&mut self.pending_logprobs);
+            self.output.add_logprobs(rest);
+            let reasoning_tokens = if self.output.reasoned() { self.tokens_before_answer } else { 0 };
+            events.extend(self.output.finish(end, reasoning_tokens));
+        }
+        Ok((events, end))
+    }
+}
+
 /// A Responses request as the chat route reads it, and the fields its response repeats.
 pub(crate) struct ResponsesRequest {
     pub chat: ChatRequest,
@@ -226,7 +280,9 @@ pub(crate) struct ResponsesRequest {
 /// Fields that need state this server does not keep.
 const STATEFUL_FIELDS: [&str; 3] = ["previous_response_id", "conversation", "prompt"];
 /// Fields read here and not passed on to the chat request: logged as not read.
-const UNREAD_FIELDS: [&str; 3] = ["reasoning", "include", "truncation"];
+const UNREAD_FIELDS: [&str; 2] = ["reasoning", "truncation"];
+/// The one `include` this server answers: the message's tokens' logprobs.
+const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
 impl ResponsesRequest {
     pub fn parse(body: Value) -> Result<Self, HttpError> {
@@ -279,7 +335,22 @@ impl ResponsesRequest {
             }
         }
         let metadata = take("metadata");
-        let unread: Vec<(&str, Value)> = UNREAD_FIELDS.iter().filter_map(|&field| take(field).map(|value| (field, value))).collect();
+        let mut unread: Vec<(&str, Value)> = UNREAD_FIELDS.iter().filter_map(|&field| take(field).map(|value| (field, value))).collect();
+        // Logprobs: asked by `include` (OpenAI's way) or by `top_logprobs` alone.
+        let include = take("include");
+        let included = |wanted: &Value| wanted == INCLUDE_LOGPROBS;
+        let mut logprobs = include.as_ref().and_then(Value::as_array).is_some_and(|asked| asked.iter().any(included));
+        let top_logprobs = take("top_logprobs");
+        if let Some(top) = &top_logprobs {
+            chat.insert("top_logprobs".into(), top.clone());
+            logprobs = true;
+        }
+        if logprobs {
+            chat.insert("logprobs".into(), Value::Bool(true));
+        }
+        if let Some(include) = include.filter(|include| !include.as_array().is_some_and(|asked| asked.iter().all(included))) {
+            unread.push(("include", include));
+        }
         // `store` defaults to true at OpenAI; nothing is stored here whatever it says. The
         // stream's options (`include_obfuscation`) do not apply.
         take("store");
@@ -297,6 +368,7 @@ impl ResponsesRequest {
         let reasoning = unread.iter().find(|(field, _)| *field == "reasoning").map(|(_, value)| value.clone());
         repeated.insert("reasoning".into(), reasoning.unwrap_or(Value::Null));
         repeated.insert("truncation".into(), json!("disabled"));
+        repeated.insert("top_logprobs".into(), top_logprobs.unwrap_or(Value::Null));
         repeated.insert("previous_response_id".into(), Value::Null);
         repeated.insert("store".into(), Value::Bool(false));
         repeated.insert("background".into(), Value::Bool(false));
@@ -491,7 +563,7 @@ fn chat_response_format(format: &Value) -> Result<Option<Value>, ValidationError
 /// An output item being written.
 enum OpenItem {
     Reasoning { id: String, text: String },
-    Message { id: String, text: String },
+    Message { id: String, text: String, logprobs: Vec<Value> },
     Call { id: String, call_id: String, name: String, arguments: String },
 }
 
@@ -575,26 +647,40 @@ impl Output {
         events
     }
 
-    fn text(&mut self, piece: &str) -> Vec<Value> {
+    /// A piece of the message, with its tokens' logprobs (when asked).
+    fn text(&mut self, piece: &str, logprobs: Vec<Value>) -> Vec<Value> {
         let mut events = Vec::new();
         if !matches!(self.open, Some(OpenItem::Message { .. })) {
             events.extend(self.close("completed"));
             let id = item_id("msg");
             let (index, item) = (self.index(), json!({"id": id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}));
             events.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
-            let part = text_part("");
+            let part = text_part("", &[]);
             events.push(self.event("response.content_part.added", json!({"item_id": id, "output_index": index, "content_index": 0, "part": part})));
-            self.open = Some(OpenItem::Message { id, text: String::new() });
+            self.open = Some(OpenItem::Message { id, text: String::new(), logprobs: Vec::new() });
         }
         let index = self.index();
-        if let Some(OpenItem::Message { id, text }) = &mut self.open {
+        if let Some(OpenItem::Message { id, text, logprobs: all }) = &mut self.open {
             if !piece.is_empty() {
                 text.push_str(piece);
-                let fields = json!({"item_id": id, "output_index": index, "content_index": 0, "delta": piece, "logprobs": []});
+                all.extend(logprobs.iter().cloned());
+                let fields = json!({"item_id": id, "output_index": index, "content_index": 0, "delta": piece, "logprobs": logprobs});
                 events.push(self.event("response.output_text.delta", fields));
             }
         }
         events
+    }
+
+    /// Logprobs of tokens that wrote no text (the end-of-sequence token's): the open message's.
+    fn add_logprobs(&mut self, logprobs: Vec<Value>) {
+        if let Some(OpenItem::Message { logprobs: all, .. }) = &mut self.open {
+            all.extend(logprobs);
+        }
+    }
+
+    /// Whether the output has a reasoning item.
+    fn reasoned(&self) -> bool {
+        matches!(self.open, Some(OpenItem::Reasoning { .. })) || self.items.iter().any(|item| item["type"] == "reasoning")
     }
 
     /// A function call begins.
@@ -631,9 +717,9 @@ impl Output {
                     "content": [{"type": "reasoning_text", "text": text}]});
                 (vec![done], item)
             }
-            Some(OpenItem::Message { id, text }) => {
-                let done = self.event("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}));
-                let part = text_part(&text);
+            Some(OpenItem::Message { id, text, logprobs }) => {
+                let done = self.event("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": logprobs}));
+                let part = text_part(&text, &logprobs);
                 let part_done = self.event("response.content_part.done", json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}));
                 let item = json!({"id": id, "type": "message", "status": status, "role": "assistant", "content": [part]});
                 (vec![done, part_done], item)
@@ -652,17 +738,18 @@ impl Output {
     /// Ends the response: its last item (a reply with no output has an empty message), then
     /// `response.completed`, or `response.incomplete` where `max_output_tokens` cut it. The last
     /// event holds the whole response.
-    fn finish(&mut self, end: &GenerationOutput) -> Vec<Value> {
+    fn finish(&mut self, end: &GenerationOutput, reasoning_tokens: u32) -> Vec<Value> {
         let cut = end.finish_reason == FinishReason::Length;
         let mut events = Vec::new();
         if self.items.is_empty() && self.open.is_none() {
-            events.extend(self.text(""));
+            events.extend(self.text("", Vec::new()));
         }
         events.extend(self.close(if cut { "incomplete" } else { "completed" }));
         let usage = json!({
             "input_tokens": end.input_length, "output_tokens": end.generated_tokens,
             "total_tokens": end.input_length + end.generated_tokens,
             "input_tokens_details": {"cached_tokens": end.cached_tokens},
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         });
         let (status, kind, reason) = match cut {
             true => ("incomplete", "response.incomplete", Some("max_output_tokens")),
@@ -675,8 +762,8 @@ impl Output {
 }
 
 /// An output text part.
-fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+fn text_part(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
 }
 
 #[cfg(test)]
@@ -766,6 +853,19 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_are_asked_by_include_or_top_logprobs() {
+        let chat = |body: Value| serde_json::to_value(parse(body).unwrap().chat).unwrap();
+        let included = chat(json!({"input": "Hi", "include": ["message.output_text.logprobs"]}));
+        assert_eq!((&included["logprobs"], &included["top_logprobs"]), (&json!(true), &Value::Null));
+        let top = chat(json!({"input": "Hi", "top_logprobs": 3}));
+        assert_eq!((&top["logprobs"], &top["top_logprobs"]), (&json!(true), &json!(3)));
+        assert_eq!(chat(json!({"input": "Hi"}))["logprobs"], false);
+        // Another include is not answered, and is logged as such.
+        let request = parse(json!({"input": "Hi", "include": ["reasoning.encrypted_content"]})).unwrap();
+        assert!(!request.chat.logprobs && request.chat.ignored.contains_key("include"));
+    }
+
+    #[test]
     fn fields_not_read_are_logged_as_such() {
         let request = parse(json!({"input": "Hi", "reasoning": {"effort": "low"}, "truncation": "disabled", "user": "u"})).unwrap();
         assert!(request.chat.ignored.contains_key("reasoning") && request.chat.ignored.contains_key("user"));
@@ -779,8 +879,8 @@ mod tests {
         let mut events = vec![output.lifecycle("response.created")];
         events.extend(output.reasoning("Think"));
         events.extend(output.reasoning("ing."));
-        events.extend(output.text("Hel"));
-        events.extend(output.text("lo"));
+        events.extend(output.text("Hel", Vec::new()));
+        events.extend(output.text("lo", Vec::new()));
         events.extend(output.call("dice"));
         events.extend(output.arguments("{}"));
         events.extend(output.close("completed"));

@@ -167,7 +167,7 @@ async fn reasoning_is_an_output_item_before_the_message() {
         "<think>Hello world.</think>Goodbye!", 49154);
     let config = HttpConfig { reasoning_parser: Some(ReasoningParser::DeepseekR1), ..HttpConfig::default() };
     let (app, _) = app_on_shard(config, shard, &[]).await;
-    let body = json!({"input": "Well?", "max_output_tokens": 60});
+    let body = json!({"input": "Well?", "max_output_tokens": 60, "include": ["message.output_text.logprobs"]});
     let (status, _, text) = send(&app, post("/v1/responses", &body)).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     let response: Value = serde_json::from_str(&text).unwrap();
@@ -176,6 +176,13 @@ async fn reasoning_is_an_output_item_before_the_message() {
     assert_eq!(output[0]["type"], "reasoning");
     assert_eq!(output[0]["content"], json!([{"type": "reasoning_text", "text": "Hello world."}]));
     assert_eq!(output[1]["content"][0]["text"], "Goodbye!");
+    // The message's logprobs are its own tokens' (and the end's), not the reasoning's.
+    let tokens: String = output[1]["content"][0]["logprobs"].as_array().unwrap().iter().map(|logprob| logprob["token"].as_str().unwrap()).collect();
+    assert!(tokens.starts_with("Goodbye!") && !tokens.contains("Hello"), "{tokens}");
+    // The reasoning's tokens: up to the answer's first (the tags included), fewer than all.
+    let usage = &response["usage"];
+    let reasoning_tokens = usage["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+    assert!(reasoning_tokens >= 4 && reasoning_tokens < usage["output_tokens"].as_u64().unwrap(), "{usage}");
 
     let (_, _, text) = send(&app, post("/v1/responses", &with_fields(body, &json!({"stream": true})))).await;
     let events = events(&text);
@@ -185,7 +192,11 @@ async fn reasoning_is_an_output_item_before_the_message() {
     assert_eq!((reasoning.as_str(), answer.as_str()), ("Hello world.", "Goodbye!"));
     let done: Vec<&Value> = of_type(&events, "response.output_item.done").into_iter().map(|event| &event["item"]).collect();
     assert_eq!((done[0]["type"].as_str(), done[1]["type"].as_str()), (Some("reasoning"), Some("message")));
-    assert_eq!(events.last().unwrap()["response"]["output"].as_array().unwrap().len(), 2);
+    let last = &events.last().unwrap()["response"];
+    assert_eq!(last["output"].as_array().unwrap().len(), 2);
+    assert_eq!(last["usage"]["output_tokens_details"]["reasoning_tokens"], reasoning_tokens);
+    let names = |logprobs: &Value| logprobs.as_array().unwrap().iter().map(|logprob| logprob["token"].clone()).collect::<Vec<_>>();
+    assert_eq!(names(&last["output"][1]["content"][0]["logprobs"]), names(&output[1]["content"][0]["logprobs"]));
 }
 
 #[tokio::test]
@@ -261,4 +272,36 @@ async fn a_prompt_served_from_the_prefix_cache_counts_its_cached_tokens() {
     for (hit, prompt) in &cached[1..] {
         assert!(*hit > 0 && hit < prompt, "{cached:?}");
     }
+}
+
+#[tokio::test]
+async fn logprobs_asked_are_the_messages_whole_and_streamed() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let body = json!({"input": "Hi", "top_logprobs": 2, "max_output_tokens": 100});
+    let (status, _, text) = send(&app, post("/v1/responses", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let response: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(response["top_logprobs"], 2);
+    assert_eq!(response["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
+    let part = &response["output"][0]["content"][0];
+    let logprobs = part["logprobs"].as_array().unwrap();
+    // One per generated token (the end-of-sequence token's too), each with 2 alternatives.
+    assert_eq!(logprobs.len() as u64, response["usage"]["output_tokens"].as_u64().unwrap());
+    assert!(logprobs.iter().all(|logprob| logprob["logprob"].as_f64().unwrap() <= 0.0 && logprob["top_logprobs"].as_array().unwrap().len() == 2), "{part}");
+    let tokens: String = logprobs.iter().map(|logprob| logprob["token"].as_str().unwrap()).collect();
+    assert!(tokens.starts_with(SCRIPT), "{tokens}");
+    // Streamed: each delta carries its tokens' logprobs; together they are the message's.
+    let (_, _, text) = send(&app, post("/v1/responses", &with_fields(body.clone(), &json!({"stream": true})))).await;
+    let events = events(&text);
+    let streamed: Vec<Value> = of_type(&events, "response.output_text.delta").iter().flat_map(|event| event["logprobs"].as_array().unwrap().clone()).collect();
+    // (The scripted model's logprobs differ from request to request: the tokens are compared.)
+    let names = |logprobs: &[Value]| logprobs.iter().map(|logprob| logprob["token"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    assert_eq!(names(&streamed), names(&logprobs[..logprobs.len() - 1]));
+    let last = &events.last().unwrap()["response"]["output"][0]["content"][0]["logprobs"];
+    assert_eq!(&last.as_array().unwrap()[..streamed.len()], &streamed[..]);
+    assert_eq!(names(last.as_array().unwrap()), names(logprobs));
+    // Not asked: none.
+    let (_, _, text) = send(&app, post("/v1/responses", &json!({"input": "Hi"}))).await;
+    let response: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(response["output"][0]["content"][0]["logprobs"], json!([]));
 }
