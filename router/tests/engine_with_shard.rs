@@ -90,7 +90,17 @@ fn signal(shard: &Shard, signal: &str) {
 async fn last_event(stream: &mut RequestStream) -> Option<EngineEvent> {
     loop {
         match stream.recv().await {
-            Some(EngineEvent::Token(_)) => continue,
+            Some(EngineEvent::Token(_) | EngineEvent::Scheduled { .. }) => continue,
+            other => return other,
+        }
+    }
+}
+
+/// The stream's next event but its scheduling's.
+async fn next_event(stream: &mut RequestStream) -> Option<EngineEvent> {
+    loop {
+        match stream.recv().await {
+            Some(EngineEvent::Scheduled { .. }) => continue,
             other => return other,
         }
     }
@@ -120,7 +130,7 @@ async fn collect(mut stream: RequestStream) -> (Vec<u32>, EngineEvent) {
     while let Some(event) = stream.recv().await {
         match event {
             EngineEvent::Token(token) => tokens.push(token.id),
-            EngineEvent::PromptLogprobs(_) => {}
+            EngineEvent::PromptLogprobs(_) | EngineEvent::Scheduled { .. } => {}
             last => return (tokens, last),
         }
     }
@@ -159,7 +169,7 @@ async fn generates_batches_and_cancels_on_the_real_shard() {
     // back, so a request needing 17 blocks can run.
     let mut long = engine.submit(request(prompt(99, 100), 400)).unwrap();
     for _ in 0..3 {
-        assert!(matches!(long.recv().await, Some(EngineEvent::Token(_))));
+        assert!(matches!(next_event(&mut long).await, Some(EngineEvent::Token(_))));
     }
     drop(long);
     let finished = tokio::time::timeout(Duration::from_secs(120), collect(engine.submit(request(prompt(5, 200), 70)).unwrap()));
@@ -179,7 +189,7 @@ async fn a_dead_shard_fails_running_requests_then_the_engine_gives_up() {
     let flags = ["--scheduler", "rotasched", "--shard-recovery-timeout-s", "3"];
     let engine = engine_with(&shard, &flags, &tracker, &shutdown).await;
     let mut stream = engine.submit(request(prompt(1, 30), 500)).unwrap();
-    assert!(matches!(stream.recv().await, Some(EngineEvent::Token(_))));
+    assert!(matches!(next_event(&mut stream).await, Some(EngineEvent::Token(_))));
     shard.process.kill().expect("kill the shard");
     let last = tokio::time::timeout(Duration::from_secs(60), last_event(&mut stream)).await;
     let last = last.expect("the failure reaches the stream");
@@ -220,7 +230,7 @@ async fn stalled_shard_recovers(name: &str, extra_flags: &[&str]) {
     let expected = collect(engine.submit(request(prompt(3, 40), 8)).unwrap()).await.0;
 
     let mut stream = engine.submit(request(prompt(1, 30), 500)).unwrap();
-    assert!(matches!(stream.recv().await, Some(EngineEvent::Token(_))));
+    assert!(matches!(next_event(&mut stream).await, Some(EngineEvent::Token(_))));
     signal(&shard, "STOP");
     let stopped_at = Instant::now();
     let last = tokio::time::timeout(Duration::from_secs(90), last_event(&mut stream)).await.expect("no hang");
@@ -262,7 +272,7 @@ async fn mixed_workload(engine: &EngineHandle) -> Vec<(Vec<u32>, String)> {
             while tokens.len() < 2 {
                 match stream.recv().await {
                     Some(EngineEvent::Token(token)) => tokens.push(token.id),
-                    Some(EngineEvent::PromptLogprobs(_)) => {}
+                    Some(EngineEvent::PromptLogprobs(_) | EngineEvent::Scheduled { .. }) => {}
                     other => return (tokens, format!("{other:?}")),
                 }
             }
