@@ -9,6 +9,7 @@ use std::time::Instant;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures::future::join_all;
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
@@ -261,14 +262,9 @@ async fn stream_choice(
         chunk,
     } = shared;
     let (prompt, parameters) = prompt?;
-    let _permit = acquire_permit(&state.permits)?;
-    let valid = prompt.validate(state, &parameters, choice.arrival).await?;
-    validate_stream(&valid.parameters, choice.echo)?;
-    let seed = valid.parameters.sampling.seed;
-    let stream = state.engine.submit(valid.engine_request(None))?;
-    log.submitted(&valid, &stream);
+    let Submitted { permit: _permit, valid, mut generation } =
+        submit_streamed(state, prompt, &parameters, choice.arrival, log, choice.echo).await?;
     sender.open();
-    let mut generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
     let mut echo = choice.echo;
     let prompt_tokens = valid.prompt_ids.len() as u32;
     let mut generated = 0;
@@ -316,6 +312,34 @@ async fn stream_choice(
             return Ok(Some(usage));
         }
     }
+}
+
+/// A streamed request as the engine took it: its concurrency permit (held while it runs), the
+/// request, and its generation.
+pub(crate) struct Submitted {
+    pub permit: OwnedSemaphorePermit,
+    pub valid: ValidRequest,
+    pub generation: Generation,
+}
+
+/// Takes a permit, validates the prompt by a stream's rules (`streams_prompt`: an echo streams
+/// the prompt's logprobs) and submits it, logged.
+pub(crate) async fn submit_streamed(
+    state: &AppState,
+    prompt: PromptText,
+    parameters: &GenerateParameters,
+    arrival: Instant,
+    log: &RequestLog,
+    streams_prompt: bool,
+) -> Result<Submitted, HttpError> {
+    let permit = acquire_permit(&state.permits)?;
+    let valid = prompt.validate(state, parameters, arrival).await?;
+    validate_stream(&valid.parameters, streams_prompt)?;
+    let seed = valid.parameters.sampling.seed;
+    let stream = state.engine.submit(valid.engine_request(None))?;
+    log.submitted(&valid, &stream);
+    let generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
+    Ok(Submitted { permit, valid, generation })
 }
 
 /// The chunk that reports one generation event, and the output when the choice has ended.

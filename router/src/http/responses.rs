@@ -32,9 +32,9 @@ use super::extract::JsonBody;
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
 use super::headers::{finished_headers, stream_headers};
 use super::openai::{chat_chunk, prepare_chat, reasoning_parser_for, respond};
-use super::openai_stream::{ChoiceUpdate, PromptText, ResponseIdentity};
+use super::openai_stream::{submit_streamed, ChoiceUpdate, PromptText, ResponseIdentity, Submitted};
 use super::openai_types::{log_ignored_fields, unix_now, ChatRequest};
-use super::request::{acquire_permit, ValidRequest};
+use super::request::ValidRequest;
 use super::request_log::RequestLog;
 use super::reasoning::ChoiceSplitters;
 use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
@@ -42,7 +42,7 @@ use super::state::AppState;
 use super::tools::CallStream;
 use super::types::{FinishReason, GenerateParameters};
 use crate::error::HttpError;
-use crate::validation::{validate_stream, ValidationError};
+use crate::validation::ValidationError;
 
 const ROUTE: &str = "/v1/responses";
 
@@ -174,7 +174,6 @@ struct Run<'a> {
     pending_logprobs: Vec<Value>,
     /// Tokens generated before the reply's first answer (text or call).
     tokens_before_answer: u32,
-    answered: bool,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -191,13 +190,7 @@ impl<'a> Run<'a> {
     ) -> Result<Run<'a>, HttpError> {
         let calls_tools = matches!(&prompt, PromptText::Chat(conversation) if conversation.tools.is_some());
         let reasoning_parser = reasoning_parser_for(state, parameters.grammar.is_some());
-        let permit = acquire_permit(&state.permits)?;
-        let valid = prompt.validate(state, &parameters, arrival).await?;
-        validate_stream(&valid.parameters, false)?;
-        let seed = valid.parameters.sampling.seed;
-        let stream = state.engine.submit(valid.engine_request(None))?;
-        log.submitted(&valid, &stream);
-        let generation = Generation::new(stream, &valid, state.tokenizer.clone(), seed);
+        let Submitted { permit, valid, generation } = submit_streamed(state, prompt, &parameters, arrival, log, false).await?;
         Ok(Run {
             state,
             valid,
@@ -208,7 +201,6 @@ impl<'a> Run<'a> {
             output,
             pending_logprobs: Vec::new(),
             tokens_before_answer: 0,
-            answered: false,
             _permit: permit,
         })
     }
@@ -238,7 +230,7 @@ impl<'a> Run<'a> {
             }
             let content = delta.content.filter(|text| !text.is_empty());
             let answers = content.is_some() || delta.tool_calls.is_some();
-            if !self.answered {
+            if !self.output.answered() {
                 self.tokens_before_answer += u32::from(token.is_some() && !answers);
                 if answers && self.output.reasoned() {
                     // What came before the answer was its reasoning, the tags included: not
@@ -246,7 +238,6 @@ impl<'a> Run<'a> {
                     self.pending_logprobs.clear();
                 }
             }
-            self.answered |= answers;
             self.pending_logprobs.extend(logprobs.iter().filter_map(|logprob| serde_json::to_value(logprob).ok()));
             if let Some(content) = content {
                 let logprobs = std::mem::take(&mut self.pending_logprobs);
@@ -676,6 +667,12 @@ impl Output {
         if let Some(OpenItem::Message { logprobs: all, .. }) = &mut self.open {
             all.extend(logprobs);
         }
+    }
+
+    /// Whether the output has an answer (a message or a call) begun.
+    fn answered(&self) -> bool {
+        matches!(self.open, Some(OpenItem::Message { .. } | OpenItem::Call { .. }))
+            || self.items.iter().any(|item| item["type"] != "reasoning")
     }
 
     /// Whether the output has a reasoning item.

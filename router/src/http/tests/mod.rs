@@ -109,6 +109,20 @@ async fn send(app: &Router, request: Request<Body>) -> (StatusCode, axum::http::
     )
 }
 
+/// Sends `body` until it is not refused at the concurrency limit (a permit released by a closed
+/// stream is noticed asynchronously), up to a second; its last status.
+async fn send_once_admitted(app: &Router, path: &str, body: &Value) -> StatusCode {
+    let mut status = StatusCode::TOO_MANY_REQUESTS;
+    for _ in 0..200 {
+        status = send(app, post(path, body)).await.0;
+        if status != StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    status
+}
+
 /// The JSON payloads of an SSE body (`data:` lines), `[DONE]` as a string.
 /// `body` with the fields of `extra` added (or replaced).
 fn with_fields(mut body: Value, extra: &Value) -> Value {
@@ -474,14 +488,7 @@ async fn requests_over_the_concurrency_limit_get_429_at_once() {
     // The closed stream releases its permit (noticed asynchronously) and cancels its request,
     // which the shard forgets with the next step.
     let short = json!({"inputs": "x", "parameters": {"max_new_tokens": 1}});
-    let mut status = StatusCode::TOO_MANY_REQUESTS;
-    for _ in 0..200 {
-        status = send(&app, post("/generate", &short)).await.0;
-        if status != StatusCode::TOO_MANY_REQUESTS {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let status = send_once_admitted(&app, "/generate", &short).await;
     assert_eq!(status, StatusCode::OK);
     wait_for(&log, |log| !log.forgotten.is_empty()).await;
     assert!(log.lock().unwrap().forgotten[0].1 < 1000);

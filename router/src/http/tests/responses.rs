@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::scripted_shard::{ScriptedShard, SCRIPT};
-use super::{app, app_on_shard, post, send, sse_data, wait_for, with_fields, HOLD};
+use super::{app, app_on_shard, post, send, send_once_admitted, sse_data, wait_for, with_fields, HOLD};
 use crate::http::reasoning::ReasoningParser;
 use crate::http::HttpConfig;
 use crate::tokenizer::tests::{smollm2, thinking_json};
@@ -238,14 +238,7 @@ async fn a_refused_stream_has_its_status_and_a_client_that_leaves_cancels_its_re
     // The client leaves: its permit is released (noticed asynchronously) and its request
     // cancelled, which the shard forgets with the next step, before the request's end.
     drop(held);
-    let mut status = StatusCode::TOO_MANY_REQUESTS;
-    for _ in 0..200 {
-        status = send(&app, post("/v1/responses", &json!({"input": "x", "max_output_tokens": 1}))).await.0;
-        if status != StatusCode::TOO_MANY_REQUESTS {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let status = send_once_admitted(&app, "/v1/responses", &json!({"input": "x", "max_output_tokens": 1})).await;
     assert_eq!(status, StatusCode::OK);
     wait_for(&log, |log| !log.forgotten.is_empty()).await;
     assert!(log.lock().unwrap().forgotten[0].1 < 1000);
