@@ -114,6 +114,12 @@ impl Tokenizer {
         self.inner.token_to_id(text)
     }
 
+    /// The vocabulary's entry for `id` as written there (`Ġworld` in a byte-level vocabulary,
+    /// `▁world` in SentencePiece's), `None` outside the vocabulary.
+    pub fn vocabulary_entry(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     pub fn is_special(&self, id: u32) -> bool {
         self.special_ids.contains(&id)
     }

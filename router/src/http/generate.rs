@@ -1,5 +1,5 @@
-//! TGI's generation routes: `POST /generate`, `/generate_stream`, `/` (compat), `/tokenize` and
-//! `/chat_tokenize`.
+//! TGI's generation routes: `POST /generate`, `/generate_stream`, `/` (compat) and
+//! `/chat_tokenize` (`/tokenize` is `tokenize`'s, in TGI's shape and vLLM's).
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -97,21 +97,6 @@ pub(crate) async fn compat_generate(
     }
 }
 
-/// Tokenize the inputs.
-#[utoipa::path(post, path = "/tokenize", tag = "Text Generation Inference",
-    request_body = GenerateRequest,
-    responses((status = 200, body = [SimpleToken]), (status = 422, body = ErrorBody),
-        (status = 429, body = ErrorBody)))]
-#[tracing::instrument(skip_all)]
-pub(crate) async fn tokenize(
-    State(state): State<Arc<AppState>>,
-    JsonBody(request): JsonBody<GenerateRequest>,
-) -> Result<Json<Vec<SimpleToken>>, HttpError> {
-    // Tokenizing costs CPU time like generating: it counts against the same limit.
-    let _permit = acquire_permit(&state.permits)?;
-    Ok(Json(simple_tokens(&state, request.inputs, true).await?))
-}
-
 /// The conversation as the chat route's template writes it (tools included), and its tokens.
 #[utoipa::path(post, path = "/chat_tokenize", tag = "Text Generation Inference",
     request_body = ChatRequest,
@@ -134,7 +119,7 @@ pub(crate) async fn chat_tokenize(
 }
 
 /// `text`'s tokens with their spans in it.
-async fn simple_tokens(
+pub(super) async fn simple_tokens(
     state: &AppState,
     text: String,
     add_special_tokens: bool,

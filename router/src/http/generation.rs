@@ -315,6 +315,12 @@ impl Generation {
         }))
     }
 
+    /// Prompt tokens served from the prefix cache (known once the request is first scheduled,
+    /// before its first token).
+    pub fn cached_tokens(&self) -> u32 {
+        self.cached_tokens
+    }
+
     /// Prompt tokens with their logprobs, when the request asked for them (known once the
     /// first token's event is out).
     pub fn prefill_tokens(&self) -> Vec<PrefillToken> {

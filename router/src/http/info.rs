@@ -65,6 +65,18 @@ pub(crate) async fn info(State(state): State<Arc<AppState>>) -> Json<Info> {
     })
 }
 
+/// vLLM's `/version`: the server's version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Version {
+    pub version: String,
+}
+
+/// The server's version (vLLM's route; `/info` has it too).
+#[utoipa::path(get, path = "/version", tag = "Router", responses((status = 200, body = Version)))]
+pub(crate) async fn version() -> Json<Version> {
+    Json(Version { version: env!("CARGO_PKG_VERSION").to_string() })
+}
+
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", tag = "Text Generation Inference",
     responses((status = 200, description = "Prometheus text format", body = String)))]

@@ -29,6 +29,7 @@ mod responses;
 mod sse;
 mod state;
 mod stop;
+mod tokenize;
 mod tools;
 #[cfg(test)]
 mod tests;
@@ -85,7 +86,8 @@ pub fn router(
         .route("/", post(generate::compat_generate))
         .route("/generate", post(generate::generate))
         .route("/generate_stream", post(generate::generate_stream))
-        .route("/tokenize", post(generate::tokenize))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/chat_tokenize", post(generate::chat_tokenize))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
@@ -107,6 +109,7 @@ pub fn router(
         .route("/health", get(info::health))
         .route("/ping", get(info::ping))
         .route("/info", get(info::info))
+        .route("/version", get(info::version))
         .route("/metrics", get(info::metrics))
         .route("/v1/models", get(info::models))
         .route("/v1/models/{model}", get(info::model))

@@ -268,7 +268,8 @@ async fn stream_choice(
     let mut echo = choice.echo;
     let prompt_tokens = valid.prompt_ids.len() as u32;
     let mut generated = 0;
-    // vLLM's continuous usage: the choice's prompt and the tokens it has generated so far.
+    // vLLM's continuous usage: the choice's prompt (its cached part once scheduled) and the
+    // tokens it has generated so far.
     let with_usage = |mut update: serde_json::Value, usage: Usage| {
         if let (true, Some(fields)) = (choice.usage_per_chunk, update.as_object_mut()) {
             fields.insert("usage".into(), serde_json::json!(usage));
@@ -294,7 +295,8 @@ async fn stream_choice(
                 finish: None,
                 echoed: Some(EchoedPrompt { tokens: &tokens, top_tokens: &top_tokens }),
             };
-            if !sender.send_json(&with_usage(chunk(identity, update), Usage::new(prompt_tokens, 0))).await {
+            let usage = Usage::new(prompt_tokens, 0).with_cached(generation.cached_tokens());
+            if !sender.send_json(&with_usage(chunk(identity, update), usage)).await {
                 return Ok(None);
             }
         }
@@ -302,7 +304,7 @@ async fn stream_choice(
         let (update, output) = chunk_of(event, choice.index, &valid.inputs, identity, chunk);
         let usage = match &output {
             Some(output) => Usage::new(output.input_length, output.generated_tokens).with_cached(output.cached_tokens),
-            None => Usage::new(prompt_tokens, generated),
+            None => Usage::new(prompt_tokens, generated).with_cached(generation.cached_tokens()),
         };
         if !sender.send_json(&with_usage(update, usage)).await {
             return Ok(None);

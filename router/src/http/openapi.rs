@@ -5,7 +5,7 @@ use axum::response::Html;
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{generate, info, invocations, openai, openai_types, responses, types, vertex, worker_api};
+use super::{generate, info, invocations, openai, openai_types, responses, tokenize, types, vertex, worker_api};
 use crate::error::ErrorBody;
 
 #[derive(OpenApi)]
@@ -19,7 +19,8 @@ use crate::error::ErrorBody;
         generate::compat_generate,
         generate::generate,
         generate::generate_stream,
-        generate::tokenize,
+        tokenize::tokenize,
+        tokenize::detokenize,
         generate::chat_tokenize,
         openai::chat_completions,
         openai::completions,
@@ -29,6 +30,7 @@ use crate::error::ErrorBody;
         info::root,
         info::health,
         info::ping,
+        info::version,
         info::info,
         info::metrics,
         info::models,
@@ -59,6 +61,14 @@ use crate::error::ErrorBody;
         types::StreamDetails,
         types::SimpleToken,
         types::ChatTokenizeResponse,
+        tokenize::TokenizeRequest,
+        tokenize::TokenizeText,
+        tokenize::TokenizeChat,
+        tokenize::TokenizeResponse,
+        tokenize::TokenizeAnswer,
+        tokenize::DetokenizeRequest,
+        tokenize::DetokenizeResponse,
+        info::Version,
         vertex::VertexRequest,
         vertex::VertexResponse,
         types::Info,
@@ -146,6 +156,8 @@ mod tests {
             "/generate",
             "/generate_stream",
             "/tokenize",
+            "/detokenize",
+            "/version",
             "/chat_tokenize",
             "/vertex",
             "/v1/chat/completions",

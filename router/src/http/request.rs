@@ -179,7 +179,7 @@ fn end_token_ids(state: &AppState, parameters: &validation::ValidParameters) -> 
 }
 
 /// Token ids a request names itself (a prompt, a logit bias, stop tokens) must be the model's.
-fn in_vocabulary(state: &AppState, mut ids: impl Iterator<Item = u32>) -> Result<(), HttpError> {
+pub(super) fn in_vocabulary(state: &AppState, mut ids: impl Iterator<Item = u32>) -> Result<(), HttpError> {
     let vocab_size = state.info.vocab_size;
     match ids.find(|&id| id >= vocab_size) {
         Some(id) => Err(validation::ValidationError::TokenId(id, vocab_size).into()),

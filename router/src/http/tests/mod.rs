@@ -13,6 +13,7 @@ mod reasoning;
 mod request_log;
 mod responses;
 mod scripted_shard;
+mod tokenize;
 mod vertex;
 mod worker_api;
 

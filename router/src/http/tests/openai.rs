@@ -838,6 +838,14 @@ async fn usage_counts_the_prompt_tokens_the_prefix_cache_served() {
     let (_, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
     let events = sse_data(&text);
     assert_eq!(cached(&events[events.len() - 2]["usage"]), hit, "{text}");
+    // With vLLM's continuous usage, on every chunk: known from the request's scheduling, before
+    // its first token.
+    let continuous = with_fields(chat.clone(), &json!({"stream": true,
+        "stream_options": {"include_usage": true, "continuous_usage_stats": true}}));
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &continuous)).await;
+    let chunks: Vec<Value> = sse_data(&text).into_iter().filter(|event| event.get("usage").is_some_and(|u| !u.is_null())).collect();
+    assert!(chunks.len() >= 3, "{text}");
+    assert!(chunks.iter().all(|chunk| cached(&chunk["usage"]) == hit), "{text}");
     // Two prompts of n = 2 choices, each prompt (and its cached part) counted once: the text
     // was not seen before (no template), so the first computes it and the second may take its
     // full blocks.
