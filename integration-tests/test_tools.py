@@ -1,12 +1,18 @@
 """Tool calls end to end through unmodified clients: the openai client (non-streamed and
 streamed) and huggingface_hub's `chat_completion(tools=...)`. Every call's name is one of the
-tools and its arguments (a JSON string) validate against the tool's parameters."""
+tools and its arguments (a JSON string) validate against the tool's parameters. Under
+`--tool-call-parser hermes`, `auto` replies are the model's own text, read for calls."""
 import json
+import shutil
+import subprocess
 
 import jsonschema
+import pytest
 import requests
 from huggingface_hub import InferenceClient
 from openai import OpenAI
+
+from conftest import REPO, SUPERINFER, launch
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -103,3 +109,48 @@ def test_the_tool_loop_sends_the_call_back_with_its_result(url):
     refused = requests.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": None}]},
                             timeout=60)
     assert refused.status_code == 422 and "messages[0]" in refused.json()["error"], refused.text
+
+
+# A Hermes-style template (Qwen's): it writes the tools, and earlier calls as <tool_call> blocks.
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call these tools:\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}"
+    "</tools>\nCall one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}{% if m.tool_calls %}{% for c in m.tool_calls %}"
+    "<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments }}}</tool_call>"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def hermes_url(tmp_path_factory):
+    """A random checkpoint with SmolLM2's tokenizer and a template that writes the tools, served
+    with `--tool-call-parser hermes`."""
+    directory = tmp_path_factory.mktemp("hermes-model")
+    subprocess.run([str(SUPERINFER.parent / "python"), str(REPO / "integration-tests" / "architecture_reference.py"),
+                    "build", str(directory), "llama", json.dumps({"vocab_size": 49152})],
+                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    shutil.copy(REPO / "router" / "tests" / "fixtures" / "smollm2_tokenizer.json", directory / "tokenizer.json")
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": HERMES_TEMPLATE}))
+    with launch(tmp_path_factory.mktemp("hermes"), ["--model-id", str(directory), "--tool-call-parser", "hermes"]) as server:
+        yield server.url
+
+
+def test_under_a_tool_call_parser_auto_replies_freely_and_required_keeps_the_grammar(hermes_url):
+    """With `auto` the reply is the model's own (no grammar, no TGI instruction): the very text a
+    completion of the rendered prompt gives, streamed as content as it comes. This random model
+    writes no <tool_call> block, so it calls nothing; the router's tests read calls out of
+    scripted replies (`http::tests::tool_parser`). `required` still gets TGI's one call."""
+    client = OpenAI(base_url=f"{hermes_url}/v1", api_key="-", timeout=120)
+    request = {"model": "tgi", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 12, "temperature": 0}
+    whole = client.chat.completions.create(**request).choices[0]
+    rendered = requests.post(f"{hermes_url}/v1/chat/completions/render", json=request, timeout=60).json()["token_ids"]
+    free = requests.post(f"{hermes_url}/v1/completions", json={"prompt": rendered, "max_tokens": 12, "temperature": 0},
+                         timeout=120).json()["choices"][0]["text"]
+    assert (whole.message.content, whole.message.tool_calls) == (free.rstrip(), None)
+    assert whole.finish_reason == "length"
+    deltas = [chunk.choices[0].delta for chunk in client.chat.completions.create(**request, stream=True) if chunk.choices]
+    assert "".join(delta.content or "" for delta in deltas) == whole.message.content
+    assert sum(bool(delta.content) for delta in deltas) > 1
+    called = client.chat.completions.create(**{**request, "max_tokens": 60, "tool_choice": "required"}).choices[0]
+    assert called.finish_reason == "tool_calls"
+    check_call(called.message.tool_calls[0].function.name, called.message.tool_calls[0].function.arguments)

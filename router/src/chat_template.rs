@@ -55,6 +55,7 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     renders_tool_calls: bool,
+    renders_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -142,6 +143,7 @@ impl ChatTemplate {
             bos_token: bos_token.unwrap_or_default().to_string(),
             eos_token: eos_token.unwrap_or_default().to_string(),
             renders_tool_calls: source.contains("tool_calls"),
+            renders_tools: source.contains("tools"),
         })
     }
 
@@ -150,6 +152,13 @@ impl ChatTemplate {
     /// TGI does, so the model still sees what it called before the tools' results.
     pub fn renders_tool_calls(&self) -> bool {
         self.renders_tool_calls
+    }
+
+    /// Whether the template reads the request's `tools` (writes them, with its model's own
+    /// instruction for calling them, into the prompt), as Qwen's, Hermes', Llama 3.1's and
+    /// Mistral's do.
+    pub fn renders_tools(&self) -> bool {
+        self.renders_tools
     }
 
     /// The messages alone, as the tests render them.

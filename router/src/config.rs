@@ -149,6 +149,13 @@ pub struct RouterConfig {
     /// where the template opens it in the prompt. Off by default: the reply is all content.
     #[arg(long, env = "REASONING_PARSER", value_enum)]
     pub reasoning_parser: Option<crate::http::reasoning::ReasoningParser>,
+    /// Read chat replies' tool calls in the model's own format (vLLM's flag): with
+    /// `tool_choice: "auto"` the reply is generated freely and any number of calls are read out
+    /// of it; `hermes` reads `<tool_call>{"name": …, "arguments": …}</tool_call>` (Qwen 2.5 and
+    /// 3, Hermes). The chat template must write the tools. Off by default, and for `required`
+    /// or a named function: one call under TGI's grammar.
+    #[arg(long, env = "TOOL_CALL_PARSER", value_enum)]
+    pub tool_call_parser: Option<crate::http::tool_parser::ToolCallParser>,
     /// One step in flight: send step N+1 while the shard computes step N (decodes take the
     /// token N samples from the shard); stops apply one step late, the extra token is never
     /// returned. Requests with a grammar wait for each result.

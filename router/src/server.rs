@@ -130,6 +130,7 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
         disable_grammar_support: config.disable_grammar_support,
         grammar_unlisted_properties: config.grammar_unlisted_properties,
         reasoning_parser: config.reasoning_parser,
+        tool_call_parser: config.tool_call_parser,
         payload_limit: config.payload_limit,
         api_key: config.api_key.clone(),
         model_id: String::new(),

@@ -30,6 +30,7 @@ mod sse;
 mod state;
 mod stop;
 mod tokenize;
+pub mod tool_parser;
 mod tools;
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,8 @@ use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
 use super::reasoning::{ChoiceSplitters, ReasoningParser, ReasoningSplitter};
 use super::state::AppState;
-use super::tools::{self, CallPiece, CallStream, ToolAnswer};
+use super::tool_parser::{ParsedCall, ToolCallSplitter};
+use super::tools::{self, CallPiece, ToolAnswer, ToolReading, ToolStream};
 use super::types::GenerateParameters;
 use crate::chat_template::{Conversation, TemplateMessage};
 use crate::error::{ErrorBody, HttpError};
@@ -32,8 +33,14 @@ use crate::validation::ValidationError;
 
 const CHAT_ROUTE: &str = "/v1/chat/completions";
 const COMPLETIONS_ROUTE: &str = "/v1/completions";
-/// The id of a response's one tool call.
+/// The id of a response's one tool call under TGI's grammar (TGI's own).
 const TOOL_CALL_ID: &str = "0";
+
+/// The id of a call read in the model's own format: unique, as a conversation sends each
+/// call's result back under its id.
+fn parsed_call_id() -> String {
+    format!("chatcmpl-tool-{:016x}", rand::random::<u64>())
+}
 
 /// Chat completion over the model's chat template.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI",
@@ -49,7 +56,8 @@ pub(crate) async fn chat_completions(
     let stream = request.stream;
     let usage = UsageReports::of(request.stream_options.as_ref());
     let prepared = prepare_chat(&state, &request);
-    let calls_tools = matches!(&prepared, Ok((PromptText::Chat(conversation), _)) if conversation.tools.is_some());
+    let reading = tool_reading(&state, &request);
+    let calls_tools = reading != ToolReading::None;
     let echo = chat_echo(&request);
     // `n` choices: the same conversation n times, n engine requests, admitted together: the
     // first computes the prompt, the others share its full blocks through the prefix cache.
@@ -82,13 +90,13 @@ pub(crate) async fn chat_completions(
             choices_per_prompt: choices,
             echo: false,
         };
-        // Tools come with one choice: one call to follow.
-        let call = calls_tools.then(|| Mutex::new(CallStream::default()));
+        // Tools come with one choice: its calls to follow.
+        let tools = reading.stream();
         let reasoning = reasoning_parser.map(ChoiceSplitters::new);
         let echo = echo.map(ChoiceEcho::new);
         let tokenizer = state.tokenizer.clone();
         let chunk = move |identity: &ResponseIdentity, update: ChoiceUpdate<'_>| {
-            let chunk = chat_chunk(identity, update, call.as_ref(), reasoning.as_ref(), echo.as_ref(), &tokenizer);
+            let chunk = chat_chunk(identity, update, tools.as_ref(), reasoning.as_ref(), echo.as_ref(), &tokenizer);
             serde_json::to_value(chunk).unwrap_or_default()
         };
         return openai_stream(state, headers, plan, Arc::new(chunk)).await;
@@ -102,11 +110,18 @@ pub(crate) async fn chat_completions(
         let logprobs = valid.parameters.top_n_tokens > 0 || request.logprobs;
         Ok::<_, HttpError>((
             headers,
-            Json(chat_completion(&state, &outputs, logprobs, calls_tools, reasoning_parser, echo.as_deref())),
+            Json(chat_completion(&state, &outputs, logprobs, reading, reasoning_parser, echo.as_deref())),
         ))
     }
     .await;
     respond(result, &log)
+}
+
+/// How the reply to `request` has its tool calls read (`ToolReading::of`, with the server's
+/// `--tool-call-parser` and whether its chat template writes the tools).
+pub(super) fn tool_reading(state: &AppState, request: &ChatRequest) -> ToolReading {
+    let renders_tools = state.chat_template().is_ok_and(|template| template.renders_tools());
+    ToolReading::of(request.tools.as_ref(), request.tool_choice.as_ref(), state.config.tool_call_parser, renders_tools)
 }
 
 /// The parser that splits a chat reply's reasoning from its answer: the server's, unless a
@@ -245,8 +260,10 @@ pub(super) fn prepare_chat(
     parameters.truncate = request.sampling.truncate(state.limits.max_input_tokens)?;
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
     parameters.reasoning_first = true;
-    let tools = match tool_plan {
-        Some(plan) => {
+    let tools = match (tool_plan, tool_reading(state, request)) {
+        // The template writes the tools with its model's own instruction; the reply is free.
+        (Some(_), ToolReading::Parser(_)) => request.tools.clone(),
+        (Some(plan), _) => {
             // As TGI: the instruction and the tools follow the last message, for templates
             // that do not render `tools` themselves.
             if let Some(last) = messages.last_mut() {
@@ -255,7 +272,7 @@ pub(super) fn prepare_chat(
             parameters.grammar = Some(plan.grammar.to_tgi());
             request.tools.clone()
         }
-        None => None,
+        (None, _) => None,
     };
     let conversation = Conversation {
         messages,
@@ -382,11 +399,20 @@ impl ChoiceEcho {
 }
 
 /// The assistant's answer: its text (the reply after its reasoning, under a reasoning parser),
-/// or the tool call the text holds (`calls_tools`), with OpenAI's finish reason for it.
-fn answer(text: &str, output: &GenerationOutput, calls_tools: bool) -> (Option<String>, Option<Vec<ToolCall>>, String) {
+/// or the tool calls the text holds (`reading`), with OpenAI's finish reason for it.
+fn answer(text: &str, output: &GenerationOutput, reading: ToolReading) -> (Option<String>, Option<Vec<ToolCall>>, String) {
     let reason = finish_reason(output.finish_reason);
-    if !calls_tools {
-        return (Some(text.to_string()), None, reason);
+    let call = |ParsedCall { name, arguments }| ToolCall { id: parsed_call_id(), kind: "function".into(), function: FunctionCall { name, arguments } };
+    match reading {
+        ToolReading::None => return (Some(text.to_string()), None, reason),
+        ToolReading::Parser(_) => {
+            let (content, calls) = ToolCallSplitter::split_whole(text);
+            if calls.is_empty() {
+                return (content.or_else(|| Some(String::new())), None, reason);
+            }
+            return (content, Some(calls.into_iter().map(call).collect()), "tool_calls".into());
+        }
+        ToolReading::Grammar => {}
     }
     match tools::parse_answer(text) {
         Some(ToolAnswer::Call { name, arguments }) => {
@@ -404,7 +430,7 @@ fn chat_completion(
     state: &AppState,
     outputs: &[(ValidRequest, GenerationOutput)],
     logprobs: bool,
-    calls_tools: bool,
+    reading: ToolReading,
     reasoning_parser: Option<ReasoningParser>,
     echo: Option<&str>,
 ) -> ChatCompletion {
@@ -417,7 +443,7 @@ fn chat_completion(
                 Some(parser) => ReasoningSplitter::split_whole(parser, &valid.inputs, &output.generated_text),
                 None => (None, output.generated_text.clone()),
             };
-            let (mut content, tool_calls, finish_reason) = answer(&text, output, calls_tools);
+            let (mut content, tool_calls, finish_reason) = answer(&text, output, reading);
             if let (Some(echo), Some(content)) = (echo, content.as_mut()) {
                 content.insert_str(0, echo);
             }
@@ -495,15 +521,17 @@ fn completion(state: &AppState, outputs: &[(ValidRequest, GenerationOutput)], lo
     }
 }
 
-/// One chunk per token. Under tools (`call`) the tokens' text is not content: the chunks
-/// carry the call as it grows (its name once complete, then pieces of its arguments), and the
-/// last one what is left of it, or the `no_tool` text. Under a reasoning parser (`reasoning`)
-/// each piece goes to `reasoning_content` or content; a call is read from the content. (The
-/// Responses API's stream reads its delta.)
+/// One chunk per token. Under TGI's tool grammar (`tools`) the tokens' text is not content:
+/// the chunks carry the call as it grows (its name once complete, then pieces of its
+/// arguments), and the last one what is left of it, or the `no_tool` text. Under a tool-call
+/// parser the text is content until a call begins, and each call comes whole in the chunk
+/// that closes it. Under a reasoning parser (`reasoning`) each piece goes to
+/// `reasoning_content` or content; calls are read from the content. (The Responses API's
+/// stream reads its delta.)
 pub(super) fn chat_chunk(
     identity: &ResponseIdentity,
     update: ChoiceUpdate<'_>,
-    call: Option<&Mutex<CallStream>>,
+    tools: Option<&ToolStream>,
     reasoning: Option<&ChoiceSplitters>,
     echo: Option<&ChoiceEcho>,
     tokenizer: &Tokenizer,
@@ -520,13 +548,34 @@ pub(super) fn chat_chunk(
     if let Some(echoed) = echo.and_then(|echo| echo.take(update.index)) {
         text.insert_str(0, echoed);
     }
-    let (content, piece, finish) = match call {
+    let (content, tool_calls, finish) = match tools {
         // A chunk of reasoning alone has no content.
         None if text.is_empty() && reasoning_content.is_some() => (None, None, generated_reason),
         None => (Some(text), None, generated_reason),
-        Some(call) => {
+        Some(ToolStream::Parser(splitter)) => {
+            let mut splitter = splitter.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let first_index = splitter.calls_read();
+            let mut parsed = splitter.push(&text);
+            if update.finish.is_some() {
+                let last = splitter.finish();
+                parsed.content.push_str(&last.content);
+                parsed.calls.extend(last.calls);
+            }
+            let calls = (!parsed.calls.is_empty()).then(|| {
+                parsed.calls.into_iter().zip(first_index..).map(|(ParsedCall { name, arguments }, index)| ToolCallChunk {
+                    index,
+                    id: Some(parsed_call_id()),
+                    kind: Some("function".to_string()),
+                    function: FunctionCallChunk { name: Some(name), arguments },
+                }).collect::<Vec<_>>()
+            });
+            let content = (!parsed.content.is_empty() || (calls.is_none() && reasoning_content.is_none())).then_some(parsed.content);
+            let finish = generated_reason.map(|reason| if splitter.calls_read() > 0 { "tool_calls".to_string() } else { reason });
+            (content, calls, finish)
+        }
+        Some(ToolStream::Grammar(call)) => {
             let mut call = call.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            match update.finish {
+            let (content, piece, finish) = match update.finish {
                 None => (None, call.push(&text), None),
                 Some(output) => {
                     let last = call.push(&text);
@@ -545,18 +594,10 @@ pub(super) fn chat_chunk(
                         None => (Some(answer), None, generated_reason),
                     }
                 }
-            }
+            };
+            (content, piece.map(grammar_call_chunk), finish)
         }
     };
-    let tool_calls = piece.map(|piece| {
-        let first = piece.name.is_some();
-        vec![ToolCallChunk {
-            index: 0,
-            id: first.then(|| TOOL_CALL_ID.to_string()),
-            kind: first.then(|| "function".to_string()),
-            function: FunctionCallChunk { name: piece.name, arguments: piece.arguments },
-        }]
-    });
     let logprobs = update
         .token
         .filter(|_| identity.logprobs || !update.top_tokens.is_empty())
@@ -580,6 +621,18 @@ pub(super) fn chat_chunk(
         }],
         usage: None,
     }
+}
+
+/// A piece of the one call under TGI's grammar as the chunk's `tool_calls`: the first carries
+/// its id and type.
+fn grammar_call_chunk(piece: CallPiece) -> Vec<ToolCallChunk> {
+    let first = piece.name.is_some();
+    vec![ToolCallChunk {
+        index: 0,
+        id: first.then(|| TOOL_CALL_ID.to_string()),
+        kind: first.then(|| "function".to_string()),
+        function: FunctionCallChunk { name: piece.name, arguments: piece.arguments },
+    }]
 }
 
 fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, tokenizer: &Tokenizer) -> serde_json::Value {

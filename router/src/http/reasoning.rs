@@ -174,7 +174,7 @@ impl ChoiceSplitters {
 }
 
 /// Bytes at the end of `text` that could begin `tag` (none when `tag` is complete in it).
-fn partial_tag(text: &str, tag: &str) -> usize {
+pub(super) fn partial_tag(text: &str, tag: &str) -> usize {
     (1..tag.len().min(text.len() + 1))
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))

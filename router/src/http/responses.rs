@@ -18,7 +18,7 @@
 //! The server keeps no responses: `previous_response_id`, `conversation` and `background` are
 //! refused (422), and every response says `store: false`. A client keeps its conversation by
 //! sending the previous output items back in `input`, as with `store: false` at OpenAI.
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
@@ -31,7 +31,7 @@ use tracing::Instrument;
 use super::extract::JsonBody;
 use super::generation::{Generation, GenerationEvent, GenerationOutput};
 use super::headers::{finished_headers, stream_headers};
-use super::openai::{chat_chunk, prepare_chat, reasoning_parser_for, respond};
+use super::openai::{chat_chunk, prepare_chat, reasoning_parser_for, respond, tool_reading};
 use super::openai_stream::{submit_streamed, ChoiceUpdate, PromptText, ResponseIdentity, Submitted};
 use super::openai_types::{log_ignored_fields, unix_now, ChatRequest};
 use super::request::ValidRequest;
@@ -39,7 +39,7 @@ use super::request_log::RequestLog;
 use super::reasoning::ChoiceSplitters;
 use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
 use super::state::AppState;
-use super::tools::CallStream;
+use super::tools::{ToolReading, ToolStream};
 use super::types::{FinishReason, GenerateParameters};
 use crate::error::HttpError;
 use crate::validation::ValidationError;
@@ -61,7 +61,8 @@ pub(crate) async fn responses(State(state): State<Arc<AppState>>, JsonBody(body)
         Err(error) => return respond::<Response>(Err(error), &RequestLog::start(ROUTE, arrival)),
     };
     log_ignored_fields(ROUTE, &request.chat.ignored);
-    let prepared = prepare_chat(&state, &request.chat);
+    let reading = tool_reading(&state, &request.chat);
+    let prepared = prepare_chat(&state, &request.chat).map(|(prompt, parameters)| (prompt, parameters, reading));
     let output = Output::new(&state.model_id, request.repeated);
     let logprobs = request.chat.logprobs;
     if request.chat.stream {
@@ -91,7 +92,7 @@ pub(crate) async fn responses(State(state): State<Arc<AppState>>, JsonBody(body)
 /// it is an `error` event.
 async fn stream(
     state: Arc<AppState>,
-    prepared: Result<(PromptText, GenerateParameters), HttpError>,
+    prepared: Result<Prepared, HttpError>,
     output: Output,
     logprobs: bool,
     arrival: Instant,
@@ -118,7 +119,7 @@ async fn stream(
 #[allow(clippy::too_many_arguments)]
 async fn stream_events(
     state: &AppState,
-    prepared: Result<(PromptText, GenerateParameters), HttpError>,
+    prepared: Result<Prepared, HttpError>,
     output: Output,
     logprobs: bool,
     sender: &EventSender,
@@ -159,6 +160,9 @@ async fn send_all(sender: &EventSender, events: impl IntoIterator<Item = Value>)
     true
 }
 
+/// A request's conversation, parameters and how its tool calls are read.
+type Prepared = (PromptText, GenerateParameters, ToolReading);
+
 /// One response being generated: the engine's tokens read as the chat route's stream reads them
 /// (its reasoning split, its tool call), each chunk turned into the output's events. The whole
 /// response is the same run with its events unsent, so both forms have one reading.
@@ -166,7 +170,7 @@ struct Run<'a> {
     state: &'a AppState,
     valid: ValidRequest,
     generation: Generation,
-    call: Option<Mutex<CallStream>>,
+    tools: Option<ToolStream>,
     splitters: Option<ChoiceSplitters>,
     identity: ResponseIdentity,
     output: Output,
@@ -182,20 +186,19 @@ impl<'a> Run<'a> {
     /// logprobs) and submits the request.
     async fn start(
         state: &'a AppState,
-        (prompt, parameters): (PromptText, GenerateParameters),
+        (prompt, parameters, reading): Prepared,
         output: Output,
         logprobs: bool,
         arrival: Instant,
         log: &RequestLog,
     ) -> Result<Run<'a>, HttpError> {
-        let calls_tools = matches!(&prompt, PromptText::Chat(conversation) if conversation.tools.is_some());
         let reasoning_parser = reasoning_parser_for(state, parameters.grammar.is_some());
         let Submitted { permit, valid, generation } = submit_streamed(state, prompt, &parameters, arrival, log, false).await?;
         Ok(Run {
             state,
             valid,
             generation,
-            call: calls_tools.then(|| Mutex::new(CallStream::default())),
+            tools: reading.stream(),
             splitters: reasoning_parser.map(ChoiceSplitters::new),
             identity: ResponseIdentity::new(&state.model_id, "chat.completion.chunk").with_logprobs(logprobs),
             output,
@@ -220,7 +223,7 @@ impl<'a> Run<'a> {
             finish: end.as_deref(),
             echoed: None,
         };
-        let chunk = chat_chunk(&self.identity, update, self.call.as_ref(), self.splitters.as_ref(), None, &self.state.tokenizer);
+        let chunk = chat_chunk(&self.identity, update, self.tools.as_ref(), self.splitters.as_ref(), None, &self.state.tokenizer);
         let mut events = Vec::new();
         if let Some(choice) = chunk.choices.into_iter().next() {
             let delta = choice.delta;

@@ -32,6 +32,9 @@ pub struct HttpConfig {
     pub grammar_unlisted_properties: UnlistedProperties,
     /// Chat replies' reasoning goes to `reasoning_content` (`--reasoning-parser`).
     pub reasoning_parser: Option<super::reasoning::ReasoningParser>,
+    /// Chat replies' tool calls read in the model's own format under `tool_choice: "auto"`
+    /// (`--tool-call-parser`).
+    pub tool_call_parser: Option<super::tool_parser::ToolCallParser>,
     /// Request bodies larger than this are answered 413.
     pub payload_limit: usize,
     /// When set, the generation routes require `Authorization: Bearer <key>`.
@@ -67,6 +70,7 @@ impl Default for HttpConfig {
             disable_grammar_support: false,
             grammar_unlisted_properties: UnlistedProperties::default(),
             reasoning_parser: None,
+            tool_call_parser: None,
             payload_limit: 2_000_000,
             api_key: None,
             model_id: String::new(),

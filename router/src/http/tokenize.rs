@@ -61,7 +61,7 @@ pub struct TokenizeChat {
 pub enum TokenizeRequest {
     Tgi(GenerateRequest),
     Text(TokenizeText),
-    Chat(TokenizeChat),
+    Chat(Box<TokenizeChat>),
 }
 
 /// vLLM's answer.

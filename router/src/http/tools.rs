@@ -3,11 +3,60 @@
 //! tool's name>, <its arguments>}}` (with `auto`, also the `no_tool` answer `{"_name":
 //! "no_tool", "content": <text>}`); the conversation's last message gets TGI's tool prompt and
 //! the tools; the output is parsed back into OpenAI's `tool_calls` (arguments as a JSON string).
+use std::sync::Mutex;
+
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::tool_parser::{ToolCallParser, ToolCallSplitter};
 use crate::grammar::GrammarSpec;
 use crate::validation::ValidationError;
+
+/// How a chat reply's tool calls are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolReading {
+    /// No tool is offered (none given, or `tool_choice: "none"`).
+    None,
+    /// One call (or, with `auto`, TGI's `no_tool` answer) generated under TGI's grammar.
+    Grammar,
+    /// `auto` under `--tool-call-parser`, with a template that writes the tools into the prompt:
+    /// the reply is generated freely and any number of calls are read out of it in the model's
+    /// own format (`tool_parser`).
+    Parser(ToolCallParser),
+}
+
+impl ToolReading {
+    /// The reading of a request's `tools` and `tool_choice`, given the server's parser and
+    /// whether its chat template writes the tools (a model that is not shown them cannot call
+    /// them in its own format, so it gets TGI's instruction and grammar instead). Tools that do
+    /// not validate read as none: `plan` refuses them.
+    pub fn of(tools: Option<&Value>, tool_choice: Option<&Value>, parser: Option<ToolCallParser>, renders_tools: bool) -> Self {
+        if tools.and_then(Value::as_array).is_none_or(|tools| tools.is_empty()) {
+            return ToolReading::None;
+        }
+        match ToolChoice::parse(tool_choice) {
+            Ok(ToolChoice::None) | Err(_) => ToolReading::None,
+            Ok(ToolChoice::Auto) => parser.filter(|_| renders_tools).map_or(ToolReading::Grammar, ToolReading::Parser),
+            Ok(ToolChoice::Required | ToolChoice::Function(_)) => ToolReading::Grammar,
+        }
+    }
+
+    /// The state a streamed reply's calls are read with.
+    pub fn stream(self) -> Option<ToolStream> {
+        match self {
+            ToolReading::None => None,
+            ToolReading::Grammar => Some(ToolStream::Grammar(Mutex::default())),
+            ToolReading::Parser(_) => Some(ToolStream::Parser(Mutex::default())),
+        }
+    }
+}
+
+/// A streamed reply's tool-call reading (`ToolReading::stream`).
+#[derive(Debug)]
+pub enum ToolStream {
+    Grammar(Mutex<CallStream>),
+    Parser(Mutex<ToolCallSplitter>),
+}
 
 /// TGI's default instruction, followed by the tools as JSON.
 pub const DEFAULT_TOOL_PROMPT: &str = "Given the functions available, please respond with a JSON for a function call \

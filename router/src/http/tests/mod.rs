@@ -14,6 +14,7 @@ mod request_log;
 mod responses;
 mod scripted_shard;
 mod tokenize;
+mod tool_parser;
 mod vertex;
 mod worker_api;
 

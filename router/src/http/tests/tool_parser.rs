@@ -1,0 +1,136 @@
+//! Tool calls in the model's own format (`--tool-call-parser hermes`): with `tool_choice: auto`
+//! and a template that writes the tools, the reply is generated freely (no grammar: the
+//! scripted model writes its script) and every `<tool_call>` block in it is a call, whole and
+//! streamed; the text around them is content. `required`, a named function, or a template that
+//! does not write the tools keep TGI's grammar and its one call.
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::scripted_shard::ScriptedShard;
+use super::{app_on_shard, post, send, sse_data, with_fields};
+use crate::http::tool_parser::ToolCallParser;
+use crate::http::HttpConfig;
+use crate::tokenizer::tests::smollm2;
+
+/// Writes the tools' names, and an assistant's earlier calls, as a Hermes template does.
+const TEMPLATE: &str = "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{% endif %}\
+    {% for m in messages %}<{{ m.role }}>{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}\
+    <tool_call>{{ c.function.name }}</tool_call>{% endfor %}{% endif %}{% endfor %}<assistant>";
+
+const TWO_CALLS: &str = "I will check both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n\
+    <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\", \"unit\": \"c\"}}\n</tool_call>";
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city"]}}}])
+}
+
+fn request() -> Value {
+    json!({"messages": [{"role": "user", "content": "Weather in Paris and Lyon?"}], "max_tokens": 80, "tools": tools()})
+}
+
+async fn scripted(script: &str, template: &str) -> (axum::Router, std::sync::Arc<std::sync::Mutex<super::scripted_shard::ShardLog>>) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let tokenizer = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
+    let shard = ScriptedShard::spawn_with_script(tokenizer, template.to_string(), script, 49152);
+    app_on_shard(HttpConfig { tool_call_parser: Some(ToolCallParser::Hermes), ..HttpConfig::default() }, shard, &[]).await
+}
+
+fn arguments(call: &Value) -> Value {
+    serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn every_call_the_reply_writes_is_read_whole_and_streamed() {
+    let (app, log) = scripted(TWO_CALLS, TEMPLATE).await;
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    let message = &choice["message"];
+    assert_eq!(message["content"], "I will check both.");
+    let calls = message["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{message}");
+    assert_eq!(calls.iter().map(|call| &call["function"]["name"]).collect::<Vec<_>>(), [&json!("get_weather"); 2]);
+    assert_eq!((arguments(&calls[0]), arguments(&calls[1])), (json!({"city": "Paris"}), json!({"city": "Lyon", "unit": "c"})));
+    assert_ne!(calls[0]["id"], calls[1]["id"]);
+    assert!(calls.iter().all(|call| call["type"] == "function" && call["id"].as_str().unwrap().starts_with("chatcmpl-tool-")));
+    // The template wrote the tools; TGI's instruction is not added.
+    let prompt = smollm2().decode(&log.lock().unwrap().new_requests[0].prompt_token_ids, false).unwrap();
+    assert!(prompt.starts_with("<tools>get_weather;</tools>") && !prompt.contains("Given the functions available"), "{prompt}");
+
+    let streamed = with_fields(request(), &json!({"stream": true}));
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &streamed)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let chunks: Vec<Value> = sse_data(&text).into_iter().filter(|event| event.is_object()).collect();
+    let content: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, "I will check both.");
+    // The content went out as it came, ahead of the calls; each call is one delta, in order.
+    let pieces: Vec<&Value> = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert_eq!(pieces.len(), 2, "{text}");
+    for (index, piece) in pieces.iter().enumerate() {
+        assert_eq!(piece["index"], index);
+        assert_eq!(piece["type"], "function");
+        assert_eq!(piece["function"]["name"], "get_weather");
+        assert_eq!(arguments(piece), arguments(&calls[index]));
+    }
+    assert_ne!(pieces[0]["id"], pieces[1]["id"]);
+    let first_call = chunks.iter().position(|chunk| chunk["choices"][0]["delta"]["tool_calls"].is_array()).unwrap();
+    let content_chunks = chunks[..first_call].iter().filter(|chunk| chunk["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty())).count();
+    assert!(content_chunks > 3, "{text}");
+    assert_eq!(chunks.iter().rev().find_map(|chunk| chunk["choices"][0]["finish_reason"].as_str()), Some("tool_calls"));
+}
+
+#[tokio::test]
+async fn a_reply_that_calls_nothing_is_content_streamed_as_it_comes() {
+    let answer = "It is sunny in Paris; <tool_call> is how I would call a tool.";
+    let (app, _) = scripted(answer, TEMPLATE).await;
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
+    let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+    // An unclosed block is text, as written.
+    assert_eq!(choice["message"]["content"], answer, "{choice}");
+    assert!(choice["message"].get("tool_calls").is_none_or(Value::is_null));
+    assert_eq!(choice["finish_reason"], "stop");
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(request(), &json!({"stream": true})))).await;
+    let chunks: Vec<Value> = sse_data(&text).into_iter().filter(|event| event.is_object()).collect();
+    let content: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, answer);
+    assert!(chunks.iter().all(|chunk| chunk["choices"][0]["delta"]["tool_calls"].is_null()));
+}
+
+#[tokio::test]
+async fn required_a_named_tool_or_a_template_without_tools_keep_tgis_grammar() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let plain_template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for (template, choice) in [(TEMPLATE.to_string(), json!("required")), (TEMPLATE.to_string(), named), (plain_template, json!("auto"))] {
+        let (app, log) = scripted(TWO_CALLS, &template).await;
+        let body = with_fields(request(), &json!({"tool_choice": choice}));
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
+        let prompt = smollm2().decode(&log.lock().unwrap().new_requests[0].prompt_token_ids, false).unwrap();
+        assert!(prompt.contains("Given the functions available"), "{choice}: {prompt}");
+        // The grammar held: whatever the model meant, the reply is TGI's call or `no_tool` answer.
+        let calls = message["tool_calls"].as_array().map_or(0, Vec::len);
+        assert!(calls == 1 || (calls == 0 && message["content"].is_string()), "{choice}: {message}");
+        assert!(!message["content"].as_str().unwrap_or_default().contains("<tool_call>"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn the_responses_api_gives_each_call_its_item() {
+    let (app, _) = scripted(TWO_CALLS, TEMPLATE).await;
+    let tools = json!([{"type": "function", "name": "get_weather", "parameters": tools()[0]["function"]["parameters"]}]);
+    let body = json!({"input": "Weather in Paris and Lyon?", "tools": tools, "max_output_tokens": 80});
+    let (status, _, text) = send(&app, post("/v1/responses", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let response: Value = serde_json::from_str(&text).unwrap();
+    let output = response["output"].as_array().unwrap();
+    let kinds: Vec<&str> = output.iter().map(|item| item["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["message", "function_call", "function_call"], "{response}");
+    assert_eq!(output[0]["content"][0]["text"], "I will check both.");
+    assert_eq!(serde_json::from_str::<Value>(output[2]["arguments"].as_str().unwrap()).unwrap(), json!({"city": "Lyon", "unit": "c"}));
+    assert_ne!(output[1]["call_id"], output[2]["call_id"]);
+}
