@@ -23,7 +23,7 @@ use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
 use super::reasoning::{ChoiceSplitters, ReasoningParser, ReasoningSplitter};
 use super::state::AppState;
-use super::tool_parser::{ParsedCall, ToolCallSplitter};
+use super::tool_parser::ParsedCall;
 use super::tools::{self, CallPiece, ToolAnswer, ToolReading, ToolStream};
 use super::types::GenerateParameters;
 use crate::chat_template::{Conversation, TemplateMessage};
@@ -121,7 +121,8 @@ pub(crate) async fn chat_completions(
 /// `--tool-call-parser` and whether its chat template writes the tools).
 pub(super) fn tool_reading(state: &AppState, request: &ChatRequest) -> ToolReading {
     let renders_tools = state.chat_template().is_ok_and(|template| template.renders_tools());
-    ToolReading::of(request.tools.as_ref(), request.tool_choice.as_ref(), state.config.tool_call_parser, renders_tools)
+    let parallel = request.parallel_tool_calls.unwrap_or(true);
+    ToolReading::of(request.tools.as_ref(), request.tool_choice.as_ref(), parallel, state.config.tool_call_parser, renders_tools)
 }
 
 /// The parser that splits a chat reply's reasoning from its answer: the server's, unless a
@@ -262,7 +263,7 @@ pub(super) fn prepare_chat(
     parameters.reasoning_first = true;
     let tools = match (tool_plan, tool_reading(state, request)) {
         // The template writes the tools with its model's own instruction; the reply is free.
-        (Some(_), ToolReading::Parser(_)) => request.tools.clone(),
+        (Some(_), ToolReading::Parser { .. }) => request.tools.clone(),
         (Some(plan), _) => {
             // As TGI: the instruction and the tools follow the last message, for templates
             // that do not render `tools` themselves.
@@ -405,8 +406,8 @@ fn answer(text: &str, output: &GenerationOutput, reading: ToolReading) -> (Optio
     let call = |ParsedCall { name, arguments }| ToolCall { id: parsed_call_id(), kind: "function".into(), function: FunctionCall { name, arguments } };
     match reading {
         ToolReading::None => return (Some(text.to_string()), None, reason),
-        ToolReading::Parser(_) => {
-            let (content, calls) = ToolCallSplitter::split_whole(text);
+        ToolReading::Parser { .. } => {
+            let (content, calls) = reading.splitter().split_whole(text);
             if calls.is_empty() {
                 return (content.or_else(|| Some(String::new())), None, reason);
             }

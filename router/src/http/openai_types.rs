@@ -332,6 +332,10 @@ pub struct ChatRequest {
     /// TGI's instruction put before the tools in the last message.
     #[serde(default)]
     pub tool_prompt: Option<String>,
+    /// `false`: at most one call per reply (OpenAI's). Under `--tool-call-parser` the calls a
+    /// reply writes after its first are dropped; under TGI's grammar a reply has one anyway.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// End the prompt with the header of the assistant's turn (the default), as vLLM's.
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,

@@ -38,8 +38,11 @@ pub struct Parsed {
 }
 
 /// The state of one reply's reading.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ToolCallSplitter {
+    /// Calls given out at most (`parallel_tool_calls: false`: one); blocks past it are read and
+    /// dropped.
+    limit: u32,
     /// Inside a call's block.
     in_call: bool,
     /// Text not yet given out: a call's body, or a possible tag's start.
@@ -51,7 +54,18 @@ pub struct ToolCallSplitter {
     calls: u32,
 }
 
+impl Default for ToolCallSplitter {
+    fn default() -> Self {
+        Self::new(u32::MAX)
+    }
+}
+
 impl ToolCallSplitter {
+    /// A reading that gives out at most `limit` calls.
+    pub fn new(limit: u32) -> Self {
+        Self { limit, in_call: false, pending: String::new(), space: String::new(), calls: 0 }
+    }
+
     /// Reads the next piece of the reply.
     pub fn push(&mut self, text: &str) -> Parsed {
         self.pending.push_str(text);
@@ -64,8 +78,10 @@ impl ToolCallSplitter {
                 match read_call(&body) {
                     Some(call) => {
                         self.space.clear();
-                        self.calls += 1;
-                        parsed.calls.push(call);
+                        if self.calls < self.limit {
+                            self.calls += 1;
+                            parsed.calls.push(call);
+                        }
                     }
                     // Not a call after all: the block is the message's text, as written.
                     None => self.content(&format!("{START}{body}{END}"), &mut parsed),
@@ -107,9 +123,8 @@ impl ToolCallSplitter {
     }
 
     /// A whole reply: its content (none when it is only white space) and its calls.
-    pub fn split_whole(text: &str) -> (Option<String>, Vec<ParsedCall>) {
-        let mut splitter = Self::default();
-        let (first, last) = (splitter.push(text), splitter.finish());
+    pub fn split_whole(mut self, text: &str) -> (Option<String>, Vec<ParsedCall>) {
+        let (first, last) = (self.push(text), self.finish());
         let content = first.content + &last.content;
         let calls = first.calls.into_iter().chain(last.calls).collect();
         ((!content.is_empty()).then_some(content), calls)
@@ -152,38 +167,44 @@ mod tests {
 
     #[test]
     fn calls_are_read_out_of_the_reply_and_the_rest_is_content() {
-        let (content, calls) = ToolCallSplitter::split_whole(TWO_CALLS);
+        let (content, calls) = ToolCallSplitter::default().split_whole(TWO_CALLS);
         assert_eq!(content.as_deref(), Some("I will check both."));
         assert_eq!(calls, vec![
             call("get_weather", r#"{"city":"Paris"}"#),
             call("get_weather", r#"{"city":"Lyon, France","unit":"c"}"#),
         ]);
         // A call alone has no content; a reply without calls is all content.
-        let (content, calls) = ToolCallSplitter::split_whole("<tool_call>{\"name\": \"now\"}</tool_call>");
+        let (content, calls) = ToolCallSplitter::default().split_whole("<tool_call>{\"name\": \"now\"}</tool_call>");
         assert_eq!((content, calls), (None, vec![call("now", "{}")]));
         let plain = "The answer is 4 < 5, and <tool is not a tag.";
-        assert_eq!(ToolCallSplitter::split_whole(plain), (Some(plain.to_string()), vec![]));
+        assert_eq!(ToolCallSplitter::default().split_whole(plain), (Some(plain.to_string()), vec![]));
         // Arguments written as a JSON string are kept as written; `parameters` is read too.
-        let (_, calls) = ToolCallSplitter::split_whole(
+        let (_, calls) = ToolCallSplitter::default().split_whole(
             "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call><tool_call>{\"name\": \"g\", \"parameters\": {\"b\": [1, 2]}}</tool_call>");
         assert_eq!(calls, vec![call("f", r#"{"a": 1}"#), call("g", r#"{"b":[1,2]}"#)]);
+    }
+
+    #[test]
+    fn past_its_limit_a_call_is_dropped() {
+        let (content, calls) = ToolCallSplitter::new(1).split_whole(TWO_CALLS);
+        assert_eq!((content.as_deref(), calls), (Some("I will check both."), vec![call("get_weather", r#"{"city":"Paris"}"#)]));
     }
 
     #[test]
     fn what_is_not_a_call_stays_text() {
         // A block that is not a call's JSON, and one the reply did not close.
         let broken = "Try: <tool_call>{\"name\": 5}</tool_call> then";
-        assert_eq!(ToolCallSplitter::split_whole(broken), (Some(broken.to_string()), vec![]));
+        assert_eq!(ToolCallSplitter::default().split_whole(broken), (Some(broken.to_string()), vec![]));
         let cut = "<tool_call>{\"name\": \"get_weather\", \"argum";
-        assert_eq!(ToolCallSplitter::split_whole(cut), (Some(cut.to_string()), vec![]));
-        let (content, calls) = ToolCallSplitter::split_whole("<tool_call>{\"name\": \"now\"}</tool_call>\n<tool_call>{\"na");
+        assert_eq!(ToolCallSplitter::default().split_whole(cut), (Some(cut.to_string()), vec![]));
+        let (content, calls) = ToolCallSplitter::default().split_whole("<tool_call>{\"name\": \"now\"}</tool_call>\n<tool_call>{\"na");
         assert_eq!((content.as_deref(), calls.len()), (Some("\n<tool_call>{\"na"), 1));
     }
 
     #[test]
     fn a_stream_adds_up_to_the_whole_reply_however_it_is_cut() {
         for text in [TWO_CALLS, "Plain text, no call at all.\n", "<tool_call>{\"name\": \"now\"}</tool_call>", "a <tool_ca b </tool_call> c <tool_call>{\"name\": \"x\"}"] {
-            let (content, calls) = ToolCallSplitter::split_whole(text);
+            let (content, calls) = ToolCallSplitter::default().split_whole(text);
             for size in [1, 2, 3, 7, 100] {
                 let mut splitter = ToolCallSplitter::default();
                 let (mut streamed, mut streamed_calls) = (String::new(), Vec::new());

@@ -21,8 +21,8 @@ pub enum ToolReading {
     Grammar,
     /// `auto` under `--tool-call-parser`, with a template that writes the tools into the prompt:
     /// the reply is generated freely and any number of calls are read out of it in the model's
-    /// own format (`tool_parser`).
-    Parser(ToolCallParser),
+    /// own format (`tool_parser`); `single`: at most one (`parallel_tool_calls: false`).
+    Parser { parser: ToolCallParser, single: bool },
 }
 
 impl ToolReading {
@@ -30,15 +30,22 @@ impl ToolReading {
     /// whether its chat template writes the tools (a model that is not shown them cannot call
     /// them in its own format, so it gets TGI's instruction and grammar instead). Tools that do
     /// not validate read as none: `plan` refuses them.
-    pub fn of(tools: Option<&Value>, tool_choice: Option<&Value>, parser: Option<ToolCallParser>, renders_tools: bool) -> Self {
+    pub fn of(tools: Option<&Value>, tool_choice: Option<&Value>, parallel: bool, parser: Option<ToolCallParser>, renders_tools: bool) -> Self {
         if tools.and_then(Value::as_array).is_none_or(|tools| tools.is_empty()) {
             return ToolReading::None;
         }
         match ToolChoice::parse(tool_choice) {
             Ok(ToolChoice::None) | Err(_) => ToolReading::None,
-            Ok(ToolChoice::Auto) => parser.filter(|_| renders_tools).map_or(ToolReading::Grammar, ToolReading::Parser),
+            Ok(ToolChoice::Auto) => parser
+                .filter(|_| renders_tools)
+                .map_or(ToolReading::Grammar, |parser| ToolReading::Parser { parser, single: !parallel }),
             Ok(ToolChoice::Required | ToolChoice::Function(_)) => ToolReading::Grammar,
         }
+    }
+
+    /// A reading of the reply's calls in the model's format, as many as it may give out.
+    pub fn splitter(self) -> ToolCallSplitter {
+        ToolCallSplitter::new(if matches!(self, ToolReading::Parser { single: true, .. }) { 1 } else { u32::MAX })
     }
 
     /// The state a streamed reply's calls are read with.
@@ -46,7 +53,7 @@ impl ToolReading {
         match self {
             ToolReading::None => None,
             ToolReading::Grammar => Some(ToolStream::Grammar(Mutex::default())),
-            ToolReading::Parser(_) => Some(ToolStream::Parser(Mutex::default())),
+            ToolReading::Parser { .. } => Some(ToolStream::Parser(Mutex::new(self.splitter()))),
         }
     }
 }

@@ -134,3 +134,49 @@ async fn the_responses_api_gives_each_call_its_item() {
     assert_eq!(serde_json::from_str::<Value>(output[2]["arguments"].as_str().unwrap()).unwrap(), json!({"city": "Lyon", "unit": "c"}));
     assert_ne!(output[1]["call_id"], output[2]["call_id"]);
 }
+
+/// A thinking model's reply reasons, then calls: the reasoning is `reasoning_content`, and the
+/// calls are read from the answer after it (a `<tool_call>` written inside the reasoning is
+/// reasoning), whole and streamed.
+#[tokio::test]
+async fn calls_are_read_after_the_reasoning() {
+    use crate::http::reasoning::ReasoningParser;
+    use crate::tokenizer::tests::thinking_json;
+    let script = "<think>Paris; maybe <tool_call> later.</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    let shard = ScriptedShard::spawn_with_script(thinking_json(), TEMPLATE.to_string(), script, 49154);
+    let config = HttpConfig { tool_call_parser: Some(ToolCallParser::Hermes), reasoning_parser: Some(ReasoningParser::Qwen3), ..HttpConfig::default() };
+    let (app, _) = app_on_shard(config, shard, &[]).await;
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+    let message = &choice["message"];
+    assert_eq!(message["reasoning_content"], "Paris; maybe <tool_call> later.", "{message}");
+    assert!(message["content"].is_null(), "{message}");
+    assert_eq!(message["tool_calls"].as_array().unwrap().len(), 1);
+    assert_eq!(arguments(&message["tool_calls"][0]), json!({"city": "Paris"}));
+    assert_eq!(choice["finish_reason"], "tool_calls");
+
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(request(), &json!({"stream": true})))).await;
+    let chunks: Vec<Value> = sse_data(&text).into_iter().filter(|event| event.is_object()).collect();
+    let field = |name: &str| chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"][name].as_str()).collect::<String>();
+    assert_eq!(field("reasoning_content"), "Paris; maybe <tool_call> later.");
+    assert_eq!(field("content"), "");
+    let pieces: Vec<&Value> = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert_eq!(pieces.len(), 1, "{text}");
+    assert_eq!(arguments(pieces[0]), json!({"city": "Paris"}));
+}
+
+/// `parallel_tool_calls: false`: the reply's first call alone, whole and streamed.
+#[tokio::test]
+async fn without_parallel_calls_the_first_is_kept() {
+    let (app, _) = scripted(TWO_CALLS, TEMPLATE).await;
+    let single = with_fields(request(), &json!({"parallel_tool_calls": false}));
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &single)).await;
+    let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
+    let calls = message["tool_calls"].as_array().unwrap();
+    assert_eq!((calls.len(), arguments(&calls[0])), (1, json!({"city": "Paris"})), "{message}");
+    assert_eq!(message["content"], "I will check both.");
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(single, &json!({"stream": true})))).await;
+    let pieces = sse_data(&text).into_iter().filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].as_array().cloned()).flatten().count();
+    assert_eq!(pieces, 1, "{text}");
+}
