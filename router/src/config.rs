@@ -152,8 +152,9 @@ pub struct RouterConfig {
     /// Read chat replies' tool calls in the model's own format (vLLM's flag): with
     /// `tool_choice: "auto"` the reply is generated freely and any number of calls are read out
     /// of it; `hermes` reads `<tool_call>{"name": …, "arguments": …}</tool_call>` (Qwen 2.5 and
-    /// 3, Hermes). The chat template must write the tools. Off by default, and for `required`
-    /// or a named function: one call under TGI's grammar.
+    /// 3, Hermes), `llama3_json` a reply of `{"name": …, "parameters": …}` objects (Llama 3.1
+    /// to 3.3). The chat template must write the tools. Off by default, and for `required` or
+    /// a named function: one call under TGI's grammar.
     #[arg(long, env = "TOOL_CALL_PARSER", value_enum)]
     pub tool_call_parser: Option<crate::http::tool_parser::ToolCallParser>,
     /// One step in flight: send step N+1 while the shard computes step N (decodes take the

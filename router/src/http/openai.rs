@@ -404,16 +404,15 @@ impl ChoiceEcho {
 fn answer(text: &str, output: &GenerationOutput, reading: ToolReading) -> (Option<String>, Option<Vec<ToolCall>>, String) {
     let reason = finish_reason(output.finish_reason);
     let call = |ParsedCall { name, arguments }| ToolCall { id: parsed_call_id(), kind: "function".into(), function: FunctionCall { name, arguments } };
-    match reading {
-        ToolReading::None => return (Some(text.to_string()), None, reason),
-        ToolReading::Parser { .. } => {
-            let (content, calls) = reading.splitter().split_whole(text);
-            if calls.is_empty() {
-                return (content.or_else(|| Some(String::new())), None, reason);
-            }
-            return (content, Some(calls.into_iter().map(call).collect()), "tool_calls".into());
+    if let Some(splitter) = reading.splitter() {
+        let (content, calls) = splitter.split_whole(text);
+        if calls.is_empty() {
+            return (content.or_else(|| Some(String::new())), None, reason);
         }
-        ToolReading::Grammar => {}
+        return (content, Some(calls.into_iter().map(call).collect()), "tool_calls".into());
+    }
+    if reading == ToolReading::None {
+        return (Some(text.to_string()), None, reason);
     }
     match tools::parse_answer(text) {
         Some(ToolAnswer::Call { name, arguments }) => {

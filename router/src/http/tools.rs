@@ -43,17 +43,21 @@ impl ToolReading {
         }
     }
 
-    /// A reading of the reply's calls in the model's format, as many as it may give out.
-    pub fn splitter(self) -> ToolCallSplitter {
-        ToolCallSplitter::new(if matches!(self, ToolReading::Parser { single: true, .. }) { 1 } else { u32::MAX })
+    /// Under a parser, a reading of the reply's calls in the model's format, as many as it may
+    /// give out.
+    pub fn splitter(self) -> Option<ToolCallSplitter> {
+        match self {
+            ToolReading::Parser { parser, single } => Some(ToolCallSplitter::new(parser, if single { 1 } else { u32::MAX })),
+            ToolReading::None | ToolReading::Grammar => None,
+        }
     }
 
     /// The state a streamed reply's calls are read with.
     pub fn stream(self) -> Option<ToolStream> {
-        match self {
-            ToolReading::None => None,
-            ToolReading::Grammar => Some(ToolStream::Grammar(Mutex::default())),
-            ToolReading::Parser { .. } => Some(ToolStream::Parser(Mutex::new(self.splitter()))),
+        match self.splitter() {
+            Some(splitter) => Some(ToolStream::Parser(Mutex::new(splitter))),
+            None if self == ToolReading::Grammar => Some(ToolStream::Grammar(Mutex::default())),
+            None => None,
         }
     }
 }

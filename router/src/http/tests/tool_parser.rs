@@ -30,11 +30,17 @@ fn request() -> Value {
     json!({"messages": [{"role": "user", "content": "Weather in Paris and Lyon?"}], "max_tokens": 80, "tools": tools()})
 }
 
-async fn scripted(script: &str, template: &str) -> (axum::Router, std::sync::Arc<std::sync::Mutex<super::scripted_shard::ShardLog>>) {
+type Log = std::sync::Arc<std::sync::Mutex<super::scripted_shard::ShardLog>>;
+
+async fn scripted(script: &str, template: &str) -> (axum::Router, Log) {
+    scripted_with(ToolCallParser::Hermes, script, template).await
+}
+
+async fn scripted_with(parser: ToolCallParser, script: &str, template: &str) -> (axum::Router, Log) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
     let tokenizer = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
     let shard = ScriptedShard::spawn_with_script(tokenizer, template.to_string(), script, 49152);
-    app_on_shard(HttpConfig { tool_call_parser: Some(ToolCallParser::Hermes), ..HttpConfig::default() }, shard, &[]).await
+    app_on_shard(HttpConfig { tool_call_parser: Some(parser), ..HttpConfig::default() }, shard, &[]).await
 }
 
 fn arguments(call: &Value) -> Value {
@@ -179,4 +185,28 @@ async fn without_parallel_calls_the_first_is_kept() {
     let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(single, &json!({"stream": true})))).await;
     let pieces = sse_data(&text).into_iter().filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].as_array().cloned()).flatten().count();
     assert_eq!(pieces, 1, "{text}");
+}
+
+/// `llama3_json`: a reply of JSON calls, `;` between them, whole and streamed (the calls come
+/// at its end); a plain reply streams as content.
+#[tokio::test]
+async fn llama_json_calls_are_read_whole_and_streamed() {
+    let script = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lyon\"}}";
+    let (app, _) = scripted_with(ToolCallParser::Llama3Json, script, TEMPLATE).await;
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
+    let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.iter().map(arguments).collect::<Vec<_>>(), [json!({"city": "Paris"}), json!({"city": "Lyon"})], "{choice}");
+    assert!(choice["message"]["content"].is_null());
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(request(), &json!({"stream": true})))).await;
+    let pieces: Vec<Value> = sse_data(&text).into_iter().filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].as_array().cloned()).flatten().collect();
+    assert_eq!(pieces.iter().map(|piece| piece["index"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1], "{text}");
+    assert_eq!(arguments(&pieces[1]), json!({"city": "Lyon"}));
+
+    let (app, _) = scripted_with(ToolCallParser::Llama3Json, "Sunny in Paris.", TEMPLATE).await;
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(request(), &json!({"stream": true})))).await;
+    let contents: Vec<String> = sse_data(&text).into_iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str().map(String::from)).filter(|c| !c.is_empty()).collect();
+    assert_eq!(contents.concat(), "Sunny in Paris.");
+    assert!(contents.len() > 1, "{text}");
 }
