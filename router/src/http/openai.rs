@@ -23,8 +23,8 @@ use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
 use super::reasoning::{ChoiceSplitters, ReasoningParser, ReasoningSplitter};
 use super::state::AppState;
-use super::tool_parser::ParsedCall;
-use super::tools::{self, CallPiece, ToolAnswer, ToolReading, ToolStream};
+use super::tool_parser::{ParsedCall, ToolCallSplitter};
+use super::tools::{self, CallPiece, CallStream, ChoiceCalls, ToolAnswer, ToolReading, ToolStream};
 use super::types::GenerateParameters;
 use crate::chat_template::{Conversation, TemplateMessage};
 use crate::error::{ErrorBody, HttpError};
@@ -63,9 +63,6 @@ pub(crate) async fn chat_completions(
     // first computes the prompt, the others share its full blocks through the prefix cache.
     let prepared = prepared.and_then(|(prompt, parameters)| {
         let n = choice_count(&state, request.sampling.choices(), 1)?;
-        if calls_tools && n > 1 {
-            return Err(HttpError::from(ValidationError::Unsupported("`n` > 1 with `tools`")));
-        }
         if calls_tools && request.echo {
             return Err(HttpError::from(ValidationError::Unsupported("`echo` with `tools`")));
         }
@@ -90,7 +87,7 @@ pub(crate) async fn chat_completions(
             choices_per_prompt: choices,
             echo: false,
         };
-        // Tools come with one choice: its calls to follow.
+        // Each choice's calls are read on their own.
         let tools = reading.stream();
         let reasoning = reasoning_parser.map(ChoiceSplitters::new);
         let echo = echo.map(ChoiceEcho::new);
@@ -552,50 +549,12 @@ pub(super) fn chat_chunk(
         // A chunk of reasoning alone has no content.
         None if text.is_empty() && reasoning_content.is_some() => (None, None, generated_reason),
         None => (Some(text), None, generated_reason),
-        Some(ToolStream::Parser(splitter)) => {
-            let mut splitter = splitter.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let first_index = splitter.calls_read();
-            let mut parsed = splitter.push(&text);
-            if update.finish.is_some() {
-                let last = splitter.finish();
-                parsed.content.push_str(&last.content);
-                parsed.calls.extend(last.calls);
-            }
-            let calls = (!parsed.calls.is_empty()).then(|| {
-                parsed.calls.into_iter().zip(first_index..).map(|(ParsedCall { name, arguments }, index)| ToolCallChunk {
-                    index,
-                    id: Some(parsed_call_id()),
-                    kind: Some("function".to_string()),
-                    function: FunctionCallChunk { name: Some(name), arguments },
-                }).collect::<Vec<_>>()
-            });
-            let content = (!parsed.content.is_empty() || (calls.is_none() && reasoning_content.is_none())).then_some(parsed.content);
-            let finish = generated_reason.map(|reason| if splitter.calls_read() > 0 { "tool_calls".to_string() } else { reason });
-            (content, calls, finish)
-        }
-        Some(ToolStream::Grammar(call)) => {
-            let mut call = call.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let (content, piece, finish) = match update.finish {
-                None => (None, call.push(&text), None),
-                Some(output) => {
-                    let last = call.push(&text);
-                    let answer = match reasoning {
-                        Some(splitters) => ReasoningSplitter::split_whole(splitters.parser(), update.prompt, &output.generated_text).1,
-                        None => output.generated_text.clone(),
-                    };
-                    match tools::parse_answer(&answer) {
-                        Some(answer @ ToolAnswer::Call { .. }) => {
-                            let piece = CallPiece::joined(last, call.finish(&answer));
-                            (None, piece, Some("tool_calls".into()))
-                        }
-                        Some(ToolAnswer::Text(text)) => (Some(text), None, generated_reason),
-                        // Cut short: a call already begun stays unfinished, else the text is all.
-                        None if call.started() => (None, None, generated_reason),
-                        None => (Some(answer), None, generated_reason),
-                    }
-                }
-            };
-            (content, piece.map(grammar_call_chunk), finish)
+        Some(tools) => {
+            let (finish, has_reasoning) = (update.finish, reasoning_content.is_some());
+            tools.with(update.index, finish.is_some(), |calls| match calls {
+                ChoiceCalls::Parser(splitter) => parsed_calls_chunk(splitter, &text, finish.is_some(), has_reasoning, generated_reason),
+                ChoiceCalls::Grammar(call) => grammar_chunk(call, &text, finish, reasoning, update.prompt, generated_reason),
+            })
         }
     };
     let logprobs = update
@@ -621,6 +580,72 @@ pub(super) fn chat_chunk(
         }],
         usage: None,
     }
+}
+
+/// What a chunk carries of a reply read by a tool-call parser: its content, the calls this
+/// piece completed (each whole, numbered on from the choice's earlier ones), and the finish
+/// reason (`tool_calls` once the reply has called).
+fn parsed_calls_chunk(
+    splitter: &mut ToolCallSplitter,
+    text: &str,
+    last: bool,
+    has_reasoning: bool,
+    generated_reason: Option<String>,
+) -> (Option<String>, Option<Vec<ToolCallChunk>>, Option<String>) {
+    let first_index = splitter.calls_read();
+    let mut parsed = splitter.push(text);
+    if last {
+        let rest = splitter.finish();
+        parsed.content.push_str(&rest.content);
+        parsed.calls.extend(rest.calls);
+    }
+    let calls = (!parsed.calls.is_empty()).then(|| {
+        let calls = parsed.calls.into_iter().zip(first_index..);
+        calls
+            .map(|(ParsedCall { name, arguments }, index)| ToolCallChunk {
+                index,
+                id: Some(parsed_call_id()),
+                kind: Some("function".to_string()),
+                function: FunctionCallChunk { name: Some(name), arguments },
+            })
+            .collect::<Vec<_>>()
+    });
+    let content = (!parsed.content.is_empty() || (calls.is_none() && !has_reasoning)).then_some(parsed.content);
+    let finish = generated_reason.map(|reason| if splitter.calls_read() > 0 { "tool_calls".to_string() } else { reason });
+    (content, calls, finish)
+}
+
+/// What a chunk carries of a reply under TGI's tool grammar: no content but the `no_tool`
+/// answer (or a reply the grammar did not finish), and the call's pieces as they grow.
+fn grammar_chunk(
+    call: &mut CallStream,
+    text: &str,
+    finish: Option<&GenerationOutput>,
+    reasoning: Option<&ChoiceSplitters>,
+    prompt: &str,
+    generated_reason: Option<String>,
+) -> (Option<String>, Option<Vec<ToolCallChunk>>, Option<String>) {
+    let (content, piece, finish) = match finish {
+        None => (None, call.push(text), None),
+        Some(output) => {
+            let last = call.push(text);
+            let answer = match reasoning {
+                Some(splitters) => ReasoningSplitter::split_whole(splitters.parser(), prompt, &output.generated_text).1,
+                None => output.generated_text.clone(),
+            };
+            match tools::parse_answer(&answer) {
+                Some(answer @ ToolAnswer::Call { .. }) => {
+                    let piece = CallPiece::joined(last, call.finish(&answer));
+                    (None, piece, Some("tool_calls".into()))
+                }
+                Some(ToolAnswer::Text(text)) => (Some(text), None, generated_reason),
+                // Cut short: a call already begun stays unfinished, else the text is all.
+                None if call.started() => (None, None, generated_reason),
+                None => (Some(answer), None, generated_reason),
+            }
+        }
+    };
+    (content, piece.map(grammar_call_chunk), finish)
 }
 
 /// A piece of the one call under TGI's grammar as the chunk's `tool_calls`: the first carries

@@ -3,6 +3,7 @@
 //! tool's name>, <its arguments>}}` (with `auto`, also the `no_tool` answer `{"_name":
 //! "no_tool", "content": <text>}`); the conversation's last message gets TGI's tool prompt and
 //! the tools; the output is parsed back into OpenAI's `tool_calls` (arguments as a JSON string).
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use serde::Deserialize;
@@ -52,21 +53,42 @@ impl ToolReading {
         }
     }
 
-    /// The state a streamed reply's calls are read with.
+    /// The state a stream's replies have their calls read with.
     pub fn stream(self) -> Option<ToolStream> {
-        match self.splitter() {
-            Some(splitter) => Some(ToolStream::Parser(Mutex::new(splitter))),
-            None if self == ToolReading::Grammar => Some(ToolStream::Grammar(Mutex::default())),
-            None => None,
-        }
+        (self != ToolReading::None).then(|| ToolStream { reading: self, choices: Mutex::default() })
     }
 }
 
-/// A streamed reply's tool-call reading (`ToolReading::stream`).
+/// A stream's tool-call reading (`ToolReading::stream`): each choice's own, by its index.
 #[derive(Debug)]
-pub enum ToolStream {
-    Grammar(Mutex<CallStream>),
-    Parser(Mutex<ToolCallSplitter>),
+pub struct ToolStream {
+    reading: ToolReading,
+    choices: Mutex<HashMap<u32, ChoiceCalls>>,
+}
+
+/// One streamed choice's reading of its calls.
+#[derive(Debug)]
+pub enum ChoiceCalls {
+    Grammar(CallStream),
+    Parser(ToolCallSplitter),
+}
+
+impl ToolStream {
+    /// Runs `read` on choice `index`'s reading (begun at its first piece); its `last` piece
+    /// ends it.
+    pub fn with<R>(&self, index: u32, last: bool, read: impl FnOnce(&mut ChoiceCalls) -> R) -> R {
+        let mut choices = self.choices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let reading = self.reading;
+        let calls = choices.entry(index).or_insert_with(|| match reading.splitter() {
+            Some(splitter) => ChoiceCalls::Parser(splitter),
+            None => ChoiceCalls::Grammar(CallStream::default()),
+        });
+        let result = read(calls);
+        if last {
+            choices.remove(&index);
+        }
+        result
+    }
 }
 
 /// TGI's default instruction, followed by the tools as JSON.

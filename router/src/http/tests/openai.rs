@@ -403,11 +403,36 @@ async fn n_beyond_the_limits_is_422() {
     // Three prompts of two choices are six sequences, over the limit of four.
     let (status, _, _) = send(&app, post("/v1/completions", &json!({"prompt": ["a", "b", "c"], "n": 2}))).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    let tools = json!({"messages": [{"role": "user", "content": "Hi"}], "n": 2, "tools": [{"type": "function",
-        "function": {"name": "f", "parameters": {"type": "object"}}}]});
+}
+
+/// `n` choices with tools: each choice's call is its own, whole and streamed (each streamed
+/// choice's pieces add up to its call).
+#[tokio::test]
+async fn each_of_n_choices_calls_on_its_own() {
+    let (app, _) = app(HttpConfig::default()).await;
+    let tools = json!({"messages": [{"role": "user", "content": "Hi"}], "n": 2, "max_tokens": 30, "tools": [{"type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"enum": ["a", "b"]}}, "required": ["x"]}}}],
+        "tool_choice": "required"});
     let (status, _, text) = send(&app, post("/v1/chat/completions", &tools)).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(text.contains("`n` > 1 with `tools`"), "{text}");
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let whole: Value = serde_json::from_str(&text).unwrap();
+    let calls: Vec<&Value> = whole["choices"].as_array().unwrap().iter().map(|choice| &choice["message"]["tool_calls"][0]["function"]).collect();
+    assert_eq!(calls.len(), 2, "{text}");
+    assert!(calls.iter().all(|call| call["name"] == "f"), "{text}");
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &with_fields(tools, &json!({"stream": true})))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events = sse_data(&text);
+    for index in 0..2 {
+        let pieces: Vec<&Value> = events
+            .iter()
+            .filter(|event| event["choices"][0]["index"] == index)
+            .filter_map(|event| event["choices"][0]["delta"]["tool_calls"].get(0))
+            .collect();
+        assert_eq!(pieces[0]["function"]["name"], "f", "choice {index}: {text}");
+        let arguments: String = pieces.iter().map(|piece| piece["function"]["arguments"].as_str().unwrap()).collect();
+        let arguments: Value = serde_json::from_str(&arguments).unwrap_or_else(|_| panic!("choice {index}: {arguments}"));
+        assert_eq!(arguments, calls[index as usize]["arguments"].as_str().map(|a| serde_json::from_str::<Value>(a).unwrap()).unwrap());
+    }
 }
 
 /// vLLM's rendering options on the chat route: `continue_final_message` ends the prompt inside
