@@ -23,7 +23,7 @@ use super::request::{acquire_permit, ValidRequest};
 use super::request_log::RequestLog;
 use super::reasoning::{ChoiceSplitters, ReasoningParser, ReasoningSplitter};
 use super::state::AppState;
-use super::tool_parser::{ParsedCall, ToolCallSplitter};
+use super::tool_parser::{CallDelta, ParsedCall, ToolCallSplitter, Whole};
 use super::tools::{self, CallPiece, CallStream, ChoiceCalls, ToolAnswer, ToolReading, ToolStream};
 use super::types::GenerateParameters;
 use crate::chat_template::{Conversation, TemplateMessage};
@@ -402,11 +402,12 @@ fn answer(text: &str, output: &GenerationOutput, reading: ToolReading) -> (Optio
     let reason = finish_reason(output.finish_reason);
     let call = |ParsedCall { name, arguments }| ToolCall { id: parsed_call_id(), kind: "function".into(), function: FunctionCall { name, arguments } };
     if let Some(splitter) = reading.splitter() {
-        let (content, calls) = splitter.split_whole(text);
+        let Whole { content, calls, called } = splitter.split_whole(text);
         if calls.is_empty() {
             return (content.or_else(|| Some(String::new())), None, reason);
         }
-        return (content, Some(calls.into_iter().map(call).collect()), "tool_calls".into());
+        let reason = if called { "tool_calls".into() } else { reason };
+        return (content, Some(calls.into_iter().map(call).collect()), reason);
     }
     if reading == ToolReading::None {
         return (Some(text.to_string()), None, reason);
@@ -582,9 +583,9 @@ pub(super) fn chat_chunk(
     }
 }
 
-/// What a chunk carries of a reply read by a tool-call parser: its content, the calls this
-/// piece completed (each whole, numbered on from the choice's earlier ones), and the finish
-/// reason (`tool_calls` once the reply has called).
+/// What a chunk carries of a reply read by a tool-call parser: its content, the pieces of
+/// calls it adds (a call's first carries its id, type and name), and the finish reason
+/// (`tool_calls` where the reply called).
 fn parsed_calls_chunk(
     splitter: &mut ToolCallSplitter,
     text: &str,
@@ -592,7 +593,6 @@ fn parsed_calls_chunk(
     has_reasoning: bool,
     generated_reason: Option<String>,
 ) -> (Option<String>, Option<Vec<ToolCallChunk>>, Option<String>) {
-    let first_index = splitter.calls_read();
     let mut parsed = splitter.push(text);
     if last {
         let rest = splitter.finish();
@@ -600,18 +600,18 @@ fn parsed_calls_chunk(
         parsed.calls.extend(rest.calls);
     }
     let calls = (!parsed.calls.is_empty()).then(|| {
-        let calls = parsed.calls.into_iter().zip(first_index..);
-        calls
-            .map(|(ParsedCall { name, arguments }, index)| ToolCallChunk {
+        let pieces = parsed.calls.into_iter();
+        pieces
+            .map(|CallDelta { index, name, arguments }| ToolCallChunk {
                 index,
-                id: Some(parsed_call_id()),
-                kind: Some("function".to_string()),
-                function: FunctionCallChunk { name: Some(name), arguments },
+                id: name.is_some().then(parsed_call_id),
+                kind: name.is_some().then(|| "function".to_string()),
+                function: FunctionCallChunk { name, arguments },
             })
             .collect::<Vec<_>>()
     });
     let content = (!parsed.content.is_empty() || (calls.is_none() && !has_reasoning)).then_some(parsed.content);
-    let finish = generated_reason.map(|reason| if splitter.calls_read() > 0 { "tool_calls".to_string() } else { reason });
+    let finish = generated_reason.map(|reason| if splitter.called() { "tool_calls".to_string() } else { reason });
     (content, calls, finish)
 }
 

@@ -7,7 +7,8 @@
 //! `hermes` (Qwen 2.5 and 3, Hermes, and the many models trained on its format): each call is
 //! `<tool_call>{"name": …, "arguments": {…}}</tool_call>`; the text around the calls is the
 //! message's content. Streamed, content goes out as it comes (a piece that may start a tag waits
-//! for the next), and each call as one delta once its closing tag is read.
+//! for the next); a call is named once its arguments begin and its arguments go out as they
+//! grow (`stream_arguments`), so a long call does not stall the stream until it closes.
 //!
 //! `llama3_json` (Llama 3.1, 3.2 and 3.3): a reply that is calls is JSON from its start —
 //! `{"name": …, "parameters": {…}}`, several separated by `;` (after `<|python_tag|>`, where the
@@ -42,11 +43,43 @@ pub struct ParsedCall {
     pub arguments: String,
 }
 
-/// What one piece of the reply adds: content, and the calls it completes.
+/// A whole reply, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Whole {
+    pub content: Option<String>,
+    pub calls: Vec<ParsedCall>,
+    /// Its calls were closed (none cut short by the reply's end).
+    pub called: bool,
+}
+
+/// A piece of a call: its first names it; the pieces' `arguments` add up to the call's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallDelta {
+    /// The call's place among the reply's calls.
+    pub index: u32,
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+/// What one piece of the reply adds: content, and pieces of calls.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Parsed {
     pub content: String,
-    pub calls: Vec<ParsedCall>,
+    pub calls: Vec<CallDelta>,
+}
+
+impl Parsed {
+    /// The pieces' calls, whole, in order.
+    pub fn joined_calls(deltas: impl IntoIterator<Item = CallDelta>) -> Vec<ParsedCall> {
+        let mut calls: Vec<ParsedCall> = Vec::new();
+        for delta in deltas {
+            match (delta.name, calls.get_mut(delta.index as usize)) {
+                (_, Some(call)) => call.arguments.push_str(&delta.arguments),
+                (name, None) => calls.push(ParsedCall { name: name.unwrap_or_default(), arguments: delta.arguments }),
+            }
+        }
+        calls
+    }
 }
 
 /// The state of one reply's reading.
@@ -67,8 +100,13 @@ pub struct ToolCallSplitter {
     /// White space at the end of the content so far, given out only when more content follows
     /// it: the line breaks around and between calls are not the message's content.
     space: String,
-    /// Calls read so far (the next one's index).
+    /// Calls begun so far (the next one's index).
     calls: u32,
+    /// `hermes`: the block being read has had its call begun (named) in the stream, and this
+    /// many bytes of its arguments given out.
+    open_call: Option<usize>,
+    /// A call begun in the stream was cut short by the reply's end.
+    cut: bool,
 }
 
 impl ToolCallSplitter {
@@ -83,6 +121,8 @@ impl ToolCallSplitter {
             pending: String::new(),
             space: String::new(),
             calls: 0,
+            open_call: None,
+            cut: false,
         }
     }
 
@@ -95,13 +135,23 @@ impl ToolCallSplitter {
         let mut parsed = Parsed::default();
         loop {
             if self.in_call {
-                let Some(at) = self.pending.find(END) else { return parsed };
+                let Some(at) = self.pending.find(END) else {
+                    self.stream_arguments(&mut parsed);
+                    return parsed;
+                };
                 let body: String = self.pending.drain(..at + END.len()).take(at).collect();
                 self.in_call = false;
-                match read_call(&body) {
-                    Some(call) => self.give(call, &mut parsed),
+                match (self.open_call.take(), read_call(&body)) {
+                    // Begun in the stream: the rest of its arguments.
+                    (Some(sent), Some(call)) => {
+                        let rest = call.arguments.get(sent..).unwrap_or_default().to_string();
+                        parsed.calls.push(CallDelta { index: self.calls - 1, name: None, arguments: rest });
+                    }
+                    // Begun, but not a call after all: it stays as it was sent.
+                    (Some(_), None) => {}
+                    (None, Some(call)) => self.give(call, &mut parsed),
                     // Not a call after all: the block is the message's text, as written.
-                    None => self.content(&format!("{START}{body}{END}"), &mut parsed),
+                    (None, None) => self.content(&format!("{START}{body}{END}"), &mut parsed),
                 }
             } else {
                 match self.pending.find(START) {
@@ -119,11 +169,6 @@ impl ToolCallSplitter {
                 }
             }
         }
-    }
-
-    /// Calls read so far.
-    pub fn calls_read(&self) -> u32 {
-        self.calls
     }
 
     /// Releases what was held back at the end of the reply: a possible tag's start, or a block
@@ -145,11 +190,24 @@ impl ToolCallSplitter {
             self.space.clear();
             return parsed;
         }
-        let rest = if self.in_call { format!("{START}{rest}") } else { rest };
+        let rest = match (self.in_call, self.open_call.take()) {
+            // A call begun and cut short stays as it was sent.
+            (true, Some(_)) => {
+                self.cut = true;
+                String::new()
+            }
+            (true, None) => format!("{START}{rest}"),
+            (false, _) => rest,
+        };
         self.in_call = false;
         self.content(&rest, &mut parsed);
         self.space.clear();
         parsed
+    }
+
+    /// Whether the reply called: it closed a call, and none is left cut short.
+    pub fn called(&self) -> bool {
+        self.calls > 0 && self.open_call.is_none() && !self.cut
     }
 
     /// `llama3_json`: the reply's start decides whether it is calls (held to its end) or
@@ -176,21 +234,48 @@ impl ToolCallSplitter {
         parsed
     }
 
-    /// Gives out a call, within the limit.
+    /// Gives out a whole call, within the limit.
     fn give(&mut self, call: ParsedCall, parsed: &mut Parsed) {
         self.space.clear();
         if self.calls < self.limit {
+            parsed.calls.push(CallDelta { index: self.calls, name: Some(call.name), arguments: call.arguments });
             self.calls += 1;
-            parsed.calls.push(call);
         }
     }
 
-    /// A whole reply: its content (none when it is only white space) and its calls.
-    pub fn split_whole(mut self, text: &str) -> (Option<String>, Vec<ParsedCall>) {
+    /// `hermes`, inside a block not yet closed: once its name and the start of its arguments
+    /// object are read (`{"name": "…", "arguments": {`, as Hermes-trained models write them),
+    /// the call begins and its arguments go out as they grow — less a tail that may close the
+    /// block's object (white space, `}`) or begin the closing tag.
+    fn stream_arguments(&mut self, parsed: &mut Parsed) {
+        let Some((name, start)) = arguments_start(&self.pending) else { return };
+        let sent = match self.open_call {
+            Some(sent) => sent,
+            None if self.calls < self.limit => {
+                self.space.clear();
+                parsed.calls.push(CallDelta { index: self.calls, name: Some(name), arguments: String::new() });
+                self.calls += 1;
+                0
+            }
+            // Past the limit: read, not given out.
+            None => return,
+        };
+        let growing = &self.pending[start..];
+        let growing = &growing[..growing.len() - partial_tag(growing, END)];
+        let ready = growing.trim_end_matches(|c: char| c.is_whitespace() || c == '}').len();
+        if ready > sent {
+            parsed.calls.push(CallDelta { index: self.calls - 1, name: None, arguments: growing[sent..ready].to_string() });
+        }
+        self.open_call = Some(sent.max(ready));
+    }
+
+    /// A whole reply: its content (none when it is only white space), its calls, and whether
+    /// it called (`called`), read as a stream of it is.
+    pub fn split_whole(mut self, text: &str) -> Whole {
         let (first, last) = (self.push(text), self.finish());
         let content = first.content + &last.content;
-        let calls = first.calls.into_iter().chain(last.calls).collect();
-        ((!content.is_empty()).then_some(content), calls)
+        let calls = Parsed::joined_calls(first.calls.into_iter().chain(last.calls));
+        Whole { content: (!content.is_empty()).then_some(content), calls, called: self.called() }
     }
 
     /// Gives out content; the white space it ends with waits for more.
@@ -223,9 +308,35 @@ fn read_json_calls(text: &str) -> Option<Vec<ParsedCall>> {
 }
 
 /// `{"name": "f", "arguments": {…}}` (or `parameters`, or the arguments as a JSON string) -> a
-/// call; `None` when the block is not one.
+/// call; `None` when the block is not one. Its arguments as written where the stream gives them
+/// out as they grow (`arguments_start`), else as JSON.
 fn read_call(body: &str) -> Option<ParsedCall> {
-    call_of(&serde_json::from_str(body.trim()).ok()?)
+    let value: Value = serde_json::from_str(body.trim()).ok()?;
+    let mut call = call_of(&value)?;
+    if let Some((_, start)) = arguments_start(body) {
+        // The object parsed, so its text ends with its closing brace.
+        let written = body[start..body.trim_end().len() - 1].trim_end();
+        if serde_json::from_str::<Value>(written).ok().as_ref() == value.get("arguments") {
+            call.arguments = written.to_string();
+        }
+    }
+    Some(call)
+}
+
+/// Where a call's arguments object starts in its block's text, and the call's name, when the
+/// block opens as `{"name": "…", "arguments": {` (white space anywhere between); `None`
+/// otherwise, or before the text gets that far.
+fn arguments_start(text: &str) -> Option<(String, usize)> {
+    fn token<'a>(rest: &'a str, expected: &str) -> Option<&'a str> {
+        rest.trim_start().strip_prefix(expected)
+    }
+    let rest = token(text, "{")?;
+    let rest = token(token(rest, "\"name\"")?, ":")?.trim_start();
+    let mut strings = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    let name = strings.next()?.ok()?;
+    let rest = &rest[strings.byte_offset()..];
+    let rest = token(token(token(rest, ",")?, "\"arguments\"")?, ":")?.trim_start();
+    rest.starts_with('{').then(|| (name, text.len() - rest.len()))
 }
 
 fn call_of(value: &Value) -> Option<ParsedCall> {
@@ -249,27 +360,111 @@ mod tests {
         ParsedCall { name: name.into(), arguments: arguments.into() }
     }
 
-    #[test]
-    fn calls_are_read_out_of_the_reply_and_the_rest_is_content() {
-        let (content, calls) = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole(TWO_CALLS);
-        assert_eq!(content.as_deref(), Some("I will check both."));
-        assert_eq!(calls, vec![
-            call("get_weather", r#"{"city":"Paris"}"#),
-            call("get_weather", r#"{"city":"Lyon, France","unit":"c"}"#),
-        ]);
-        // A call alone has no content; a reply without calls is all content.
-        let (content, calls) = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole("<tool_call>{\"name\": \"now\"}</tool_call>");
-        assert_eq!((content, calls), (None, vec![call("now", "{}")]));
-        let plain = "The answer is 4 < 5, and <tool is not a tag.";
-        assert_eq!(ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole(plain), (Some(plain.to_string()), vec![]));
-        // Arguments written as a JSON string are kept as written; `parameters` is read too.
-        let (_, calls) = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole(
-            "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call><tool_call>{\"name\": \"g\", \"parameters\": {\"b\": [1, 2]}}</tool_call>");
-        assert_eq!(calls, vec![call("f", r#"{"a": 1}"#), call("g", r#"{"b":[1,2]}"#)]);
+    fn hermes(text: &str) -> (Option<String>, Vec<ParsedCall>) {
+        let whole = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole(text);
+        (whole.content, whole.calls)
     }
 
     fn llama(text: &str) -> (Option<String>, Vec<ParsedCall>) {
-        ToolCallSplitter::new(ToolCallParser::Llama3Json, u32::MAX).split_whole(text)
+        let whole = ToolCallSplitter::new(ToolCallParser::Llama3Json, u32::MAX).split_whole(text);
+        (whole.content, whole.calls)
+    }
+
+    /// The reply fed in pieces of `size` characters: its content, and its calls joined.
+    fn streamed(parser: ToolCallParser, text: &str, size: usize) -> ((Option<String>, Vec<ParsedCall>), Vec<Parsed>) {
+        let mut splitter = ToolCallSplitter::new(parser, u32::MAX);
+        let chars: Vec<char> = text.chars().collect();
+        let mut pieces: Vec<Parsed> = chars.chunks(size).map(|chunk| splitter.push(&chunk.iter().collect::<String>())).collect();
+        pieces.push(splitter.finish());
+        let content: String = pieces.iter().map(|piece| piece.content.as_str()).collect();
+        let calls = Parsed::joined_calls(pieces.iter().flat_map(|piece| piece.calls.clone()));
+        ((Some(content).filter(|c| !c.is_empty()), calls), pieces)
+    }
+
+    #[test]
+    fn calls_are_read_out_of_the_reply_and_the_rest_is_content() {
+        let (content, calls) = hermes(TWO_CALLS);
+        assert_eq!(content.as_deref(), Some("I will check both."));
+        // The arguments as written.
+        assert_eq!(calls, vec![
+            call("get_weather", r#"{"city": "Paris"}"#),
+            call("get_weather", r#"{"city": "Lyon, France", "unit": "c"}"#),
+        ]);
+        // A call alone has no content; a reply without calls is all content.
+        assert_eq!(hermes("<tool_call>{\"name\": \"now\"}</tool_call>"), (None, vec![call("now", "{}")]));
+        let plain = "The answer is 4 < 5, and <tool is not a tag.";
+        assert_eq!(hermes(plain), (Some(plain.to_string()), vec![]));
+        // Arguments written as a JSON string are kept as written; `parameters` is read too, and
+        // arguments after other keys are the JSON's.
+        let (_, calls) = hermes("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call><tool_call>{\"name\": \"g\", \"parameters\": {\"b\": [1, 2]}}</tool_call><tool_call>{\"arguments\": {\"c\": 3}, \"name\": \"h\"}</tool_call>");
+        assert_eq!(calls, vec![call("f", r#"{"a": 1}"#), call("g", r#"{"b":[1,2]}"#), call("h", r#"{"c":3}"#)]);
+    }
+
+    #[test]
+    fn what_is_not_a_call_stays_text() {
+        // A block that is not a call's JSON, and one the reply did not close before its arguments.
+        let broken = "Try: <tool_call>{\"name\": 5}</tool_call> then";
+        assert_eq!(hermes(broken), (Some(broken.to_string()), vec![]));
+        let cut = "<tool_call>{\"name\": \"get_weather\", \"argum";
+        assert_eq!(hermes(cut), (Some(cut.to_string()), vec![]));
+        let (content, calls) = hermes("<tool_call>{\"name\": \"now\"}</tool_call>\n<tool_call>{\"na");
+        assert_eq!((content.as_deref(), calls.len()), (Some("\n<tool_call>{\"na"), 1));
+    }
+
+    #[test]
+    fn a_call_cut_inside_its_arguments_stays_as_begun_and_is_not_called() {
+        let whole = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\"");
+        assert_eq!((whole.content, whole.calls, whole.called), (None, vec![call("f", r#"{"a": 1, "b""#)], false));
+        let whole = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole(TWO_CALLS);
+        assert!(whole.called);
+    }
+
+    #[test]
+    fn a_stream_adds_up_to_the_whole_reply_however_it_is_cut() {
+        for text in [
+            TWO_CALLS,
+            "Plain text, no call at all.\n",
+            "<tool_call>{\"name\": \"now\"}</tool_call>",
+            "a <tool_ca b </tool_call> c <tool_call>{\"name\": \"x\"}",
+            "<tool_call>{\"name\": \"f\", \"arguments\": {\"code\": \"if a < b { x } }\", \"n\": {\"m\": 1}}}</tool_call>",
+            "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\"",
+        ] {
+            let whole = hermes(text);
+            for size in [1, 2, 3, 7, 100] {
+                assert_eq!(streamed(ToolCallParser::Hermes, text, size).0, whole, "{text:?} in pieces of {size}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_stream_gives_content_at_once_and_arguments_as_they_grow() {
+        let mut splitter = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX);
+        assert_eq!(splitter.push("Let me look").content, "Let me look");
+        // A possible tag's start waits; white space waits for more content.
+        assert_eq!(splitter.push(".\n<tool").content, ".");
+        assert_eq!(splitter.push("_call>\n{\"name\": \"get_weather\", "), Parsed::default());
+        // Named once its arguments begin; then they go out, less a tail that may close them.
+        let begun = splitter.push("\"arguments\": {\"city\": \"Pa");
+        assert_eq!(begun.calls, vec![
+            CallDelta { index: 0, name: Some("get_weather".into()), arguments: String::new() },
+            CallDelta { index: 0, name: None, arguments: r#"{"city": "Pa"#.into() },
+        ]);
+        assert_eq!(splitter.push("ris\"}}\n</tool").calls, vec![CallDelta { index: 0, name: None, arguments: "ris\"".into() }]);
+        assert_eq!(splitter.push("_call>").calls, vec![CallDelta { index: 0, name: None, arguments: "}".into() }]);
+        assert_eq!(splitter.finish(), Parsed::default());
+        assert!(splitter.called());
+    }
+
+    #[test]
+    fn past_its_limit_a_call_is_dropped() {
+        for size in [1, 5, 1000] {
+            let mut splitter = ToolCallSplitter::new(ToolCallParser::Hermes, 1);
+            let chars: Vec<char> = TWO_CALLS.chars().collect();
+            let mut pieces: Vec<Parsed> = chars.chunks(size).map(|chunk| splitter.push(&chunk.iter().collect::<String>())).collect();
+            pieces.push(splitter.finish());
+            let calls = Parsed::joined_calls(pieces.iter().flat_map(|piece| piece.calls.clone()));
+            assert_eq!(calls, vec![call("get_weather", r#"{"city": "Paris"}"#)], "pieces of {size}");
+        }
     }
 
     #[test]
@@ -295,67 +490,11 @@ mod tests {
         assert_eq!(splitter.push("<|python").content, "");
         assert_eq!(splitter.push("_tag|>{\"name\": \"a\",").content, "");
         assert_eq!(splitter.push(" \"parameters\": {}}"), Parsed::default());
-        assert_eq!(splitter.finish(), Parsed { content: String::new(), calls: vec![call("a", "{}")] });
+        assert_eq!(splitter.finish().calls, vec![CallDelta { index: 0, name: Some("a".into()), arguments: "{}".into() }]);
         for text in ["{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\"}", "Plain answer.", "{\"nope\": 1}"] {
-            let whole = llama(text);
             for size in [1, 3] {
-                let mut splitter = ToolCallSplitter::new(ToolCallParser::Llama3Json, u32::MAX);
-                let chars: Vec<char> = text.chars().collect();
-                let mut pieces: Vec<Parsed> = chars.chunks(size).map(|chunk| splitter.push(&chunk.iter().collect::<String>())).collect();
-                pieces.push(splitter.finish());
-                let content: String = pieces.iter().map(|piece| piece.content.as_str()).collect();
-                let calls: Vec<ParsedCall> = pieces.into_iter().flat_map(|piece| piece.calls).collect();
-                assert_eq!((Some(content).filter(|c| !c.is_empty()), calls), whole, "{text:?} in pieces of {size}");
+                assert_eq!(streamed(ToolCallParser::Llama3Json, text, size).0, llama(text), "{text:?} in pieces of {size}");
             }
         }
-    }
-
-    #[test]
-    fn past_its_limit_a_call_is_dropped() {
-        let (content, calls) = ToolCallSplitter::new(ToolCallParser::Hermes, 1).split_whole(TWO_CALLS);
-        assert_eq!((content.as_deref(), calls), (Some("I will check both."), vec![call("get_weather", r#"{"city":"Paris"}"#)]));
-    }
-
-    #[test]
-    fn what_is_not_a_call_stays_text() {
-        // A block that is not a call's JSON, and one the reply did not close.
-        let broken = "Try: <tool_call>{\"name\": 5}</tool_call> then";
-        assert_eq!(ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole(broken), (Some(broken.to_string()), vec![]));
-        let cut = "<tool_call>{\"name\": \"get_weather\", \"argum";
-        assert_eq!(ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole(cut), (Some(cut.to_string()), vec![]));
-        let (content, calls) = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole("<tool_call>{\"name\": \"now\"}</tool_call>\n<tool_call>{\"na");
-        assert_eq!((content.as_deref(), calls.len()), (Some("\n<tool_call>{\"na"), 1));
-    }
-
-    #[test]
-    fn a_stream_adds_up_to_the_whole_reply_however_it_is_cut() {
-        for text in [TWO_CALLS, "Plain text, no call at all.\n", "<tool_call>{\"name\": \"now\"}</tool_call>", "a <tool_ca b </tool_call> c <tool_call>{\"name\": \"x\"}"] {
-            let (content, calls) = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX).split_whole(text);
-            for size in [1, 2, 3, 7, 100] {
-                let mut splitter = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX);
-                let (mut streamed, mut streamed_calls) = (String::new(), Vec::new());
-                let chars: Vec<char> = text.chars().collect();
-                let mut pieces: Vec<Parsed> = chars.chunks(size).map(|chunk| splitter.push(&chunk.iter().collect::<String>())).collect();
-                pieces.push(splitter.finish());
-                for piece in pieces {
-                    streamed.push_str(&piece.content);
-                    streamed_calls.extend(piece.calls);
-                }
-                assert_eq!((Some(streamed).filter(|s| !s.is_empty()), streamed_calls), (content.clone(), calls.clone()), "{text:?} in pieces of {size}");
-            }
-        }
-    }
-
-    #[test]
-    fn a_stream_gives_content_at_once_and_each_call_when_it_closes() {
-        let mut splitter = ToolCallSplitter::new(ToolCallParser::Hermes, u32::MAX);
-        assert_eq!(splitter.push("Let me look").content, "Let me look");
-        // A possible tag's start waits; white space waits for more content.
-        assert_eq!(splitter.push(".\n<tool").content, ".");
-        let opened = splitter.push("_call>\n{\"name\": \"now\", ");
-        assert_eq!(opened, Parsed::default());
-        let closed = splitter.push("\"arguments\": {}}\n</tool_call>\n");
-        assert_eq!(closed, Parsed { content: String::new(), calls: vec![call("now", "{}")] });
-        assert_eq!(splitter.finish(), Parsed::default());
     }
 }
