@@ -3,7 +3,8 @@
 //! A choice's error is an event in OpenAI's stream error shape (status stays 200; a refusal
 //! before the stream opens answers with its own status, `sse_response`); the other choices run
 //! to their end and the stream still ends with `data: [DONE]`, without the usage chunk.
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::http::HeaderMap;
@@ -81,6 +82,30 @@ pub(crate) struct EchoedPrompt<'a> {
 /// Builds one chunk's JSON from an update.
 pub(crate) type ChunkBuilder =
     dyn Fn(&ResponseIdentity, ChoiceUpdate<'_>) -> serde_json::Value + Send + Sync;
+
+/// A stream's state kept per choice (a reasoning split, a tool-call reading), by choice index:
+/// begun at the choice's first piece, dropped with its last.
+#[derive(Debug)]
+pub(crate) struct PerChoice<T>(Mutex<HashMap<u32, T>>);
+
+impl<T> Default for PerChoice<T> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<T> PerChoice<T> {
+    /// Runs `read` on choice `index`'s state (`begin` makes it at its first piece); its `last`
+    /// piece ends it.
+    pub fn with<R>(&self, index: u32, last: bool, begin: impl FnOnce() -> T, read: impl FnOnce(&mut T) -> R) -> R {
+        let mut choices = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = read(choices.entry(index).or_insert_with(begin));
+        if last {
+            choices.remove(&index);
+        }
+        result
+    }
+}
 
 /// A prepared prompt (its text and parameters), or why it could not be prepared.
 pub(crate) type PreparedPrompt = Result<(PromptText, GenerateParameters), HttpError>;

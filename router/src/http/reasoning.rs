@@ -4,6 +4,7 @@
 //! be the start of a tag waits for the next. One splitter serves the whole reply and the stream,
 //! so both give the same split.
 
+use super::openai_stream::PerChoice;
 use crate::grammar::ReasoningTokens;
 use crate::tokenizer::Tokenizer;
 
@@ -145,7 +146,7 @@ impl ReasoningSplitter {
 #[derive(Debug)]
 pub struct ChoiceSplitters {
     parser: ReasoningParser,
-    splitters: std::sync::Mutex<std::collections::HashMap<u32, ReasoningSplitter>>,
+    splitters: PerChoice<ReasoningSplitter>,
 }
 
 impl ChoiceSplitters {
@@ -160,16 +161,15 @@ impl ChoiceSplitters {
     /// Splits choice `index`'s next piece of its reply to `prompt`; its `last` piece releases
     /// what was held back.
     pub fn push(&self, index: u32, prompt: &str, text: &str, last: bool) -> Split {
-        let mut splitters = self.splitters.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let splitter = splitters.entry(index).or_insert_with(|| ReasoningSplitter::new(self.parser, prompt));
-        let mut split = splitter.push(text);
-        if last {
-            let rest = splitter.finish();
-            split.reasoning.push_str(&rest.reasoning);
-            split.content.push_str(&rest.content);
-            splitters.remove(&index);
-        }
-        split
+        self.splitters.with(index, last, || ReasoningSplitter::new(self.parser, prompt), |splitter| {
+            let mut split = splitter.push(text);
+            if last {
+                let rest = splitter.finish();
+                split.reasoning.push_str(&rest.reasoning);
+                split.content.push_str(&rest.content);
+            }
+            split
+        })
     }
 }
 

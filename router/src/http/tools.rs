@@ -3,12 +3,10 @@
 //! tool's name>, <its arguments>}}` (with `auto`, also the `no_tool` answer `{"_name":
 //! "no_tool", "content": <text>}`); the conversation's last message gets TGI's tool prompt and
 //! the tools; the output is parsed back into OpenAI's `tool_calls` (arguments as a JSON string).
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::openai_stream::PerChoice;
 use super::tool_parser::{ToolCallParser, ToolCallSplitter};
 use crate::grammar::GrammarSpec;
 use crate::validation::ValidationError;
@@ -55,7 +53,7 @@ impl ToolReading {
 
     /// The state a stream's replies have their calls read with.
     pub fn stream(self) -> Option<ToolStream> {
-        (self != ToolReading::None).then(|| ToolStream { reading: self, choices: Mutex::default() })
+        (self != ToolReading::None).then(|| ToolStream { reading: self, choices: PerChoice::default() })
     }
 }
 
@@ -63,7 +61,7 @@ impl ToolReading {
 #[derive(Debug)]
 pub struct ToolStream {
     reading: ToolReading,
-    choices: Mutex<HashMap<u32, ChoiceCalls>>,
+    choices: PerChoice<ChoiceCalls>,
 }
 
 /// One streamed choice's reading of its calls.
@@ -77,17 +75,11 @@ impl ToolStream {
     /// Runs `read` on choice `index`'s reading (begun at its first piece); its `last` piece
     /// ends it.
     pub fn with<R>(&self, index: u32, last: bool, read: impl FnOnce(&mut ChoiceCalls) -> R) -> R {
-        let mut choices = self.choices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let reading = self.reading;
-        let calls = choices.entry(index).or_insert_with(|| match reading.splitter() {
+        let begin = || match self.reading.splitter() {
             Some(splitter) => ChoiceCalls::Parser(splitter),
             None => ChoiceCalls::Grammar(CallStream::default()),
-        });
-        let result = read(calls);
-        if last {
-            choices.remove(&index);
-        }
-        result
+        };
+        self.choices.with(index, last, begin, read)
     }
 }
 
