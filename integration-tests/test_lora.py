@@ -53,21 +53,26 @@ def generate(url: str, text: str, adapter: str | None) -> dict:
     return response.json()["details"]
 
 
+def assert_peft_greedy(models, adapter: str | None, served: list[dict]) -> None:
+    """`served` (generations' details) are transformers + PEFT's greedy continuations of their
+    prompts under `adapter` (a directory of `models`; None: the base model), but for near ties."""
+    prompts = [[token["id"] for token in details["prefill"]] for details in served]
+    extra = [] if adapter is None else [str(models / adapter)]
+    reference = json.loads(run("greedy", str(models / "base"), str(STEPS), *extra, stdin=json.dumps(prompts)))
+    for want, got in zip(reference, served):
+        got_ids = [token["id"] for token in got["tokens"]]
+        if got_ids != want["tokens"]:
+            position = next(p for p, (a, b) in enumerate(zip(want["tokens"], got_ids)) if a != b)
+            assert want["gaps"][position] < NEAR_TIE_LOGPROB, (adapter, want["tokens"], got_ids)
+
+
 def test_mixed_concurrent_requests_get_their_adapters_greedy_tokens(models, server):
     # Every prompt under the base model and under each adapter, all at once.
     jobs = [(text, adapter) for text in PROMPTS for adapter in (None, *ADAPTERS)]
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         served = list(pool.map(lambda job: generate(server.url, *job), jobs))
     for adapter in (None, *ADAPTERS):
-        mine = [details for (_, name), details in zip(jobs, served) if name == adapter]
-        prompts = [[token["id"] for token in details["prefill"]] for details in mine]
-        extra = [] if adapter is None else [str(models / adapter)]
-        reference = json.loads(run("greedy", str(models / "base"), str(STEPS), *extra, stdin=json.dumps(prompts)))
-        for want, got in zip(reference, mine):
-            got_ids = [token["id"] for token in got["tokens"]]
-            if got_ids != want["tokens"]:
-                position = next(p for p, (a, b) in enumerate(zip(want["tokens"], got_ids)) if a != b)
-                assert want["gaps"][position] < NEAR_TIE_LOGPROB, (adapter, want["tokens"], got_ids)
+        assert_peft_greedy(models, adapter, [details for (_, name), details in zip(jobs, served) if name == adapter])
     # The adapters change the output: a test of adapters that did nothing would pass above.
     by_adapter = {name: [d["tokens"][0]["id"] for (_, n), d in zip(jobs, served) if n == name]
                   for name in (None, *ADAPTERS)}
@@ -98,3 +103,60 @@ def test_an_adapter_not_loaded_is_422(server):
     assert response.status_code == 422
     assert response.json()["error"] == ("Input validation error: adapter `absent` is not loaded; "
                                         "loaded adapters: sql, chat")
+
+
+@pytest.fixture(scope="module")
+def runtime_server(models, tmp_path_factory):
+    # vLLM's switch, as its users set it; "chat" loaded at start, the rest at run time.
+    args = ["--model-id", str(models / "base"), "--lora-adapters", f"chat={models / 'chat'}", "--device-kv-blocks",
+            "64", "--host-kv-blocks", "64", "--max-batch-tokens", "512"]
+    with launch(tmp_path_factory.mktemp("lora-runtime"), args, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as instance:
+        yield instance
+
+
+def test_adapters_loaded_replaced_and_unloaded_at_run_time(models, runtime_server, tmp_path):
+    url = runtime_server.url
+
+    def post(path: str, body: dict) -> requests.Response:
+        return requests.post(f"{url}{path}", json=body, timeout=600)
+
+    def served_ids() -> list[str]:
+        return [card["id"] for card in requests.get(f"{url}/v1/models", timeout=60).json()["data"]][1:]
+
+    response = post("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(models / "sql")})
+    assert (response.status_code, response.text) == (200, "Success: LoRA adapter 'sql' added successfully.")
+    assert served_ids() == ["chat", "sql"]
+    # Loaded while serving, it runs beside the base model and the startup adapter, with PEFT's tokens.
+    jobs = [(text, adapter) for text in PROMPTS for adapter in (None, "sql", "chat")]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        served = list(pool.map(lambda job: generate(url, *job), jobs))
+    by_adapter = {name: [d for (_, n), d in zip(jobs, served) if n == name] for name in (None, "sql", "chat")}
+    assert_peft_greedy(models, "sql", by_adapter["sql"])
+    assert_peft_greedy(models, None, by_adapter[None])
+    tokens = {name: [[t["id"] for t in d["tokens"]] for d in details] for name, details in by_adapter.items()}
+    assert tokens["sql"] != tokens[None] and tokens["chat"] != tokens["sql"]
+
+    # What the shard cannot serve is a 400 with the reason, and nothing changes.
+    broken = tmp_path / "not-an-adapter"
+    broken.mkdir()
+    response = post("/v1/load_lora_adapter", {"lora_name": "broken", "lora_path": str(broken)})
+    assert response.status_code == 400, response.text
+    assert "adapter_config.json" in response.json()["error"]
+    assert post("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(models / "sql")}).status_code == 400
+    assert served_ids() == ["chat", "sql"]
+
+    # "chat" replaced in place by the sql weights: its requests now give sql's tokens.
+    response = post("/v1/load_lora_adapter", {"lora_name": "chat", "lora_path": str(models / "sql"), "load_inplace": True})
+    assert response.status_code == 200, response.text
+    replaced = [generate(url, text, "chat") for text in PROMPTS]
+    assert [[t["id"] for t in d["tokens"]] for d in replaced] == tokens["sql"]
+
+    response = post("/v1/unload_lora_adapter", {"lora_name": "sql"})
+    assert (response.status_code, response.text) == (200, "Success: LoRA adapter 'sql' removed successfully.")
+    assert served_ids() == ["chat"]
+    response = requests.post(f"{url}/generate", json={"inputs": PROMPTS[0], "parameters": {"adapter_id": "sql"}},
+                             timeout=60)
+    assert response.status_code == 422
+    assert post("/v1/unload_lora_adapter", {"lora_name": "sql"}).status_code == 404
+    # The base model is unchanged by it all.
+    assert [[t["id"] for t in generate(url, text, None)["tokens"]] for text in PROMPTS] == tokens[None]

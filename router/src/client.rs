@@ -150,6 +150,25 @@ impl ShardClient {
             Err(_) => Err(ClientError::Timeout(RESET_TIMEOUT)),
         }
     }
+
+    /// Reads adapter `adapter_id` from `source` and installs it in `slot`, between steps. A
+    /// refusal (an adapter that cannot be served) is `InvalidPlan` with the shard's reason. No
+    /// deadline: reading an adapter (downloading it) takes what it takes, and steps go on meanwhile.
+    #[tracing::instrument(name = "shard_load_adapter", skip_all, fields(adapter_id, slot))]
+    pub async fn load_adapter(&mut self, adapter_id: &str, source: &str, slot: u64) -> Result<(), ClientError> {
+        let request = pb::LoadAdapterRequest { adapter_id: adapter_id.to_string(), source: source.to_string(), slot };
+        self.inner.load_adapter(traced(request)).await?;
+        Ok(())
+    }
+
+    /// Removes the adapter in `slot`, between steps.
+    #[tracing::instrument(name = "shard_unload_adapter", skip_all, fields(slot))]
+    pub async fn unload_adapter(&mut self, slot: u64) -> Result<(), ClientError> {
+        match tokio::time::timeout(RESET_TIMEOUT, self.inner.unload_adapter(traced(pb::UnloadAdapterRequest { slot }))).await {
+            Ok(reply) => reply.map(|_| ()).map_err(ClientError::from),
+            Err(_) => Err(ClientError::Timeout(RESET_TIMEOUT)),
+        }
+    }
 }
 
 /// `message` with the current span's trace context in its metadata (nothing when traces are

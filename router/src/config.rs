@@ -157,6 +157,13 @@ pub struct RouterConfig {
     /// a named function: one call under TGI's grammar.
     #[arg(long, env = "TOOL_CALL_PARSER", value_enum)]
     pub tool_call_parser: Option<crate::http::tool_parser::ToolCallParser>,
+    /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's routes; vLLM's
+    /// switch, `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true`, turns them on too): LoRA adapters
+    /// loaded and unloaded while the server runs, from a path on the server's machine or a hub
+    /// id. Off by default: whoever can call the API could then make the server read files it can
+    /// read. See `runtime_lora_updating`.
+    #[arg(long, env = "ALLOW_RUNTIME_LORA_UPDATING")]
+    pub allow_runtime_lora_updating: bool,
     /// One step in flight: send step N+1 while the shard computes step N (decodes take the
     /// token N samples from the shard); stops apply one step late, the extra token is never
     /// returned. Requests with a grammar wait for each result.
@@ -242,6 +249,14 @@ fn alias_variables(arg: &clap::Arg) -> Vec<String> {
 }
 
 impl RouterConfig {
+    /// Whether the run-time LoRA routes are served: `--allow-runtime-lora-updating`, or vLLM's
+    /// switch as vLLM reads it (`VLLM_ALLOW_RUNTIME_LORA_UPDATING` of 1 or true, any case).
+    pub fn runtime_lora_updating(&self) -> bool {
+        self.allow_runtime_lora_updating
+            || std::env::var("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+                .is_ok_and(|value| matches!(value.trim().to_lowercase().as_str(), "1" | "true"))
+    }
+
     /// Every router flag with its aliases, help, environment variables and default.
     pub fn flag_specs() -> Vec<FlagSpec> {
         Self::command()

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::chat_template::TemplateError;
 use crate::engine::api::EngineError;
+use crate::engine::{AdapterChange, AdapterError};
 use crate::validation::ValidationError;
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,12 @@ pub enum HttpError {
     Tokenizer(String),
     #[error("Metrics recorder error: {0}")]
     Metrics(String),
+    /// A run-time LoRA adapter load or unload that did not happen.
+    #[error("{0}")]
+    Adapter(#[from] AdapterError),
+    /// `/v1/load_lora_adapter` or `/v1/unload_lora_adapter` without `--allow-runtime-lora-updating`.
+    #[error("Loading and unloading LoRA adapters at run time is off: start the server with --allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)")]
+    RuntimeLoraOff,
 }
 
 impl From<EngineError> for HttpError {
@@ -84,6 +91,15 @@ impl HttpError {
             HttpError::Unauthorized => StatusCode::UNAUTHORIZED,
             HttpError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            HttpError::Adapter(error) => match error {
+                AdapterError::Change(AdapterChange::NotFound(_)) => StatusCode::NOT_FOUND,
+                AdapterError::Change(_) | AdapterError::Refused { .. } => StatusCode::BAD_REQUEST,
+                AdapterError::Engine { error: EngineError::Unavailable(_) | EngineError::Draining, .. } => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                AdapterError::Engine { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            HttpError::RuntimeLoraOff => StatusCode::NOT_FOUND,
         }
     }
 
@@ -103,6 +119,10 @@ impl HttpError {
             HttpError::ModelNotFound(_) => "not_found",
             HttpError::PayloadTooLarge(_) => "payload_too_large",
             HttpError::Metrics(_) => "metrics",
+            HttpError::Adapter(AdapterError::Change(AdapterChange::NotFound(_))) => "not_found",
+            HttpError::Adapter(AdapterError::Engine { .. }) => "lora_adapter_not_loaded",
+            HttpError::Adapter(_) => "lora_adapter",
+            HttpError::RuntimeLoraOff => "not_found",
         }
     }
 

@@ -6,6 +6,7 @@
 //! `--graceful-termination-timeout-s` to finish, then the engine stops (failing, with an error
 //! event, whatever is left) and the HTTP server closes its connections once those are written.
 //! An engine that gives up on its shard ends `run` with an error (the process exits non-zero).
+use std::sync::Arc;
 use std::time::Duration;
 
 use superinfer_scheduler::{CostModel, PolicyKind, RotaSchedSettings, SchedulerConfig, SchedulerError, Slo, TokenCurve};
@@ -15,7 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::client::{ClientError, ShardClient};
 use crate::config::{AdmissionKind, RouterConfig, SchedulerKind};
-use crate::engine::{spawn_engine, Admission, EngineConfig, EngineHandle, EngineTimeouts, ModelInfo};
+use crate::engine::{spawn_engine, AdapterRegistry, Admission, EngineConfig, EngineHandle, EngineTimeouts, ModelInfo};
 use crate::http::{self, HttpConfig};
 use crate::kv_events::{start_publisher, KvEventsError};
 use crate::metrics::{install_recorder_with_limits, MetricLimits, MetricsError};
@@ -131,6 +132,7 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
         grammar_unlisted_properties: config.grammar_unlisted_properties,
         reasoning_parser: config.reasoning_parser,
         tool_call_parser: config.tool_call_parser,
+        allow_runtime_lora_updating: config.runtime_lora_updating(),
         payload_limit: config.payload_limit,
         api_key: config.api_key.clone(),
         model_id: String::new(),
@@ -186,15 +188,16 @@ pub async fn start_engine(
     // no-op recorder `metrics` has until one is installed.
     install_recorder_with_limits(&metric_limits(config, &model, &engine_timeouts))?;
     let (admission, queue_timeout) = admission(config)?;
+    let adapters = Arc::new(AdapterRegistry::new(model.adapters.clone()));
     let kv_events = match config.kv_events_config.as_ref().filter(|events| events.publishes()) {
         Some(events) => Some(
-            start_publisher(events, scheduler.block_size, model.adapters.clone(), tracker, shutdown.child_token()).await?,
+            start_publisher(events, scheduler.block_size, adapters.clone(), tracker, shutdown.child_token()).await?,
         ),
         None => None,
     };
     let engine_config =
         EngineConfig { scheduler, eos_token_ids: info.eos_token_ids.clone(), timeouts: engine_timeouts,
-            async_scheduling: config.async_scheduling, admission, queue_timeout, kv_events };
+            async_scheduling: config.async_scheduling, admission, queue_timeout, kv_events, adapters };
     let engine = spawn_engine(engine_config, client, tracker, shutdown.child_token())?;
     Ok((engine, model))
 }

@@ -2,7 +2,9 @@
 the logits and greedy continuations of transformers + PEFT; requests for different adapters
 and the base model share one forward and each row gets what it gets alone; two gloo ranks
 compute what the whole model computes; unknown and unsupported adapters are refused with the
-reason; the flag reaches the shard from the launcher."""
+reason; the flag reaches the shard from the launcher; adapters loaded and unloaded while the
+shard serves (LoadAdapter, UnloadAdapter) compute what the same adapters loaded at start-up do,
+on one rank and on two, and what cannot be loaded is refused with nothing changed."""
 import copy
 import json
 import pathlib
@@ -21,7 +23,7 @@ from test_tensor_parallel import _free_port
 from superinfer.pb import shard_pb2 as pb
 from superinfer.shard.batch import Chunk
 from superinfer.shard.config import LoraAdapterSpec, ShardConfig, parse_lora_adapters
-from superinfer.shard.errors import LoraError, PlanError
+from superinfer.shard.errors import AdapterRequestError, LoraError, PlanError
 from superinfer.shard.hub import HubOptions
 
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -205,15 +207,18 @@ def test_other_architectures_of_the_shared_decoder_take_adapters(tmp_path, archi
     torch.testing.assert_close(forward_logits(runner, [Chunk(PROMPT, 0, [0, 1], 1)])[0], expected, rtol=0, atol=1e-3)
 
 
+def _shard_config(directory: pathlib.Path, adapters: dict[str, pathlib.Path], **options) -> ShardConfig:
+    return ShardConfig(
+        model=str(directory), cache_dir=directory / "cache", device=torch.device("cpu"), dtype=torch.float32,
+        device_kv_blocks=32, host_kv_blocks=4, warmup_repeats=1,
+        lora_adapters=tuple(LoraAdapterSpec(name, str(path)) for name, path in adapters.items()), **options,
+    )
+
+
 def _executor(directory: pathlib.Path, adapters: dict[str, pathlib.Path]):
     from superinfer.shard.cli import build_executor
 
-    config = ShardConfig(
-        model=str(directory), cache_dir=directory / "cache", device=torch.device("cpu"), dtype=torch.float32,
-        device_kv_blocks=32, host_kv_blocks=4, warmup_repeats=1,
-        lora_adapters=tuple(LoraAdapterSpec(name, str(path)) for name, path in adapters.items()),
-    )
-    executor = build_executor(config)
+    executor = build_executor(_shard_config(directory, adapters))
     executor.warmup(pb.WarmupRequest(max_batch_tokens=128, max_batch_requests=8))
     return executor
 
@@ -371,3 +376,291 @@ def test_a_steps_rows_are_grouped_by_adapter():
     # Adjacent spans of one adapter merge into one slice.
     (merged,) = lora_batch([(0, 2, 3), (2, 5, 3)], torch.device("cpu")).groups
     assert (merged.slot, merged.start, merged.stop, merged.index) == (3, 0, 7, None)
+
+
+def _generate(executor, rid: int, prompt: list[int], block: int, steps: int = 4, **adapter) -> list[int]:
+    """`steps` greedy tokens of a new request (its `adapter_id` / `adapter_slot` as given), one
+    step each, in device block `block`."""
+    reply = executor.step(pb.StepRequest(new_requests=[pb.NewRequest(id=rid, prompt_token_ids=prompt, **adapter)],
+                                         scheduled=[_schedule(rid, len(prompt), block)]))
+    tokens = [reply.outputs[0].token.id]
+    for _ in range(steps - 1):
+        reply = executor.step(pb.StepRequest(scheduled=[_decode(rid, len(prompt) + len(tokens) - 1, block)]))
+        tokens.append(reply.outputs[0].token.id)
+    return tokens
+
+
+def _decode(rid: int, computed: int, block: int):
+    return pb.ScheduledRequest(id=rid, num_computed_tokens=computed, num_new_tokens=1, block_table=[block],
+                               sample=True)
+
+
+def _installed_slots(executor) -> set[int]:
+    from superinfer.models.lora import LoraLinear
+
+    return {slot for module in executor.runner.model.modules() if isinstance(module, LoraLinear)
+            for slot in module.adapters}
+
+
+def _adapters(executor) -> list[tuple[str, int]]:
+    info = executor.info()
+    return list(zip(info.adapters, info.adapter_slots, strict=True))
+
+
+def test_an_adapter_loaded_at_runtime_runs_as_at_start_up_until_it_is_unloaded(adapted):
+    root, base, models = adapted
+    prompt = PROMPT[:10]
+    at_start = _executor(root / "base", {"qv": root / "qv", "all": root / "all"})
+    assert _adapters(at_start) == [("qv", 1), ("all", 2)]
+    expected = _generate(at_start, 1, prompt, 0, adapter_id="all", adapter_slot=2)
+    at_start.close()
+    assert expected == reference_greedy(models["all"], prompt, 4)
+    base_tokens = reference_greedy(base, prompt, 4)
+
+    executor = _executor(root / "base", {})  # warmed up without an adapter
+    assert _adapters(executor) == [] and _generate(executor, 1, prompt, 0) == base_tokens
+    executor.load_adapter("all", str(root / "all"), 7)
+    assert _adapters(executor) == [("all", 7)]
+    # A base request and one naming the adapter (by slot, then by id only) in one step.
+    reply = executor.step(pb.StepRequest(new_requests=[
+        pb.NewRequest(id=2, prompt_token_ids=prompt), pb.NewRequest(id=3, prompt_token_ids=prompt, adapter_id="all",
+                                                                    adapter_slot=7),
+    ], scheduled=[_schedule(2, 10, 1), _schedule(3, 10, 2)]))
+    assert [output.token.id for output in reply.outputs] == [base_tokens[0], expected[0]]
+    assert executor.requests[3].adapter == 7
+    assert _generate(executor, 4, prompt, 3, adapter_id="all") == expected and executor.requests[4].adapter == 7
+    assert _generate(executor, 5, prompt, 4) == base_tokens
+
+    executor.unload_adapter(7)
+    assert _adapters(executor) == [] and _installed_slots(executor) == set()
+    with pytest.raises(PlanError, match="request 6: LoRA adapter slot 7 holds no adapter, not 'all'"):
+        _generate(executor, 6, prompt, 5, adapter_id="all", adapter_slot=7)
+    with pytest.raises(PlanError, match=r"request 6: unknown LoRA adapter 'all' \(loaded: none\)"):
+        _generate(executor, 6, prompt, 5, adapter_id="all")
+    # A request still registered with it (the router forgets it first) is refused, not run as the base model.
+    with pytest.raises(PlanError, match="request 3 runs with LoRA adapter slot 7, which holds no adapter any more"):
+        executor.step(pb.StepRequest(scheduled=[_decode(3, 10, 2)]))
+    assert 6 not in executor.requests
+    assert _generate(executor, 6, prompt, 5) == base_tokens
+    executor.close()
+
+
+def test_loads_and_unloads_that_cannot_be_done_are_refused_and_change_nothing(adapted, tmp_path):
+    root, _, _ = adapted
+    executor = _executor(root / "base", {"qv": root / "qv"})
+    before = _adapters(executor)
+    dora = _broken_copy(root / "all", tmp_path / "dora", config={"use_dora": True})
+    refused = {
+        "slot 0 is the base model's": lambda: executor.load_adapter("all", str(root / "all"), 0),
+        "LoRA adapter 'all': slot 1 holds 'qv' already": lambda: executor.load_adapter("all", str(root / "all"), 1),
+        "a LoRA adapter for slot 2 needs an id": lambda: executor.load_adapter("", str(root / "all"), 2),
+        "LoRA adapter 'x': no source": lambda: executor.load_adapter("x", "", 2),
+        "LoRA adapter 'dora' (": lambda: executor.load_adapter("dora", str(dora), 2),
+        "DoRA (use_dora)": lambda: executor.load_adapter("dora", str(dora), 2),
+        "is not a directory": lambda: executor.load_adapter("gone", str(tmp_path / "no" / "such"), 2),
+        "LoRA adapter slot 2 holds no adapter (loaded: 'qv' in slot 1)": lambda: executor.unload_adapter(2),
+        "slot 0 holds no adapter": lambda: executor.unload_adapter(0),
+    }
+    for message, call in refused.items():
+        with pytest.raises(AdapterRequestError) as err:
+            call()
+        assert message in str(err.value), (message, str(err.value))
+        assert _adapters(executor) == before and _installed_slots(executor) == {1}, message
+    # Still serving its adapter.
+    assert executor.limits.adapters == {1: "qv"}
+    new = pb.NewRequest(id=1, prompt_token_ids=PROMPT[:10], adapter_id="qv")
+    assert executor.step(pb.StepRequest(new_requests=[new], scheduled=[_schedule(1, 10, 0)])).outputs[0].HasField("token")
+    # Two loads read at once for one slot: the one installed second is refused then.
+    first, same_slot = (executor.prepare_adapter(adapter_id, str(root / "all"), 2) for adapter_id in ("all", "other"))
+    executor.install_prepared(first)
+    with pytest.raises(AdapterRequestError, match="slot 2 holds 'all' already"):
+        executor.install_prepared(same_slot)
+    assert _adapters(executor) == [("qv", 1), ("all", 2)] and _installed_slots(executor) == {1, 2}
+    executor.close()
+
+
+def test_an_adapter_replaced_in_place_is_in_two_slots_until_the_old_one_is_unloaded(adapted):
+    # The router's load_inplace: new weights under the same id in a new slot; requests name the
+    # slot they run with, and one naming the id alone gets the newest.
+    root, _, models = adapted
+    prompt = PROMPT[:10]
+    executor = _executor(root / "base", {"tuned": root / "qv"})
+    executor.load_adapter("tuned", str(root / "all"), 2)
+    assert _adapters(executor) == [("tuned", 1), ("tuned", 2)] and _installed_slots(executor) == {1, 2}
+    old, new = reference_greedy(models["qv"], prompt, 4), reference_greedy(models["all"], prompt, 4)
+    assert old != new
+    assert _generate(executor, 1, prompt, 0, adapter_id="tuned", adapter_slot=1) == old
+    assert _generate(executor, 2, prompt, 0, adapter_id="tuned", adapter_slot=2) == new
+    assert _generate(executor, 3, prompt, 0, adapter_id="tuned") == new
+    executor.unload_adapter(1)
+    assert _adapters(executor) == [("tuned", 2)] and _installed_slots(executor) == {2}
+    assert _generate(executor, 4, prompt, 0, adapter_id="tuned") == new
+    executor.close()
+
+
+def test_a_slot_must_hold_the_adapter_named_and_an_unloaded_one_reloads_in_a_new_slot(adapted):
+    root, _, models = adapted
+    prompt = PROMPT[:10]
+    expected = reference_greedy(models["qv"], prompt, 4)
+    executor = _executor(root / "base", {})
+    executor.load_adapter("qv", str(root / "qv"), 3)
+    for adapter_id, slot, message in (("all", 3, "slot 3 holds LoRA adapter 'qv', not 'all'"),
+                                      ("qv", 4, "slot 4 holds no adapter, not 'qv'"),
+                                      ("", 3, "slot 3 holds LoRA adapter 'qv', not ''")):
+        with pytest.raises(PlanError, match=f"request 1: LoRA adapter {message} \\(loaded: 'qv' in slot 3\\)"):
+            _generate(executor, 1, prompt, 0, adapter_id=adapter_id, adapter_slot=slot)
+    assert _generate(executor, 1, prompt, 0, adapter_id="qv", adapter_slot=3) == expected
+    executor.unload_adapter(3)
+    executor.load_adapter("qv", str(root / "qv"), 4)
+    assert _adapters(executor) == [("qv", 4)] and _installed_slots(executor) == {4}
+    with pytest.raises(PlanError, match="slot 3 holds no adapter"):
+        _generate(executor, 2, prompt, 1, adapter_id="qv", adapter_slot=3)
+    assert _generate(executor, 2, prompt, 1, adapter_id="qv", adapter_slot=4) == expected
+    assert _generate(executor, 3, prompt, 2, adapter_id="qv") == expected and executor.requests[3].adapter == 4
+    executor.close()
+
+
+def test_load_and_unload_over_grpc_refusals_are_invalid_argument(adapted, tmp_path):
+    import grpc
+
+    from superinfer.pb import shard_pb2_grpc
+    from superinfer.shard.server import ShardServer
+
+    root, _, models = adapted
+    server = ShardServer(_executor(root / "base", {"qv": root / "qv"}), tmp_path / "shard.sock")
+    server.start()
+    channel = grpc.insecure_channel(f"unix://{tmp_path / 'shard.sock'}")
+    stub = shard_pb2_grpc.ShardStub(channel)
+    try:
+        assert stub.LoadAdapter(pb.LoadAdapterRequest(adapter_id="all", source=str(root / "all"), slot=2)) == \
+            pb.LoadAdapterResponse()
+        info = stub.Info(pb.InfoRequest())
+        assert (list(info.adapters), list(info.adapter_slots)) == (["qv", "all"], [1, 2])
+        for call, message in (
+            (lambda: stub.LoadAdapter(pb.LoadAdapterRequest(adapter_id="x", source=str(root / "all"), slot=2)),
+             "LoRA adapter 'x': slot 2 holds 'all' already"),
+            (lambda: stub.LoadAdapter(pb.LoadAdapterRequest(adapter_id="dora", source=str(
+                _broken_copy(root / "all", tmp_path / "dora", config={"use_dora": True})), slot=3)),
+             "DoRA (use_dora)"),
+            (lambda: stub.UnloadAdapter(pb.UnloadAdapterRequest(slot=5)), "LoRA adapter slot 5 holds no adapter"),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()
+        stub.Warmup(pb.WarmupRequest(max_batch_tokens=128, max_batch_requests=8))
+        new = pb.NewRequest(id=1, prompt_token_ids=PROMPT[:10], adapter_id="all", adapter_slot=2)
+        reply = stub.Step(pb.StepRequest(new_requests=[new], scheduled=[_schedule(1, 10, 0)]))
+        assert reply.outputs[0].token.id == reference_greedy(models["all"], PROMPT[:10], 1)[0]
+        assert stub.UnloadAdapter(pb.UnloadAdapterRequest(slot=2)) == pb.UnloadAdapterResponse()
+        info = stub.Info(pb.InfoRequest())
+        assert (list(info.adapters), list(info.adapter_slots)) == (["qv"], [1])
+    finally:
+        channel.close()
+        server.stop(grace_s=1)
+
+
+def _runtime_rank(rank: int, world_size: int, directory: str, adapter: str, port: int, results: str) -> None:
+    """One rank of a shard started without adapters: rank 0 loads `adapter` at runtime and runs
+    steps with it (the other rank follows rank 0's commands), then unloads it."""
+    from superinfer.shard.cli import build_executor
+    from superinfer.shard.config import ParallelConfig
+    from superinfer.shard.follower import follow
+    from superinfer.shard.rank_group import RankGroup
+
+    torch.set_num_threads(1)
+    parallel = ParallelConfig(rank, world_size, "127.0.0.1", port, 60.0)
+    group = RankGroup(parallel, torch.device("cpu"))
+    try:
+        executor = build_executor(_shard_config(pathlib.Path(directory), {}, parallel=parallel), group)
+        if rank > 0:
+            torch.save(follow(executor, group), f"{results}.{rank}")
+            return
+        try:
+            torch.save(_runtime_steps(executor, adapter, 5), f"{results}.0")
+        finally:
+            executor.close()
+    finally:
+        group.close()
+
+
+def _runtime_steps(executor, adapter: str | None, slot: int) -> dict:
+    """Prompt logprobs and greedy tokens of a request with the adapter "a" (in `slot`) and one
+    without; with `adapter`, the shard loads it in `slot` after warm-up and unloads it at the end."""
+    executor.warmup(pb.WarmupRequest(max_batch_tokens=128, max_batch_requests=8))
+    if adapter is not None:
+        executor.load_adapter("a", adapter, slot)
+    reply = executor.step(pb.StepRequest(new_requests=[
+        pb.NewRequest(id=1, prompt_token_ids=PROMPT, prompt_logprobs=True, adapter_id="a", adapter_slot=slot),
+        pb.NewRequest(id=2, prompt_token_ids=PROMPT, prompt_logprobs=True),
+    ], scheduled=[pb.ScheduledRequest(id=rid, num_new_tokens=len(PROMPT), block_table=[2 * rid, 2 * rid + 1],
+                                      sample=True) for rid in (1, 2)]))
+    result = {"prompt_logprobs": [list(output.prompt_logprobs) for output in reply.outputs],
+              "tokens": [[output.token.id] for output in reply.outputs]}
+    for index in range(3):
+        reply = executor.step(pb.StepRequest(scheduled=[
+            pb.ScheduledRequest(id=rid, num_computed_tokens=len(PROMPT) + index, num_new_tokens=1,
+                                block_table=[2 * rid, 2 * rid + 1], sample=True) for rid in (1, 2)]))
+        for tokens, output in zip(result["tokens"], reply.outputs):
+            tokens.append(output.token.id)
+    if adapter is not None:
+        executor.unload_adapter(slot)
+        result["after_unload"] = _adapters(executor)
+    return result
+
+
+def test_gloo_ranks_load_an_adapter_at_runtime_and_compute_what_one_process_does(tmp_path):
+    base = build_tiny_model(tmp_path / "base", "llama", num_attention_heads=4, num_key_value_heads=2)
+    make_adapter(base, tmp_path / "adapter", 0, **ADAPTERS["all"])
+    from superinfer.shard.cli import build_executor
+
+    alone = build_executor(_shard_config(tmp_path / "base", {"a": tmp_path / "adapter"}))
+    expected = _runtime_steps(alone, None, 1)  # loaded at start-up: slot 1
+    alone.close()
+    results = str(tmp_path / "rank")
+    mp.spawn(_runtime_rank, args=(2, str(tmp_path / "base"), str(tmp_path / "adapter"), _free_port(), results),
+             nprocs=2, join=True)
+    got = torch.load(f"{results}.0", weights_only=False)
+    assert torch.load(f"{results}.1", weights_only=False) == 0  # the follower ran every command and stopped
+    assert got["after_unload"] == []
+    assert got["tokens"] == expected["tokens"]
+    assert expected["prompt_logprobs"][0] != pytest.approx(expected["prompt_logprobs"][1], abs=1e-2)  # it adapts
+    for got_logprobs, expected_logprobs in zip(got["prompt_logprobs"], expected["prompt_logprobs"], strict=True):
+        assert got_logprobs == pytest.approx(expected_logprobs, abs=1e-4)
+
+
+class _Commands:
+    """Rank 0's side of a follower's group: hands it `commands` one by one, noting the adapters
+    the follower holds before each."""
+
+    rank = 1
+
+    def __init__(self, executor, commands: list):
+        self.executor, self.commands = executor, commands
+        self.seen: list = []
+        self.failure = None
+
+    def receive(self):
+        self.seen.append((_adapters(self.executor), _installed_slots(self.executor)))
+        return self.commands.pop(0)
+
+    def fail(self, reason: str) -> None:
+        self.failure = reason
+
+
+def test_a_follower_installs_and_removes_its_share_of_the_adapters_rank_0_names(adapted):
+    from superinfer.shard.cli import build_executor
+    from superinfer.shard.follower import follow
+    from superinfer.shard.rank_commands import LoadAdapterCommand, StopCommand, UnloadAdapterCommand
+
+    root, _, _ = adapted
+    executor = build_executor(_shard_config(root / "base", {}))
+    group = _Commands(executor, [
+        LoadAdapterCommand("qv", str(root / "qv"), 3, directory=str(root / "not-on-this-node")),  # read from source
+        LoadAdapterCommand("all", "org/all", 4, directory=str(root / "all")),  # rank 0's directory, seen here
+        UnloadAdapterCommand(3), StopCommand()])
+    assert follow(executor, group) == 0 and group.failure is None
+    assert group.seen == [([], set()), ([("qv", 3)], {3}), ([("qv", 3), ("all", 4)], {3, 4}), ([("all", 4)], {4})]
+    # A command this rank cannot carry out ends it: the ranks would be out of step.
+    group = _Commands(executor, [LoadAdapterCommand("gone", str(root / "gone"), 5)])
+    assert follow(executor, group) == 1 and "LoRA adapter 'gone'" in group.failure
+    executor.close()

@@ -108,6 +108,11 @@ impl ActiveRequests {
         self.by_id.iter_mut().map(|(&id, request)| (id, request))
     }
 
+    /// The adapter slots the requests run with (one per request with an adapter).
+    pub fn adapter_slots(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_id.values().filter_map(|active| active.request.adapter.as_ref().map(|adapter| adapter.namespace))
+    }
+
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.by_id.keys().copied()
     }

@@ -105,9 +105,9 @@ pub struct GenerationRequest {
     pub adapter: Option<AdapterRef>,
 }
 
-/// A LoRA adapter the shard loaded: the id requests and the shard name it by, and its KV
-/// namespace (its position in the shard's list, from 1; 0 is the base model's), which keeps
-/// prefix-cache blocks of different adapters apart.
+/// A LoRA adapter the shard loaded: the id requests and the shard name it by, and its slot,
+/// which is its KV namespace too (from 1; 0 is the base model's, `adapters::AdapterRegistry`
+/// never gives a slot twice): it keeps prefix-cache blocks of different adapters apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterRef {
     pub id: String,

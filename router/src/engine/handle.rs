@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::adapters::{AdapterChange, AdapterRegistry};
 use super::admission::AdmissionGate;
 use super::api::{EngineError, EngineEvent, GenerationRequest};
+use crate::client::ClientError;
 
 /// What the engine task receives from handles and streams.
 #[derive(Debug)]
@@ -21,6 +23,25 @@ pub(crate) enum Command {
     Health { reply: oneshot::Sender<Result<(), EngineError>> },
     /// Stop admitting; answered once no request is left in the engine.
     Drain { reply: oneshot::Sender<()> },
+    /// Install a LoRA adapter on the shard (`AdapterRegistry::reserve` gave the slot); answered
+    /// with the shard's reply.
+    LoadAdapter { id: String, source: String, slot: u64, reply: oneshot::Sender<Result<(), ClientError>> },
+    /// The adapter in `slot` is served no more: refuse requests that still name it, and unload
+    /// it from the shard once no request held uses it.
+    RetireAdapter { slot: u64 },
+}
+
+/// Why a run-time adapter load or unload did not happen.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdapterError {
+    #[error(transparent)]
+    Change(#[from] AdapterChange),
+    /// The shard cannot serve it (its files, its targets, its shapes): the shard's reason.
+    #[error("the lora adapter '{id}' cannot be loaded: {reason}")]
+    Refused { id: String, reason: String },
+    /// The shard failed, or the engine cannot reach it now.
+    #[error("the lora adapter '{id}' was not loaded: {error}")]
+    Engine { id: String, error: EngineError },
 }
 
 /// The engine's externally visible state, published by the engine task. The failure model
@@ -77,6 +98,7 @@ pub struct EngineHandle {
     next_id: Arc<AtomicU64>,
     /// `--admission slo`; None admits everything (TGI).
     admission: Option<Arc<AdmissionGate>>,
+    adapters: Arc<AdapterRegistry>,
 }
 
 impl EngineHandle {
@@ -85,8 +107,62 @@ impl EngineHandle {
         status: watch::Receiver<EngineStatus>,
         load: watch::Receiver<EngineLoad>,
         admission: Option<Arc<AdmissionGate>>,
+        adapters: Arc<AdapterRegistry>,
     ) -> Self {
-        Self { commands, status, load, next_id: Arc::new(AtomicU64::new(1)), admission }
+        Self { commands, status, load, next_id: Arc::new(AtomicU64::new(1)), admission, adapters }
+    }
+
+    /// The LoRA adapters served now.
+    pub fn adapters(&self) -> &AdapterRegistry {
+        &self.adapters
+    }
+
+    /// Loads LoRA adapter `id` from `source` (a local directory in PEFT's format, or a hub id)
+    /// while the server serves (vLLM's `/v1/load_lora_adapter`): requests may name it once this
+    /// returns Ok. `replace`: an adapter served under `id` is replaced (requests already running
+    /// with it finish with it; vLLM's `load_inplace`).
+    pub async fn load_adapter(&self, id: &str, source: &str, replace: bool) -> Result<(), AdapterError> {
+        let engine_error = |error: EngineError| AdapterError::Engine { id: id.to_string(), error };
+        if let Some(refusal) = self.status.borrow().refusal() {
+            return Err(engine_error(refusal));
+        }
+        let slot = self.adapters.reserve(id, replace)?;
+        let (reply, answer) = oneshot::channel();
+        let command = Command::LoadAdapter { id: id.to_string(), source: source.to_string(), slot, reply };
+        let installed = match self.commands.send(command) {
+            Ok(()) => answer.await.unwrap_or_else(|_| Err(ClientError::Unavailable("the engine has stopped".to_string()))),
+            Err(_) => Err(ClientError::Unavailable("the engine has stopped".to_string())),
+        };
+        match installed {
+            Ok(()) => {
+                if let Some(replaced) = self.adapters.commit(id, slot) {
+                    let _ = self.commands.send(Command::RetireAdapter { slot: replaced.namespace });
+                }
+                tracing::info!(adapter_id = id, source, slot, "LoRA adapter loaded");
+                Ok(())
+            }
+            Err(error) => {
+                self.adapters.abandon(id);
+                if !matches!(error, ClientError::InvalidPlan(_)) {
+                    // The shard may have installed it before the failure: it goes with the slot.
+                    let _ = self.commands.send(Command::RetireAdapter { slot });
+                }
+                Err(match error {
+                    ClientError::InvalidPlan(reason) => AdapterError::Refused { id: id.to_string(), reason },
+                    ClientError::Unavailable(message) if message == "the engine has stopped" => engine_error(EngineError::Stopped),
+                    other => engine_error(EngineError::Shard(other.to_string())),
+                })
+            }
+        }
+    }
+
+    /// Stops serving LoRA adapter `id` (vLLM's `/v1/unload_lora_adapter`): new requests naming
+    /// it are refused at once; those running with it finish with it, and the shard frees it then.
+    pub fn unload_adapter(&self, id: &str) -> Result<(), AdapterError> {
+        let removed = self.adapters.remove(id)?;
+        let _ = self.commands.send(Command::RetireAdapter { slot: removed.namespace });
+        tracing::info!(adapter_id = id, slot = removed.namespace, "LoRA adapter unloaded");
+        Ok(())
     }
 
     /// The requests the engine held after its last turn.
@@ -197,7 +273,7 @@ mod tests {
         let (commands, receiver) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(EngineStatus::Running);
         let (_, load) = watch::channel(EngineLoad::default());
-        (EngineHandle::new(commands, status, load, None), receiver, status_tx)
+        (EngineHandle::new(commands, status, load, None, Arc::default()), receiver, status_tx)
     }
 
     #[tokio::test]

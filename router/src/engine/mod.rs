@@ -8,8 +8,10 @@
 //! - `step_trace`: the step span's links to the requests it serves and its rotation events.
 //! - `recovery`: the failure model — step deadlines, recovery from a failed shard, giving up.
 //! - `active`: per-request bookkeeping (stream, limits, progress).
+//! - `adapters`: the LoRA adapters served, loaded and unloaded at run time too.
 //! - `metrics`: the engine's /metrics series.
 mod active;
+pub mod adapters;
 mod admission;
 mod attainment;
 mod constraints;
@@ -27,7 +29,8 @@ mod vllm_metrics;
 mod testing;
 
 pub use admission::Admission;
-pub use handle::{EngineHandle, EngineLoad, RequestStream};
+pub use adapters::{AdapterChange, AdapterRegistry};
+pub use handle::{AdapterError, EngineHandle, EngineLoad, RequestStream};
 pub use model_info::ModelInfo;
 pub use recovery::EngineTimeouts;
 pub use step_loop::{spawn_engine, EngineConfig};

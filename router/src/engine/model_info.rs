@@ -1,6 +1,5 @@
 //! Facts about the served model and its KV pools, learned from the shard at start-up
 //! (`Info` + `Warmup`); the HTTP layer builds its tokenizer and chat template from them.
-use super::api::AdapterRef;
 use crate::pb;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -22,8 +21,9 @@ pub struct ModelInfo {
     pub num_device_blocks: u32,
     pub num_host_blocks: u32,
     pub world_size: u32,
-    /// The LoRA adapters the shard loaded, in its order (which numbers their KV namespaces).
-    pub adapters: Vec<String>,
+    /// The LoRA adapters the shard loaded at start (`--lora-adapters`) and their slots; the
+    /// engine's `AdapterRegistry` serves them, and those loaded later.
+    pub adapters: Vec<(String, u64)>,
 }
 
 impl ModelInfo {
@@ -45,18 +45,18 @@ impl ModelInfo {
             num_device_blocks: warmup.num_device_blocks,
             num_host_blocks: warmup.num_host_blocks,
             world_size: info.world_size.max(1),
-            adapters: info.adapters.clone(),
+            adapters: startup_adapters(info),
         }
-    }
-
-    /// The loaded adapter named `id`, if any.
-    pub fn adapter(&self, id: &str) -> Option<AdapterRef> {
-        let position = self.adapters.iter().position(|adapter| adapter == id)?;
-        Some(AdapterRef { id: id.to_string(), namespace: position as u64 + 1 })
     }
 
     /// Longest sequence (prompt + generated tokens) the device pool can hold at all.
     pub fn max_sequence_tokens(&self) -> u32 {
         self.num_device_blocks.saturating_mul(self.block_size).min(self.max_position_embeddings)
     }
+}
+
+/// The shard's adapters and their slots; a shard that gives no slots numbers them from 1.
+fn startup_adapters(info: &pb::InfoResponse) -> Vec<(String, u64)> {
+    let slots = info.adapter_slots.iter().copied().chain((info.adapter_slots.len() as u64 + 1)..);
+    info.adapters.iter().cloned().zip(slots).collect()
 }

@@ -12,7 +12,7 @@
 //! dropped (the request is gone from `requests`) — never streamed; its blocks are freed at
 //! once, which is safe because the shard runs the steps in order, so N+1 is done with them
 //! before any later step reuses them.
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::active::{ActiveRequest, ActiveRequests};
+use super::adapters::AdapterRegistry;
 use super::admission::{Admission, AdmissionGate};
 use super::attainment::RecentAttainment;
 use super::api::{EngineError, EngineEvent, FinishReason, GenerationRequest};
@@ -61,6 +62,8 @@ pub struct EngineConfig {
     pub queue_timeout: Option<Duration>,
     /// Where the prefix cache's changes go each turn (`--kv-events-config`); none: not recorded.
     pub kv_events: Option<KvEventSink>,
+    /// The LoRA adapters served (the shard's at start, then those loaded at run time).
+    pub adapters: Arc<AdapterRegistry>,
 }
 
 /// Starts the engine task on `tracker`; it stops when `shutdown` is cancelled, failing the
@@ -107,9 +110,11 @@ pub fn spawn_engine(
         arrived_tokens: 0,
         queue_timeout: config.queue_timeout,
         kv_events: config.kv_events,
+        retired_adapters: HashSet::new(),
+        unloading: Vec::new(),
     };
     tracker.spawn(engine.run(commands, shutdown));
-    Ok(EngineHandle::new(commands_tx, status, load, admission))
+    Ok(EngineHandle::new(commands_tx, status, load, admission, config.adapters))
 }
 
 pub(super) struct Engine {
@@ -149,6 +154,10 @@ pub(super) struct Engine {
     queue_timeout: Option<Duration>,
     /// See `EngineConfig::kv_events`.
     kv_events: Option<KvEventSink>,
+    /// Slots of adapters no longer served: a request naming one (it raced the unload) is refused.
+    retired_adapters: HashSet<u64>,
+    /// Retired slots still installed on the shard, unloaded once nothing held uses them.
+    unloading: Vec<u64>,
 }
 
 /// A step sent to the shard whose reply the engine has not applied yet.
@@ -156,6 +165,8 @@ pub(super) struct InFlight {
     plan: StepPlan,
     started: Instant,
     reply: JoinHandle<Result<pb::StepResponse, ClientError>>,
+    /// The adapter slots the step computes with (the shard needs them until it has run).
+    adapter_slots: Vec<u64>,
 }
 
 /// What the loop does after planning.
@@ -174,6 +185,7 @@ impl Engine {
             while let Ok(command) = commands.try_recv() {
                 self.handle(command).await;
             }
+            self.unload_adapters().await;
             self.publish_stats();
             self.answer_drains();
             let wait = match self.next_turn().await {
@@ -247,13 +259,57 @@ impl Engine {
                 });
                 self.drain_waiters.push(reply);
             }
+            Command::LoadAdapter { id, source, slot, reply } => {
+                // Off the engine's task: the shard reads the adapter while steps go on.
+                let mut client = self.client.clone();
+                tokio::spawn(async move {
+                    let _ = reply.send(client.load_adapter(&id, &source, slot).await);
+                });
+            }
+            Command::RetireAdapter { slot } => {
+                if self.retired_adapters.insert(slot) {
+                    self.unloading.push(slot);
+                }
+            }
         }
+    }
+
+    /// Unloads from the shard the retired adapters that no request held (queued, running,
+    /// rotated out) and no step in flight uses. A refusal means the shard does not hold it (a
+    /// load that failed); any other failure is tried again on a later turn.
+    async fn unload_adapters(&mut self) {
+        if self.unloading.is_empty() || self.recovery.is_some() {
+            return;
+        }
+        let mut in_use: HashSet<u64> = self.in_flight.iter().flat_map(|step| step.adapter_slots.iter().copied()).collect();
+        in_use.extend(self.requests.adapter_slots());
+        let mut still = Vec::new();
+        for slot in std::mem::take(&mut self.unloading) {
+            if in_use.contains(&slot) {
+                still.push(slot);
+                continue;
+            }
+            match self.client.unload_adapter(slot).await {
+                Ok(()) => tracing::info!(slot, "LoRA adapter unloaded from the shard"),
+                Err(ClientError::InvalidPlan(reason)) => tracing::debug!(slot, %reason, "LoRA adapter not on the shard"),
+                Err(error) => {
+                    tracing::warn!(slot, %error, "cannot unload a LoRA adapter from the shard yet");
+                    still.push(slot);
+                }
+            }
+        }
+        self.unloading = still;
     }
 
     fn submit(&mut self, id: u64, request: GenerationRequest, events: mpsc::UnboundedSender<EngineEvent>) {
         // A request can race a status change: the handle checked before the engine changed it.
         if let Some(refusal) = self.refusal() {
             let _ = events.send(EngineEvent::Failed(refusal));
+            return;
+        }
+        // Or an unload: it named the adapter before it was taken away.
+        if let Some(adapter) = request.adapter.as_ref().filter(|adapter| self.retired_adapters.contains(&adapter.namespace)) {
+            let _ = events.send(EngineEvent::Failed(EngineError::Rejected(format!("the lora adapter '{}' was unloaded", adapter.id))));
             return;
         }
         match self.admit(self.spec(id, &request), request.constraint.is_some()) {
@@ -382,9 +438,14 @@ impl Engine {
         let span = tracing::info_span!("step", step_id = plan.step_id, requests = plan.scheduled.len(),
             tokens = plan.num_batched_tokens(), swap_out = plan.rotate_out.len(), swap_in = plan.rotate_in.len());
         annotate_step(&span, &plan, &self.requests, self.scheduler.config().block_bytes);
+        let adapter_slots = plan
+            .scheduled
+            .iter()
+            .filter_map(|entry| self.requests.get(entry.id)?.request.adapter.as_ref().map(|adapter| adapter.namespace))
+            .collect();
         let mut client = self.client.clone();
         let reply = tokio::spawn(async move { client.step(request, deadline).await }.instrument(span));
-        self.in_flight.push_back(InFlight { plan, started, reply });
+        self.in_flight.push_back(InFlight { plan, started, reply, adapter_slots });
     }
 
     /// Drops the steps still in flight after a failure (their RPCs are cancelled; the shard

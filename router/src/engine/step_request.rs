@@ -37,6 +37,7 @@ pub(crate) fn build_step_request(
                 prompt_logprobs: active.request.prompt_logprobs,
                 prompt_top_n: active.request.prompt_top_n.filter(|_| active.request.prompt_logprobs),
                 adapter_id: active.request.adapter.as_ref().map(|adapter| adapter.id.clone()).unwrap_or_default(),
+                adapter_slot: active.request.adapter.as_ref().map_or(0, |adapter| adapter.namespace),
             })
         })
         .collect();

@@ -132,6 +132,6 @@ fn model_cards(state: &AppState) -> Vec<ModelCard> {
         owned_by: state.model_id.clone(),
     };
     let mut cards = vec![card(&state.model_id)];
-    cards.extend(state.info.adapters.iter().map(|adapter| card(adapter)));
+    cards.extend(state.engine.adapters().ids().iter().map(|adapter| card(adapter)));
     cards
 }

@@ -3,7 +3,7 @@
 //!   `generation`: one generation (detokenization, stop sequences, details).
 //! - routes: `generate` (TGI), `openai` (chat and completions; `tools`: tool calls under a
 //!   grammar), `responses` (OpenAI's Responses API over the chat route), `info` (health,
-//!   info, metrics, models), `openapi` (spec and docs page), `worker_api` (what a load-balancing router in front asks: load, server info, render).
+//!   info, metrics, models), `lora` (LoRA adapters loaded and unloaded at run time), `openapi` (spec and docs page), `worker_api` (what a load-balancing router in front asks: load, server info, render).
 //! - plumbing: `types` / `openai_types` (bodies), `extract` (JSON body, API key), `sse`,
 //!   `headers`, `stop`, `trace` (the request span, continuing the client's trace),
 //!   `request_log` (a request's outcome: metrics and its one log line).
@@ -18,6 +18,7 @@ mod info;
 mod invocations;
 mod listener;
 mod logprobs;
+mod lora;
 mod openai;
 mod openai_stream;
 pub mod openai_types;
@@ -97,6 +98,8 @@ pub fn router(
         .route("/vertex", post(vertex::vertex))
         .route("/v1/chat/completions/render", post(worker_api::render_chat))
         .route("/v1/completions/render", post(worker_api::render_completion))
+        .route("/v1/load_lora_adapter", post(lora::load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(lora::unload_lora_adapter))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             extract::require_api_key,

@@ -5,7 +5,7 @@ use axum::response::Html;
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{generate, info, invocations, openai, openai_types, responses, tokenize, types, vertex, worker_api};
+use super::{generate, info, invocations, lora, openai, openai_types, responses, tokenize, types, vertex, worker_api};
 use crate::error::ErrorBody;
 
 #[derive(OpenApi)]
@@ -42,6 +42,8 @@ use crate::error::ErrorBody;
         worker_api::health_generate,
         worker_api::render_chat,
         worker_api::render_completion,
+        lora::load_lora_adapter,
+        lora::unload_lora_adapter,
         openapi_json,
         docs,
     ),
@@ -69,6 +71,8 @@ use crate::error::ErrorBody;
         tokenize::DetokenizeRequest,
         tokenize::DetokenizeResponse,
         info::Version,
+        lora::LoadLoraAdapter,
+        lora::UnloadLoraAdapter,
         vertex::VertexRequest,
         vertex::VertexResponse,
         types::Info,

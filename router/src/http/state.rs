@@ -35,6 +35,9 @@ pub struct HttpConfig {
     /// Chat replies' tool calls read in the model's own format under `tool_choice: "auto"`
     /// (`--tool-call-parser`).
     pub tool_call_parser: Option<super::tool_parser::ToolCallParser>,
+    /// `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served
+    /// (`--allow-runtime-lora-updating`).
+    pub allow_runtime_lora_updating: bool,
     /// Request bodies larger than this are answered 413.
     pub payload_limit: usize,
     /// When set, the generation routes require `Authorization: Bearer <key>`.
@@ -71,6 +74,7 @@ impl Default for HttpConfig {
             grammar_unlisted_properties: UnlistedProperties::default(),
             reasoning_parser: None,
             tool_call_parser: None,
+            allow_runtime_lora_updating: false,
             payload_limit: 2_000_000,
             api_key: None,
             model_id: String::new(),
@@ -196,8 +200,9 @@ impl AppState {
         match id {
             None | Some("") => Ok(None),
             Some(id) if id == self.model_id => Ok(None),
-            Some(id) => self.info.adapter(id).map(Some).ok_or_else(|| {
-                let loaded = if self.info.adapters.is_empty() { "none".to_string() } else { self.info.adapters.join(", ") };
+            Some(id) => self.engine.adapters().get(id).map(Some).ok_or_else(|| {
+                let ids = self.engine.adapters().ids();
+                let loaded = if ids.is_empty() { "none".to_string() } else { ids.join(", ") };
                 ValidationError::UnknownAdapter(id.to_string(), loaded)
             }),
         }
@@ -206,7 +211,7 @@ impl AppState {
     /// The adapter an OpenAI request's `model` selects: a loaded adapter's id selects it; any
     /// other name (the served model's, or whatever a client library sends) is the base model.
     pub fn adapter_for_model(&self, model: Option<&str>) -> Option<String> {
-        model.filter(|name| self.info.adapters.iter().any(|adapter| adapter == name)).map(str::to_string)
+        model.filter(|name| self.engine.adapters().get(name).is_some()).map(str::to_string)
     }
 
     pub fn chat_template(&self) -> Result<&ChatTemplate, HttpError> {

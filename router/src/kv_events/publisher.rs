@@ -7,6 +7,7 @@
 //! asks the ROUTER socket with `[b"", start_seq]` and is answered `[b"", topic, seq, payload]`
 //! for every buffered batch from `start_seq` on, then `[b"", b"", -1, b""]`.
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -17,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqError, ZmqMessage};
 
 use super::config::{bind_address, KvEventsConfig};
+use crate::engine::AdapterRegistry;
 use super::wire::Encoder;
 
 /// The sequence number that ends a replay.
@@ -48,7 +50,7 @@ impl KvEventSink {
 pub async fn start_publisher(
     config: &KvEventsConfig,
     block_size: u32,
-    adapters: Vec<String>,
+    adapters: Arc<AdapterRegistry>,
     tracker: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<KvEventSink, KvEventsError> {

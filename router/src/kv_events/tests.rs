@@ -30,7 +30,7 @@ async fn batches_are_published_in_sequence_and_replayed_from_the_buffer() {
     );
     let config = KvEventsConfig::parse(&json).unwrap();
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let sink = start_publisher(&config, 4, Vec::new(), &tracker, shutdown.clone()).await.unwrap();
+    let sink = start_publisher(&config, 4, Default::default(), &tracker, shutdown.clone()).await.unwrap();
 
     let mut sub = SubSocket::new();
     sub.connect(&format!("tcp://127.0.0.1:{live_port}")).await.unwrap();

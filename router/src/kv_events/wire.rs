@@ -4,8 +4,12 @@
 //! present (`null` where unset). Block hashes are the block manager's prefix hashes, unsigned
 //! integers: a subscriber treats them as opaque names for chaining and removal and matches a
 //! request on each block's own tokens (`token_ids`) and LoRA name.
+use std::sync::Arc;
+
 use serde::Serialize;
 use superinfer_scheduler::KvCacheEvent;
+
+use crate::engine::AdapterRegistry;
 
 /// Where every announced block lives: the device pool is the only prefix cache (host blocks are
 /// a rotated request's own and are never announced; see `superinfer_scheduler::KvCacheEvent`).
@@ -35,7 +39,7 @@ struct BlockStored<'a> {
     block_size: u32,
     lora_id: Option<u64>,
     medium: &'static str,
-    lora_name: Option<&'a str>,
+    lora_name: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -55,8 +59,8 @@ struct AllBlocksCleared {
 /// What a block's LoRA identity is on the wire: namespace n > 0 is the shard's adapter n.
 pub(super) struct Encoder {
     pub(super) block_size: u32,
-    /// The shard's adapters in order (namespace 1 is the first).
-    pub(super) adapters: Vec<String>,
+    /// The adapters by slot (namespace n > 0 is the adapter in slot n, served or no longer).
+    pub(super) adapters: Arc<AdapterRegistry>,
 }
 
 impl Encoder {
@@ -83,16 +87,16 @@ impl Encoder {
     fn wire<'a>(&'a self, event: &'a KvCacheEvent) -> WireEvent<'a> {
         match event {
             KvCacheEvent::Stored { block_hashes, parent, token_ids, kv_namespace } => {
-                let adapter = kv_namespace.checked_sub(1).and_then(|index| self.adapters.get(index as usize));
+                let adapter = if *kv_namespace == 0 { None } else { self.adapters.name_of(*kv_namespace) };
                 WireEvent::Stored(BlockStored {
                     kind: "BlockStored",
                     block_hashes,
                     parent_block_hash: *parent,
                     token_ids,
                     block_size: self.block_size,
-                    lora_id: adapter.map(|_| *kv_namespace),
+                    lora_id: adapter.as_ref().map(|_| *kv_namespace),
                     medium: MEDIUM,
-                    lora_name: adapter.map(String::as_str),
+                    lora_name: adapter,
                 })
             }
             KvCacheEvent::Removed { block_hashes } => {
@@ -108,7 +112,7 @@ mod tests {
     use super::*;
 
     fn encoder() -> Encoder {
-        Encoder { block_size: 2, adapters: vec!["sql".to_string()] }
+        Encoder { block_size: 2, adapters: Arc::new(AdapterRegistry::new([("sql".to_string(), 1)])) }
     }
 
     /// A hand-written MessagePack reader for the few shapes used, so the test does not trust

@@ -118,4 +118,7 @@ pub enum ValidationError {
     /// `adapter_id` names no adapter the server loaded (`--lora-adapters`).
     #[error("adapter `{0}` is not loaded; loaded adapters: {1}")]
     UnknownAdapter(String, String),
+    /// A run-time adapter load that does not say what to load (`/v1/load_lora_adapter`).
+    #[error("{0}")]
+    LoraAdapter(String),
 }

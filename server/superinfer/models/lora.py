@@ -1,7 +1,10 @@
 """LoRA adapters served beside the base model, each request with its own: the rows of a step
 that run with each adapter (`LoraBatch`, carried on the step's `AttentionMetadata`), and the
 projections that add the adapters' deltas to those rows (`LoraLinear`, installed over a loaded
-model's projections by `install_adapter`). Owns the adapters' tensors, inside those modules.
+model's projections by `install_adapter`, at start-up or between steps, and taken out again by
+`remove_adapter`). Owns the adapters' tensors, inside those modules. An adapter is known by its
+slot, chosen when it is loaded (k + 1 for the k-th of --lora-adapters; the router's for one
+loaded later) and never another adapter's while it is installed.
 
 Per step, every adapter present in the batch costs each projection it targets one shrink
 matmul (x_rows @ A^T: [n, R]) and one expand matmul (@ B^T: [n, out]) over that adapter's
@@ -46,7 +49,7 @@ AdapterTensors = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 class LoraRows:
     """The rows of the flat batch one adapter runs on."""
 
-    # The adapter's slot (1 + its place in the shard's list; 0, the base model, has no rows here).
+    # The adapter's slot (chosen at load; 0, the base model, has no rows here).
     slot: int
     # The rows are [start, stop) when `index` is None; otherwise `index` ([n] int64, on the
     # model's device) lists them.
@@ -157,21 +160,50 @@ def unsupported_projection(layer: nn.Module, index: int, projection: str) -> str
     return None
 
 
-def install_adapter(model: nn.Module, slot: int, tensors: AdapterTensors) -> None:
-    """Adds adapter `slot`'s tensors to `model`: (layer index, projection path) -> (A [R, in],
-    B [out, R], scale folded in), already this rank's slices. ValueError for a projection that
-    cannot take a LoRA, before anything changes."""
+def check_adapter(model: nn.Module, tensors: AdapterTensors, slot: int | None = None) -> None:
+    """ValueError when `install_adapter(model, slot, tensors)` would refuse them: a layer the
+    model lacks, a projection that cannot take a LoRA, tensors of shapes that do not fit it, or
+    (`slot` given) a slot installed already. Reads the model only (safe beside its forward)."""
     layers = model.model.layers
-    for index, projection in tensors:
+    for (index, projection), (lora_a, lora_b) in sorted(tensors.items()):
         if not 0 <= index < len(layers):
             raise ValueError(f"the model has no layer {index} (it has {len(layers)})")
         reason = unsupported_projection(layers[index], index, projection)
         if reason is not None:
             raise ValueError(reason)
+        owner_path, name = projection.split(".")
+        out_features, in_features = getattr(getattr(layers[index], owner_path), name).weight.shape
+        rank = lora_a.shape[0]
+        if lora_a.shape != (rank, in_features) or lora_b.shape != (out_features, rank):
+            raise ValueError(f"layer {index}'s {projection}: LoRA tensors of shapes {tuple(lora_a.shape)} and "
+                             f"{tuple(lora_b.shape)} do not fit a projection of {in_features} inputs and "
+                             f"{out_features} outputs")
+    wrapped = (module for module in model.modules() if isinstance(module, LoraLinear))
+    if slot is not None and any(slot in module.adapters for module in wrapped):
+        raise ValueError(f"adapter slot {slot} is installed already")
+
+
+def install_adapter(model: nn.Module, slot: int, tensors: AdapterTensors) -> None:
+    """Adds adapter `slot`'s tensors to `model`: (layer index, projection path) -> (A [R, in],
+    B [out, R], scale folded in), already this rank's slices. At start-up or between steps (the
+    projections are wrapped once, the first time). ValueError (`check_adapter`) before anything
+    changes."""
+    check_adapter(model, tensors, slot)
     _wrap_projections(model)
+    layers = model.model.layers
     for (index, projection), (lora_a, lora_b) in sorted(tensors.items()):
         owner_path, name = projection.split(".")
         getattr(getattr(layers[index], owner_path), name).add_adapter(slot, lora_a, lora_b)
+
+
+def remove_adapter(model: nn.Module, slot: int) -> int:
+    """Takes adapter `slot` out of every projection of `model` (the `LoraLinear` wrappers stay);
+    the number of projections that held it."""
+    removed = 0
+    for module in model.modules():
+        if isinstance(module, LoraLinear) and module.adapters.pop(slot, None) is not None:
+            removed += 1
+    return removed
 
 
 def _wrap_projections(model: nn.Module) -> None:

@@ -11,7 +11,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "architecture", "dtype", "device_type", "block_size", "num_layers", "num_kv_heads", "head_dim", "block_bytes", "max_position_embeddings", "vocab_size", "tokenizer_json", "chat_template", "eos_token_ids", "bos_token", "eos_token", "world_size", "adapters")
+    __slots__ = ("model_id", "architecture", "dtype", "device_type", "block_size", "num_layers", "num_kv_heads", "head_dim", "block_bytes", "max_position_embeddings", "vocab_size", "tokenizer_json", "chat_template", "eos_token_ids", "bos_token", "eos_token", "world_size", "adapters", "adapter_slots")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class InfoResponse(_message.Message):
     EOS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_SLOTS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     architecture: str
     dtype: str
@@ -48,7 +49,32 @@ class InfoResponse(_message.Message):
     eos_token: str
     world_size: int
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_bytes: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., world_size: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    adapter_slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_bytes: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., world_size: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ..., adapter_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("adapter_id", "source", "slot")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    source: str
+    slot: int
+    def __init__(self, adapter_id: _Optional[str] = ..., source: _Optional[str] = ..., slot: _Optional[int] = ...) -> None: ...
+
+class LoadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("slot",)
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    def __init__(self, slot: _Optional[int] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()
@@ -158,20 +184,22 @@ class TokenSequence(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NewRequest(_message.Message):
-    __slots__ = ("id", "prompt_token_ids", "parameters", "prompt_logprobs", "adapter_id", "prompt_top_n")
+    __slots__ = ("id", "prompt_token_ids", "parameters", "prompt_logprobs", "adapter_id", "prompt_top_n", "adapter_slot")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOP_N_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_SLOT_FIELD_NUMBER: _ClassVar[int]
     id: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     parameters: SamplingParameters
     prompt_logprobs: bool
     adapter_id: str
     prompt_top_n: int
-    def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., adapter_id: _Optional[str] = ..., prompt_top_n: _Optional[int] = ...) -> None: ...
+    adapter_slot: int
+    def __init__(self, id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[SamplingParameters, _Mapping]] = ..., prompt_logprobs: _Optional[bool] = ..., adapter_id: _Optional[str] = ..., prompt_top_n: _Optional[int] = ..., adapter_slot: _Optional[int] = ...) -> None: ...
 
 class ScheduledRequest(_message.Message):
     __slots__ = ("id", "num_computed_tokens", "num_new_tokens", "block_table", "sample", "allowed_tokens", "input_from_shard")

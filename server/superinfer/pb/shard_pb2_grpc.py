@@ -59,6 +59,16 @@ class ShardStub:
                 request_serializer=shard__pb2.ResetRequest.SerializeToString,
                 response_deserializer=shard__pb2.ResetResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/superinfer.shard.v1.Shard/LoadAdapter',
+                request_serializer=shard__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=shard__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/superinfer.shard.v1.Shard/UnloadAdapter',
+                request_serializer=shard__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=shard__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class ShardServicer:
@@ -105,6 +115,23 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Reads a LoRA adapter (PEFT's format, a local directory or a hub id) and installs it in the
+        slot the router chose, between steps. INVALID_ARGUMENT, with the reason, for an adapter that
+        cannot be served, a slot in use or an id already loaded; nothing changes then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Removes the adapter in a slot, between steps. The router sends it once no request it still
+        holds (queued, running, rotated out, or in a step in flight) runs with that adapter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -132,6 +159,16 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.Reset,
                     request_deserializer=shard__pb2.ResetRequest.FromString,
                     response_serializer=shard__pb2.ResetResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=shard__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=shard__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=shard__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=shard__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +306,60 @@ class Shard:
             '/superinfer.shard.v1.Shard/Reset',
             shard__pb2.ResetRequest.SerializeToString,
             shard__pb2.ResetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/superinfer.shard.v1.Shard/LoadAdapter',
+            shard__pb2.LoadAdapterRequest.SerializeToString,
+            shard__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/superinfer.shard.v1.Shard/UnloadAdapter',
+            shard__pb2.UnloadAdapterRequest.SerializeToString,
+            shard__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,8 +6,13 @@ class LoaderError(RuntimeError):
 
 
 class LoraError(LoaderError):
-    """A LoRA adapter (`--lora-adapters`) cannot be served with this model; the message names
-    the adapter and says why."""
+    """A LoRA adapter (`--lora-adapters`, or one LoadAdapter names) cannot be served with this
+    model; the message names the adapter and says why."""
+
+
+class AdapterRequestError(ValueError):
+    """A LoadAdapter or UnloadAdapter the shard refuses (a slot in use or not loaded, an id
+    loaded already, an adapter that cannot be served), nothing changed (INVALID_ARGUMENT)."""
 
 
 class PlanError(ValueError):

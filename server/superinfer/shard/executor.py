@@ -1,6 +1,14 @@
-"""Executes the shard's RPCs on its tensors: Info, Health, Warmup, Step and Reset. Owns the request
-table (token ids, sampling state), the model runner and the transfer tracker. Not
-thread-safe: the gRPC layer serialises calls onto it.
+"""Executes the shard's RPCs on its tensors: Info, Health, Warmup, Step, Reset, LoadAdapter and
+UnloadAdapter. Owns the request table (token ids, sampling state), the model runner, the
+transfer tracker and the table of LoRA adapters loaded (slot -> id). Not thread-safe: the gRPC
+layer serialises calls onto it — except `prepare_adapter`, which reads an adapter's files beside
+the steps and changes nothing.
+
+LoRA adapters keep the slot they were loaded in for their life (k + 1 for the k-th of
+`--lora-adapters`; the router's choice for one loaded later), and a slot holds one adapter at a
+time. A LoadAdapter reads and checks the adapter first (`prepare_adapter`, off the model
+thread), then installs it between steps (`install_prepared`); an UnloadAdapter takes it out
+between steps (`unload_adapter`).
 
 Step order, as the protocol fixes it: validate the whole plan (no change on failure) → forget
 → register new requests → one rank step (`rank_step`: transfers enqueued, one forward over
@@ -15,6 +23,7 @@ requests and samples; every rank transfers its own slice of the same KV blocks, 
 is reported once it has completed on every rank."""
 import contextlib
 import logging
+import pathlib
 import time
 from dataclasses import dataclass, field
 
@@ -22,12 +31,15 @@ import torch
 from opentelemetry import trace
 
 from ..pb import shard_pb2
-from .config import ShardConfig
+from ..models.lora import remove_adapter
+from .config import LoraAdapterSpec, ShardConfig
 from .device_sampling import plain_greedy
-from .errors import NotWarmedUpError
+from .errors import AdapterRequestError, LoraError, NotWarmedUpError
+from .lora import ReadAdapter, install, read_adapter
 from .model_runner import ModelRunner
 from .plan import PlanLimits, ValidatedPlan, validate_plan
-from .rank_commands import HealthCommand, RankWork, ResetCommand, StepCommand, StopCommand, WarmupCommand
+from .rank_commands import (HealthCommand, LoadAdapterCommand, RankWork, ResetCommand, StepCommand, StopCommand,
+                            UnloadAdapterCommand, WarmupCommand)
 from .rank_group import RankGroup
 from .rank_step import rank_work, run_rank_step
 from .requests import RequestState
@@ -64,6 +76,16 @@ class LaunchedStep:
         return self.device is None or self.device.sample.ready()
 
 
+@dataclass(frozen=True)
+class PreparedAdapter:
+    """A LoadAdapter between `ShardExecutor.prepare_adapter` and `install_prepared`."""
+
+    slot: int
+    # As LoadAdapter gave it (a directory or a hub id).
+    source: str
+    adapter: ReadAdapter
+
+
 class ShardExecutor:
     def __init__(self, runner: ModelRunner, config: ShardConfig, group: RankGroup | None = None):
         self.runner = runner
@@ -81,9 +103,14 @@ class ShardExecutor:
         # Requests whose last token is still on the device: (the step's picks, its row).
         self._pending: dict = {}
         self._last_finish_ns = 0
+        # The LoRA adapters installed, slot -> id: the start-up ones (slot k + 1 for the k-th
+        # of --lora-adapters), then LoadAdapter's and UnloadAdapter's changes. The plans'
+        # limits hold this same dict. Changed on the model thread only.
+        self.adapters: dict[int, str] = dict(enumerate(runner.loaded.adapters, start=1))
 
     def info(self) -> shard_pb2.InfoResponse:
         model_config, tokenizer = self.runner.config, self.runner.loaded.tokenizer
+        adapters = sorted(self.adapters.copy().items())  # a copy: the model thread may change it
         return shard_pb2.InfoResponse(
             model_id=self.runner.loaded.model_id,
             architecture=model_config.architecture,
@@ -102,7 +129,8 @@ class ShardExecutor:
             bos_token=tokenizer.bos_token,
             eos_token=tokenizer.eos_token,
             world_size=self.world_size,
-            adapters=list(self.runner.loaded.adapters),
+            adapters=[adapter for _, adapter in adapters],
+            adapter_slots=[slot for slot, _ in adapters],
         )
 
     @property
@@ -157,7 +185,7 @@ class ShardExecutor:
         model_config = self.runner.config
         self.limits = PlanLimits(self.warmed.cache.num_device_blocks, self.warmed.cache.num_host_blocks,
                                  self.runner.block_size, model_config.vocab_size,
-                                 model_config.max_position_embeddings, adapters=self.runner.loaded.adapters)
+                                 model_config.max_position_embeddings, adapters=self.adapters)
         self._warmup_reply = warmup_reply(self.warmed)
         if self.config.warmup_report is not None:
             write_warmup_report(self.config.warmup_report, self._warmup_reply, self.warmed, self.runner,
@@ -283,6 +311,76 @@ class ShardExecutor:
             self.tracker.drain()
         log.warning("reset: dropped %d requests", dropped)
         return shard_pb2.ResetResponse(dropped_requests=dropped)
+
+    def prepare_adapter(self, adapter_id: str, source: str, slot: int) -> PreparedAdapter:
+        """LoadAdapter's first half, on any thread (the gRPC one's, beside the steps): refuses
+        what cannot be loaded and reads and checks the adapter (this rank's slices), changing
+        nothing. AdapterRequestError saying why: slot 0, a slot in use, an empty id, an empty
+        source, an adapter that cannot be served."""
+        self._check_load(adapter_id, slot)
+        if not source:
+            raise AdapterRequestError(f"LoRA adapter {adapter_id!r}: no source (a directory or a hub id) given")
+        try:
+            return PreparedAdapter(slot, source, read_adapter(LoraAdapterSpec(adapter_id, source), self.runner.loaded,
+                                                              self.config.hub))
+        except LoraError as err:
+            raise AdapterRequestError(str(err)) from None
+
+    def install_prepared(self, prepared: PreparedAdapter) -> None:
+        """LoadAdapter's second half, between steps (the model thread): checks again that the
+        slot is free (another load may have taken it since), then installs it on
+        every rank (the others read their own slices from the directory read here)."""
+        adapter = prepared.adapter
+        self._check_load(adapter.adapter_id, prepared.slot)
+        command = LoadAdapterCommand(adapter.adapter_id, prepared.source, prepared.slot, str(adapter.directory))
+        with self._on_every_rank(command):
+            self._install(prepared.slot, adapter)
+
+    def load_adapter(self, adapter_id: str, source: str, slot: int) -> None:
+        """Reads `source`'s adapter and installs it in `slot`, requests name it by `adapter_id`
+        from the next step on (`prepare_adapter` then `install_prepared`, on this thread)."""
+        self.install_prepared(self.prepare_adapter(adapter_id, source, slot))
+
+    def unload_adapter(self, slot: int) -> None:
+        """Takes the adapter in `slot` out, between steps, on every rank; AdapterRequestError
+        when the slot holds none. Requests that still name it are refused from then on."""
+        if slot not in self.adapters:
+            raise AdapterRequestError(f"LoRA adapter slot {slot} holds no adapter (loaded: {self._loaded()})")
+        with self._on_every_rank(UnloadAdapterCommand(slot)):
+            self.unload_rank_adapter(slot)
+
+    def load_rank_adapter(self, adapter_id: str, source: str, slot: int, directory: str = "") -> None:
+        """A rank > 0's share of a LoadAdapter (`LoadAdapterCommand`): its slices of the adapter
+        rank 0 checked, installed; read from `directory` (rank 0's) when this rank sees it."""
+        if directory and pathlib.Path(directory).is_dir():
+            source = directory
+        self._install(slot, read_adapter(LoraAdapterSpec(adapter_id, source), self.runner.loaded, self.config.hub))
+
+    def unload_rank_adapter(self, slot: int) -> None:
+        """Every rank's share of an UnloadAdapter."""
+        remove_adapter(self.runner.model, slot)
+        adapter_id = self.adapters.pop(slot, None)
+        log.info("LoRA adapter %r unloaded from slot %d", adapter_id, slot)
+
+    def _install(self, slot: int, adapter: ReadAdapter) -> None:
+        install(self.runner.loaded, slot, adapter)
+        self.adapters[slot] = adapter.adapter_id
+
+    def _check_load(self, adapter_id: str, slot: int) -> None:
+        adapters = self.adapters.copy()
+        if slot == 0:
+            raise AdapterRequestError(f"LoRA adapter {adapter_id!r}: slot 0 is the base model's")
+        if slot in adapters:
+            raise AdapterRequestError(f"LoRA adapter {adapter_id!r}: slot {slot} holds {adapters[slot]!r} already")
+        if not adapter_id:
+            raise AdapterRequestError(f"a LoRA adapter for slot {slot} needs an id")
+        # An id may be in two slots for a while: the router replaces an adapter in place by
+        # loading the new weights in a new slot and unloading the old one after the requests
+        # still running with it. The router owns which id is served.
+
+    def _loaded(self) -> str:
+        loaded = sorted(self.adapters.copy().items())
+        return ", ".join(f"{adapter!r} in slot {slot}" for slot, adapter in loaded) or "none"
 
     def close(self) -> None:
         if self.group is not None and self.group.failure is None and self.group.rank == 0:

@@ -5,7 +5,8 @@ the server as it does when a shard dies."""
 import logging
 
 from .executor import ShardExecutor
-from .rank_commands import HealthCommand, ResetCommand, StepCommand, StopCommand, WarmupCommand
+from .rank_commands import (HealthCommand, LoadAdapterCommand, ResetCommand, StepCommand, StopCommand,
+                            UnloadAdapterCommand, WarmupCommand)
 from .rank_group import RankGroup
 from .rank_step import run_rank_step
 
@@ -26,6 +27,10 @@ def follow(executor: ShardExecutor, group: RankGroup) -> int:
                     executor.check_device()
                 case ResetCommand():
                     executor.tracker.drain()
+                case LoadAdapterCommand(adapter_id, source, slot, directory):
+                    executor.load_rank_adapter(adapter_id, source, slot, directory)
+                case UnloadAdapterCommand(slot):
+                    executor.unload_rank_adapter(slot)
                 case StopCommand():
                     log.info("rank %d: rank 0 stopped", group.rank)
                     return 0

@@ -63,7 +63,8 @@ class LoadedModel:
     tokenizer: TokenizerInfo
     # What this rank holds of the model (the whole of it without tensor parallelism).
     partition: Partition | None = None
-    # The LoRA adapters installed on the model (`shard.lora`), by id: adapters[k] is slot k + 1.
+    # The LoRA adapters of --lora-adapters installed at start-up (`shard.lora`), by id: adapters[k]
+    # is slot k + 1. Those loaded and unloaded later are the executor's (`ShardExecutor.adapters`).
     adapters: tuple[str, ...] = ()
 
 

@@ -1,7 +1,9 @@
-"""Reads the LoRA adapters of `--lora-adapters` in PEFT's format — `adapter_config.json` and
-`adapter_model.safetensors`, from a local directory or a Hugging Face model id — checks each
-against the loaded model and installs it (`models.lora`): the k-th adapter given is slot k + 1.
-Owns no state; the adapters' tensors end up in the model's projections.
+"""Reads LoRA adapters in PEFT's format — `adapter_config.json` and `adapter_model.safetensors`,
+from a local directory or a Hugging Face model id — checks each against the loaded model
+(`read_adapter`) and installs it (`install`, `models.lora`) in its slot: slot k + 1 for the k-th
+of `--lora-adapters` at start-up (`load_adapters`), the slot LoadAdapter names for one loaded
+later (`executor`, which reads it off the model thread and installs it between steps). Owns no
+state; the adapters' tensors end up in the model's projections.
 
 An adapter is refused, saying why, when it uses what this server does not compute (DoRA,
 modules_to_save, trained biases, LoRA variants that change the forward), when it targets a
@@ -20,7 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..models.config import ModelConfig
-from ..models.lora import AdapterTensors, install_adapter
+from ..models.lora import AdapterTensors, check_adapter, install_adapter
 from ..models.tensor_parallel import FusedRankSlice, Partition, checkpoint_slice
 from .config import LoraAdapterSpec
 from .errors import LoaderError, LoraError
@@ -253,18 +255,47 @@ def _adapter_directory(spec: LoraAdapterSpec, hub: HubOptions) -> pathlib.Path:
         raise LoraError(f"LoRA adapter {spec.adapter_id!r}: {err}") from None
 
 
+@dataclass(frozen=True)
+class ReadAdapter:
+    """An adapter read and checked against the model, not installed yet."""
+
+    adapter_id: str
+    # Where its files were read (a hub id resolved to its snapshot).
+    directory: pathlib.Path
+    # This rank's slices (`adapter_tensors`).
+    tensors: AdapterTensors
+
+
+def read_adapter(spec: LoraAdapterSpec, loaded: LoadedModel, hub: HubOptions) -> ReadAdapter:
+    """Reads `spec`'s adapter (this rank's slices) and checks that `loaded`'s model can take it
+    (`models.lora.check_adapter`, the slot aside); LoraError naming the adapter and the
+    reason when it cannot be served. Touches no state: may run beside the model's forward."""
+    directory = _adapter_directory(spec, hub)
+    try:
+        tensors = adapter_tensors(directory, loaded.model.config, loaded.partition)
+        check_adapter(loaded.model, tensors)
+    except ValueError as err:
+        raise LoraError(f"LoRA adapter {spec.adapter_id!r} ({spec.source}): {err}") from None
+    return ReadAdapter(spec.adapter_id, directory, tensors)
+
+
+def install(loaded: LoadedModel, slot: int, adapter: ReadAdapter) -> None:
+    """Installs `adapter` (`read_adapter`) in `slot` of `loaded`'s model; ValueError, nothing
+    changed, when the slot holds one already."""
+    install_adapter(loaded.model, slot, adapter.tensors)
+    ranks = sorted({int(a.shape[0]) for a, _ in adapter.tensors.values()})
+    log.info("LoRA adapter %r in slot %d from %s: %d projections in %d layers, ranks (summed over fused parts) %s",
+             adapter.adapter_id, slot, adapter.directory, len(adapter.tensors),
+             len({layer for layer, _ in adapter.tensors}), ranks)
+
+
 def load_adapters(loaded: LoadedModel, specs: tuple[LoraAdapterSpec, ...], hub: HubOptions) -> LoadedModel:
     """`loaded` with `specs` installed, in order (slot k + 1 for specs[k]); LoraError naming
     the adapter and the reason when one cannot be served."""
-    config = loaded.model.config
     for slot, spec in enumerate(specs, start=1):
-        directory = _adapter_directory(spec, hub)
+        adapter = read_adapter(spec, loaded, hub)
         try:
-            tensors = adapter_tensors(directory, config, loaded.partition)
-            install_adapter(loaded.model, slot, tensors)
+            install(loaded, slot, adapter)
         except ValueError as err:
             raise LoraError(f"LoRA adapter {spec.adapter_id!r} ({spec.source}): {err}") from None
-        ranks = sorted({int(a.shape[0]) for a, _ in tensors.values()})
-        log.info("LoRA adapter %r from %s: %d projections in %d layers, ranks (summed over fused parts) %s",
-                 spec.adapter_id, directory, len(tensors), len({layer for layer, _ in tensors}), ranks)
     return replace(loaded, adapters=tuple(spec.adapter_id for spec in specs))

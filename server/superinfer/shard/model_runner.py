@@ -73,8 +73,9 @@ class ModelRunner:
         a device tensor of token ids, its rows) — those chunks' last input is taken from the
         tensor (a token sampled on the device by the step before), not from the chunk."""
         kv = cache if cache is not None else self._device_cache()
-        # Steps with LoRA rows run eagerly: the decode graphs are captured without adapters.
-        adapted = bool(self.loaded.adapters) and any(chunk.adapter for chunk in chunks)
+        # Steps with LoRA rows run eagerly: the decode graphs are captured without adapters
+        # (which may be loaded after the capture).
+        adapted = any(chunk.adapter for chunk in chunks)
         if cache is None and self.graphs is not None and not adapted and self.graphs.fits(chunks):
             return self.graphs.run(chunks, feed)
         batch = self.attention.build_batch(chunks)

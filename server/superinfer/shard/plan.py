@@ -9,7 +9,8 @@ how n choices of one prompt, admitted together, share its computation (prefix ca
 blocks that are only read may be shared freely. A transfer in's destination may not be read or
 written by compute in the same step."""
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..pb import shard_pb2
 from .errors import PlanError
@@ -24,8 +25,9 @@ class PlanLimits:
     vocab_size: int
     max_position_embeddings: int
     max_top_n_tokens: int = 64
-    # The LoRA adapters loaded, by id (slot k + 1 is adapters[k]); a request names one or none.
-    adapters: tuple[str, ...] = ()
+    # The LoRA adapters loaded, slot -> id (the executor's own table, which LoadAdapter and
+    # UnloadAdapter change between steps); a request names one or none.
+    adapters: Mapping[int, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -119,13 +121,28 @@ def _new_requests(step, known: dict[int, RequestState], limits: PlanLimits) -> l
 
 
 def _adapter_slot(new, limits: PlanLimits) -> int:
-    """The slot of the LoRA adapter `new` (a NewRequest) names; 0 for none (the base model)."""
+    """The slot of the LoRA adapter `new` (a NewRequest) names; 0 for none (the base model).
+    With `adapter_slot` that slot must hold `adapter_id`; without, the id is looked up (its
+    newest slot)."""
+    if new.adapter_slot:
+        held = limits.adapters.get(new.adapter_slot)
+        if held is None or held != new.adapter_id:
+            holds = "no adapter" if held is None else f"LoRA adapter {held!r}"
+            raise PlanError(f"request {new.id}: LoRA adapter slot {new.adapter_slot} holds {holds}, not "
+                            f"{new.adapter_id!r} (loaded: {_loaded(limits)})")
+        return new.adapter_slot
     if not new.adapter_id:
         return 0
-    if new.adapter_id not in limits.adapters:
-        loaded = ", ".join(repr(adapter) for adapter in limits.adapters) or "none"
-        raise PlanError(f"request {new.id}: unknown LoRA adapter {new.adapter_id!r} (loaded: {loaded})")
-    return limits.adapters.index(new.adapter_id) + 1
+    # The newest slot holding the id (one replaced in place is in two slots for a while).
+    for slot, adapter in sorted(limits.adapters.items(), reverse=True):
+        if adapter == new.adapter_id:
+            return slot
+    loaded = ", ".join(repr(adapter) for _, adapter in sorted(limits.adapters.items())) or "none"
+    raise PlanError(f"request {new.id}: unknown LoRA adapter {new.adapter_id!r} (loaded: {loaded})")
+
+
+def _loaded(limits: PlanLimits) -> str:
+    return ", ".join(f"{adapter!r} in slot {slot}" for slot, adapter in sorted(limits.adapters.items())) or "none"
 
 
 def _check_ids(blocks, limit: int, what: str, transfer_id: int) -> None:
@@ -219,6 +236,9 @@ def _scheduled(step, states: dict[int, RequestState], limits: PlanLimits, device
         if state.failure:
             failed.append((rid, state.failure))
             continue
+        if state.adapter and state.adapter not in limits.adapters:
+            raise PlanError(f"request {rid} runs with LoRA adapter slot {state.adapter}, which holds no adapter "
+                            f"any more (unloaded)")
         known = len(state.token_ids)
         if count < 1:
             raise PlanError(f"request {rid}: num_new_tokens must be at least 1")

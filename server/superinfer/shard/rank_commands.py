@@ -57,3 +57,20 @@ class ResetCommand:
 @dataclass(frozen=True)
 class StopCommand:
     pass
+
+
+@dataclass(frozen=True)
+class LoadAdapterCommand:
+    """Install a LoRA adapter in `slot`, between steps: each rank reads its own slices of the
+    adapter rank 0 read and checked — from `directory` (where rank 0 found `source`) when this
+    rank sees that directory, else from `source` (a hub id on another node)."""
+
+    adapter_id: str
+    source: str
+    slot: int
+    directory: str = ""
+
+
+@dataclass(frozen=True)
+class UnloadAdapterCommand:
+    slot: int

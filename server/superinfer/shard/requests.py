@@ -84,8 +84,8 @@ class RequestState:
     # Why sampling failed for it (the router fails it on reading the reply); a later step the
     # router planned before that reply gets the same error instead of computing.
     failure: str = ""
-    # The LoRA adapter it runs with, as a slot (1 + its place in Info's `adapters`; 0: the base
-    # model), resolved from its `adapter_id` when it was registered.
+    # The LoRA adapter it runs with, as a slot (Info's `adapter_slots`, chosen at load; 0: the
+    # base model), checked or resolved from its `adapter_id` when it was registered.
     adapter: int = 0
     _generator: torch.Generator | None = field(default=None, repr=False)
 

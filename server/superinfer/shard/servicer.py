@@ -1,15 +1,17 @@
 """The gRPC face of the shard: maps RPCs onto the executor, one at a time, and each error
-kind onto one status code (bad plan → INVALID_ARGUMENT, Step before Warmup →
-FAILED_PRECONDITION, anything else → INTERNAL with the message). Each RPC runs in its span,
-which continues the caller's trace (`telemetry`)."""
+kind onto one status code (bad plan or a LoadAdapter / UnloadAdapter refused →
+INVALID_ARGUMENT, Step before Warmup → FAILED_PRECONDITION, anything else → INTERNAL with the
+message). Each RPC runs in its span, which continues the caller's trace (`telemetry`)."""
+import contextlib
 import contextvars
 import logging
 import threading
 
 import grpc
+import torch
 
-from ..pb import shard_pb2_grpc
-from .errors import NotWarmedUpError, PlanError
+from ..pb import shard_pb2, shard_pb2_grpc
+from .errors import AdapterRequestError, NotWarmedUpError, PlanError
 from .executor import ShardExecutor
 from .model_thread import ModelThread
 from .telemetry import ShardTraces
@@ -68,7 +70,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             except StepAbandoned as err:
                 log.info("%s: %s", name, err)
                 context.abort(grpc.StatusCode.CANCELLED, str(err))
-            except PlanError as err:
+            except (PlanError, AdapterRequestError) as err:
                 log.warning("%s rejected: %s", name, err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             except NotWarmedUpError as err:
@@ -175,3 +177,32 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             self._steps_ahead = False
             return self._on_model(self.executor.reset)
         return self._run("Reset", reset, context)
+
+    # An adapter is read and checked on the RPC's own thread, beside the steps; only its
+    # install (or removal) waits for the model thread, between two steps.
+    def LoadAdapter(self, request, context):
+        def load():
+            with _serial_torch():
+                prepared = self.executor.prepare_adapter(request.adapter_id, request.source, request.slot)
+            self._on_model(self.executor.install_prepared, prepared)
+            return shard_pb2.LoadAdapterResponse()
+        return self._run("LoadAdapter", load, context, exclusive=False)
+
+    def UnloadAdapter(self, request, context):
+        def unload():
+            self._on_model(self.executor.unload_adapter, request.slot)
+            return shard_pb2.UnloadAdapterResponse()
+        return self._run("UnloadAdapter", unload, context, exclusive=False)
+
+
+@contextlib.contextmanager
+def _serial_torch():
+    """torch's operations on this thread run without its intra-op thread pool: a pool started
+    on a thread other than the model's stays for good and slows every step (model_thread.py).
+    Each thread has its own setting; this one's is restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -1,13 +1,13 @@
 //! LoRA adapters through the HTTP routes: TGI's `adapter_id` and OpenAI's `model` name one of
 //! the adapters the shard loaded, which reaches the shard with the request; an adapter the
 //! server did not load is a 422; `/v1/models` lists them; prefix-cache blocks are never shared
-//! between adapters.
+//! between adapters. vLLM's run-time routes load and unload adapters while the server serves.
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::{json, Value};
 
-use super::scripted_shard::ADAPTERS;
-use super::{app, post, send, sse_data};
+use super::scripted_shard::{ADAPTERS, UNSERVABLE_ADAPTER};
+use super::{app, post, send, sse_data, wait_for, HOLD};
 use crate::http::HttpConfig;
 
 #[tokio::test]
@@ -65,4 +65,135 @@ async fn v1_models_lists_the_base_model_and_its_adapters() {
     let (status, _, text) = send(&app, Request::get("/v1/models/gpt-4").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"error": "The model `gpt-4` does not exist", "error_type": "not_found"}));
+}
+
+fn runtime_lora() -> HttpConfig {
+    HttpConfig { allow_runtime_lora_updating: true, ..HttpConfig::default() }
+}
+
+async fn model_ids(app: &axum::Router) -> Vec<String> {
+    let (_, _, text) = send(app, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+    let models: Value = serde_json::from_str(&text).unwrap();
+    models["data"].as_array().unwrap().iter().map(|card| card["id"].as_str().unwrap().to_string()).collect()
+}
+
+#[tokio::test]
+async fn an_adapter_loaded_at_run_time_is_served_in_a_new_slot_until_it_is_unloaded() {
+    let (app, log) = app(runtime_lora()).await;
+    let load = json!({"lora_name": "math-lora", "lora_path": "/adapters/math"});
+    let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &load)).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "Success: LoRA adapter 'math-lora' added successfully."));
+    // The slot after the shard's own (1 and 2).
+    assert_eq!(log.lock().unwrap().loaded_adapters, [("math-lora".to_string(), "/adapters/math".to_string(), 3)]);
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora", "math-lora"]);
+    let generate = json!({"inputs": "x", "parameters": {"max_new_tokens": 2, "adapter_id": "math-lora"}});
+    let (status, _, text) = send(&app, post("/generate", &generate)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let sent = log.lock().unwrap().new_requests.last().unwrap().clone();
+    assert_eq!((sent.adapter_id.as_str(), sent.adapter_slot), ("math-lora", 3));
+    let chat = json!({"model": "math-lora", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &chat)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().adapter_slot, 3);
+    // The startup adapters keep their slots.
+    let sql = json!({"inputs": "x", "parameters": {"max_new_tokens": 2, "adapter_id": "sql-lora"}});
+    assert_eq!(send(&app, post("/generate", &sql)).await.0, StatusCode::OK);
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().adapter_slot, 1);
+
+    // A name in use is refused (vLLM's message); nothing reaches the shard.
+    let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &load)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"], "The lora adapter 'math-lora' has already been loaded.");
+    assert_eq!(log.lock().unwrap().loaded_adapters.len(), 1);
+
+    let unload = json!({"lora_name": "math-lora"});
+    let (status, _, text) = send(&app, post("/v1/unload_lora_adapter", &unload)).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "Success: LoRA adapter 'math-lora' removed successfully."));
+    // Nothing runs with it: the shard frees it at once.
+    wait_for(&log, |log| log.unloaded_slots == [3]).await;
+    let (status, _, text) = send(&app, post("/generate", &generate)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"],
+        "Input validation error: adapter `math-lora` is not loaded; loaded adapters: sql-lora, chat-lora");
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora"]);
+    let (status, _, text) = send(&app, post("/v1/unload_lora_adapter", &unload)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"error": "The lora adapter 'math-lora' cannot be found.", "error_type": "not_found"}));
+
+    // Loaded again: a slot of its own, never the old one (its cached blocks are another adapter's).
+    assert_eq!(send(&app, post("/v1/load_lora_adapter", &load)).await.0, StatusCode::OK);
+    assert_eq!(log.lock().unwrap().loaded_adapters.last().unwrap().2, 4);
+    assert_eq!(send(&app, post("/generate", &generate)).await.0, StatusCode::OK);
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().adapter_slot, 4);
+}
+
+#[tokio::test]
+async fn an_adapter_the_shard_cannot_serve_is_400_with_its_reason_and_changes_nothing() {
+    let (app, log) = app(runtime_lora()).await;
+    let load = json!({"lora_name": "math-lora", "lora_path": UNSERVABLE_ADAPTER});
+    let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &load)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"], format!("the lora adapter 'math-lora' cannot be loaded: {UNSERVABLE_ADAPTER} has no adapter_config.json"));
+    assert_eq!(error["error_type"], "lora_adapter");
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora"]);
+    // The name is free again.
+    let good = json!({"lora_name": "math-lora", "lora_path": "/adapters/math"});
+    assert_eq!(send(&app, post("/v1/load_lora_adapter", &good)).await.0, StatusCode::OK);
+    assert!(log.lock().unwrap().unloaded_slots.is_empty());
+    // Malformed: what to load is missing, or the name is the served model's.
+    for (body, message) in [
+        (json!({"lora_name": "", "lora_path": "/adapters/x"}), "both 'lora_name' and 'lora_path' must be given"),
+        (json!({"lora_name": "x", "lora_path": " "}), "both 'lora_name' and 'lora_path' must be given"),
+        (json!({"lora_name": "smollm2-test", "lora_path": "/adapters/x"}), "'smollm2-test' is the served model's name; an adapter needs its own"),
+    ] {
+        let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"], format!("Input validation error: {message}"));
+    }
+    let (status, _, _) = send(&app, post("/v1/load_lora_adapter", &json!({"lora_path": "/adapters/x"}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn a_replaced_or_unloaded_adapter_leaves_the_shard_only_after_the_requests_running_with_it() {
+    let (app, log) = app(runtime_lora()).await;
+    let long = json!({"inputs": HOLD, "parameters": {"max_new_tokens": 300, "ignore_eos": true, "adapter_id": "sql-lora"}});
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, post("/generate", &long)).await }
+    });
+    wait_for(&log, |log| log.new_requests.iter().any(|request| request.adapter_slot == 1)).await;
+    // Replaced in place (vLLM's load_inplace): new requests get the new slot at once.
+    let replace = json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql-v2", "load_inplace": true});
+    let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &replace)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let short = json!({"inputs": "x", "parameters": {"max_new_tokens": 2, "adapter_id": "sql-lora"}});
+    assert_eq!(send(&app, post("/generate", &short)).await.0, StatusCode::OK);
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().adapter_slot, 3);
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora"]);
+    // And the new one unloaded while nothing runs with it; the old slot still serves the long request.
+    assert_eq!(send(&app, post("/v1/unload_lora_adapter", &json!({"lora_name": "sql-lora"}))).await.0, StatusCode::OK);
+    wait_for(&log, |log| log.unloaded_slots == [3]).await;
+    assert!(!running.is_finished());
+    let (status, _, text) = running.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(serde_json::from_str::<Value>(&text).unwrap()["generated_text"].is_string(), "{text}");
+    wait_for(&log, |log| log.unloaded_slots == [3, 1]).await;
+}
+
+#[tokio::test]
+async fn the_run_time_routes_are_off_unless_asked_for() {
+    let (app, log) = app(HttpConfig::default()).await;
+    for (path, body) in [
+        ("/v1/load_lora_adapter", json!({"lora_name": "math-lora", "lora_path": "/adapters/math"})),
+        ("/v1/unload_lora_adapter", json!({"lora_name": "sql-lora"})),
+    ] {
+        let (status, _, text) = send(&app, post(path, &body)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+        assert!(text.contains("--allow-runtime-lora-updating"), "{text}");
+    }
+    assert!(log.lock().unwrap().loaded_adapters.is_empty());
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora"]);
 }

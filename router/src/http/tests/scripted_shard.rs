@@ -26,7 +26,15 @@ pub(super) struct ShardLog {
     pub new_requests: Vec<pb::NewRequest>,
     /// (request id, tokens sampled for it) at the time it was forgotten.
     pub forgotten: Vec<(u64, usize)>,
+    /// LoRA adapters installed by LoadAdapter: (id, source, slot).
+    pub loaded_adapters: Vec<(String, String, u64)>,
+    /// Slots removed by UnloadAdapter, in order.
+    pub unloaded_slots: Vec<u64>,
 }
+
+/// A LoadAdapter source the scripted shard refuses, as the real one refuses an adapter it
+/// cannot serve.
+pub(super) const UNSERVABLE_ADAPTER: &str = "/adapters/not-a-peft-adapter";
 
 struct Sequence {
     known_tokens: usize,
@@ -41,6 +49,8 @@ pub(super) struct ScriptedShard {
     tokenizer_json: String,
     chat_template: String,
     sequences: Mutex<HashMap<u64, Sequence>>,
+    /// Installed adapters: slot -> id.
+    adapters: Mutex<HashMap<u64, String>>,
     log: Arc<Mutex<ShardLog>>,
 }
 
@@ -71,6 +81,7 @@ impl ScriptedShard {
             tokenizer_json,
             chat_template,
             sequences: Mutex::new(HashMap::new()),
+            adapters: Mutex::new(ADAPTERS.iter().enumerate().map(|(k, id)| (k as u64 + 1, id.to_string())).collect()),
             log: log.clone(),
         };
         let path = std::env::temp_dir().join(format!(
@@ -179,7 +190,37 @@ impl Shard for ScriptedShard {
             eos_token: "<|im_end|>".into(),
             world_size: 1,
             adapters: ADAPTERS.iter().map(|adapter| adapter.to_string()).collect(),
+            adapter_slots: (1..=ADAPTERS.len() as u64).collect(),
         }))
+    }
+
+    async fn load_adapter(
+        &self,
+        request: Request<pb::LoadAdapterRequest>,
+    ) -> Result<Response<pb::LoadAdapterResponse>, Status> {
+        let request = request.into_inner();
+        let mut adapters = self.adapters.lock().unwrap();
+        if request.source == UNSERVABLE_ADAPTER {
+            return Err(Status::invalid_argument(format!("{} has no adapter_config.json", request.source)));
+        }
+        if request.slot == 0 || adapters.contains_key(&request.slot) {
+            return Err(Status::invalid_argument(format!("slot {} is in use", request.slot)));
+        }
+        adapters.insert(request.slot, request.adapter_id.clone());
+        self.log.lock().unwrap().loaded_adapters.push((request.adapter_id, request.source, request.slot));
+        Ok(Response::new(pb::LoadAdapterResponse {}))
+    }
+
+    async fn unload_adapter(
+        &self,
+        request: Request<pb::UnloadAdapterRequest>,
+    ) -> Result<Response<pb::UnloadAdapterResponse>, Status> {
+        let slot = request.into_inner().slot;
+        if self.adapters.lock().unwrap().remove(&slot).is_none() {
+            return Err(Status::invalid_argument(format!("no adapter in slot {slot}")));
+        }
+        self.log.lock().unwrap().unloaded_slots.push(slot);
+        Ok(Response::new(pb::UnloadAdapterResponse {}))
     }
 
     async fn health(
@@ -237,6 +278,14 @@ impl Shard for ScriptedShard {
                     .push((*id, sequence.sampled));
             }
         }
+        let adapters = self.adapters.lock().unwrap().clone();
+        for new in &step.new_requests {
+            // As the real shard: the slot must hold the adapter the request names.
+            if new.adapter_slot != 0 && adapters.get(&new.adapter_slot) != Some(&new.adapter_id) {
+                return Err(Status::invalid_argument(format!("request {}: slot {} does not hold {}", new.id,
+                    new.adapter_slot, new.adapter_id)));
+            }
+        }
         for new in step.new_requests {
             let prompt_tokens = new.prompt_token_ids.len();
             self.log.lock().unwrap().new_requests.push(new.clone());
@@ -255,6 +304,10 @@ impl Shard for ScriptedShard {
             let sequence = sequences.get_mut(&scheduled.id).ok_or_else(|| {
                 Status::invalid_argument(format!("unknown request {}", scheduled.id))
             })?;
+            let slot = sequence.request.adapter_slot;
+            if slot != 0 && !adapters.contains_key(&slot) {
+                return Err(Status::invalid_argument(format!("request {}: adapter slot {slot} is not loaded", scheduled.id)));
+            }
             outputs.push(self.output(scheduled, sequence));
         }
         let completed_transfers = step
