@@ -112,6 +112,8 @@ pub fn spawn_engine(
         kv_events: config.kv_events,
         retired_adapters: HashSet::new(),
         unloading: Vec::new(),
+        adapters: config.adapters.clone(),
+        lora_info: None,
     };
     tracker.spawn(engine.run(commands, shutdown));
     Ok(EngineHandle::new(commands_tx, status, load, admission, config.adapters))
@@ -158,6 +160,10 @@ pub(super) struct Engine {
     retired_adapters: HashSet<u64>,
     /// Retired slots still installed on the shard, unloaded once nothing held uses them.
     unloading: Vec<u64>,
+    /// The adapters served (`vllm:lora_requests_info`'s `max_lora`).
+    adapters: Arc<AdapterRegistry>,
+    /// `vllm:lora_requests_info` as last recorded: its labels and when.
+    lora_info: Option<(String, String, usize, Instant)>,
 }
 
 /// A step sent to the shard whose reply the engine has not applied yet.
@@ -501,6 +507,36 @@ impl Engine {
         metrics::record_lags(&self.scheduler.take_lag_samples());
         metrics::record_recent_attainment(self.recent_attainment.share(Instant::now()));
         self.last_stats = stats;
+        self.record_lora_info();
+    }
+
+    /// `vllm:lora_requests_info`, while adapters are served (or were): when the adapters of the
+    /// requests change, and every second (its value is the time of the record).
+    fn record_lora_info(&mut self) {
+        let max_lora = self.adapters.ids().len();
+        if max_lora == 0 && self.lora_info.is_none() {
+            return;
+        }
+        let (mut running, mut waiting) = (Vec::new(), Vec::new());
+        for id in self.requests.ids() {
+            let Some(active) = self.requests.get(id) else { continue };
+            if let Some(adapter) = &active.request.adapter {
+                if active.sent_to_shard { &mut running } else { &mut waiting }.push(adapter.id.as_str());
+            }
+        }
+        let join = |mut names: Vec<&str>| {
+            names.sort_unstable();
+            names.dedup();
+            names.join(",")
+        };
+        let (running, waiting) = (join(running), join(waiting));
+        let unchanged = self.lora_info.as_ref().is_some_and(|(last_running, last_waiting, last_max, at)| {
+            *last_running == running && *last_waiting == waiting && *last_max == max_lora && at.elapsed() < Duration::from_secs(1)
+        });
+        if !unchanged {
+            vllm_metrics::record_lora_info(&running, &waiting, max_lora);
+            self.lora_info = Some((running, waiting, max_lora, Instant::now()));
+        }
     }
 
     /// Fails the queued requests past their first-token deadline by more than the queue

@@ -7,7 +7,10 @@
 //! - KV-cache usage is the share of the device pool that requests hold; free blocks that still
 //!   hold a reusable prefix count as free, as in vLLM;
 //! - `finished_reason` is `stop` (EOS or a complete grammar), `length` or `abort` (the client
-//!   went away).
+//!   went away);
+//! - `vllm:lora_requests_info`'s running adapters are those of requests that have started
+//!   (rotated out ones included: their adapter stays loaded), waiting ones those of requests not
+//!   started yet, and `max_lora` the adapters served, all of which can run in one step.
 use std::time::Duration;
 
 use superinfer_scheduler::SchedulerStats;
@@ -25,6 +28,7 @@ pub(crate) fn describe() {
     describe_gauge!("vllm:num_requests_running", Unit::Count, "Requests in the model's batch (KV cache on the device)");
     describe_gauge!("vllm:num_requests_waiting", Unit::Count, "Requests waiting to be scheduled");
     describe_gauge!("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means the device pool is full");
+    describe_gauge!("vllm:lora_requests_info", "The LoRA adapters of running and waiting requests (labels); the value is when they were recorded (seconds since the epoch)");
     describe_gauge!("vllm:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of vllm:kv_cache_usage_perc)");
     // Counters carry `_total` in their names, as prometheus_client exposes vLLM's.
     describe_counter!("vllm:num_preemptions_total", Unit::Count, "Requests that left the device (rotated out or recomputed)");
@@ -61,6 +65,16 @@ pub(crate) fn record_scheduler(stats: &SchedulerStats, previous: &SchedulerStats
     metrics::counter!("vllm:prefix_cache_queries_total")
         .increment(delta(stats.prefix_cache_queried_tokens, previous.prefix_cache_queried_tokens));
     metrics::counter!("vllm:prefix_cache_hits_total").increment(delta(stats.prefix_cache_hit_tokens, previous.prefix_cache_hit_tokens));
+}
+
+/// vLLM's `vllm:lora_requests_info`: a series whose labels list the adapters of the requests
+/// running and waiting (comma-separated, sorted) and `max_lora`, valued with the time it was
+/// recorded; as with vLLM's, a reader takes the series with the latest value.
+pub(crate) fn record_lora_info(running: &str, waiting: &str, max_lora: usize) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+    metrics::gauge!("vllm:lora_requests_info", "running_lora_adapters" => running.to_string(),
+        "waiting_lora_adapters" => waiting.to_string(), "max_lora" => max_lora.to_string())
+    .set(now);
 }
 
 /// Device blocks held by requests over the whole device pool (0 when the pool is empty).
@@ -147,9 +161,16 @@ mod tests {
             record_finished(&Finished { reason: FinishReason::Length, end_to_end: Duration::from_secs(1),
                 queued: None, prompt_tokens: 3, generated_tokens: 2 });
             record_aborted();
+            record_lora_info("chat,sql", "", 3);
         });
         // Colons are part of vLLM's names and survive the exposition.
         assert_eq!(value(&text, "vllm:num_requests_running"), Some(4.0), "{text}");
+        let lora = text.lines().find(|line| line.starts_with("vllm:lora_requests_info{")).expect("the LoRA series");
+        for label in ["running_lora_adapters=\"chat,sql\"", "waiting_lora_adapters=\"\"", "max_lora=\"3\""] {
+            assert!(lora.contains(label), "{lora}");
+        }
+        let recorded: f64 = lora.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(recorded > 1.7e9, "a time, in seconds since the epoch: {lora}");
         assert_eq!(value(&text, "vllm:num_requests_waiting"), Some(0.0));
         assert_eq!(value(&text, "vllm:kv_cache_usage_perc"), Some(0.75));
         assert_eq!(value(&text, "vllm:gpu_cache_usage_perc"), Some(0.75));

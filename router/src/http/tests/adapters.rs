@@ -165,6 +165,10 @@ async fn a_replaced_or_unloaded_adapter_leaves_the_shard_only_after_the_requests
         async move { send(&app, post("/generate", &long)).await }
     });
     wait_for(&log, |log| log.new_requests.iter().any(|request| request.adapter_slot == 1)).await;
+    // vLLM's series of the adapters running, as LoRA-aware routers read it.
+    let (_, _, metrics) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert!(metrics.lines().any(|line| line.starts_with("vllm:lora_requests_info{")
+        && line.contains("running_lora_adapters=\"sql-lora\"") && line.contains("max_lora=\"2\"")), "{metrics}");
     // Replaced in place (vLLM's load_inplace): new requests get the new slot at once.
     let replace = json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql-v2", "load_inplace": true});
     let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &replace)).await;
