@@ -24,6 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = {"superinfer": ROOT / "server" / "superinfer", "superinfer_kv": ROOT / "superinfer_kv"}
 # The tests scripts/gpu_run.sh runs on the GPU, with the helpers they import by file name.
 GPU_TESTS = ("server/tests/conftest.py", "server/tests/test_shard_gpu.py", "server/tests/test_shard_rotation.py",
+             "server/tests/test_lora.py", "server/tests/test_tensor_parallel.py",
              "server/tests/test_triton_attention.py", "server/tests/triton_interpreted.py",
              "superinfer_kv/tests/test_cuda_transfer.py")
 WHEEL_LIST = ROOT / "scripts" / "gpu_wheels.txt"

@@ -68,3 +68,28 @@ def test_gpu_decode_graphs_replay_the_eager_tokens(tiny_llama_dir):
                 tokens[rid].append(output.token.id)
         runs[graphs] = tokens
     assert runs[None] == runs[()]
+
+
+def test_gpu_adapter_loaded_after_the_decode_graphs(tiny_llama_dir, tmp_path):
+    """A LoRA adapter loaded at run time, after the decode graphs were captured (its install wraps
+    the projections the graphs read the weights of): the base model's decodes still replay the
+    graphs with the tokens they gave before the load, and the adapter's rows run eagerly with the
+    tokens they give on a shard that captured no graphs."""
+    from test_lora import PROMPT as LORA_PROMPT, _generate, make_adapter
+    from transformers import AutoModelForCausalLM
+
+    make_adapter(AutoModelForCausalLM.from_pretrained(tiny_llama_dir), tmp_path / "qv", 0, r=4, lora_alpha=8,
+                 target_modules=["q_proj", "v_proj"])
+    prompt = LORA_PROMPT[:10]
+    graphed = make_executor(tiny_llama_dir, device="cuda")
+    eager = make_executor(tiny_llama_dir, device="cuda", cuda_graphs=())
+    assert graphed.graphs is not None and eager.graphs is None
+    base_before = _generate(graphed, 1, prompt, 0)
+    tokens = {}
+    for name, executor in (("graphed", graphed), ("eager", eager)):
+        executor.load_adapter("qv", str(tmp_path / "qv"), 1)
+        tokens[name] = _generate(executor, 2, prompt, 1, adapter_id="qv", adapter_slot=1)
+    assert _generate(graphed, 3, prompt, 2) == base_before
+    assert tokens["graphed"] == tokens["eager"] != base_before
+    graphed.unload_adapter(1)
+    assert _generate(graphed, 4, prompt, 3) == base_before
