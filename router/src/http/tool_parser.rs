@@ -12,8 +12,10 @@
 //!
 //! `llama3_json` (Llama 3.1, 3.2 and 3.3): a reply that is calls is JSON from its start —
 //! `{"name": …, "parameters": {…}}`, several separated by `;` (after `<|python_tag|>`, where the
-//! text keeps it) — and any other reply is content. Streamed, a reply that opens with `{` is
-//! held until its end, then read as calls (as its text when it is not).
+//! text keeps it) — and any other reply is content. Each object of a reply that opens with `{`
+//! is a call once it reads as one; streamed, it is named once its parameters begin and they go
+//! out as they grow, as `hermes`'s arguments do. The first object that is not a call (whole, or
+//! where its JSON breaks), and all that follows it, is content.
 //!
 //! One splitter serves the whole reply and the stream, so both give the same calls and content.
 use serde_json::Value;
@@ -88,7 +90,7 @@ pub struct ToolCallSplitter {
     parser: ToolCallParser,
     /// `llama3_json`: the reply's start is not yet read (white space, or part of the tag).
     opening: bool,
-    /// `llama3_json`: the reply opened as JSON, held whole in `pending` until its end.
+    /// `llama3_json`: the reply opened as JSON and is read as calls, object by object.
     json: bool,
     /// Calls given out at most (`parallel_tool_calls: false`: one); blocks past it are read and
     /// dropped.
@@ -102,11 +104,13 @@ pub struct ToolCallSplitter {
     space: String,
     /// Calls begun so far (the next one's index).
     calls: u32,
-    /// `hermes`: the block being read has had its call begun (named) in the stream, and this
-    /// many bytes of its arguments given out.
+    /// The block (`hermes`) or object (`llama3_json`) being read has had its call begun (named)
+    /// in the stream, and this many bytes of its arguments given out.
     open_call: Option<usize>,
-    /// A call begun in the stream was cut short by the reply's end.
+    /// A call begun in the stream was cut short by the reply's end (or broke, `broken`).
     cut: bool,
+    /// `llama3_json`: a call begun in the stream broke (its JSON did); the rest is dropped.
+    broken: bool,
 }
 
 impl ToolCallSplitter {
@@ -123,6 +127,7 @@ impl ToolCallSplitter {
             calls: 0,
             open_call: None,
             cut: false,
+            broken: false,
         }
     }
 
@@ -179,13 +184,11 @@ impl ToolCallSplitter {
         let mut parsed = Parsed::default();
         if self.json {
             self.json = false;
-            match read_json_calls(&rest) {
-                Some(calls) => {
-                    for call in calls {
-                        self.give(call, &mut parsed);
-                    }
-                }
-                None => self.content(&rest, &mut parsed),
+            // An object the reply did not finish: a call begun stays as it was sent.
+            if self.open_call.take().is_some() {
+                self.cut = true;
+            } else {
+                self.content(&rest, &mut parsed);
             }
             self.space.clear();
             return parsed;
@@ -210,11 +213,12 @@ impl ToolCallSplitter {
         self.calls > 0 && self.open_call.is_none() && !self.cut
     }
 
-    /// `llama3_json`: the reply's start decides whether it is calls (held to its end) or
-    /// content (given out as it comes).
+    /// `llama3_json`: the reply's start decides whether it is calls (read object by object)
+    /// or content (given out as it comes).
     fn push_json(&mut self) -> Parsed {
         let mut parsed = Parsed::default();
-        if self.json {
+        if self.broken {
+            self.pending.clear();
             return parsed;
         }
         if self.opening {
@@ -224,14 +228,93 @@ impl ToolCallSplitter {
                 return parsed;
             }
             self.opening = false;
-            if after_tag.unwrap_or(head).starts_with('{') {
+            let body = after_tag.unwrap_or(head);
+            if body.starts_with('{') {
+                // The calls from their first brace (the tag and white space before are no content).
+                self.pending = body.to_string();
                 self.json = true;
+            }
+        }
+        if self.json {
+            self.read_json_objects(&mut parsed);
+            if self.json {
                 return parsed;
             }
         }
         let text = std::mem::take(&mut self.pending);
         self.content(&text, &mut parsed);
         parsed
+    }
+
+    /// `llama3_json`, in a reply of calls: gives out each object that is a call once it is
+    /// whole (the rest of its parameters, when it was begun), begins the one being written and
+    /// streams its parameters; at the first object that is not a call, the reply turns to
+    /// content from there (`json` false, that object left in `pending`).
+    fn read_json_objects(&mut self, parsed: &mut Parsed) {
+        loop {
+            if self.open_call.is_none() {
+                let separators = self.pending.len() - self.pending.trim_start_matches(|c: char| c.is_whitespace() || c == ';').len();
+                self.pending.drain(..separators);
+            }
+            if self.pending.is_empty() {
+                return;
+            }
+            if !self.pending.starts_with('{') {
+                self.json = false;
+                return;
+            }
+            let mut values = serde_json::Deserializer::from_str(&self.pending).into_iter::<Value>();
+            match values.next() {
+                Some(Ok(value)) => {
+                    let end = values.byte_offset();
+                    let object: String = self.pending.drain(..end).collect();
+                    match (self.open_call.take(), call_of(&value)) {
+                        (Some(sent), Some(call)) => {
+                            let arguments = written_arguments(&object, &value).unwrap_or(call.arguments);
+                            let rest = arguments.get(sent..).unwrap_or_default().to_string();
+                            parsed.calls.push(CallDelta { index: self.calls - 1, name: None, arguments: rest });
+                        }
+                        // Begun, but not a call after all: it stays as it was sent.
+                        (Some(_), None) => {}
+                        (None, Some(mut call)) => {
+                            if let Some(arguments) = written_arguments(&object, &value) {
+                                call.arguments = arguments;
+                            }
+                            self.give(call, parsed);
+                        }
+                        (None, None) => {
+                            self.pending.insert_str(0, &object);
+                            self.json = false;
+                            return;
+                        }
+                    }
+                }
+                // Not finished yet: its parameters go out as they grow.
+                Some(Err(error)) if error.is_eof() => {
+                    self.stream_arguments(parsed);
+                    return;
+                }
+                // Not JSON. The text up to the break reads as a stream of it does (however the
+                // reply was cut into pieces): a call begun there, its arguments sent up to the
+                // break, stays as it was sent, and the rest of the reply is dropped; otherwise
+                // the reply is content from this object on.
+                Some(Err(error)) => {
+                    let whole = std::mem::take(&mut self.pending);
+                    self.pending = whole[..error_offset(&whole, &error)].to_string();
+                    self.stream_arguments(parsed);
+                    if self.open_call.take().is_some() {
+                        self.cut = true;
+                        self.broken = true;
+                        self.pending.clear();
+                    } else {
+                        self.pending = whole;
+                        self.json = false;
+                    }
+                    return;
+                }
+                None => return,
+            }
+        }
     }
 
     /// Gives out a whole call, within the limit.
@@ -243,10 +326,10 @@ impl ToolCallSplitter {
         }
     }
 
-    /// `hermes`, inside a block not yet closed: once its name and the start of its arguments
-    /// object are read (`{"name": "…", "arguments": {`, as Hermes-trained models write them),
-    /// the call begins and its arguments go out as they grow — less a tail that may close the
-    /// block's object (white space, `}`) or begin the closing tag.
+    /// Inside a call not yet closed: once its name and the start of its arguments object are
+    /// read (`{"name": "…", "arguments": {`, as Hermes-trained models write them; `parameters`
+    /// with Llama's), the call begins and its arguments go out as they grow — less a tail that
+    /// may close the call's object (white space, `}`) or begin `hermes`'s closing tag.
     fn stream_arguments(&mut self, parsed: &mut Parsed) {
         let Some((name, start)) = arguments_start(&self.pending) else { return };
         let sent = match self.open_call {
@@ -261,7 +344,8 @@ impl ToolCallSplitter {
             None => return,
         };
         let growing = &self.pending[start..];
-        let growing = &growing[..growing.len() - partial_tag(growing, END)];
+        let tag = if self.parser == ToolCallParser::Hermes { partial_tag(growing, END) } else { 0 };
+        let growing = &growing[..growing.len() - tag];
         let ready = growing.trim_end_matches(|c: char| c.is_whitespace() || c == '}').len();
         if ready > sent {
             parsed.calls.push(CallDelta { index: self.calls - 1, name: None, arguments: growing[sent..ready].to_string() });
@@ -289,22 +373,15 @@ impl ToolCallSplitter {
     }
 }
 
-/// A reply of JSON calls (`llama3_json`): objects separated by `;` or white space, after an
-/// optional `<|python_tag|>`; `None` unless every one is a call.
-fn read_json_calls(text: &str) -> Option<Vec<ParsedCall>> {
-    let mut rest = text.trim_start();
-    rest = rest.strip_prefix(PYTHON_TAG).unwrap_or(rest);
-    let mut calls = Vec::new();
-    loop {
-        rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
-        if rest.is_empty() {
-            return (!calls.is_empty()).then_some(calls);
-        }
-        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-        let value = values.next()?.ok()?;
-        rest = &rest[values.byte_offset()..];
-        calls.push(call_of(&value)?);
+/// The byte of `text` where reading it as JSON found `error`: serde_json counts lines, and
+/// the bytes of the line, from 1.
+fn error_offset(text: &str, error: &serde_json::Error) -> usize {
+    let line_start: usize = text.split_inclusive('\n').take(error.line().saturating_sub(1)).map(str::len).sum();
+    let mut at = (line_start + error.column().saturating_sub(1)).min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
     }
+    at
 }
 
 /// `{"name": "f", "arguments": {…}}` (or `parameters`, or the arguments as a JSON string) -> a
@@ -313,19 +390,25 @@ fn read_json_calls(text: &str) -> Option<Vec<ParsedCall>> {
 fn read_call(body: &str) -> Option<ParsedCall> {
     let value: Value = serde_json::from_str(body.trim()).ok()?;
     let mut call = call_of(&value)?;
-    if let Some((_, start)) = arguments_start(body) {
-        // The object parsed, so its text ends with its closing brace.
-        let written = body[start..body.trim_end().len() - 1].trim_end();
-        if serde_json::from_str::<Value>(written).ok().as_ref() == value.get("arguments") {
-            call.arguments = written.to_string();
-        }
+    if let Some(arguments) = written_arguments(body, &value) {
+        call.arguments = arguments;
     }
     Some(call)
 }
 
+/// A call object's arguments as its text writes them, where the stream gives them out as they
+/// grow (`arguments_start`); `None` otherwise. `text` is the whole object, `value` its JSON.
+fn written_arguments(text: &str, value: &Value) -> Option<String> {
+    let (_, start) = arguments_start(text)?;
+    // The object parsed, so its text ends with its closing brace.
+    let written = text[start..text.trim_end().len() - 1].trim_end();
+    let arguments = value.get("arguments").or_else(|| value.get("parameters"));
+    (serde_json::from_str::<Value>(written).ok().as_ref() == arguments).then(|| written.to_string())
+}
+
 /// Where a call's arguments object starts in its block's text, and the call's name, when the
-/// block opens as `{"name": "…", "arguments": {` (white space anywhere between); `None`
-/// otherwise, or before the text gets that far.
+/// block opens as `{"name": "…", "arguments": {` (or `"parameters"`; white space anywhere
+/// between); `None` otherwise, or before the text gets that far.
 fn arguments_start(text: &str) -> Option<(String, usize)> {
     fn token<'a>(rest: &'a str, expected: &str) -> Option<&'a str> {
         rest.trim_start().strip_prefix(expected)
@@ -335,7 +418,8 @@ fn arguments_start(text: &str) -> Option<(String, usize)> {
     let mut strings = serde_json::Deserializer::from_str(rest).into_iter::<String>();
     let name = strings.next()?.ok()?;
     let rest = &rest[strings.byte_offset()..];
-    let rest = token(token(token(rest, ",")?, "\"arguments\"")?, ":")?.trim_start();
+    let rest = token(rest, ",")?.trim_start();
+    let rest = token(rest.strip_prefix("\"arguments\"").or_else(|| rest.strip_prefix("\"parameters\""))?, ":")?.trim_start();
     rest.starts_with('{').then(|| (name, text.len() - rest.len()))
 }
 
@@ -372,7 +456,12 @@ mod tests {
 
     /// The reply fed in pieces of `size` characters: its content, and its calls joined.
     fn streamed(parser: ToolCallParser, text: &str, size: usize) -> ((Option<String>, Vec<ParsedCall>), Vec<Parsed>) {
-        let mut splitter = ToolCallSplitter::new(parser, u32::MAX);
+        streamed_within(parser, u32::MAX, text, size)
+    }
+
+    /// `streamed`, giving out at most `limit` calls.
+    fn streamed_within(parser: ToolCallParser, limit: u32, text: &str, size: usize) -> ((Option<String>, Vec<ParsedCall>), Vec<Parsed>) {
+        let mut splitter = ToolCallSplitter::new(parser, limit);
         let chars: Vec<char> = text.chars().collect();
         let mut pieces: Vec<Parsed> = chars.chunks(size).map(|chunk| splitter.push(&chunk.iter().collect::<String>())).collect();
         pieces.push(splitter.finish());
@@ -394,10 +483,10 @@ mod tests {
         assert_eq!(hermes("<tool_call>{\"name\": \"now\"}</tool_call>"), (None, vec![call("now", "{}")]));
         let plain = "The answer is 4 < 5, and <tool is not a tag.";
         assert_eq!(hermes(plain), (Some(plain.to_string()), vec![]));
-        // Arguments written as a JSON string are kept as written; `parameters` is read too, and
-        // arguments after other keys are the JSON's.
+        // Arguments written as a JSON string are kept as written; `parameters` is read too (as
+        // written), and arguments after other keys are the JSON's.
         let (_, calls) = hermes("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call><tool_call>{\"name\": \"g\", \"parameters\": {\"b\": [1, 2]}}</tool_call><tool_call>{\"arguments\": {\"c\": 3}, \"name\": \"h\"}</tool_call>");
-        assert_eq!(calls, vec![call("f", r#"{"a": 1}"#), call("g", r#"{"b":[1,2]}"#), call("h", r#"{"c":3}"#)]);
+        assert_eq!(calls, vec![call("f", r#"{"a": 1}"#), call("g", r#"{"b": [1, 2]}"#), call("h", r#"{"c":3}"#)]);
     }
 
     #[test]
@@ -458,43 +547,85 @@ mod tests {
     #[test]
     fn past_its_limit_a_call_is_dropped() {
         for size in [1, 5, 1000] {
-            let mut splitter = ToolCallSplitter::new(ToolCallParser::Hermes, 1);
-            let chars: Vec<char> = TWO_CALLS.chars().collect();
-            let mut pieces: Vec<Parsed> = chars.chunks(size).map(|chunk| splitter.push(&chunk.iter().collect::<String>())).collect();
-            pieces.push(splitter.finish());
-            let calls = Parsed::joined_calls(pieces.iter().flat_map(|piece| piece.calls.clone()));
+            let ((_, calls), _) = streamed_within(ToolCallParser::Hermes, 1, TWO_CALLS, size);
             assert_eq!(calls, vec![call("get_weather", r#"{"city": "Paris"}"#)], "pieces of {size}");
         }
     }
 
     #[test]
     fn llama_replies_that_open_as_json_are_calls() {
+        // The parameters as written.
         assert_eq!(llama("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"),
-                   (None, vec![call("get_weather", r#"{"city":"Paris"}"#)]));
-        // Several, `;` between them, after the tag where the text keeps it.
-        let two = "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"x\": 1}}\n";
+                   (None, vec![call("get_weather", r#"{"city": "Paris"}"#)]));
+        // Several, `;` between them, after the tag where the text keeps it; keys in another order.
+        let two = "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"parameters\": {\"x\": 1}, \"name\": \"b\"}\n";
         assert_eq!(llama(two), (None, vec![call("a", "{}"), call("b", r#"{"x":1}"#)]));
-        // Anything else is content: plain text, JSON that is not a call, JSON cut short.
-        for text in ["It is sunny {\"name\": \"a\"}", "{\"answer\": 4}", "{\"name\": \"a\", \"parameters\": {\"x\"", "{\"name\": \"a\"} and more"] {
+        // Anything else is content: plain text, JSON that is not a call.
+        for text in ["It is sunny {\"name\": \"a\"}", "{\"answer\": 4}", "{\"answer\": 4} {\"name\": \"a\"}"] {
             assert_eq!(llama(text), (Some(text.to_string()), vec![]), "{text}");
         }
         assert_eq!(llama(""), (None, vec![]));
+        // What follows the calls and is not one is content.
+        assert_eq!(llama("{\"name\": \"a\"}; {\"answer\": 4} done"), (Some("{\"answer\": 4} done".to_string()), vec![call("a", "{}")]));
+        assert_eq!(llama("{\"name\": \"a\"} and more"), (Some("and more".to_string()), vec![call("a", "{}")]));
     }
 
     #[test]
-    fn a_llama_stream_gives_content_at_once_and_holds_json_to_its_end() {
+    fn a_llama_call_cut_inside_its_parameters_stays_as_begun_and_is_not_called() {
+        let whole = ToolCallSplitter::new(ToolCallParser::Llama3Json, u32::MAX).split_whole("{\"name\": \"a\", \"parameters\": {\"x\"");
+        assert_eq!((whole.content, whole.calls, whole.called), (None, vec![call("a", r#"{"x""#)], false));
+        // Broken inside its parameters: as begun, and the rest of the reply is dropped.
+        let whole = ToolCallSplitter::new(ToolCallParser::Llama3Json, u32::MAX).split_whole("{\"name\": \"a\", \"parameters\": {\"x\": 1 oops}; more");
+        assert_eq!((whole.content, whole.calls, whole.called), (None, vec![call("a", r#"{"x": 1"#)], false));
+        // Cut before its parameters began: nothing was sent, it is the reply's text.
+        let whole = ToolCallSplitter::new(ToolCallParser::Llama3Json, u32::MAX).split_whole("{\"name\": \"a\", \"para");
+        assert_eq!((whole.content.as_deref(), whole.calls.len(), whole.called), (Some("{\"name\": \"a\", \"para"), 0, false));
+    }
+
+    #[test]
+    fn a_llama_stream_gives_content_at_once_and_parameters_as_they_grow() {
         let mut splitter = ToolCallSplitter::new(ToolCallParser::Llama3Json, u32::MAX);
         assert_eq!(splitter.push("  ").content, "");
         assert_eq!(splitter.push("Sunny").content, "  Sunny");
         let mut splitter = ToolCallSplitter::new(ToolCallParser::Llama3Json, u32::MAX);
         assert_eq!(splitter.push("<|python").content, "");
         assert_eq!(splitter.push("_tag|>{\"name\": \"a\",").content, "");
-        assert_eq!(splitter.push(" \"parameters\": {}}"), Parsed::default());
-        assert_eq!(splitter.finish().calls, vec![CallDelta { index: 0, name: Some("a".into()), arguments: "{}".into() }]);
-        for text in ["{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\"}", "Plain answer.", "{\"nope\": 1}"] {
-            for size in [1, 3] {
+        // A call whole in one piece goes out whole.
+        assert_eq!(splitter.push(" \"parameters\": {}}").calls, vec![CallDelta { index: 0, name: Some("a".into()), arguments: "{}".into() }]);
+        // The next is named once its parameters begin, and they go out as they grow.
+        let begun = splitter.push("; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Pa");
+        assert_eq!(begun.calls, vec![
+            CallDelta { index: 1, name: Some("get_weather".into()), arguments: String::new() },
+            CallDelta { index: 1, name: None, arguments: r#"{"city": "Pa"#.into() },
+        ]);
+        assert_eq!(splitter.push("ris\"}").calls, vec![CallDelta { index: 1, name: None, arguments: "ris\"".into() }]);
+        assert_eq!(splitter.push("}").calls, vec![CallDelta { index: 1, name: None, arguments: "}".into() }]);
+        assert_eq!(splitter.finish(), Parsed::default());
+        assert!(splitter.called());
+        for text in [
+            "{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\"}",
+            "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"code\": \"if a { b } }\", \"n\": {\"m\": 1}}}",
+            "Plain answer.",
+            "{\"nope\": 1}",
+            "{\"name\": \"a\"}; {\"answer\": 4} done",
+            "{\"name\": \"a\", \"parameters\": {\"x\"",
+            "{\"name\": \"a\", \"parameters\": {\"x\": 1}}} broken",
+            "{\"name\": \"a\", \"parameters\": {\"x\": 1 oops}}; more",
+            "{\"name\": \"a\", \"parameters\": {\"é\":\n 1 oops}}; more",
+            "{\"name\": 5, \"parameters\": {}} text",
+        ] {
+            for size in [1, 2, 3, 7, 100] {
                 assert_eq!(streamed(ToolCallParser::Llama3Json, text, size).0, llama(text), "{text:?} in pieces of {size}");
             }
+        }
+    }
+
+    #[test]
+    fn past_its_limit_a_llama_call_is_dropped() {
+        let two = "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {\"y\": 2}}";
+        for size in [1, 5, 1000] {
+            let ((content, calls), _) = streamed_within(ToolCallParser::Llama3Json, 1, two, size);
+            assert_eq!((content, calls), (None, vec![call("a", r#"{"x": 1}"#)]), "pieces of {size}");
         }
     }
 }
