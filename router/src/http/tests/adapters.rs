@@ -159,16 +159,25 @@ async fn an_adapter_the_shard_cannot_serve_is_400_with_its_reason_and_changes_no
 #[tokio::test]
 async fn a_replaced_or_unloaded_adapter_leaves_the_shard_only_after_the_requests_running_with_it() {
     let (app, log) = app(runtime_lora()).await;
-    let long = json!({"inputs": HOLD, "parameters": {"max_new_tokens": 300, "ignore_eos": true, "adapter_id": "sql-lora"}});
+    let long = json!({"inputs": HOLD, "parameters": {"max_new_tokens": 1000, "ignore_eos": true, "adapter_id": "sql-lora"}});
     let running = tokio::spawn({
         let app = app.clone();
         async move { send(&app, post("/generate", &long)).await }
     });
     wait_for(&log, |log| log.new_requests.iter().any(|request| request.adapter_slot == 1)).await;
-    // vLLM's series of the adapters running, as LoRA-aware routers read it.
-    let (_, _, metrics) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
-    assert!(metrics.lines().any(|line| line.starts_with("vllm:lora_requests_info{")
-        && line.contains("running_lora_adapters=\"sql-lora\"") && line.contains("max_lora=\"2\"")), "{metrics}");
+    // vLLM's series of the adapters running, as LoRA-aware routers read it (recorded by the
+    // engine's next turn).
+    let mut metrics = String::new();
+    for _ in 0..500 {
+        metrics = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await.2;
+        if metrics.lines().any(|line| line.starts_with("vllm:lora_requests_info{")
+            && line.contains("running_lora_adapters=\"sql-lora\"") && line.contains("max_lora=\"2\""))
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(metrics.contains("running_lora_adapters=\"sql-lora\""), "{metrics}");
     // Replaced in place (vLLM's load_inplace): new requests get the new slot at once.
     let replace = json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql-v2", "load_inplace": true});
     let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &replace)).await;
