@@ -108,9 +108,13 @@ impl ActiveRequests {
         self.by_id.iter_mut().map(|(&id, request)| (id, request))
     }
 
+    pub fn values(&self) -> impl Iterator<Item = &ActiveRequest> + '_ {
+        self.by_id.values()
+    }
+
     /// The adapter slots the requests run with (one per request with an adapter).
     pub fn adapter_slots(&self) -> impl Iterator<Item = u64> + '_ {
-        self.by_id.values().filter_map(|active| active.request.adapter.as_ref().map(|adapter| adapter.namespace))
+        self.values().filter_map(|active| active.request.adapter.as_ref().map(|adapter| adapter.namespace))
     }
 
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {

@@ -72,6 +72,11 @@ impl AdapterRegistry {
         self.read().loaded.iter().map(|adapter| adapter.id.clone()).collect()
     }
 
+    /// How many adapters are served now.
+    pub fn count(&self) -> usize {
+        self.read().loaded.len()
+    }
+
     /// The id the adapter in `slot` has (or had).
     pub fn name_of(&self, slot: u64) -> Option<String> {
         self.read().names.get(&slot).cloned()

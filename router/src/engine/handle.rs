@@ -130,8 +130,12 @@ impl EngineHandle {
         let (reply, answer) = oneshot::channel();
         let command = Command::LoadAdapter { id: id.to_string(), source: source.to_string(), slot, reply };
         let installed = match self.commands.send(command) {
-            Ok(()) => answer.await.unwrap_or_else(|_| Err(ClientError::Unavailable("the engine has stopped".to_string()))),
-            Err(_) => Err(ClientError::Unavailable("the engine has stopped".to_string())),
+            Ok(()) => answer.await.ok(),
+            Err(_) => None,
+        };
+        let Some(installed) = installed else {
+            self.adapters.abandon(id);
+            return Err(engine_error(EngineError::Stopped));
         };
         match installed {
             Ok(()) => {
@@ -149,7 +153,6 @@ impl EngineHandle {
                 }
                 Err(match error {
                     ClientError::InvalidPlan(reason) => AdapterError::Refused { id: id.to_string(), reason },
-                    ClientError::Unavailable(message) if message == "the engine has stopped" => engine_error(EngineError::Stopped),
                     other => engine_error(EngineError::Shard(other.to_string())),
                 })
             }

@@ -282,7 +282,8 @@ impl Engine {
 
     /// Unloads from the shard the retired adapters that no request held (queued, running,
     /// rotated out) and no step in flight uses. A refusal means the shard does not hold it (a
-    /// load that failed); any other failure is tried again on a later turn.
+    /// load that failed); a shard out of reach or late is asked again on a later turn; any other
+    /// failure leaves the weights on the shard (logged), not asked again every turn.
     async fn unload_adapters(&mut self) {
         if self.unloading.is_empty() || self.recovery.is_some() {
             return;
@@ -298,10 +299,11 @@ impl Engine {
             match self.client.unload_adapter(slot).await {
                 Ok(()) => tracing::info!(slot, "LoRA adapter unloaded from the shard"),
                 Err(ClientError::InvalidPlan(reason)) => tracing::debug!(slot, %reason, "LoRA adapter not on the shard"),
-                Err(error) => {
+                Err(error @ (ClientError::Unavailable(_) | ClientError::Timeout(_))) => {
                     tracing::warn!(slot, %error, "cannot unload a LoRA adapter from the shard yet");
                     still.push(slot);
                 }
+                Err(error) => tracing::error!(slot, %error, "the shard failed to unload a LoRA adapter; its weights stay"),
             }
         }
         self.unloading = still;
@@ -511,15 +513,15 @@ impl Engine {
     }
 
     /// `vllm:lora_requests_info`, while adapters are served (or were): when the adapters of the
-    /// requests change, and every second (its value is the time of the record).
+    /// requests change, and every second while the engine turns (its value is the time of the
+    /// record).
     fn record_lora_info(&mut self) {
-        let max_lora = self.adapters.ids().len();
+        let max_lora = self.adapters.count();
         if max_lora == 0 && self.lora_info.is_none() {
             return;
         }
         let (mut running, mut waiting) = (Vec::new(), Vec::new());
-        for id in self.requests.ids() {
-            let Some(active) = self.requests.get(id) else { continue };
+        for active in self.requests.values() {
             if let Some(adapter) = &active.request.adapter {
                 if active.sent_to_shard { &mut running } else { &mut waiting }.push(adapter.id.as_str());
             }
