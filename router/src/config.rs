@@ -153,8 +153,9 @@ pub struct RouterConfig {
     /// `tool_choice: "auto"` the reply is generated freely and any number of calls are read out
     /// of it; `hermes` reads `<tool_call>{"name": …, "arguments": …}</tool_call>` (Qwen 2.5 and
     /// 3, Hermes), `llama3_json` a reply of `{"name": …, "parameters": …}` objects (Llama 3.1
-    /// to 3.3). The chat template must write the tools. Off by default, and for `required` or
-    /// a named function: one call under TGI's grammar.
+    /// to 3.3), `mistral` the calls after `[TOOL_CALLS]` (Mistral, Mixtral). The chat template
+    /// must write the tools. Off by default, and for `required` or a named function: one call
+    /// under TGI's grammar.
     #[arg(long, env = "TOOL_CALL_PARSER", value_enum)]
     pub tool_call_parser: Option<crate::http::tool_parser::ToolCallParser>,
     /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's routes; vLLM's

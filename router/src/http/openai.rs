@@ -36,12 +36,6 @@ const COMPLETIONS_ROUTE: &str = "/v1/completions";
 /// The id of a response's one tool call under TGI's grammar (TGI's own).
 const TOOL_CALL_ID: &str = "0";
 
-/// The id of a call read in the model's own format: unique, as a conversation sends each
-/// call's result back under its id.
-fn parsed_call_id() -> String {
-    format!("chatcmpl-tool-{:016x}", rand::random::<u64>())
-}
-
 /// Chat completion over the model's chat template.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI",
     request_body = ChatRequest,
@@ -260,7 +254,11 @@ pub(super) fn prepare_chat(
     parameters.reasoning_first = true;
     let tools = match (tool_plan, tool_reading(state, request)) {
         // The template writes the tools with its model's own instruction; the reply is free.
-        (Some(_), ToolReading::Parser { .. }) => request.tools.clone(),
+        (Some(_), ToolReading::Parser { parser, .. }) => {
+            // A format whose marker is a special token is read from a text that keeps them.
+            parameters.keep_special_tokens |= parser.keeps_special_tokens();
+            request.tools.clone()
+        }
         (Some(plan), _) => {
             // As TGI: the instruction and the tools follow the last message, for templates
             // that do not render `tools` themselves.
@@ -400,8 +398,9 @@ impl ChoiceEcho {
 /// or the tool calls the text holds (`reading`), with OpenAI's finish reason for it.
 fn answer(text: &str, output: &GenerationOutput, reading: ToolReading) -> (Option<String>, Option<Vec<ToolCall>>, String) {
     let reason = finish_reason(output.finish_reason);
-    let call = |ParsedCall { name, arguments }| ToolCall { id: parsed_call_id(), kind: "function".into(), function: FunctionCall { name, arguments } };
     if let Some(splitter) = reading.splitter() {
+        let parser = splitter.parser();
+        let call = |ParsedCall { name, arguments }| ToolCall { id: parser.call_id(), kind: "function".into(), function: FunctionCall { name, arguments } };
         let Whole { content, calls, called } = splitter.split_whole(text);
         if calls.is_empty() {
             return (content.or_else(|| Some(String::new())), None, reason);
@@ -604,7 +603,7 @@ fn parsed_calls_chunk(
         pieces
             .map(|CallDelta { index, name, arguments }| ToolCallChunk {
                 index,
-                id: name.is_some().then(parsed_call_id),
+                id: name.is_some().then(|| splitter.parser().call_id()),
                 kind: name.is_some().then(|| "function".to_string()),
                 function: FunctionCallChunk { name, arguments },
             })

@@ -39,6 +39,7 @@ use super::request_log::RequestLog;
 use super::reasoning::ChoiceSplitters;
 use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
 use super::state::AppState;
+use super::tool_parser::ToolCallParser;
 use super::tools::{ToolReading, ToolStream};
 use super::types::{FinishReason, GenerateParameters};
 use crate::error::HttpError;
@@ -63,7 +64,10 @@ pub(crate) async fn responses(State(state): State<Arc<AppState>>, JsonBody(body)
     log_ignored_fields(ROUTE, &request.chat.ignored);
     let reading = tool_reading(&state, &request.chat);
     let prepared = prepare_chat(&state, &request.chat).map(|(prompt, parameters)| (prompt, parameters, reading));
-    let output = Output::new(&state.model_id, request.repeated);
+    let mut output = Output::new(&state.model_id, request.repeated);
+    if let ToolReading::Parser { parser, .. } = reading {
+        output.parser = Some(parser);
+    }
     let logprobs = request.chat.logprobs;
     if request.chat.stream {
         return stream(state, prepared, output, logprobs, arrival).await;
@@ -571,6 +575,9 @@ struct Output {
     items: Vec<Value>,
     open: Option<OpenItem>,
     sequence: u64,
+    /// The format the reply's calls are read in, where a parser reads them: Mistral's chat
+    /// templates take back only its own form of call id.
+    parser: Option<ToolCallParser>,
 }
 
 fn item_id(prefix: &str) -> String {
@@ -587,6 +594,7 @@ impl Output {
             items: Vec::new(),
             open: None,
             sequence: 0,
+            parser: None,
         }
     }
 
@@ -686,7 +694,11 @@ impl Output {
     /// A function call begins.
     fn call(&mut self, name: &str) -> Vec<Value> {
         let mut events = self.close("completed");
-        let (id, call_id) = (item_id("fc"), item_id("call"));
+        let call_id = match self.parser {
+            Some(parser @ ToolCallParser::Mistral) => parser.call_id(),
+            _ => item_id("call"),
+        };
+        let id = item_id("fc");
         let item = json!({"id": id, "type": "function_call", "call_id": call_id, "name": name, "arguments": "", "status": "in_progress"});
         events.push(self.event("response.output_item.added", json!({"output_index": self.index(), "item": item})));
         self.open = Some(OpenItem::Call { id, call_id, name: name.to_string(), arguments: String::new() });

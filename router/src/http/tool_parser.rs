@@ -17,6 +17,15 @@
 //! out as they grow, as `hermes`'s arguments do. The first object that is not a call (whole, or
 //! where its JSON breaks), and all that follows it, is content.
 //!
+//! `mistral` (Mistral 7B v0.3, Mixtral, Nemo, Small, and the later ones): content, then the
+//! `[TOOL_CALLS]` token and the calls — a JSON array of `{"name": …, "arguments": {…}}`
+//! (tokenizers before v11), or `name[ARGS]{…}` per call, each after its own `[TOOL_CALLS]`
+//! (v11 on; a `[CALL_ID]…` after the name is read past). The token is special, so the reply's
+//! text keeps special tokens under this parser (vLLM does the same); each call's id is 9
+//! letters and digits, the only form Mistral's chat templates take back. Streamed, a call is
+//! named once its arguments begin and they go out as they grow. What follows the marker and is
+//! not calls is content; a call begun whose JSON breaks stays as sent, and the rest is dropped.
+//!
 //! One splitter serves the whole reply and the stream, so both give the same calls and content.
 use serde_json::Value;
 
@@ -30,6 +39,28 @@ pub enum ToolCallParser {
     /// A reply that is JSON calls, `{"name": …, "parameters": {…}}`, `;` between them.
     #[value(name = "llama3_json", alias = "llama3-json")]
     Llama3Json,
+    /// `[TOOL_CALLS]` and a JSON array of calls, or `[TOOL_CALLS]name[ARGS]{…}` per call.
+    Mistral,
+}
+
+impl ToolCallParser {
+    /// The reply's text must keep special tokens: the format's marker is one.
+    pub fn keeps_special_tokens(self) -> bool {
+        self == ToolCallParser::Mistral
+    }
+
+    /// A new id for a call read in this format: unique, as a conversation sends each call's
+    /// result back under its id; for `mistral`, 9 letters and digits, which Mistral's chat
+    /// templates require of the ids they are sent back.
+    pub fn call_id(self) -> String {
+        match self {
+            ToolCallParser::Mistral => {
+                const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+                (0..9).map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char).collect()
+            }
+            ToolCallParser::Hermes | ToolCallParser::Llama3Json => format!("chatcmpl-tool-{:016x}", rand::random::<u64>()),
+        }
+    }
 }
 
 /// Llama 3's marker before a call, where the reply's text keeps special tokens.
@@ -37,6 +68,29 @@ const PYTHON_TAG: &str = "<|python_tag|>";
 
 const START: &str = "<tool_call>";
 const END: &str = "</tool_call>";
+
+/// Mistral's marker before its calls, and, from tokenizer v11, before a call's arguments and
+/// its id.
+const TOOL_CALLS: &str = "[TOOL_CALLS]";
+const ARGS: &str = "[ARGS]";
+const CALL_ID: &str = "[CALL_ID]";
+
+/// Where a `mistral` reading is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MistralAt {
+    /// Content, until the marker.
+    Text,
+    /// Just past the marker: what follows decides the form.
+    Marker,
+    /// In a JSON array of calls (or at a lone call object), read object by object (`json`).
+    Array,
+    /// A v11 call's name, until `[ARGS]`.
+    Name,
+    /// A v11 call's arguments object, named.
+    Arguments(String),
+    /// What followed the marker was not calls: the rest of the reply is content.
+    Plain,
+}
 
 /// One call read out of the reply: the tool's name and its arguments as a JSON string.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,8 +163,11 @@ pub struct ToolCallSplitter {
     open_call: Option<usize>,
     /// A call begun in the stream was cut short by the reply's end (or broke, `broken`).
     cut: bool,
-    /// `llama3_json`: a call begun in the stream broke (its JSON did); the rest is dropped.
+    /// `llama3_json` and `mistral`: a call begun in the stream broke (its JSON did); the rest
+    /// is dropped.
     broken: bool,
+    /// `mistral`: where the reading is.
+    mistral: MistralAt,
 }
 
 impl ToolCallSplitter {
@@ -128,14 +185,22 @@ impl ToolCallSplitter {
             open_call: None,
             cut: false,
             broken: false,
+            mistral: MistralAt::Text,
         }
+    }
+
+    /// The format it reads.
+    pub fn parser(&self) -> ToolCallParser {
+        self.parser
     }
 
     /// Reads the next piece of the reply.
     pub fn push(&mut self, text: &str) -> Parsed {
         self.pending.push_str(text);
-        if self.parser == ToolCallParser::Llama3Json {
-            return self.push_json();
+        match self.parser {
+            ToolCallParser::Llama3Json => return self.push_json(),
+            ToolCallParser::Mistral => return self.push_mistral(),
+            ToolCallParser::Hermes => {}
         }
         let mut parsed = Parsed::default();
         loop {
@@ -182,6 +247,17 @@ impl ToolCallSplitter {
     pub fn finish(&mut self) -> Parsed {
         let rest = std::mem::take(&mut self.pending);
         let mut parsed = Parsed::default();
+        if self.parser == ToolCallParser::Mistral && !self.json {
+            // A call begun and cut short stays as it was sent; a name without its arguments,
+            // or a possible marker's start, is content.
+            if self.open_call.take().is_some() {
+                self.cut = true;
+            } else if !self.broken && self.mistral != MistralAt::Marker {
+                self.content(&rest, &mut parsed);
+            }
+            self.space.clear();
+            return parsed;
+        }
         if self.json {
             self.json = false;
             // An object the reply did not finish: a call begun stays as it was sent.
@@ -253,7 +329,8 @@ impl ToolCallSplitter {
     fn read_json_objects(&mut self, parsed: &mut Parsed) {
         loop {
             if self.open_call.is_none() {
-                let separators = self.pending.len() - self.pending.trim_start_matches(|c: char| c.is_whitespace() || c == ';').len();
+                let between = if self.parser == ToolCallParser::Mistral { ',' } else { ';' };
+                let separators = self.pending.len() - self.pending.trim_start_matches(|c: char| c.is_whitespace() || c == between).len();
                 self.pending.drain(..separators);
             }
             if self.pending.is_empty() {
@@ -317,6 +394,129 @@ impl ToolCallSplitter {
         }
     }
 
+    /// `mistral`: content until the marker, then the calls in either form (`MistralAt`).
+    fn push_mistral(&mut self) -> Parsed {
+        let mut parsed = Parsed::default();
+        loop {
+            if self.broken {
+                self.pending.clear();
+                return parsed;
+            }
+            match std::mem::replace(&mut self.mistral, MistralAt::Plain) {
+                MistralAt::Text => match self.pending.find(TOOL_CALLS) {
+                    Some(at) => {
+                        let before: String = self.pending.drain(..at + TOOL_CALLS.len()).take(at).collect();
+                        self.content(&before, &mut parsed);
+                        self.mistral = MistralAt::Marker;
+                    }
+                    None => {
+                        let keep = partial_tag(&self.pending, TOOL_CALLS);
+                        let released: String = self.pending.drain(..self.pending.len() - keep).collect();
+                        self.content(&released, &mut parsed);
+                        self.mistral = MistralAt::Text;
+                        return parsed;
+                    }
+                },
+                MistralAt::Marker => {
+                    let skip = self.pending.len() - self.pending.trim_start().len();
+                    self.pending.drain(..skip);
+                    self.mistral = match self.pending.chars().next() {
+                        None => {
+                            self.mistral = MistralAt::Marker;
+                            return parsed;
+                        }
+                        Some('[') => {
+                            self.pending.drain(..1);
+                            MistralAt::Array
+                        }
+                        Some('{') => MistralAt::Array,
+                        Some(_) => MistralAt::Name,
+                    };
+                }
+                MistralAt::Array => {
+                    self.json = true;
+                    self.read_json_objects(&mut parsed);
+                    if self.json {
+                        self.mistral = MistralAt::Array;
+                        return parsed;
+                    }
+                    // The array's end (more calls may follow their own marker), or what is not a
+                    // call: content from there on.
+                    let rest = self.pending.trim_start();
+                    if let Some(after) = rest.strip_prefix(']') {
+                        self.pending = after.to_string();
+                        self.mistral = MistralAt::Text;
+                    }
+                }
+                MistralAt::Name => match self.pending.find(ARGS) {
+                    Some(at) => {
+                        let head: String = self.pending.drain(..at + ARGS.len()).take(at).collect();
+                        let name = head.split(CALL_ID).next().unwrap_or_default().trim().to_string();
+                        self.mistral = if name.is_empty() { MistralAt::Plain } else { MistralAt::Arguments(name) };
+                    }
+                    // A name has no white space: a reply that has some before any `[ARGS]` is
+                    // not a call.
+                    None if self.pending.contains(char::is_whitespace) => {}
+                    None => {
+                        self.mistral = MistralAt::Name;
+                        return parsed;
+                    }
+                },
+                MistralAt::Arguments(name) => {
+                    let start = self.pending.len() - self.pending.trim_start().len();
+                    let body = &self.pending[start..];
+                    if body.is_empty() {
+                        self.mistral = MistralAt::Arguments(name);
+                        return parsed;
+                    }
+                    let mut values = serde_json::Deserializer::from_str(body).into_iter::<Value>();
+                    match values.next() {
+                        Some(Ok(Value::Object(_))) => {
+                            let end = start + values.byte_offset();
+                            let arguments = self.pending[start..end].to_string();
+                            self.pending.drain(..end);
+                            match self.open_call.take() {
+                                Some(sent) => {
+                                    let rest = arguments.get(sent..).unwrap_or_default().to_string();
+                                    parsed.calls.push(CallDelta { index: self.calls - 1, name: None, arguments: rest });
+                                }
+                                None => self.give(ParsedCall { name, arguments }, &mut parsed),
+                            }
+                            self.mistral = MistralAt::Text;
+                        }
+                        // Not finished yet: its arguments go out as they grow.
+                        Some(Err(error)) if error.is_eof() && body.starts_with('{') => {
+                            self.stream_from(name.clone(), start, &mut parsed);
+                            self.mistral = MistralAt::Arguments(name);
+                            return parsed;
+                        }
+                        // The arguments' JSON breaks. The text up to the break reads as a
+                        // stream of it does: the call begun there, its arguments sent up to
+                        // the break, stays as sent, and the rest of the reply is dropped.
+                        Some(Err(error)) if body.starts_with('{') => {
+                            let whole = std::mem::take(&mut self.pending);
+                            self.pending = whole[..start + error_offset(&whole[start..], &error)].to_string();
+                            self.stream_from(name, start, &mut parsed);
+                            if self.open_call.take().is_some() {
+                                self.cut = true;
+                                self.broken = true;
+                            } else {
+                                self.pending = whole;
+                            }
+                        }
+                        // Not an object: the rest is content.
+                        _ => {}
+                    }
+                }
+                MistralAt::Plain => {
+                    let text = std::mem::take(&mut self.pending);
+                    self.content(&text, &mut parsed);
+                    return parsed;
+                }
+            }
+        }
+    }
+
     /// Gives out a whole call, within the limit.
     fn give(&mut self, call: ParsedCall, parsed: &mut Parsed) {
         self.space.clear();
@@ -332,6 +532,12 @@ impl ToolCallSplitter {
     /// may close the call's object (white space, `}`) or begin `hermes`'s closing tag.
     fn stream_arguments(&mut self, parsed: &mut Parsed) {
         let Some((name, start)) = arguments_start(&self.pending) else { return };
+        self.stream_from(name, start, parsed);
+    }
+
+    /// Begins the call `name` (unless begun) and gives out its arguments, which start at byte
+    /// `start` of `pending`, as far as they are written — less a tail that may close them.
+    fn stream_from(&mut self, name: String, start: usize, parsed: &mut Parsed) {
         let sent = match self.open_call {
             Some(sent) => sent,
             None if self.calls < self.limit => {
@@ -627,5 +833,88 @@ mod tests {
             let ((content, calls), _) = streamed_within(ToolCallParser::Llama3Json, 1, two, size);
             assert_eq!((content, calls), (None, vec![call("a", r#"{"x": 1}"#)]), "pieces of {size}");
         }
+    }
+
+    fn mistral(text: &str) -> (Option<String>, Vec<ParsedCall>) {
+        let whole = ToolCallSplitter::new(ToolCallParser::Mistral, u32::MAX).split_whole(text);
+        (whole.content, whole.calls)
+    }
+
+    #[test]
+    fn mistral_calls_follow_the_marker_as_an_array_or_one_by_one() {
+        // Before tokenizer v11: a JSON array (the token decodes with a space after it), the
+        // arguments as written; the content before the marker is the message's.
+        let array = "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"now\", \"arguments\": {}}]";
+        assert_eq!(mistral(array), (None, vec![call("get_weather", r#"{"city": "Paris"}"#), call("now", "{}")]));
+        let (content, calls) = mistral(&format!("Let me check. {array}"));
+        assert_eq!((content.as_deref(), calls.len()), (Some("Let me check."), 2));
+        // From v11: `name[ARGS]{…}` after each marker; a call id after the name is read past.
+        let named = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Lyon, France\"}[TOOL_CALLS]now[CALL_ID]a1B2c3D4e[ARGS]{}";
+        assert_eq!(mistral(named), (None, vec![call("get_weather", r#"{"city": "Lyon, France"}"#), call("now", "{}")]));
+        // A lone object after the marker.
+        assert_eq!(mistral("[TOOL_CALLS]{\"name\": \"now\"}"), (None, vec![call("now", "{}")]));
+        // No marker: content, brackets and all.
+        let plain = "Lists look like [1, 2] and [TOOL is not the marker.";
+        assert_eq!(mistral(plain), (Some(plain.to_string()), vec![]));
+        // What follows the marker and is not calls is content.
+        assert_eq!(mistral("[TOOL_CALLS] I cannot call that."), (Some("I cannot call that.".into()), vec![]));
+        assert_eq!(mistral("[TOOL_CALLS][{\"answer\": 4}]"), (Some("{\"answer\": 4}]".into()), vec![]));
+    }
+
+    #[test]
+    fn a_mistral_call_cut_or_broken_stays_as_begun() {
+        let whole = ToolCallSplitter::new(ToolCallParser::Mistral, u32::MAX).split_whole("[TOOL_CALLS]f[ARGS]{\"a\": 1, \"b\"");
+        assert_eq!((whole.content, whole.calls, whole.called), (None, vec![call("f", r#"{"a": 1, "b""#)], false));
+        let whole = ToolCallSplitter::new(ToolCallParser::Mistral, u32::MAX).split_whole("[TOOL_CALLS]f[ARGS]{\"a\": 1 oops} and more");
+        assert_eq!((whole.content, whole.calls, whole.called), (None, vec![call("f", r#"{"a": 1"#)], false));
+        let whole = ToolCallSplitter::new(ToolCallParser::Mistral, u32::MAX).split_whole("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1");
+        assert_eq!((whole.content, whole.calls, whole.called), (None, vec![call("f", r#"{"a": 1"#)], false));
+    }
+
+    #[test]
+    fn a_mistral_stream_adds_up_to_the_whole_reply_however_it_is_cut() {
+        let mut splitter = ToolCallSplitter::new(ToolCallParser::Mistral, u32::MAX);
+        assert_eq!(splitter.push("Sure.[TOOL").content, "Sure.");
+        assert_eq!(splitter.push("_CALLS]get_weather[AR"), Parsed::default());
+        // Named once its arguments begin; they go out as they grow.
+        let begun = splitter.push("GS]{\"city\": \"Pa");
+        assert_eq!(begun.calls, vec![
+            CallDelta { index: 0, name: Some("get_weather".into()), arguments: String::new() },
+            CallDelta { index: 0, name: None, arguments: r#"{"city": "Pa"#.into() },
+        ]);
+        assert_eq!(splitter.push("ris\"}").calls, vec![CallDelta { index: 0, name: None, arguments: "ris\"}".into() }]);
+        assert_eq!(splitter.finish(), Parsed::default());
+        assert!(splitter.called());
+        for text in [
+            "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"x\": [1, {\"y\": \"}]\"}]}}, {\"name\": \"b\", \"arguments\": {}}]",
+            "Text first [TOOL_CALLS]a[ARGS]{\"code\": \"if a { b } }\"}[TOOL_CALLS]b[CALL_ID]abcdefghi[ARGS]{\"n\": 1}",
+            "Plain [answer] with [TOOL and brackets.",
+            "[TOOL_CALLS] not a call",
+            "[TOOL_CALLS][{\"nope\": 1}, {\"name\": \"a\"}]",
+            "[TOOL_CALLS]a[ARGS]{\"x\"",
+            "[TOOL_CALLS]a[ARGS]{\"x\": 1 oops} more",
+            "[TOOL_CALLS]a[ARGS]plain",
+            "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}] after",
+            "[TOOL_CALLS]a",
+        ] {
+            for size in [1, 2, 3, 7, 100] {
+                assert_eq!(streamed(ToolCallParser::Mistral, text, size).0, mistral(text), "{text:?} in pieces of {size}");
+            }
+        }
+    }
+
+    #[test]
+    fn past_its_limit_a_mistral_call_is_dropped_and_ids_fit_mistral_templates() {
+        for text in ["[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\", \"arguments\": {}}]",
+                     "[TOOL_CALLS]a[ARGS]{\"x\": 1}[TOOL_CALLS]b[ARGS]{}"] {
+            for size in [1, 5, 1000] {
+                let ((content, calls), _) = streamed_within(ToolCallParser::Mistral, 1, text, size);
+                assert_eq!((content, calls), (None, vec![call("a", r#"{"x": 1}"#)]), "{text:?} in pieces of {size}");
+            }
+        }
+        let id = ToolCallParser::Mistral.call_id();
+        assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
+        assert_ne!(id, ToolCallParser::Mistral.call_id());
+        assert!(ToolCallParser::Hermes.call_id().starts_with("chatcmpl-tool-"));
     }
 }

@@ -232,3 +232,48 @@ async fn llama_json_calls_are_read_whole_and_streamed() {
     assert_eq!(contents.concat(), "Sunny in Paris.");
     assert!(contents.len() > 1, "{text}");
 }
+
+/// `mistral`: the calls follow `[TOOL_CALLS]`, a special token (here the fixture's `<gh_stars>`,
+/// renamed), which the reply's text keeps under this parser though the request skips special
+/// tokens; each call's id is the 9 letters and digits Mistral's templates take back. Both forms,
+/// whole and streamed; the Responses API's call ids too.
+#[tokio::test]
+async fn mistral_calls_are_read_after_their_special_token() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let tokenizer = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap().replace("<gh_stars>", "[TOOL_CALLS]");
+    let is_mistral_id = |id: &Value| id.as_str().is_some_and(|id| id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()));
+    for script in [
+        "Checking.[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\"}}]",
+        "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Lyon\"}",
+    ] {
+        let shard = ScriptedShard::spawn_with_script(tokenizer.clone(), TEMPLATE.to_string(), script, 49152);
+        let (app, _) = app_on_shard(HttpConfig { tool_call_parser: Some(ToolCallParser::Mistral), ..HttpConfig::default() }, shard, &[]).await;
+        let (status, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+        let calls = choice["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("{script}: {choice}"));
+        assert_eq!(calls.iter().map(arguments).collect::<Vec<_>>(), [json!({"city": "Paris"}), json!({"city": "Lyon"})], "{choice}");
+        assert!(calls.iter().all(|call| is_mistral_id(&call["id"])), "{choice}");
+        assert_eq!((&choice["message"]["content"], &choice["finish_reason"]), (&json!("Checking."), &json!("tool_calls")));
+
+        let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(request(), &json!({"stream": true})))).await;
+        let (calls, pieces) = streamed_calls(&text);
+        assert_eq!(calls.iter().map(arguments).collect::<Vec<_>>(), [json!({"city": "Paris"}), json!({"city": "Lyon"})], "{text}");
+        assert!(calls.iter().all(|call| is_mistral_id(&call["id"])) && pieces > 4, "{text}");
+        let content: String = sse_data(&text).iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(content, "Checking.");
+
+        let responses = json!({"input": "Weather in Paris and Lyon?", "max_output_tokens": 80, "tools": [
+            {"type": "function", "name": "get_weather", "parameters": tools()[0]["function"]["parameters"]}]});
+        let (status, _, text) = send(&app, post("/v1/responses", &responses)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let output = serde_json::from_str::<Value>(&text).unwrap()["output"].clone();
+        let ids: Vec<&Value> = output.as_array().unwrap().iter().filter(|item| item["type"] == "function_call").map(|item| &item["call_id"]).collect();
+        assert!(ids.len() == 2 && ids.iter().all(|id| is_mistral_id(id)), "{output}");
+    }
+    // Without the parser the marker is skipped, as any special token is.
+    let shard = ScriptedShard::spawn_with_script(tokenizer, TEMPLATE.to_string(), "A[TOOL_CALLS]B", 49152);
+    let (app, _) = app_on_shard(HttpConfig { tool_call_parser: Some(ToolCallParser::Hermes), ..HttpConfig::default() }, shard, &[]).await;
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"]["content"], "AB", "{text}");
+}
