@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from test_tensor_parallel import _free_port
 
 from superinfer.pb import shard_pb2 as pb
+from superinfer.shard import lora as shard_lora
 from superinfer.shard.batch import Chunk
 from superinfer.shard.config import LoraAdapterSpec, ShardConfig, parse_lora_adapters
 from superinfer.shard.errors import AdapterRequestError, LoraError, PlanError
@@ -475,6 +476,25 @@ def test_loads_and_unloads_that_cannot_be_done_are_refused_and_change_nothing(ad
     executor.install_prepared(first)
     with pytest.raises(AdapterRequestError, match="slot 2 holds 'all' already"):
         executor.install_prepared(same_slot)
+    assert _adapters(executor) == [("qv", 1), ("all", 2)] and _installed_slots(executor) == {1, 2}
+    executor.close()
+
+
+def test_a_load_too_large_for_the_memory_free_is_refused_and_changes_nothing(adapted, monkeypatch):
+    root, _, _ = adapted
+    executor = _executor(root / "base", {"qv": root / "qv"})
+    read = shard_lora.read_adapter(LoraAdapterSpec("all", str(root / "all")), executor.runner.loaded, HubOptions())
+    needed = shard_lora.adapter_bytes(read, torch.float32)
+    assert needed == sum((a.numel() + b.numel()) * 4 for a, b in read.tensors.values()) > 0
+    # The host's real free memory takes it.
+    assert shard_lora.free_memory_bytes(torch.device("cpu")) > 2 * needed
+    # With less than twice its size free, the load is refused, saying how much it needs.
+    monkeypatch.setattr(shard_lora, "free_memory_bytes", lambda device: 2 * needed - 1)
+    with pytest.raises(AdapterRequestError, match=rf"'all': its weights take {needed / 2**20:.1f} MiB on cpu, more than 50%"):
+        executor.load_adapter("all", str(root / "all"), 2)
+    assert _adapters(executor) == [("qv", 1)] and _installed_slots(executor) == {1}
+    monkeypatch.setattr(shard_lora, "free_memory_bytes", lambda device: 2 * needed)
+    executor.load_adapter("all", str(root / "all"), 2)
     assert _adapters(executor) == [("qv", 1), ("all", 2)] and _installed_slots(executor) == {1, 2}
     executor.close()
 

@@ -85,6 +85,10 @@ def test_gpu_adapter_loaded_after_the_decode_graphs(tiny_llama_dir, tmp_path):
     eager = make_executor(tiny_llama_dir, device="cuda", cuda_graphs=())
     assert graphed.graphs is not None and eager.graphs is None
     base_before = _generate(graphed, 1, prompt, 0)
+    # The load's memory check reads the GPU's free memory (the driver's, and the allocator's unused).
+    from superinfer.shard.lora import free_memory_bytes
+    free, total = free_memory_bytes(torch.device("cuda")), torch.cuda.mem_get_info()[1]
+    assert 0 < free <= total, (free, total)
     tokens = {}
     for name, executor in (("graphed", graphed), ("eager", eager)):
         executor.load_adapter("qv", str(tmp_path / "qv"), 1)

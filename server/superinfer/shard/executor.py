@@ -35,7 +35,7 @@ from ..models.lora import remove_adapter
 from .config import LoraAdapterSpec, ShardConfig
 from .device_sampling import plain_greedy
 from .errors import AdapterRequestError, LoraError, NotWarmedUpError
-from .lora import ReadAdapter, install, read_adapter
+from .lora import ReadAdapter, check_memory_for, install, read_adapter
 from .model_runner import ModelRunner
 from .plan import PlanLimits, ValidatedPlan, validate_plan
 from .rank_commands import (HealthCommand, LoadAdapterCommand, RankWork, ResetCommand, StepCommand, StopCommand,
@@ -316,15 +316,17 @@ class ShardExecutor:
         """LoadAdapter's first half, on any thread (the gRPC one's, beside the steps): refuses
         what cannot be loaded and reads and checks the adapter (this rank's slices), changing
         nothing. AdapterRequestError saying why: slot 0, a slot in use, an empty id, an empty
-        source, an adapter that cannot be served."""
+        source, an adapter that cannot be served, or one too large for the memory free beside the
+        steps (`lora.check_memory_for`)."""
         self._check_load(adapter_id, slot)
         if not source:
             raise AdapterRequestError(f"LoRA adapter {adapter_id!r}: no source (a directory or a hub id) given")
         try:
-            return PreparedAdapter(slot, source, read_adapter(LoraAdapterSpec(adapter_id, source), self.runner.loaded,
-                                                              self.config.hub))
+            adapter = read_adapter(LoraAdapterSpec(adapter_id, source), self.runner.loaded, self.config.hub)
+            check_memory_for(self.runner.loaded, adapter)
         except LoraError as err:
             raise AdapterRequestError(str(err)) from None
+        return PreparedAdapter(slot, source, adapter)
 
     def install_prepared(self, prepared: PreparedAdapter) -> None:
         """LoadAdapter's second half, between steps (the model thread): checks again that the

@@ -26,6 +26,7 @@ from ..models.lora import AdapterTensors, check_adapter, install_adapter
 from ..models.tensor_parallel import FusedRankSlice, Partition, checkpoint_slice
 from .config import LoraAdapterSpec
 from .errors import LoaderError, LoraError
+from .host_memory import available_host_bytes
 from .hub import HubOptions, snapshot
 from .loader import LoadedModel
 
@@ -277,6 +278,44 @@ def read_adapter(spec: LoraAdapterSpec, loaded: LoadedModel, hub: HubOptions) ->
     except ValueError as err:
         raise LoraError(f"LoRA adapter {spec.adapter_id!r} ({spec.source}): {err}") from None
     return ReadAdapter(spec.adapter_id, directory, tensors)
+
+
+# A load at run time may take at most this share of the memory free where the model's weights
+# live: the KV pool was sized at start-up from what the weights and a worst-case step left free
+# (on a GPU, `--kv-memory-fraction` of it), and the rest is what every later step's activations
+# (and, on a GPU, the decode graphs' pool) run in. An adapter that took all of it would fail the
+# steps after it, every request's, instead of its own load.
+RUNTIME_LOAD_SHARE = 0.5
+
+
+def adapter_bytes(adapter: ReadAdapter, dtype: torch.dtype) -> int:
+    """What `adapter`'s tensors (this rank's slices) take once installed in `dtype` (the model's
+    weights', `models.lora.LoraLinear.add_adapter`)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum((a.numel() + b.numel()) * size for a, b in adapter.tensors.values())
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Memory free for new tensors on `device`: on a GPU, what the driver reports free plus what
+    torch's caching allocator holds unused; on the CPU, what the host can spare
+    (`host_memory.available_host_bytes`)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return available_host_bytes()
+
+
+def check_memory_for(loaded: LoadedModel, adapter: ReadAdapter) -> None:
+    """LoraError when installing `adapter` now would take more than `RUNTIME_LOAD_SHARE` of the
+    memory free where the model's weights are (a load at run time; at start-up the KV pool is
+    sized after the adapters)."""
+    weight = next(loaded.model.parameters())
+    needed = adapter_bytes(adapter, weight.dtype)
+    free = free_memory_bytes(weight.device)
+    if needed > RUNTIME_LOAD_SHARE * free:
+        raise LoraError(f"LoRA adapter {adapter.adapter_id!r}: its weights take {needed / 2**20:.1f} MiB on "
+                        f"{weight.device.type}, more than {RUNTIME_LOAD_SHARE:.0%} of the {free / 2**20:.1f} MiB "
+                        "free there, which the steps need; unload an adapter or start the server with it")
 
 
 def install(loaded: LoadedModel, slot: int, adapter: ReadAdapter) -> None:
