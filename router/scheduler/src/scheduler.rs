@@ -164,6 +164,14 @@ impl Scheduler {
         self.policy.on_reset();
     }
 
+    /// No request will be added in KV `namespace` again (its LoRA adapter was unloaded, or
+    /// replaced in a new slot): its cached prefix blocks are forgotten (announced removed) and
+    /// freed first, and the blocks its remaining requests compute are not cached. A reset keeps
+    /// this. Returns how many blocks were forgotten.
+    pub fn retire_kv_namespace(&mut self, namespace: u64) -> u32 {
+        self.core.blocks.retire_namespace(namespace)
+    }
+
     /// Records the prefix cache's changes from now on, for `take_kv_events`.
     pub fn enable_kv_events(&mut self) {
         self.core.blocks.enable_kv_events();

@@ -274,6 +274,10 @@ impl Engine {
             }
             Command::RetireAdapter { slot } => {
                 if self.retired_adapters.insert(slot) {
+                    // No request gets the slot again: its cached prefixes are dead weight, and
+                    // a KV-aware router must stop counting on them.
+                    let forgotten = self.scheduler.retire_kv_namespace(slot);
+                    tracing::debug!(slot, forgotten, "prefix-cache blocks of a retired LoRA adapter forgotten");
                     self.unloading.push(slot);
                 }
             }

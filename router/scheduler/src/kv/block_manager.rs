@@ -133,6 +133,11 @@ impl BlockManager {
         self.mirrored = 0;
     }
 
+    /// KV `namespace` is served no more (`DevicePool::retire`); returns the blocks forgotten.
+    pub(crate) fn retire_namespace(&mut self, namespace: u64) -> u32 {
+        self.device.retire(namespace)
+    }
+
     /// The hashes a prompt lookup can find now.
     #[cfg(test)]
     pub(crate) fn findable_prefixes(&self) -> std::collections::BTreeSet<u64> {

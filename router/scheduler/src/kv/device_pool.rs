@@ -6,8 +6,12 @@
 //! first, then the least recently released cached one.
 //!
 //! Every change to what `lookup` can find is recorded in its event log (`events`).
+//!
+//! A retired namespace (a LoRA adapter unloaded or replaced: its slot is never served again)
+//! has no findable block: `retire` forgets its cached blocks at once, the free ones going to the
+//! front of the free list, and `register` caches none of the blocks its last requests compute.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::events::{EventLog, KvCacheEvent};
 use super::prefix_hash::chain_root;
@@ -43,6 +47,8 @@ pub(crate) struct DevicePool {
     free_tick: Vec<u64>,
     tick: u64,
     events: EventLog,
+    /// KV namespaces no request will be given again (`retire`).
+    retired: HashSet<u64>,
 }
 
 impl DevicePool {
@@ -57,6 +63,7 @@ impl DevicePool {
             free_tick: vec![0; n],
             tick: 0,
             events: EventLog::default(),
+            retired: HashSet::new(),
         }
     }
 
@@ -114,6 +121,7 @@ impl DevicePool {
         let mut fresh = DevicePool::new(self.num_blocks());
         fresh.events = std::mem::take(&mut self.events);
         fresh.events.cleared();
+        fresh.retired = std::mem::take(&mut self.retired);
         fresh
     }
 
@@ -164,7 +172,7 @@ impl DevicePool {
     /// `namespace`. The first block to register a prefix keeps it; a duplicate stays uncached.
     pub(crate) fn register(&mut self, block: u32, hash: u64, parent: u64, namespace: u64, tokens: &[u32]) {
         let i = block as usize;
-        if self.cached[i].is_some() || self.registry.contains_key(&hash) {
+        if self.cached[i].is_some() || self.registry.contains_key(&hash) || self.retired.contains(&namespace) {
             return;
         }
         self.registry.insert(hash, block);
@@ -173,6 +181,36 @@ impl DevicePool {
             self.events.stored(hash, key.event_parent(), tokens, namespace);
         }
         self.cached[i] = Some(key);
+    }
+
+    /// No request will run in KV `namespace` again (its LoRA adapter was unloaded or replaced;
+    /// the base model's, 0, is never retired): its cached blocks stop being findable, and the
+    /// free ones are allocated before any block that still caches a prefix. Blocks its last
+    /// requests hold stay theirs, uncached. Returns how many blocks were forgotten.
+    pub(crate) fn retire(&mut self, namespace: u64) -> u32 {
+        if namespace == 0 || !self.retired.insert(namespace) {
+            return 0;
+        }
+        let mut forgotten = 0;
+        for i in 0..self.cached.len() {
+            if self.cached[i].as_ref().is_none_or(|key| key.namespace != namespace) {
+                continue;
+            }
+            let Some(key) = self.cached[i].take() else { continue };
+            self.registry.remove(&key.hash);
+            // One being copied out was announced removed when its copy started.
+            if !self.in_flight[i] {
+                self.events.removed(key.hash);
+            }
+            if self.ref_counts[i] == 0 {
+                let block = i as u32;
+                self.free.remove(&(self.free_tick[i], block));
+                self.free_tick[i] = 0;
+                self.free.insert((0, block));
+            }
+            forgotten += 1;
+        }
+        forgotten
     }
 
     /// The hashes `lookup` can find now: cached blocks not being copied out.
@@ -213,6 +251,9 @@ impl DevicePool {
                 Some(key) if key.hash == *hash => {}
                 _ => return Err(format!("prefix registry entry {hash:#x} -> {block} is stale")),
             }
+        }
+        if let Some(key) = self.cached.iter().flatten().find(|key| self.retired.contains(&key.namespace)) {
+            return Err(format!("block {:#x} is cached in retired namespace {}", key.hash, key.namespace));
         }
         let cached = self.cached.iter().filter(|c| c.is_some()).count();
         if cached != self.registry.len() {
@@ -261,5 +302,51 @@ mod tests {
         assert_eq!(pool.lookup(5, 0, &[7, 8]), None, "in-flight blocks are not handed out");
         pool.set_in_flight(a, false);
         pool.check().unwrap();
+    }
+
+    /// A retired namespace's cached blocks are forgotten at once and announced removed (one being
+    /// copied out was announced when its copy started), the free ones are allocated before any
+    /// block caching another namespace's prefix, one still held stays its holder's, and nothing
+    /// of the namespace is cached again. Other namespaces keep theirs.
+    #[test]
+    fn a_retired_namespace_is_forgotten_and_its_free_blocks_go_first() {
+        let mut pool = DevicePool::new(5);
+        pool.enable_events();
+        let blocks: Vec<u32> = (0..4).map(|_| pool.allocate().unwrap()).collect();
+        pool.register(blocks[0], 10, 0, 0, &[1]);
+        pool.register(blocks[1], 11, 0, 1, &[1]);
+        pool.register(blocks[2], 12, 0, 1, &[2]);
+        pool.register(blocks[3], 13, 0, 1, &[3]);
+        pool.decref(blocks[0]);
+        pool.decref(blocks[1]);
+        pool.set_in_flight(blocks[3], true);
+        pool.take_events();
+        assert_eq!(pool.retire(1), 3);
+        assert_eq!(pool.take_events(), [KvCacheEvent::Removed { block_hashes: vec![11, 12] }]);
+        for (hash, tokens) in [(11, [1]), (12, [2]), (13, [3])] {
+            assert_eq!(pool.lookup(hash, 0, &tokens), None);
+        }
+        assert_eq!(pool.lookup(10, 0, &[1]), Some(blocks[0]));
+        assert_eq!(pool.retire(1), 0, "retired once");
+        assert_eq!(pool.retire(0), 0, "the base model's namespace is never retired");
+        // The copy out ends: still not findable, nothing announced.
+        pool.set_in_flight(blocks[3], false);
+        assert!(pool.take_events().is_empty());
+        assert_eq!(pool.ref_count(blocks[2]), 1, "held by its request");
+        assert_eq!(pool.num_free_cached(), 1);
+        // The never-cached block and the retired one go before the base model's cached block.
+        let first = [pool.allocate().unwrap(), pool.allocate().unwrap()];
+        assert!(first.contains(&blocks[1]) && !first.contains(&blocks[0]), "{first:?}");
+        assert_eq!(pool.lookup(10, 0, &[1]), Some(blocks[0]));
+        // A block its last request computes is not cached.
+        pool.register(blocks[2], 14, 0, 1, &[4]);
+        assert_eq!(pool.lookup(14, 0, &[4]), None);
+        assert!(pool.take_events().is_empty());
+        pool.check().unwrap();
+        // A reset keeps what was retired.
+        let mut fresh = pool.cleared();
+        let block = fresh.allocate().unwrap();
+        fresh.register(block, 15, 0, 1, &[5]);
+        assert_eq!(fresh.lookup(15, 0, &[5]), None);
     }
 }

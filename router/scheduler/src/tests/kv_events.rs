@@ -93,20 +93,24 @@ fn prompt(rng: &mut Lcg, block_size: u32) -> Vec<u32> {
     tokens
 }
 
-fn assert_same(manager: &BlockManager, subscriber: &Subscriber, rng: &mut Lcg, step: usize) {
+/// `namespaces`: those a prompt is probed in (retired ones included: nothing is found there).
+fn assert_same(manager: &BlockManager, subscriber: &Subscriber, rng: &mut Lcg, step: usize, namespaces: &[u64]) {
     let rebuilt: BTreeSet<u64> = subscriber.findable.keys().copied().collect();
     assert_eq!(rebuilt, manager.findable_prefixes(), "findable sets differ after operation {step}");
     for _ in 0..4 {
-        let namespace = rng.below(2);
+        let namespace = namespaces[rng.below(namespaces.len() as u64) as usize];
         let tokens = prompt(rng, manager.block_size());
         let probe = manager.probe_prefix(namespace, &tokens);
         assert_eq!(subscriber.matched_blocks(namespace, &tokens), probe.hit_blocks, "prefix of {tokens:?}");
     }
 }
 
+/// The base model (0) and one LoRA adapter at a time, whose namespace is retired now and then as
+/// an unload or an in-place replacement retires it (its requests still live go on computing).
 #[test]
 fn events_rebuild_the_findable_set_through_hits_evictions_and_rotations() {
     let block_size = 4;
+    let mut retirements = 0;
     for seed in 0..40 {
         let mut rng = Lcg(seed);
         let mut manager = BlockManager::new(block_size, 24, 12, true);
@@ -116,12 +120,13 @@ fn events_rebuild_the_findable_set_through_hits_evictions_and_rotations() {
         let mut live: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
         let mut in_flight: BTreeMap<u64, u64> = BTreeMap::new();
         let mut counts = [0u32; 6];
+        let mut adapter = 1u64;
         for step in 0..300 {
             let id = rng.below(10);
             let op = rng.below(100);
             if op < 40 && !live.contains_key(&id) {
                 let tokens = prompt(&mut rng, block_size);
-                let namespace = rng.below(2);
+                let namespace = if rng.below(2) == 0 { 0 } else { adapter };
                 manager.acquire_prefix(id, namespace, &tokens);
                 if manager.grow(id, tokens.len() as u64) {
                     manager.register_scheduled(id, &tokens, tokens.len() as u32);
@@ -145,6 +150,10 @@ fn events_rebuild_the_findable_set_through_hits_evictions_and_rotations() {
                     manager.ack(transfer).expect("issued transfer");
                     counts[3] += 1;
                 }
+            } else if op == 98 {
+                manager.retire_namespace(adapter);
+                adapter += 1;
+                counts[5] += 1;
             } else if op == 99 {
                 manager.clear();
                 live.clear();
@@ -153,10 +162,13 @@ fn events_rebuild_the_findable_set_through_hits_evictions_and_rotations() {
             }
             manager.check().unwrap();
             subscriber.apply(manager.take_kv_events());
-            assert_same(&manager, &subscriber, &mut rng, step);
+            assert_same(&manager, &subscriber, &mut rng, step, &[0, adapter, adapter.saturating_sub(1).max(1)]);
+            assert!(subscriber.findable.values().all(|(_, ns, _)| *ns == 0 || *ns == adapter), "a retired adapter's block is findable");
         }
         assert!(counts[..4].iter().all(|count| *count > 0), "seed {seed} exercised every operation: {counts:?}");
+        retirements += counts[5];
     }
+    assert!(retirements >= 40, "adapters retired {retirements} times");
 }
 
 #[test]

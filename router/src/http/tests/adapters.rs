@@ -210,3 +210,83 @@ async fn the_run_time_routes_are_off_unless_asked_for() {
     assert!(log.lock().unwrap().loaded_adapters.is_empty());
     assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora"]);
 }
+
+/// Every event a KV-aware router would have received so far, replayed from the publisher's
+/// buffer (vLLM's replay protocol: ask from sequence 0, answers until the -1 marker).
+async fn kv_events_replayed(replay_port: u16) -> Vec<Value> {
+    use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+    let mut dealer = DealerSocket::new();
+    dealer.connect(&format!("tcp://127.0.0.1:{replay_port}")).await.unwrap();
+    let ask = ZmqMessage::try_from(vec![bytes::Bytes::new(), bytes::Bytes::copy_from_slice(&0i64.to_be_bytes())]).unwrap();
+    dealer.send(ask).await.unwrap();
+    let mut events = Vec::new();
+    loop {
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), dealer.recv()).await.unwrap().unwrap().into_vec();
+        if i64::from_be_bytes(answer[2].as_ref().try_into().unwrap()) == -1 {
+            return events;
+        }
+        let (_, batch, _): (f64, Vec<Value>, u32) = rmp_serde::from_slice(&answer[3]).unwrap();
+        events.extend(batch);
+    }
+}
+
+/// The block hashes of the `BlockStored` events of LoRA slot `lora_id`, and of every `BlockRemoved`.
+fn stored_and_removed(events: &[Value], lora_id: u64) -> (Vec<u64>, std::collections::HashSet<u64>) {
+    let hashes = |event: &Value| event["block_hashes"].as_array().unwrap().iter().map(|h| h.as_u64().unwrap()).collect::<Vec<_>>();
+    let stored = events.iter().filter(|e| e["type"] == "BlockStored" && e["lora_id"] == lora_id).flat_map(hashes).collect();
+    let removed = events.iter().filter(|e| e["type"] == "BlockRemoved").flat_map(hashes).collect();
+    (stored, removed)
+}
+
+/// Blocks cached under an adapter's weights can never be hit again once it is unloaded or
+/// replaced (its slot is never given out again): the engine forgets them at once, so a KV-aware
+/// router is told they are gone instead of sending that adapter's prompts here for them, and
+/// their memory is the first the pool reuses.
+#[tokio::test]
+async fn a_retired_adapters_cached_blocks_are_announced_removed() {
+    let replay_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let events = format!(
+        r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://127.0.0.1:0","replay_endpoint":"tcp://127.0.0.1:{replay_port}","topic":"kv"}}"#
+    );
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let (app, log) = super::app_with_args(runtime_lora(), template, &["--kv-events-config", &events]).await;
+    let load = json!({"lora_name": "math-lora", "lora_path": "/adapters/math"});
+    assert_eq!(send(&app, post("/v1/load_lora_adapter", &load)).await.0, StatusCode::OK);
+    // Three full blocks of prompt, cached under slot 3.
+    let generate = json!({"inputs": "one two three four five six seven eight nine ten ".repeat(5),
+        "parameters": {"max_new_tokens": 2, "adapter_id": "math-lora"}});
+    assert_eq!(send(&app, post("/generate", &generate)).await.0, StatusCode::OK);
+    // Replaced in place: slot 3 is retired (nothing runs with it), slot 4 serves the name.
+    let replace = json!({"lora_name": "math-lora", "lora_path": "/adapters/math-v2", "load_inplace": true});
+    assert_eq!(send(&app, post("/v1/load_lora_adapter", &replace)).await.0, StatusCode::OK);
+    wait_for(&log, |log| log.unloaded_slots == [3]).await;
+    assert_eq!(send(&app, post("/generate", &generate)).await.0, StatusCode::OK);
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().adapter_slot, 4);
+    // Events are published on the engine's turns.
+    let mut replayed = Vec::new();
+    for _ in 0..200 {
+        replayed = kv_events_replayed(replay_port).await;
+        if !stored_and_removed(&replayed, 4).0.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (old, removed) = stored_and_removed(&replayed, 3);
+    let (new, _) = stored_and_removed(&replayed, 4);
+    assert!(old.len() >= 3 && new.len() >= 3, "{replayed:?}");
+    assert!(old.iter().all(|hash| removed.contains(hash)), "slot 3's blocks are all removed: {replayed:?}");
+    assert!(new.iter().all(|hash| !removed.contains(hash)), "slot 4's blocks stay: {replayed:?}");
+    // Unloaded: the new slot's go the same way.
+    assert_eq!(send(&app, post("/v1/unload_lora_adapter", &json!({"lora_name": "math-lora"}))).await.0, StatusCode::OK);
+    wait_for(&log, |log| log.unloaded_slots == [3, 4]).await;
+    for _ in 0..200 {
+        replayed = kv_events_replayed(replay_port).await;
+        let (new, removed) = stored_and_removed(&replayed, 4);
+        if new.iter().all(|hash| removed.contains(hash)) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("slot 4's blocks were never removed: {replayed:?}");
+}
