@@ -19,6 +19,9 @@ pub struct IncrementalDecoder {
     /// Start of the ids whose text has not been released yet.
     read_offset: usize,
     skip_special_tokens: bool,
+    /// Special tokens whose text stays while the others are skipped (a tool-call or reasoning
+    /// format's tags, which its parser reads).
+    kept_special_tokens: Vec<u32>,
 }
 
 impl IncrementalDecoder {
@@ -30,7 +33,28 @@ impl IncrementalDecoder {
             prefix_offset: 0,
             read_offset: context.len(),
             skip_special_tokens,
+            kept_special_tokens: Vec::new(),
         }
+    }
+
+    /// While skipping special tokens, these stay.
+    pub fn keeping(mut self, special_tokens: &[u32]) -> Self {
+        self.kept_special_tokens = special_tokens.to_vec();
+        self
+    }
+
+    /// `ids` as decoded: special tokens skipped unless kept (the tokenizer skips them id by id,
+    /// so leaving them out of the ids decodes the same).
+    fn decode(&self, tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, TokenizerError> {
+        if !self.skip_special_tokens || self.kept_special_tokens.is_empty() {
+            return tokenizer.decode(ids, self.skip_special_tokens);
+        }
+        let shown: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|id| !tokenizer.is_special(*id) || self.kept_special_tokens.contains(id))
+            .collect();
+        tokenizer.decode(&shown, false)
     }
 
     /// Adds one token; returns the text it completes (empty while a character is incomplete).
@@ -47,12 +71,8 @@ impl IncrementalDecoder {
     /// The text up to the read offset, and the text including every held-back token, both
     /// decoded from the prefix offset (so merges at the boundary decode as in the whole).
     fn decode_window(&self, tokenizer: &Tokenizer) -> Result<(String, String), TokenizerError> {
-        let prefix_text = tokenizer.decode(
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special_tokens,
-        )?;
-        let new_text =
-            tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
+        let prefix_text = self.decode(tokenizer, &self.ids[self.prefix_offset..self.read_offset])?;
+        let new_text = self.decode(tokenizer, &self.ids[self.prefix_offset..])?;
         Ok((prefix_text, new_text))
     }
 
@@ -130,6 +150,23 @@ mod tests {
         let mut generated = tokenizer.encode("Hi there", false).unwrap().ids;
         generated.push(2); // <|im_end|>
         assert_eq!(stream(&tokenizer, &[], &generated).concat(), "Hi there");
+    }
+
+    /// Kept special tokens stay in the text while the others are skipped, streamed as whole.
+    #[test]
+    fn kept_special_tokens_stay_while_the_others_are_skipped() {
+        let tokenizer = smollm2();
+        let text = "A<gh_stars>B<issue_start>C 日本<gh_stars><|im_end|>";
+        let generated = tokenizer.encode(text, false).unwrap().ids;
+        assert!(generated.contains(&7) && generated.contains(&8), "{generated:?}");
+        let mut decoder = IncrementalDecoder::new(&[], true).keeping(&[7]);
+        let mut pieces: Vec<String> = generated.iter().map(|&id| decoder.push(&tokenizer, id).unwrap()).collect();
+        pieces.push(decoder.flush(&tokenizer).unwrap());
+        assert_eq!(pieces.concat(), "A<gh_stars>BC 日本<gh_stars>");
+        // Not skipping, everything stays, kept or not.
+        let mut decoder = IncrementalDecoder::new(&[], false).keeping(&[7]);
+        let whole: String = generated.iter().map(|&id| decoder.push(&tokenizer, id).unwrap()).collect();
+        assert_eq!(whole, text);
     }
 
     #[test]

@@ -108,7 +108,8 @@ impl Generation {
         let sampling = request.parameters.sampling.do_sample;
         Self {
             stream: Some(stream),
-            decoder: IncrementalDecoder::new(&request.prompt_ids, !request.parameters.keep_special_tokens),
+            decoder: IncrementalDecoder::new(&request.prompt_ids, !request.parameters.keep_special_tokens)
+                .keeping(&request.parameters.kept_special_tokens),
             keep_special_tokens: request.parameters.keep_special_tokens,
             tokenizer,
             stop: StopMatcher::new(&request.parameters.stop).trimming(request.parameters.trim_stop_sequences),

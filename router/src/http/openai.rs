@@ -252,11 +252,15 @@ pub(super) fn prepare_chat(
     parameters.truncate = request.sampling.truncate(state.limits.max_input_tokens)?;
     parameters.adapter_id = state.adapter_for_model(request.model.as_deref());
     parameters.reasoning_first = true;
+    // Reasoning tags that are special tokens are read from a text that keeps them.
+    if state.config.reasoning_parser.is_some() {
+        parameters.kept_special_tokens.extend(super::reasoning::special_tags(&state.tokenizer));
+    }
     let tools = match (tool_plan, tool_reading(state, request)) {
         // The template writes the tools with its model's own instruction; the reply is free.
         (Some(_), ToolReading::Parser { parser, .. }) => {
-            // A format whose marker is a special token is read from a text that keeps them.
-            parameters.keep_special_tokens |= parser.keeps_special_tokens();
+            // A format whose tags are special tokens is read from a text that keeps them.
+            parameters.kept_special_tokens.extend(parser.special_tags(&state.tokenizer));
             request.tools.clone()
         }
         (Some(plan), _) => {

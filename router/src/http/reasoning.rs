@@ -34,6 +34,12 @@ pub fn tag_tokens(tokenizer: &Tokenizer, vocab_size: u32) -> Option<ReasoningTok
     Some(ReasoningTokens { open: id(START)?, close: id(END)? })
 }
 
+/// The tags that are special tokens of this tokenizer (some models' `<think>`): a reply decoded
+/// without them would lose them, and its reasoning would read as the answer.
+pub fn special_tags(tokenizer: &Tokenizer) -> Vec<u32> {
+    [START, END].iter().filter_map(|tag| tokenizer.token_id(tag).filter(|id| tokenizer.is_special(*id))).collect()
+}
+
 impl ReasoningParser {
     /// Whether the prompt (the rendered conversation) leaves a reasoning block open, so the
     /// reply reasons from its first token: its last tag is `<think>` (DeepSeek-R1's template,

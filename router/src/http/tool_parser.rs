@@ -30,6 +30,7 @@
 use serde_json::Value;
 
 use super::reasoning::partial_tag;
+use crate::tokenizer::Tokenizer;
 
 /// The model's tool-call format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -44,9 +45,17 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    /// The reply's text must keep special tokens: the format's marker is one.
-    pub fn keeps_special_tokens(self) -> bool {
-        self == ToolCallParser::Mistral
+    /// The format's tags that are special tokens in this tokenizer (Mistral's `[TOOL_CALLS]`
+    /// from tokenizer v3 on, `<tool_call>` in some Hermes models'): the reply's text must keep
+    /// them, or the calls would read as content. `llama3_json` reads its calls with or without
+    /// `<|python_tag|>`.
+    pub fn special_tags(self, tokenizer: &Tokenizer) -> Vec<u32> {
+        let tags: &[&str] = match self {
+            ToolCallParser::Hermes => &[START, END],
+            ToolCallParser::Llama3Json => &[],
+            ToolCallParser::Mistral => &[TOOL_CALLS, ARGS, CALL_ID],
+        };
+        tags.iter().filter_map(|tag| tokenizer.token_id(tag).filter(|id| tokenizer.is_special(*id))).collect()
     }
 
     /// A new id for a call read in this format: unique, as a conversation sends each call's

@@ -78,6 +78,10 @@ pub struct GenerateParameters {
     /// OpenAI routes); the end-of-sequence token that ends the generation stays out.
     #[serde(skip)]
     pub keep_special_tokens: bool,
+    /// Special tokens whose text stays while the others are skipped: the tags a chat route's
+    /// tool-call or reasoning parser reads, where the tokenizer has them as special tokens.
+    #[serde(skip)]
+    pub kept_special_tokens: Vec<u32>,
     /// Token ids that end the generation when sampled, kept in the text (vLLM's
     /// `stop_token_ids`, set by the OpenAI routes).
     #[serde(skip)]

@@ -44,6 +44,8 @@ pub struct ValidParameters {
     pub trim_stop_sequences: bool,
     /// Special tokens' text stays in the output (but the ending EOS's).
     pub keep_special_tokens: bool,
+    /// While the others are skipped, these special tokens' text stays.
+    pub kept_special_tokens: Vec<u32>,
     /// Sampling one of these ends the generation (`stop_sequence`).
     pub stop_token_ids: Vec<u32>,
     pub truncate: Option<usize>,
@@ -122,6 +124,7 @@ pub fn validate_parameters(
         stop: parameters.stop.clone(),
         trim_stop_sequences: parameters.trim_stop_sequences,
         keep_special_tokens: parameters.keep_special_tokens,
+        kept_special_tokens: parameters.kept_special_tokens.clone(),
         stop_token_ids: parameters.stop_token_ids.clone(),
         truncate,
         top_n_tokens,

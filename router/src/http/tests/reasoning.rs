@@ -138,3 +138,29 @@ async fn a_thinking_model_reasons_before_it_calls_a_tool() {
     assert_eq!(streamed_arguments, arguments);
     assert_eq!(events[events.len() - 2]["choices"][0]["finish_reason"], "tool_calls");
 }
+
+/// Where `<think>` and `</think>` are special tokens, the reply's text keeps them under the
+/// parser (and skips the other special tokens, as the request asks), so the reasoning is split
+/// from the answer, whole and streamed.
+#[tokio::test]
+async fn reasoning_tags_that_are_special_tokens_are_read() {
+    let mut tokenizer: Value = serde_json::from_str(&thinking_json()).unwrap();
+    for token in tokenizer["added_tokens"].as_array_mut().unwrap() {
+        if token["content"] == "<think>" || token["content"] == "</think>" {
+            token["special"] = json!(true);
+        }
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let script = "<think>Hello world.</think>Good<issue_start>bye!";
+    let shard = ScriptedShard::spawn_with_script(tokenizer.to_string(), template, script, 49154);
+    let config = HttpConfig { reasoning_parser: Some(ReasoningParser::Qwen3), ..HttpConfig::default() };
+    let app = app_on_shard(config, shard, &[]).await.0;
+    let request = json!({"messages": [{"role": "user", "content": "Well?"}], "max_tokens": 60});
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &request)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
+    assert_eq!((&message["reasoning_content"], &message["content"]), (&json!("Hello world."), &json!("Goodbye!")), "{message}");
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(request, &json!({"stream": true})))).await;
+    assert_eq!((joined(&text, "reasoning_content"), joined(&text, "content")), ("Hello world.".to_string(), "Goodbye!".to_string()), "{text}");
+}

@@ -277,3 +277,37 @@ async fn mistral_calls_are_read_after_their_special_token() {
     let (_, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
     assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"]["content"], "AB", "{text}");
 }
+
+/// `hermes` where `<tool_call>` and `</tool_call>` are special tokens (some Hermes models'; here
+/// the fixture's `<gh_stars>` and `<filename>`, renamed): the reply's text keeps them under the
+/// parser, so the calls are read, whole and streamed; where they are plain text nothing changes,
+/// and the reply's other special tokens are skipped as the request asks.
+#[tokio::test]
+async fn hermes_calls_are_read_where_their_tags_are_special_tokens() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let tokenizer = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap()
+        .replace("<gh_stars>", "<tool_call>").replace("<filename>", "</tool_call>");
+    let script = "Checking.<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>\
+        <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\"}}</tool_call>";
+    let shard = ScriptedShard::spawn_with_script(tokenizer.clone(), TEMPLATE.to_string(), script, 49152);
+    let (app, _) = app_on_shard(HttpConfig { tool_call_parser: Some(ToolCallParser::Hermes), ..HttpConfig::default() }, shard, &[]).await;
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+    let calls = choice["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("{choice}"));
+    assert_eq!(calls.iter().map(arguments).collect::<Vec<_>>(), [json!({"city": "Paris"}), json!({"city": "Lyon"})], "{choice}");
+    assert_eq!((&choice["message"]["content"], &choice["finish_reason"]), (&json!("Checking."), &json!("tool_calls")));
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &with_fields(request(), &json!({"stream": true})))).await;
+    let (calls, _) = streamed_calls(&text);
+    assert_eq!(calls.iter().map(arguments).collect::<Vec<_>>(), [json!({"city": "Paris"}), json!({"city": "Lyon"})], "{text}");
+    // Without tools the reply is not read for calls: special tokens are skipped as asked.
+    let plain = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 80});
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &plain)).await;
+    let content = serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(content.starts_with("Checking.{\"name\"") && !content.contains("tool_call"), "{content}");
+    // A special token that is no tag of the format is still skipped under the parser.
+    let shard = ScriptedShard::spawn_with_script(tokenizer, TEMPLATE.to_string(), "A<issue_start>B", 49152);
+    let (app, _) = app_on_shard(HttpConfig { tool_call_parser: Some(ToolCallParser::Hermes), ..HttpConfig::default() }, shard, &[]).await;
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &request())).await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"]["content"], "AB", "{text}");
+}
