@@ -1,7 +1,7 @@
 """OpenAI's Responses API (`/v1/responses`) through the unmodified `openai` client: the reply is
 the chat route's (greedy), whole and streamed through the client's own event accumulator, a
-structured output parsed by the client, and a tool loop whose output items are sent back as
-input."""
+structured output parsed by the client, a tool loop whose output items are sent back as
+input, and the same loop continued by `previous_response_id` from the kept response."""
 import json
 import uuid
 
@@ -99,9 +99,37 @@ def test_a_tool_loop_sends_the_output_items_back(url):
     assert answered.output and answered.usage.input_tokens > called.usage.input_tokens
 
 
-def test_what_needs_a_stored_response_is_refused(url):
+def test_a_kept_response_is_continued_retrieved_and_deleted(url):
+    """`store` (the client's default): the tool loop of the test above continued by
+    `previous_response_id` alone gives what sending the items back gave, greedy; the client reads
+    the kept response back and deletes it, after which neither reading nor continuing finds it."""
+    api = client(url)
+    conversation = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+    called = api.responses.create(model="tgi", input=conversation, tools=TOOLS, tool_choice="required",
+                                  max_output_tokens=80, temperature=0)
+    assert called.store
+    call = next(item for item in called.output if item.type == "function_call")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"celsius": 21, "sky": "clear"}'}
+    resent = api.responses.create(model="tgi", tools=TOOLS, max_output_tokens=30, temperature=0,
+                                  input=[*conversation, *called.output, result])
+    continued = api.responses.create(model="tgi", tools=TOOLS, max_output_tokens=30, temperature=0,
+                                     input=[result], previous_response_id=called.id)
+    assert continued.previous_response_id == called.id
+    assert continued.output_text == resent.output_text
+    assert continued.usage.input_tokens == resent.usage.input_tokens
+    assert api.responses.retrieve(called.id).output[-1].call_id == call.call_id
+    api.responses.delete(called.id)
+    with pytest.raises(openai.NotFoundError):
+        api.responses.retrieve(called.id)
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError) as raised:
+            api.responses.create(model="tgi", input="Hi", previous_response_id=called.id, stream=stream)
+        assert raised.value.body == f"Response with id '{called.id}' not found.", raised.value.body
+
+
+def test_what_needs_state_it_does_not_keep_is_refused(url):
     for stream in (False, True):
         with pytest.raises(openai.UnprocessableEntityError) as raised:
-            client(url).responses.create(model="tgi", input="Hi", previous_response_id="resp_1", stream=stream)
+            client(url).responses.create(model="tgi", input="Hi", conversation="conv_1", stream=stream)
         # The client keeps the "error" member of the body.
-        assert raised.value.body.startswith("Input validation error: `previous_response_id` is not supported"), raised.value.body
+        assert raised.value.body.startswith("Input validation error: `conversation` is not supported"), raised.value.body

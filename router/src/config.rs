@@ -165,6 +165,13 @@ pub struct RouterConfig {
     /// read. See `runtime_lora_updating`.
     #[arg(long, env = "ALLOW_RUNTIME_LORA_UPDATING")]
     pub allow_runtime_lora_updating: bool,
+    /// Memory for the Responses API's kept responses (`store`, true unless a request says false,
+    /// as at OpenAI), in bytes of their JSON: a request continues one by `previous_response_id`,
+    /// and `GET`/`DELETE /v1/responses/{id}` read and remove it. The oldest go first; they live
+    /// in this process only (a restart forgets them, each replica keeps its own). 0: none is
+    /// kept, and `previous_response_id` is refused.
+    #[arg(long, env = "RESPONSES_STORE_BYTES", default_value_t = 64 << 20)]
+    pub responses_store_bytes: usize,
     /// One step in flight: send step N+1 while the shard computes step N (decodes take the
     /// token N samples from the shard); stops apply one step late, the extra token is never
     /// returned. Requests with a grammar wait for each result.

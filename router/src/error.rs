@@ -39,6 +39,10 @@ pub enum HttpError {
     /// `GET /v1/models/{id}` for a model this server does not serve.
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
+    /// A Responses API id this server does not keep (`GET`/`DELETE /v1/responses/{id}`,
+    /// `previous_response_id`): never kept, deleted, or gone for room.
+    #[error("Response with id '{0}' not found.")]
+    ResponseNotFound(String),
     #[error("Payload too large: the request body is over {0} bytes")]
     PayloadTooLarge(usize),
     /// The body is not a request of this route (bad JSON, wrong types, missing fields).
@@ -89,7 +93,7 @@ impl HttpError {
             HttpError::Incomplete | HttpError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
             HttpError::Unhealthy(_) | HttpError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             HttpError::Unauthorized => StatusCode::UNAUTHORIZED,
-            HttpError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            HttpError::ModelNotFound(_) | HttpError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
             HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             HttpError::Adapter(error) => match error {
                 AdapterError::Change(AdapterChange::NotFound(_)) => StatusCode::NOT_FOUND,
@@ -116,7 +120,7 @@ impl HttpError {
             HttpError::Unhealthy(_) => "healthcheck",
             HttpError::Unavailable { .. } => "unavailable",
             HttpError::Unauthorized => "unauthorized",
-            HttpError::ModelNotFound(_) => "not_found",
+            HttpError::ModelNotFound(_) | HttpError::ResponseNotFound(_) => "not_found",
             HttpError::PayloadTooLarge(_) => "payload_too_large",
             HttpError::Metrics(_) => "metrics",
             HttpError::Adapter(AdapterError::Change(AdapterChange::NotFound(_))) => "not_found",

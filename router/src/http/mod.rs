@@ -26,6 +26,7 @@ mod openapi;
 pub mod reasoning;
 mod request;
 mod request_log;
+mod response_store;
 mod responses;
 mod sse;
 mod state;
@@ -94,6 +95,7 @@ pub fn router(
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/responses", post(responses::responses))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/invocations", post(invocations::invocations))
         .route("/vertex", post(vertex::vertex))
         .route("/v1/chat/completions/render", post(worker_api::render_chat))

@@ -15,14 +15,16 @@
 //! message's tokens' logprobs come with `include: ["message.output_text.logprobs"]` or
 //! `top_logprobs`.
 //!
-//! The server keeps no responses: `previous_response_id`, `conversation` and `background` are
-//! refused (422), and every response says `store: false`. A client keeps its conversation by
-//! sending the previous output items back in `input`, as with `store: false` at OpenAI.
+//! Responses are kept (`store`, true unless the request says false, as at OpenAI) within
+//! `--responses-store-bytes` (`response_store.rs`): `previous_response_id` continues one (its
+//! conversation, then the new `input`), `GET`/`DELETE /v1/responses/{id}` read and remove one.
+//! `conversation` and `background` are refused (422). A client can also keep its conversation
+//! itself by sending the previous output items back in `input`, as with `store: false`.
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::State;
-use axum::response::Response;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 use tokio::sync::OwnedSemaphorePermit;
@@ -37,6 +39,7 @@ use super::openai_types::{log_ignored_fields, unix_now, ChatRequest};
 use super::request::ValidRequest;
 use super::request_log::RequestLog;
 use super::reasoning::ChoiceSplitters;
+use super::response_store::ResponseStore;
 use super::sse::{sse_response, ErrorsBeforeOpen, EventSender};
 use super::state::AppState;
 use super::tool_parser::ToolCallParser;
@@ -57,7 +60,7 @@ const ROUTE: &str = "/v1/responses";
 #[tracing::instrument(skip_all)]
 pub(crate) async fn responses(State(state): State<Arc<AppState>>, JsonBody(body): JsonBody<Value>) -> Response {
     let arrival = Instant::now();
-    let request = match ResponsesRequest::parse(body) {
+    let request = match ResponsesRequest::parse(body, Some(&state.responses)) {
         Ok(request) => request,
         Err(error) => return respond::<Response>(Err(error), &RequestLog::start(ROUTE, arrival)),
     };
@@ -68,6 +71,7 @@ pub(crate) async fn responses(State(state): State<Arc<AppState>>, JsonBody(body)
     if let ToolReading::Parser { parser, .. } = reading {
         output.parser = Some(parser);
     }
+    output.keep = request.store.then_some(request.items);
     let logprobs = request.chat.logprobs;
     if request.chat.stream {
         return stream(state, prepared, output, logprobs, arrival).await;
@@ -82,12 +86,39 @@ pub(crate) async fn responses(State(state): State<Arc<AppState>>, JsonBody(body)
                 let headers = finished_headers(&figures, &end, &state.config.compute_type, 0);
                 // The last event holds the whole response.
                 let response = events.pop().map(|mut event| event["response"].take()).unwrap_or_default();
+                run.output.keep(&state.responses, &response);
                 return Ok::<_, HttpError>((headers, Json(response)));
             }
         }
     }
     .await;
     respond(result, &log)
+}
+
+/// A kept response, as it was returned (`store`; OpenAI's `responses.retrieve`).
+#[utoipa::path(get, path = "/v1/responses/{id}", tag = "OpenAI",
+    params(("id" = String, Path, description = "The response's id")),
+    responses((status = 200, body = Object, description = "The `response` object"),
+        (status = 404, body = crate::error::ErrorBody, description = "Not kept: never, deleted, or gone for room")))]
+pub(crate) async fn retrieve(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match state.responses.get(&id) {
+        Some(stored) => Json(stored.response).into_response(),
+        None => HttpError::ResponseNotFound(id).into_response(),
+    }
+}
+
+/// Removes a kept response (OpenAI's `responses.delete`); a later `previous_response_id` naming
+/// it is a 404.
+#[utoipa::path(delete, path = "/v1/responses/{id}", tag = "OpenAI",
+    params(("id" = String, Path, description = "The response's id")),
+    responses((status = 200, body = Object, description = "`{\"id\", \"object\": \"response\", \"deleted\": true}`"),
+        (status = 404, body = crate::error::ErrorBody)))]
+pub(crate) async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if state.responses.delete(&id) {
+        Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        HttpError::ResponseNotFound(id).into_response()
+    }
 }
 
 /// The streamed response: `response.created` and `response.in_progress` once the engine took
@@ -147,6 +178,9 @@ async fn stream_events(
         *sequence = run.output.sequence;
         if let Some(end) = &end {
             log.succeeded(end, run.valid.max_new_tokens);
+            if let Some(last) = events.last() {
+                run.output.keep(&state.responses, &last["response"]);
+            }
         }
         if !send_all(sender, events).await || end.is_some() {
             return Ok(());
@@ -273,31 +307,53 @@ impl<'a> Run<'a> {
 pub(crate) struct ResponsesRequest {
     pub chat: ChatRequest,
     pub repeated: Map<String, Value>,
+    /// The conversation as items: the continued response's (`previous_response_id`), then this
+    /// request's `input` (a string as one user message).
+    pub items: Vec<Value>,
+    /// The response is kept (`store`, and a store to keep it in).
+    pub store: bool,
 }
 
 /// Fields that need state this server does not keep.
-const STATEFUL_FIELDS: [&str; 3] = ["previous_response_id", "conversation", "prompt"];
+const STATEFUL_FIELDS: [&str; 2] = ["conversation", "prompt"];
 /// Fields read here and not passed on to the chat request: logged as not read.
 const UNREAD_FIELDS: [&str; 2] = ["reasoning", "truncation"];
 /// The one `include` this server answers: the message's tokens' logprobs.
 const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
 impl ResponsesRequest {
-    pub fn parse(body: Value) -> Result<Self, HttpError> {
+    /// `store`: where responses are kept (none: nothing is, as with `--responses-store-bytes 0`).
+    pub fn parse(body: Value, store: Option<&ResponseStore>) -> Result<Self, HttpError> {
         let Value::Object(mut body) = body else {
             return Err(HttpError::BadRequestBody("a Responses request is a JSON object".into()));
         };
+        let store = store.filter(|store| store.enabled());
         let mut take = |field: &str| body.remove(field).filter(|value| !value.is_null());
         for field in STATEFUL_FIELDS {
             if take(field).is_some() {
                 let why = match field {
-                    "previous_response_id" => "this server stores no responses; send the output items back in `input`",
-                    "conversation" => "this server stores no conversations; send the items in `input`",
+                    "conversation" => "this server stores no conversations; send the items in `input`, or continue a response by `previous_response_id`",
                     _ => "this server stores no prompt templates",
                 };
                 return Err(ValidationError::UnsupportedBecause(field, why).into());
             }
         }
+        let previous = match take("previous_response_id") {
+            None => None,
+            Some(Value::String(id)) => match store {
+                None => {
+                    let why = "this server keeps no responses (--responses-store-bytes 0); send the output items back in `input`";
+                    return Err(ValidationError::UnsupportedBecause("previous_response_id", why).into());
+                }
+                Some(store) => Some(store.get(&id).ok_or(HttpError::ResponseNotFound(id))?),
+            },
+            Some(_) => return Err(invalid("previous_response_id", "must be a string".into()).into()),
+        };
+        let keep = match take("store") {
+            None => true,
+            Some(Value::Bool(keep)) => keep,
+            Some(_) => return Err(invalid("store", "must be a boolean".into()).into()),
+        } && store.is_some();
         if take("background").is_some_and(|background| background != Value::Bool(false)) {
             return Err(ValidationError::Unsupported("background").into());
         }
@@ -311,7 +367,15 @@ impl ResponsesRequest {
             let text = instructions.as_str().ok_or_else(|| invalid("instructions", "must be a string".into()))?;
             messages.push(json!({"role": "system", "content": text}));
         }
-        messages.extend(input_messages(input)?);
+        // The continued conversation, then this input (the previous `instructions` are not
+        // carried over, as at OpenAI).
+        let mut items = previous.as_ref().map(|previous| previous.items.to_vec()).unwrap_or_default();
+        match input {
+            Value::String(text) => items.push(json!({"role": "user", "content": text})),
+            Value::Array(input) => items.extend(input),
+            _ => return Err(invalid("input", "must be a string or a list of items".into()).into()),
+        }
+        messages.extend(input_messages(Value::Array(items.clone()))?);
         let mut chat = Map::new();
         chat.insert("messages".into(), Value::Array(messages));
         let max_output_tokens = take("max_output_tokens");
@@ -349,9 +413,7 @@ impl ResponsesRequest {
         if let Some(include) = include.filter(|include| !include.as_array().is_some_and(|asked| asked.iter().all(included))) {
             unread.push(("include", include));
         }
-        // `store` defaults to true at OpenAI; nothing is stored here whatever it says. The
-        // stream's options (`include_obfuscation`) do not apply.
-        take("store");
+        // The stream's options (`include_obfuscation`) do not apply.
         take("stream_options");
         let mut repeated = Map::new();
         repeated.insert("instructions".into(), instructions.unwrap_or(Value::Null));
@@ -367,8 +429,9 @@ impl ResponsesRequest {
         repeated.insert("reasoning".into(), reasoning.unwrap_or(Value::Null));
         repeated.insert("truncation".into(), json!("disabled"));
         repeated.insert("top_logprobs".into(), top_logprobs.unwrap_or(Value::Null));
-        repeated.insert("previous_response_id".into(), Value::Null);
-        repeated.insert("store".into(), Value::Bool(false));
+        let previous_id = previous.as_ref().map_or(Value::Null, |previous| previous.response["id"].clone());
+        repeated.insert("previous_response_id".into(), previous_id);
+        repeated.insert("store".into(), Value::Bool(keep));
         repeated.insert("background".into(), Value::Bool(false));
         // Everything else is the chat route's: sampling, `stream`, `model`, `priority`, `slo`, ….
         chat.extend(body);
@@ -383,7 +446,7 @@ impl ResponsesRequest {
                 chat.ignored.insert(field.to_string(), value);
             }
         }
-        Ok(Self { chat, repeated })
+        Ok(Self { chat, repeated, items, store: keep })
     }
 }
 
@@ -578,6 +641,8 @@ struct Output {
     /// The format the reply's calls are read in, where a parser reads them: Mistral's chat
     /// templates take back only its own form of call id.
     parser: Option<ToolCallParser>,
+    /// The conversation this response ends, when it is to be kept (`store`).
+    keep: Option<Vec<Value>>,
 }
 
 fn item_id(prefix: &str) -> String {
@@ -595,6 +660,16 @@ impl Output {
             open: None,
             sequence: 0,
             parser: None,
+            keep: None,
+        }
+    }
+
+    /// Keeps the finished `response` with its conversation, if it is to be kept: the input items,
+    /// then its output items.
+    fn keep(&mut self, store: &ResponseStore, response: &Value) {
+        if let Some(mut items) = self.keep.take() {
+            items.extend(response["output"].as_array().into_iter().flatten().cloned());
+            store.put(response.clone(), items);
         }
     }
 
@@ -783,7 +858,7 @@ mod tests {
     use super::*;
 
     fn parse(body: Value) -> Result<ResponsesRequest, String> {
-        ResponsesRequest::parse(body).map_err(|error| error.to_string())
+        ResponsesRequest::parse(body, None).map_err(|error| error.to_string())
     }
 
     #[test]
@@ -842,7 +917,9 @@ mod tests {
     #[test]
     fn what_needs_stored_state_or_is_not_text_is_refused() {
         for (body, expected) in [
+            // Without a store (`--responses-store-bytes 0`).
             (json!({"input": "Hi", "previous_response_id": "resp_1"}), "previous_response_id"),
+            (json!({"input": "Hi", "store": 1}), "store"),
             (json!({"input": "Hi", "conversation": "conv_1"}), "conversation"),
             (json!({"input": "Hi", "background": true}), "background"),
             (json!({"messages": [{"role": "user", "content": "Hi"}]}), "`input`"),

@@ -38,6 +38,9 @@ pub struct HttpConfig {
     /// `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served
     /// (`--allow-runtime-lora-updating`).
     pub allow_runtime_lora_updating: bool,
+    /// The Responses API keeps responses within this many bytes (`--responses-store-bytes`;
+    /// 0: none).
+    pub responses_store_bytes: usize,
     /// Request bodies larger than this are answered 413.
     pub payload_limit: usize,
     /// When set, the generation routes require `Authorization: Bearer <key>`.
@@ -75,6 +78,7 @@ impl Default for HttpConfig {
             reasoning_parser: None,
             tool_call_parser: None,
             allow_runtime_lora_updating: false,
+            responses_store_bytes: 64 << 20,
             payload_limit: 2_000_000,
             api_key: None,
             model_id: String::new(),
@@ -130,6 +134,8 @@ pub(crate) struct AppState {
     pub info: ModelInfo,
     /// This process among replicas (`/get_server_info`): random, fixed for its lifetime.
     pub instance_id: String,
+    /// The Responses API's kept responses.
+    pub responses: super::response_store::ResponseStore,
 }
 
 impl AppState {
@@ -177,6 +183,7 @@ impl AppState {
         } else {
             config.model_id.clone()
         };
+        let responses = super::response_store::ResponseStore::new(config.responses_store_bytes);
         Ok(Self {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             metrics: crate::metrics::install_recorder()?,
@@ -191,6 +198,7 @@ impl AppState {
             num_shard: info.world_size,
             info: info.clone(),
             instance_id: format!("{:032x}", rand::random::<u128>()),
+            responses,
         })
     }
 

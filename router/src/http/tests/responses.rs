@@ -1,6 +1,6 @@
 //! OpenAI's Responses API (`/v1/responses`) over the in-process stack: the same reply as the
 //! chat route's, as output items, whole and as typed events; a call, a cut reply, reasoning, a
-//! tool loop sent back as items, and the refusals.
+//! tool loop sent back as items, responses kept and continued, and the refusals.
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
@@ -47,7 +47,7 @@ async fn a_response_is_the_chat_reply_as_an_output_message() {
     assert_eq!(response["status"], "completed");
     assert_eq!(response["incomplete_details"], Value::Null);
     assert_eq!(response["metadata"], json!({"k": "v"}));
-    assert_eq!(response["store"], false);
+    assert_eq!(response["store"], true);
     let output = response["output"].as_array().unwrap();
     assert_eq!(output.len(), 1, "{response}");
     assert_eq!(output[0]["type"], "message");
@@ -203,7 +203,7 @@ async fn reasoning_is_an_output_item_before_the_message() {
 async fn refusals_have_their_status_whole_and_streamed() {
     let (app, log) = app(HttpConfig::default()).await;
     for body in [
-        json!({"input": "Hi", "previous_response_id": "resp_1"}),
+        json!({"input": "Hi", "conversation": "conv_1"}),
         json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
         json!({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}),
         json!({"input": "Hi", "priority": "high"}),
@@ -216,6 +216,12 @@ async fn refusals_have_their_status_whole_and_streamed() {
             let error: Value = serde_json::from_str(&text).unwrap();
             assert_eq!(error["error_type"], "validation", "{text}");
         }
+    }
+    // An id not kept is OpenAI's 404, whole or streamed.
+    for stream in [false, true] {
+        let body = json!({"input": "Hi", "previous_response_id": "resp_1", "stream": stream});
+        let (status, _, text) = send(&app, post("/v1/responses", &body)).await;
+        assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()["error_type"].clone()), (StatusCode::NOT_FOUND, json!("not_found")), "{text}");
     }
     assert!(log.lock().unwrap().new_requests.is_empty());
     let (status, _, _) = send(&app, post("/v1/responses", &json!([1, 2]))).await;
@@ -297,4 +303,82 @@ async fn logprobs_asked_are_the_messages_whole_and_streamed() {
     let (_, _, text) = send(&app, post("/v1/responses", &json!({"input": "Hi"}))).await;
     let response: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(response["output"][0]["content"][0]["logprobs"], json!([]));
+}
+
+fn get(path: &str) -> axum::http::Request<axum::body::Body> {
+    axum::http::Request::get(path).body(axum::body::Body::empty()).unwrap()
+}
+
+/// Kept responses (`store`, the default): one is read back as it was returned, continued by
+/// `previous_response_id` (its conversation then the new input; its instructions are not carried
+/// over), whole or streamed, and a continuation continued in turn; deleted, it is a 404 to read
+/// or to continue. `store: false` keeps nothing.
+#[tokio::test]
+async fn a_kept_response_is_read_continued_and_deleted() {
+    let (app, log) = app(HttpConfig::default()).await;
+    let prompt = |log: &std::sync::Mutex<super::scripted_shard::ShardLog>| {
+        smollm2().decode(&log.lock().unwrap().new_requests.last().unwrap().prompt_token_ids, false).unwrap()
+    };
+    let first = json!({"input": "Name a colour.", "instructions": "Be kind.", "max_output_tokens": 100});
+    let (status, _, text) = send(&app, post("/v1/responses", &first)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let first: Value = serde_json::from_str(&text).unwrap();
+    let first_id = first["id"].as_str().unwrap().to_string();
+    let (status, _, text) = send(&app, get(&format!("/v1/responses/{first_id}"))).await;
+    assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()), (StatusCode::OK, first.clone()));
+
+    let next = json!({"input": "Another one?", "previous_response_id": first_id, "max_output_tokens": 100});
+    let (status, _, text) = send(&app, post("/v1/responses", &next)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let second: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((&second["previous_response_id"], &second["store"]), (&json!(first_id), &json!(true)));
+    let conversation = prompt(&log);
+    let (asked, answered, again) = (conversation.find("Name a colour."), conversation.find(SCRIPT), conversation.find("Another one?"));
+    assert!(asked < answered && answered < again && asked.is_some(), "{conversation}");
+    assert!(!conversation.contains("Be kind."), "the previous instructions are not carried over: {conversation}");
+
+    // Streamed, a continuation of the continuation: kept as its last event's response.
+    let third = json!({"input": "And a third?", "previous_response_id": second["id"], "max_output_tokens": 100, "stream": true});
+    let (_, _, text) = send(&app, post("/v1/responses", &third)).await;
+    let streamed = events(&text).last().unwrap()["response"].clone();
+    assert_eq!(streamed["status"], "completed");
+    let conversation = prompt(&log);
+    assert_eq!(conversation.matches(SCRIPT).count(), 2, "{conversation}");
+    assert!(conversation.find("Another one?") < conversation.find("And a third?"), "{conversation}");
+    let (status, _, text) = send(&app, get(&format!("/v1/responses/{}", streamed["id"].as_str().unwrap()))).await;
+    assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()), (StatusCode::OK, streamed));
+
+    let delete = axum::http::Request::delete(format!("/v1/responses/{first_id}")).body(axum::body::Body::empty()).unwrap();
+    let (status, _, text) = send(&app, delete).await;
+    assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()),
+        (StatusCode::OK, json!({"id": first_id, "object": "response", "deleted": true})));
+    let gone = json!({"error": format!("Response with id '{first_id}' not found."), "error_type": "not_found"});
+    let (status, _, text) = send(&app, get(&format!("/v1/responses/{first_id}"))).await;
+    assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()), (StatusCode::NOT_FOUND, gone.clone()));
+    let (status, _, text) = send(&app, post("/v1/responses", &next)).await;
+    assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()), (StatusCode::NOT_FOUND, gone));
+    // The continuation kept its own conversation.
+    assert_eq!(send(&app, get(&format!("/v1/responses/{}", second["id"].as_str().unwrap()))).await.0, StatusCode::OK);
+
+    let unkept = json!({"input": "Hi", "store": false});
+    let (_, _, text) = send(&app, post("/v1/responses", &unkept)).await;
+    let unkept: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(unkept["store"], false);
+    assert_eq!(send(&app, get(&format!("/v1/responses/{}", unkept["id"].as_str().unwrap()))).await.0, StatusCode::NOT_FOUND);
+    let (status, _, text) = send(&app, post("/v1/responses", &json!({"input": "Hi", "store": "yes"}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+}
+
+/// With `--responses-store-bytes 0` nothing is kept: every response says `store: false`, and a
+/// continuation is refused with the reason.
+#[tokio::test]
+async fn without_a_store_a_continuation_is_refused() {
+    let (app, _) = app(HttpConfig { responses_store_bytes: 0, ..HttpConfig::default() }).await;
+    let (_, _, text) = send(&app, post("/v1/responses", &json!({"input": "Hi"}))).await;
+    let response: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(response["store"], false);
+    assert_eq!(send(&app, get(&format!("/v1/responses/{}", response["id"].as_str().unwrap()))).await.0, StatusCode::NOT_FOUND);
+    let (status, _, text) = send(&app, post("/v1/responses", &json!({"input": "Hi", "previous_response_id": response["id"]}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("--responses-store-bytes 0"), "{text}");
 }
