@@ -10,6 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
+/// `--responses-store-bytes`'s default: 64 MiB.
+pub const DEFAULT_STORE_BYTES: usize = 64 << 20;
+
 /// One kept response.
 #[derive(Debug, Clone)]
 pub struct StoredResponse {
@@ -23,7 +26,7 @@ pub struct StoredResponse {
 #[derive(Debug, Default)]
 struct Kept {
     by_id: HashMap<String, (StoredResponse, usize)>,
-    /// Ids, oldest first (ids deleted stay until they reach the front).
+    /// Ids, oldest first.
     order: VecDeque<String>,
     bytes: usize,
 }
@@ -78,13 +81,10 @@ impl ResponseStore {
     /// Removes the response `id`; whether it was kept.
     pub fn delete(&self, id: &str) -> bool {
         let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match kept.by_id.remove(id) {
-            Some((_, size)) => {
-                kept.bytes -= size;
-                true
-            }
-            None => false,
-        }
+        let Some((_, size)) = kept.by_id.remove(id) else { return false };
+        kept.bytes -= size;
+        kept.order.retain(|kept_id| kept_id != id);
+        true
     }
 }
 
@@ -115,6 +115,7 @@ mod tests {
         store.put(response("resp_3", "Hello"), items.clone());
         assert!(store.get("resp_1").is_none() && store.get("resp_2").is_some() && store.get("resp_3").is_some());
         assert!(store.delete("resp_2") && !store.delete("resp_2"));
+        assert_eq!(store.kept.lock().unwrap().order, ["resp_3"], "a deleted id leaves the order too");
         store.put(response("resp_4", "Hello"), items.clone());
         assert!(store.get("resp_3").is_some() && store.get("resp_4").is_some());
         store.put(response("resp_5", &"long ".repeat(one)), items.clone());
