@@ -170,7 +170,7 @@ pub struct RouterConfig {
     /// and `GET`/`DELETE /v1/responses/{id}` read and remove it. The oldest go first; they live
     /// in this process only (a restart forgets them, each replica keeps its own). 0: none is
     /// kept, and `previous_response_id` is refused.
-    #[arg(long, env = "RESPONSES_STORE_BYTES", default_value_t = 64 << 20)]
+    #[arg(long, env = "RESPONSES_STORE_BYTES", default_value_t = crate::http::response_store::DEFAULT_STORE_BYTES)]
     pub responses_store_bytes: usize,
     /// One step in flight: send step N+1 while the shard computes step N (decodes take the
     /// token N samples from the shard); stops apply one step late, the extra token is never

@@ -124,6 +124,12 @@ impl Tokenizer {
         self.special_ids.contains(&id)
     }
 
+    /// The ids of those of `texts` that are each one special token (decoding skips them unless
+    /// told to keep them).
+    pub fn special_ids_of(&self, texts: &[&str]) -> Vec<u32> {
+        texts.iter().filter_map(|text| self.token_id(text).filter(|id| self.is_special(*id))).collect()
+    }
+
     /// The bytes one token stands for, which may be part of a UTF-8 character (a byte-level
     /// token of an emoji): read from the vocabulary entry for a byte-level BPE (GPT-2's
     /// alphabet) or a byte-fallback entry (`<0xE2>`); otherwise the token's text in running

@@ -26,7 +26,7 @@ mod openapi;
 pub mod reasoning;
 mod request;
 mod request_log;
-mod response_store;
+pub(crate) mod response_store;
 mod responses;
 mod sse;
 mod state;

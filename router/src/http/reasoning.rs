@@ -37,7 +37,7 @@ pub fn tag_tokens(tokenizer: &Tokenizer, vocab_size: u32) -> Option<ReasoningTok
 /// The tags that are special tokens of this tokenizer (some models' `<think>`): a reply decoded
 /// without them would lose them, and its reasoning would read as the answer.
 pub fn special_tags(tokenizer: &Tokenizer) -> Vec<u32> {
-    [START, END].iter().filter_map(|tag| tokenizer.token_id(tag).filter(|id| tokenizer.is_special(*id))).collect()
+    tokenizer.special_ids_of(&[START, END])
 }
 
 impl ReasoningParser {

@@ -78,7 +78,7 @@ impl Default for HttpConfig {
             reasoning_parser: None,
             tool_call_parser: None,
             allow_runtime_lora_updating: false,
-            responses_store_bytes: 64 << 20,
+            responses_store_bytes: super::response_store::DEFAULT_STORE_BYTES,
             payload_limit: 2_000_000,
             api_key: None,
             model_id: String::new(),

@@ -55,7 +55,7 @@ impl ToolCallParser {
             ToolCallParser::Llama3Json => &[],
             ToolCallParser::Mistral => &[TOOL_CALLS, ARGS, CALL_ID],
         };
-        tags.iter().filter_map(|tag| tokenizer.token_id(tag).filter(|id| tokenizer.is_special(*id))).collect()
+        tokenizer.special_ids_of(tags)
     }
 
     /// A new id for a call read in this format: unique, as a conversation sends each call's

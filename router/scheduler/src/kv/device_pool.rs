@@ -193,10 +193,7 @@ impl DevicePool {
         }
         let mut forgotten = 0;
         for i in 0..self.cached.len() {
-            if self.cached[i].as_ref().is_none_or(|key| key.namespace != namespace) {
-                continue;
-            }
-            let Some(key) = self.cached[i].take() else { continue };
+            let Some(key) = self.cached[i].take_if(|key| key.namespace == namespace) else { continue };
             self.registry.remove(&key.hash);
             // One being copied out was announced removed when its copy started.
             if !self.in_flight[i] {
