@@ -154,3 +154,30 @@ def test_under_a_tool_call_parser_auto_replies_freely_and_required_keeps_the_gra
     called = client.chat.completions.create(**{**request, "max_tokens": 60, "tool_choice": "required"}).choices[0]
     assert called.finish_reason == "tool_calls"
     check_call(called.message.tool_calls[0].function.name, called.message.tool_calls[0].function.arguments)
+
+
+def test_openai_required_with_parallel_calls_gives_a_list(url):
+    """`parallel_tool_calls=True` asks TGI's grammar for a list of one or more calls: each is one
+    of the tools with arguments that validate, each has its own id, and the stream's pieces add
+    up to the same calls. Without it (above) the answer is TGI's one call. This small model adds
+    call after call to the token limit: the reply then ends `length` with the calls it finished."""
+    client = OpenAI(base_url=f"{url}/v1", api_key="-")
+    request = {"model": "tgi", "messages": [{"role": "user", "content": "The weather in Paris and in Rome?"}],
+               "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": True, "max_tokens": 80,
+               "temperature": 0}
+    choice = client.chat.completions.create(**request).choices[0]
+    calls = choice.message.tool_calls
+    assert choice.finish_reason in ("tool_calls", "length") and choice.message.content is None, choice
+    assert len(calls) >= 1 and [call.id for call in calls] == [str(index) for index in range(len(calls))]
+    for call in calls:
+        check_call(call.function.name, call.function.arguments)
+    rebuilt = {}
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if piece.function.name:
+                assert piece.index == len(rebuilt) and piece.id == str(piece.index), piece
+                rebuilt[piece.index] = [piece.function.name, ""]
+            rebuilt[piece.index][1] += piece.function.arguments or ""
+    # Greedy, so the same calls; cut short, the stream also began the unfinished one.
+    assert [rebuilt[index] for index in range(len(calls))] == [[c.function.name, c.function.arguments] for c in calls]
+    assert len(rebuilt) - len(calls) <= (choice.finish_reason == "length")

@@ -24,7 +24,7 @@ use super::request_log::RequestLog;
 use super::reasoning::{ChoiceSplitters, ReasoningParser, ReasoningSplitter};
 use super::state::AppState;
 use super::tool_parser::{CallDelta, ParsedCall, ToolCallSplitter, Whole};
-use super::tools::{self, CallPiece, CallStream, ChoiceCalls, ToolAnswer, ToolReading, ToolStream};
+use super::tools::{self, CallStream, ChoiceCalls, ToolAnswer, ToolReading, ToolStream};
 use super::types::GenerateParameters;
 use crate::chat_template::{Conversation, TemplateMessage};
 use crate::error::{ErrorBody, HttpError};
@@ -33,8 +33,11 @@ use crate::validation::ValidationError;
 
 const CHAT_ROUTE: &str = "/v1/chat/completions";
 const COMPLETIONS_ROUTE: &str = "/v1/completions";
-/// The id of a response's one tool call under TGI's grammar (TGI's own).
-const TOOL_CALL_ID: &str = "0";
+/// The id of a reply's call under TGI's grammar, by its place: `"0"` for the first (TGI's own
+/// id for its one call), `"1"` for the next.
+fn grammar_call_id(index: usize) -> String {
+    index.to_string()
+}
 
 /// Chat completion over the model's chat template.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI",
@@ -227,7 +230,10 @@ pub(super) fn prepare_chat(
     if request.messages.is_empty() {
         return Err(ValidationError::EmptyConversation.into());
     }
-    let tool_plan = tools::plan(request.tools.as_ref(), request.tool_choice.as_ref(), request.tool_prompt.as_deref())?;
+    // Under TGI's grammar a list of calls is asked for, not assumed: a model not told of the
+    // list (TGI's instruction asks for one call) may add call after call to the token limit.
+    let list = request.parallel_tool_calls == Some(true);
+    let tool_plan = tools::plan(request.tools.as_ref(), request.tool_choice.as_ref(), request.tool_prompt.as_deref(), list)?;
     if tool_plan.is_some() && request.sampling.asks_for_format() {
         return Err(ValidationError::InvalidTools("`tools` and `response_format` (or structured outputs) cannot be used together".into()).into());
     }
@@ -415,13 +421,22 @@ fn answer(text: &str, output: &GenerationOutput, reading: ToolReading) -> (Optio
     if reading == ToolReading::None {
         return (Some(text.to_string()), None, reason);
     }
+    let grammar_calls = |calls: Vec<ParsedCall>| -> Vec<ToolCall> {
+        let call = |(index, ParsedCall { name, arguments })| ToolCall {
+            id: grammar_call_id(index),
+            kind: "function".into(),
+            function: FunctionCall { name, arguments },
+        };
+        calls.into_iter().enumerate().map(call).collect()
+    };
     match tools::parse_answer(text) {
-        Some(ToolAnswer::Call { name, arguments }) => {
-            let call = ToolCall { id: TOOL_CALL_ID.into(), kind: "function".into(), function: FunctionCall { name, arguments } };
-            (None, Some(vec![call]), "tool_calls".into())
-        }
+        Some(ToolAnswer::Calls(calls)) => (None, Some(grammar_calls(calls)), "tool_calls".into()),
         Some(ToolAnswer::Text(text)) => (Some(text), None, reason),
-        None => (Some(text.to_string()), None, reason),
+        // Cut short: the calls it finished, else the text as it is.
+        None => match tools::complete_calls(text) {
+            calls if calls.is_empty() => (Some(text.to_string()), None, reason),
+            calls => (None, Some(grammar_calls(calls)), reason),
+        },
     }
 }
 
@@ -619,7 +634,7 @@ fn parsed_calls_chunk(
 }
 
 /// What a chunk carries of a reply under TGI's tool grammar: no content but the `no_tool`
-/// answer (or a reply the grammar did not finish), and the call's pieces as they grow.
+/// answer (or a reply the grammar did not finish), and the calls' pieces as they grow.
 fn grammar_chunk(
     call: &mut CallStream,
     text: &str,
@@ -628,7 +643,7 @@ fn grammar_chunk(
     prompt: &str,
     generated_reason: Option<String>,
 ) -> (Option<String>, Option<Vec<ToolCallChunk>>, Option<String>) {
-    let (content, piece, finish) = match finish {
+    let (content, pieces, finish) = match finish {
         None => (None, call.push(text), None),
         Some(output) => {
             let last = call.push(text);
@@ -637,30 +652,31 @@ fn grammar_chunk(
                 None => output.generated_text.clone(),
             };
             match tools::parse_answer(&answer) {
-                Some(answer @ ToolAnswer::Call { .. }) => {
-                    let piece = CallPiece::joined(last, call.finish(&answer));
-                    (None, piece, Some("tool_calls".into()))
+                Some(answer @ ToolAnswer::Calls(_)) => {
+                    let pieces = tools::joined(last, call.finish(&answer));
+                    (None, pieces, Some("tool_calls".into()))
                 }
-                Some(ToolAnswer::Text(text)) => (Some(text), None, generated_reason),
-                // Cut short: a call already begun stays unfinished, else the text is all.
-                None if call.started() => (None, None, generated_reason),
-                None => (Some(answer), None, generated_reason),
+                Some(ToolAnswer::Text(text)) => (Some(text), Vec::new(), generated_reason),
+                // Cut short: the calls begun stay as sent, else the text is all.
+                None if call.started() => (None, last, generated_reason),
+                None => (Some(answer), Vec::new(), generated_reason),
             }
         }
     };
-    (content, piece.map(grammar_call_chunk), finish)
+    let calls = (!pieces.is_empty()).then(|| pieces.into_iter().map(grammar_call_chunk).collect());
+    (content, calls, finish)
 }
 
-/// A piece of the one call under TGI's grammar as the chunk's `tool_calls`: the first carries
-/// its id and type.
-fn grammar_call_chunk(piece: CallPiece) -> Vec<ToolCallChunk> {
+/// A piece of a call under TGI's grammar as a chunk's tool call: the first carries its id and
+/// type.
+fn grammar_call_chunk(piece: CallDelta) -> ToolCallChunk {
     let first = piece.name.is_some();
-    vec![ToolCallChunk {
-        index: 0,
-        id: first.then(|| TOOL_CALL_ID.to_string()),
+    ToolCallChunk {
+        index: piece.index,
+        id: first.then(|| grammar_call_id(piece.index as usize)),
         kind: first.then(|| "function".to_string()),
         function: FunctionCallChunk { name: piece.name, arguments: piece.arguments },
-    }]
+    }
 }
 
 fn completion_chunk(identity: &ResponseIdentity, update: ChoiceUpdate<'_>, tokenizer: &Tokenizer) -> serde_json::Value {

@@ -2,7 +2,7 @@
 //! `tool_choice: "auto"` the reply is generated freely, as the model was trained to call tools,
 //! and the calls are read out of it — any number of them (`parallel_tool_calls`). Without the
 //! flag, or with `required` or a named function, the calls are generated under TGI's grammar
-//! (`tools`), one per reply.
+//! (`tools`): one per reply, or one or more with `required` and `parallel_tool_calls: true`.
 //!
 //! `hermes` (Qwen 2.5 and 3, Hermes, and the many models trained on its format): each call is
 //! `<tool_call>{"name": …, "arguments": {…}}</tool_call>`; the text around the calls is the

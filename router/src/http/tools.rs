@@ -1,13 +1,15 @@
 //! OpenAI tool calls on `/v1/chat/completions`, generated under a grammar as TGI does: the
 //! request's `tools` and `tool_choice` become one JSON schema, `{"function": {"_name": <a
 //! tool's name>, <its arguments>}}` (with `auto`, also the `no_tool` answer `{"_name":
-//! "no_tool", "content": <text>}`); the conversation's last message gets TGI's tool prompt and
-//! the tools; the output is parsed back into OpenAI's `tool_calls` (arguments as a JSON string).
+//! "no_tool", "content": <text>}`; with `required` and `parallel_tool_calls: true`, a list of
+//! one or more calls, `{"function": [<call>, …]}`); the conversation's last message gets TGI's tool prompt
+//! and the tools; the output is parsed back into OpenAI's `tool_calls` (arguments as a JSON
+//! string).
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::openai_stream::PerChoice;
-use super::tool_parser::{ToolCallParser, ToolCallSplitter};
+use super::tool_parser::{CallDelta, ParsedCall, ToolCallParser, ToolCallSplitter};
 use crate::grammar::GrammarSpec;
 use crate::validation::ValidationError;
 
@@ -16,7 +18,8 @@ use crate::validation::ValidationError;
 pub enum ToolReading {
     /// No tool is offered (none given, or `tool_choice: "none"`).
     None,
-    /// One call (or, with `auto`, TGI's `no_tool` answer) generated under TGI's grammar.
+    /// Generated under TGI's grammar: one call (or, with `auto`, TGI's `no_tool` answer); with
+    /// `required` and `parallel_tool_calls: true`, one or more (`plan`).
     Grammar,
     /// `auto` under `--tool-call-parser`, with a template that writes the tools into the prompt:
     /// the reply is generated freely and any number of calls are read out of it in the model's
@@ -148,8 +151,10 @@ pub struct ToolPlan {
 }
 
 /// The plan for `tools` and `tool_choice`; `None` when the request calls no tool (no tools,
-/// or `tool_choice: "none"`).
-pub fn plan(tools: Option<&Value>, tool_choice: Option<&Value>, tool_prompt: Option<&str>) -> Result<Option<ToolPlan>, ValidationError> {
+/// or `tool_choice: "none"`). With `required` and `list` (the request's `parallel_tool_calls:
+/// true`) the answer is a list of one or more calls, `{"function": [<call>, …]}`; otherwise one
+/// call (TGI's answer).
+pub fn plan(tools: Option<&Value>, tool_choice: Option<&Value>, tool_prompt: Option<&str>, list: bool) -> Result<Option<ToolPlan>, ValidationError> {
     let invalid = |why: String| ValidationError::InvalidTools(why);
     let tools: Vec<Tool> = match tools {
         None | Some(Value::Null) => return Ok(None),
@@ -172,7 +177,11 @@ pub fn plan(tools: Option<&Value>, tool_choice: Option<&Value>, tool_prompt: Opt
         alternatives.push(object_schema(NO_TOOL, json!({"content": {"type": "string",
             "description": "The response content"}}), vec!["content".into()]));
     }
-    let mut schema = json!({"type": "object", "properties": {"function": {"anyOf": alternatives}},
+    let answer = match choice {
+        ToolChoice::Required if list => json!({"type": "array", "minItems": 1, "items": {"anyOf": alternatives}}),
+        _ => json!({"anyOf": alternatives}),
+    };
+    let mut schema = json!({"type": "object", "properties": {"function": answer},
         "required": ["function"], "additionalProperties": false});
     if !defs.is_empty() {
         schema["$defs"] = Value::Object(defs);
@@ -219,111 +228,201 @@ fn object_schema(name: &str, properties: Value, required: Vec<String>) -> Value 
 /// The generated answer, parsed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolAnswer {
-    /// A call: the tool's name and its arguments as a JSON string.
-    Call { name: String, arguments: String },
+    /// Calls (one, or with `required` and parallel calls, one or more): each tool's name and
+    /// its arguments as a JSON string, in the order generated.
+    Calls(Vec<ParsedCall>),
     /// `no_tool`: plain text.
     Text(String),
 }
 
-/// What every call's text starts with: the grammar writes compact JSON, `_name` first.
-const CALL_PREFIX: &str = r#"{"function":{"_name":""#;
+/// What every answer's text starts with; then `{` (one call) or `[` (a list of calls). The
+/// grammar writes compact JSON, `_name` first in each call.
+const ANSWER_PREFIX: &str = r#"{"function":"#;
+/// What every call's text starts with.
+const CALL_PREFIX: &str = r#"{"_name":""#;
 
 /// Parses a complete output of the tool grammar; `None` when it is not one (cut short by the
-/// token limit).
+/// token limit: `complete_calls` reads the calls it finished).
 pub fn parse_answer(generated: &str) -> Option<ToolAnswer> {
     let value: Value = serde_json::from_str(generated).ok()?;
-    let call = value.get("function")?.as_object()?;
-    let name = call.get("_name")?.as_str()?.to_string();
-    if name == NO_TOOL {
-        return Some(ToolAnswer::Text(call.get("content")?.as_str()?.to_string()));
-    }
-    // The arguments as generated (what a stream sent piece by piece), else re-serialized.
-    let arguments = raw_arguments(generated, &name).unwrap_or_else(|| {
-        let arguments: Map<String, Value> =
-            call.iter().filter(|(key, _)| *key != "_name").map(|(k, v)| (k.clone(), v.clone())).collect();
-        Value::Object(arguments).to_string()
-    });
-    Some(ToolAnswer::Call { name, arguments })
+    let calls = match value.get("function")? {
+        Value::Object(call) => {
+            if call.get("_name")?.as_str()? == NO_TOOL {
+                return Some(ToolAnswer::Text(call.get("content")?.as_str()?.to_string()));
+            }
+            vec![call]
+        }
+        Value::Array(calls) => calls.iter().map(Value::as_object).collect::<Option<Vec<_>>>()?,
+        _ => return None,
+    };
+    let raw = scan(generated).calls;
+    let parsed = calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            let name = call.get("_name")?.as_str()?.to_string();
+            // The arguments as generated (what a stream sent piece by piece), else re-serialized.
+            let arguments = match raw.get(index) {
+                Some(span) if span.closed && span.name == name => span.arguments.clone(),
+                _ => {
+                    let arguments: Map<String, Value> =
+                        call.iter().filter(|(key, _)| *key != "_name").map(|(k, v)| (k.clone(), v.clone())).collect();
+                    Value::Object(arguments).to_string()
+                }
+            };
+            Some(ParsedCall { name, arguments })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!parsed.is_empty()).then_some(ToolAnswer::Calls(parsed))
 }
 
-/// `{"function":{"_name":"n","a":1}}` -> `{"a":1}`; `{"function":{"_name":"n"}}` -> `{}`.
-fn raw_arguments(generated: &str, name: &str) -> Option<String> {
-    let rest = generated.strip_prefix(CALL_PREFIX)?.strip_prefix(name)?.strip_prefix('"')?;
-    let inner = rest.strip_suffix("}}")?;
-    match inner.strip_prefix(',') {
-        Some(arguments) => Some(format!("{{{arguments}}}")),
-        None if inner.is_empty() => Some("{}".into()),
-        None => None,
-    }
+/// The calls a reply cut short had finished (its last, unfinished one left out).
+pub fn complete_calls(generated: &str) -> Vec<ParsedCall> {
+    scan(generated)
+        .calls
+        .into_iter()
+        .take_while(|span| span.closed)
+        .filter(|span| span.name != NO_TOOL)
+        .map(|span| ParsedCall { name: span.name, arguments: span.arguments })
+        .collect()
 }
 
-/// The part of a tool call a streamed chunk carries: the name in the call's first chunk, then
-/// pieces of the arguments that add up to `ToolAnswer::Call::arguments`.
+/// One call in the text so far: its name (complete), its arguments so far (all of them, braces
+/// included, once `closed`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CallPiece {
-    pub name: Option<String>,
-    pub arguments: String,
+struct CallSpan {
+    name: String,
+    arguments: String,
+    closed: bool,
 }
 
-impl CallPiece {
-    /// One piece out of two that go in the same chunk.
-    pub fn joined(first: Option<CallPiece>, second: Option<CallPiece>) -> Option<CallPiece> {
-        match (first, second) {
-            (Some(first), Some(second)) => Some(CallPiece {
-                name: first.name.or(second.name),
-                arguments: first.arguments + &second.arguments,
-            }),
-            (first, second) => first.or(second),
+/// The calls of a (partial) answer, read by structure: a call ends at the brace that closes its
+/// object, outside strings, so a streamed call's arguments are sent as they grow, and none is
+/// cut at a brace inside a string. A name with escapes stops the reading there (its call is left
+/// to the end of the generation).
+#[derive(Debug, Default)]
+struct Scanned {
+    calls: Vec<CallSpan>,
+}
+
+fn scan(text: &str) -> Scanned {
+    let mut scanned = Scanned::default();
+    let Some(rest) = text.strip_prefix(ANSWER_PREFIX) else { return scanned };
+    let (list, mut rest) = match rest.as_bytes().first() {
+        Some(b'[') => (true, &rest[1..]),
+        Some(b'{') => (false, rest),
+        _ => return scanned,
+    };
+    loop {
+        let Some(after) = rest.strip_prefix(CALL_PREFIX) else { return scanned };
+        let Some((name, after_name)) = after.split_once('"') else { return scanned };
+        if name.contains('\\') {
+            return scanned;
+        }
+        let (arguments, closed, next) = match after_name.as_bytes().first() {
+            None => (String::new(), false, ""),
+            Some(b'}') => ("{}".to_string(), true, &after_name[1..]),
+            Some(b',') => {
+                let body = &after_name[1..];
+                match object_end(body) {
+                    Some(end) => (format!("{{{}}}", &body[..end]), true, &body[end + 1..]),
+                    None => (format!("{{{body}"), false, ""),
+                }
+            }
+            Some(_) => return scanned,
+        };
+        scanned.calls.push(CallSpan { name: name.to_string(), arguments, closed });
+        if !closed || !list {
+            return scanned;
+        }
+        match next.strip_prefix(',') {
+            Some(more) => rest = more,
+            None => return scanned,
         }
     }
 }
 
-/// Follows a tool call's text as it is generated. The name is sent once it is complete; the
-/// arguments as they grow, less their last character, which may be the brace that closes the
-/// outer object and is not part of them.
+/// Where the object whose body `body` is (its opening brace already read) closes: the byte
+/// index of that `}`, outside strings; `None` while it is still open.
+fn object_end(body: &str) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (at, byte) in body.bytes().enumerate() {
+        match byte {
+            _ if escaped => escaped = false,
+            b'\\' if in_string => escaped = true,
+            b'"' => in_string = !in_string,
+            _ if in_string => {}
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' if depth > 0 => depth -= 1,
+            b'}' => return Some(at),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Follows an answer's calls as they are generated: each call is named once its name is
+/// complete, and its arguments are sent as they grow.
 #[derive(Debug, Default)]
 pub struct CallStream {
     text: String,
-    started: bool,
-    arguments_sent: usize,
+    /// Per call begun: the bytes of its arguments sent.
+    sent: Vec<usize>,
 }
 
 impl CallStream {
-    /// Adds generated text; the piece of the call it completes, if any.
-    pub fn push(&mut self, text: &str) -> Option<CallPiece> {
+    /// Adds generated text; the pieces of calls it adds.
+    pub fn push(&mut self, text: &str) -> Vec<CallDelta> {
         self.text.push_str(text);
-        let after_prefix = self.text.strip_prefix(CALL_PREFIX)?;
-        let (name, rest) = after_prefix.split_once('"')?;
-        // A name with escapes, or the plain answer, is left to the end of the generation.
-        if name.contains('\\') || name == NO_TOOL || rest.is_empty() {
-            return None;
+        let calls = scan(&self.text).calls;
+        let spans: Vec<(String, String)> =
+            calls.into_iter().filter(|span| span.name != NO_TOOL).map(|span| (span.name, span.arguments)).collect();
+        self.pieces(spans)
+    }
+
+    /// The rest of the calls once the generation has ended with `answer`.
+    pub fn finish(&mut self, answer: &ToolAnswer) -> Vec<CallDelta> {
+        let ToolAnswer::Calls(calls) = answer else { return Vec::new() };
+        self.pieces(calls.iter().map(|call| (call.name.clone(), call.arguments.clone())).collect())
+    }
+
+    /// What `calls` (name, arguments so far) add to what was sent.
+    fn pieces(&mut self, calls: Vec<(String, String)>) -> Vec<CallDelta> {
+        let mut pieces = Vec::new();
+        for (index, (name, arguments)) in calls.into_iter().enumerate() {
+            let name = (index >= self.sent.len()).then_some(name);
+            if name.is_some() {
+                self.sent.push(0);
+            }
+            let sent = &mut self.sent[index];
+            let piece = arguments.get(*sent..).unwrap_or_default().to_string();
+            *sent = (*sent).max(arguments.len());
+            if name.is_some() || !piece.is_empty() {
+                pieces.push(CallDelta { index: index as u32, name, arguments: piece });
+            }
         }
-        let name = (!self.started).then(|| name.to_string());
-        self.started = true;
-        let growing = match rest.strip_prefix(',') {
-            Some(arguments) => format!("{{{arguments}"),
-            None => String::new(),
-        };
-        let ready = growing.char_indices().last().map_or(0, |(last, _)| last);
-        let piece = growing.get(self.arguments_sent..ready).unwrap_or_default().to_string();
-        self.arguments_sent = self.arguments_sent.max(ready);
-        (name.is_some() || !piece.is_empty()).then_some(CallPiece { name, arguments: piece })
+        pieces
     }
 
-    /// The rest of the call once the generation has ended with `answer`.
-    pub fn finish(&mut self, answer: &ToolAnswer) -> Option<CallPiece> {
-        let ToolAnswer::Call { name, arguments } = answer else { return None };
-        let name = (!self.started).then(|| name.clone());
-        self.started = true;
-        let rest = arguments.get(self.arguments_sent..).unwrap_or_default().to_string();
-        self.arguments_sent = arguments.len();
-        Some(CallPiece { name, arguments: rest })
-    }
-
-    /// Whether the call's first piece was sent.
+    /// Whether a call's first piece was sent.
     pub fn started(&self) -> bool {
-        self.started
+        !self.sent.is_empty()
     }
+}
+
+/// Two lists of pieces that go in one chunk, as one: a call's pieces are joined.
+pub fn joined(first: Vec<CallDelta>, second: Vec<CallDelta>) -> Vec<CallDelta> {
+    let mut all: Vec<CallDelta> = Vec::with_capacity(first.len() + second.len());
+    for piece in first.into_iter().chain(second) {
+        match all.iter_mut().find(|joined| joined.index == piece.index) {
+            Some(joined) => {
+                joined.name = joined.name.take().or(piece.name);
+                joined.arguments.push_str(&piece.arguments);
+            }
+            None => all.push(piece),
+        }
+    }
+    all
 }
 
 #[cfg(test)]
@@ -345,7 +444,7 @@ mod tests {
 
     #[test]
     fn auto_offers_every_tool_and_no_tool() {
-        let plan = plan(Some(&weather()), None, None).unwrap().unwrap();
+        let plan = plan(Some(&weather()), None, None, true).unwrap().unwrap();
         let alternatives = schema(&plan)["properties"]["function"]["anyOf"].as_array().unwrap();
         let names: Vec<&Value> = alternatives.iter().map(|a| &a["properties"]["_name"]["const"]).collect();
         assert_eq!(names, [&json!("get_weather"), &json!("now"), &json!("no_tool")]);
@@ -359,63 +458,121 @@ mod tests {
 
     #[test]
     fn required_named_and_none_choices() {
-        let required = plan(Some(&weather()), Some(&json!("required")), Some("Use a tool.")).unwrap().unwrap();
+        let required = plan(Some(&weather()), Some(&json!("required")), Some("Use a tool."), false).unwrap().unwrap();
         assert_eq!(schema(&required)["properties"]["function"]["anyOf"].as_array().unwrap().len(), 2);
         assert!(required.prompt_suffix.starts_with("\n---\nUse a tool.\n"));
         let named = json!({"type": "function", "function": {"name": "now"}});
-        let named = plan(Some(&weather()), Some(&named), None).unwrap().unwrap();
+        let named = plan(Some(&weather()), Some(&named), None, true).unwrap().unwrap();
         let alternatives = schema(&named)["properties"]["function"]["anyOf"].as_array().unwrap().clone();
         assert_eq!(alternatives.len(), 1);
         assert_eq!(alternatives[0]["properties"]["_name"]["const"], "now");
-        assert_eq!(plan(Some(&weather()), Some(&json!("none")), None), Ok(None));
-        assert_eq!(plan(None, Some(&json!("required")), None), Ok(None));
+        assert_eq!(plan(Some(&weather()), Some(&json!("none")), None, true), Ok(None));
+        assert_eq!(plan(None, Some(&json!("required")), None, true), Ok(None));
     }
 
     #[test]
     fn bad_tools_and_choices_are_validation_errors() {
         let unknown = json!({"type": "function", "function": {"name": "fly"}});
         for (tools, choice) in [(weather(), unknown), (weather(), json!("sometimes")), (json!([{"function": {}}]), json!("auto"))] {
-            assert!(matches!(plan(Some(&tools), Some(&choice), None), Err(ValidationError::InvalidTools(_))));
+            assert!(matches!(plan(Some(&tools), Some(&choice), None, true), Err(ValidationError::InvalidTools(_))));
         }
     }
 
     #[test]
-    fn a_streamed_call_adds_up_to_the_parsed_one() {
+    fn required_with_parallel_calls_asks_for_a_list_of_calls() {
+        let required = plan(Some(&weather()), Some(&json!("required")), None, true).unwrap().unwrap();
+        let answer = &schema(&required)["properties"]["function"];
+        assert_eq!((&answer["type"], &answer["minItems"]), (&json!("array"), &json!(1)));
+        let names: Vec<&Value> =
+            answer["items"]["anyOf"].as_array().unwrap().iter().map(|a| &a["properties"]["_name"]["const"]).collect();
+        assert_eq!(names, [&json!("get_weather"), &json!("now")]);
+        // A named function and `auto` stay one answer, as TGI's.
+        let named = json!({"type": "function", "function": {"name": "now"}});
+        for choice in [named, json!("auto")] {
+            let one = plan(Some(&weather()), Some(&choice), None, true).unwrap().unwrap();
+            assert!(schema(&one)["properties"]["function"]["anyOf"].is_array());
+        }
+    }
+
+    /// Every call's pieces, streamed `step` characters at a time, then the end's.
+    fn streamed(generated: &str, step: usize) -> Vec<(String, String)> {
+        let mut stream = CallStream::default();
+        let mut calls: Vec<(String, String)> = Vec::new();
+        let mut add = |pieces: Vec<CallDelta>| {
+            for CallDelta { index, name, arguments } in pieces {
+                let index = index as usize;
+                match name {
+                    Some(name) => {
+                        assert_eq!(index, calls.len(), "a call is named once, in order");
+                        calls.push((name, arguments));
+                    }
+                    None => calls[index].1.push_str(&arguments),
+                }
+            }
+        };
+        let chars: Vec<char> = generated.chars().collect();
+        for piece in chars.chunks(step) {
+            add(stream.push(&piece.iter().collect::<String>()));
+        }
+        if let Some(answer) = parse_answer(generated) {
+            add(stream.finish(&answer));
+        }
+        calls
+    }
+
+    #[test]
+    fn streamed_calls_add_up_to_the_parsed_ones() {
         for generated in [
             r#"{"function":{"_name":"get_weather","city":"Par\u00eds é","unit":"c"}}"#,
             r#"{"function":{"_name":"now"}}"#,
+            r#"{"function":{"_name":"get_weather","city":"a}\"{b","nested":{"x":[1,{"y":"}"}]}}}"#,
+            r#"{"function":[{"_name":"get_weather","city":"Paris"},{"_name":"now"},{"_name":"get_weather","city":"R}ome"}]}"#,
         ] {
-            // Token by token: one character at a time, the worst case for the hold-back.
-            let mut stream = CallStream::default();
-            let mut name = None;
-            let mut arguments = String::new();
-            for piece in generated.chars().filter_map(|c| stream.push(&c.to_string())) {
-                name = name.or(piece.name);
-                arguments.push_str(&piece.arguments);
+            let Some(ToolAnswer::Calls(parsed)) = parse_answer(generated) else { panic!("no calls in {generated}") };
+            let parsed: Vec<(String, String)> = parsed.into_iter().map(|call| (call.name, call.arguments)).collect();
+            for step in [1, 2, 3, 7, generated.len()] {
+                assert_eq!(streamed(generated, step), parsed, "{generated} by {step}");
             }
-            let answer = parse_answer(generated).unwrap();
-            let last = stream.finish(&answer).unwrap();
-            name = name.or(last.name);
-            arguments.push_str(&last.arguments);
-            let ToolAnswer::Call { name: parsed_name, arguments: parsed } = answer else { panic!("no call") };
-            assert_eq!((name.unwrap(), arguments.as_str()), (parsed_name, parsed.as_str()));
-            serde_json::from_str::<Value>(&arguments).unwrap();
+            for (_, arguments) in &parsed {
+                serde_json::from_str::<Value>(arguments).unwrap();
+            }
         }
         let mut plain = CallStream::default();
-        assert_eq!(plain.push(r#"{"function":{"_name":"no_tool","content":"hi"#), None);
+        assert!(plain.push(r#"{"function":{"_name":"no_tool","content":"hi"#).is_empty());
         assert!(!plain.started());
+    }
+
+    #[test]
+    fn a_list_cut_short_keeps_the_calls_it_finished() {
+        let cut = r#"{"function":[{"_name":"get_weather","city":"Paris"},{"_name":"get_weather","ci"#;
+        assert_eq!(parse_answer(cut), None);
+        assert_eq!(complete_calls(cut), [ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() }]);
+        // Streamed, the unfinished call is named and its arguments begun.
+        let calls = streamed(cut, 4);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1], ("get_weather".to_string(), r#"{"ci"#.to_string()));
+        assert!(complete_calls(r#"{"function":{"_name":"get_wea"#).is_empty());
     }
 
     #[test]
     fn answers_parse_into_calls_or_text() {
         assert_eq!(
             parse_answer(r#"{"function":{"_name":"get_weather","city":"Paris","unit":"c"}}"#),
-            Some(ToolAnswer::Call { name: "get_weather".into(), arguments: r#"{"city":"Paris","unit":"c"}"#.into() })
+            Some(ToolAnswer::Calls(vec![ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"Paris","unit":"c"}"#.into() }]))
         );
         assert_eq!(
             parse_answer(r#"{"function":{"_name":"no_tool","content":"Hello"}}"#),
             Some(ToolAnswer::Text("Hello".into()))
         );
         assert_eq!(parse_answer(r#"{"function":{"_name":"get_wea"#), None);
+        let list = r#"{"function":[{"_name":"now"},{"_name":"get_weather","city":"Rome"}]}"#;
+        assert_eq!(
+            parse_answer(list),
+            Some(ToolAnswer::Calls(vec![
+                ParsedCall { name: "now".into(), arguments: "{}".into() },
+                ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"Rome"}"#.into() },
+            ]))
+        );
+        assert_eq!(parse_answer(r#"{"function":[]}"#), None);
     }
 }

@@ -130,9 +130,15 @@ async fn required_a_named_tool_or_a_template_without_tools_keep_tgis_grammar() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
     let plain_template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
-    for (template, choice) in [(TEMPLATE.to_string(), json!("required")), (TEMPLATE.to_string(), named), (plain_template, json!("auto"))] {
+    for (template, fields) in [
+        (TEMPLATE.to_string(), json!({"tool_choice": "required"})),
+        (TEMPLATE.to_string(), json!({"tool_choice": "required", "parallel_tool_calls": false})),
+        (TEMPLATE.to_string(), json!({"tool_choice": named})),
+        (plain_template, json!({"tool_choice": "auto"})),
+    ] {
+        let choice = &fields["tool_choice"];
         let (app, log) = scripted(TWO_CALLS, &template).await;
-        let body = with_fields(request(), &json!({"tool_choice": choice}));
+        let body = with_fields(request(), &fields);
         let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
         assert_eq!(status, StatusCode::OK, "{text}");
         let message = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"];
@@ -143,6 +149,68 @@ async fn required_a_named_tool_or_a_template_without_tools_keep_tgis_grammar() {
         assert!(calls == 1 || (calls == 0 && message["content"].is_string()), "{choice}: {message}");
         assert!(!message["content"].as_str().unwrap_or_default().contains("<tool_call>"), "{message}");
     }
+}
+
+const LIST: &str = r#"{"function":[{"_name":"get_weather","city":"Paris"},{"_name":"get_weather","city":"Lyon","unit":"c"}]}"#;
+
+/// `required` with `parallel_tool_calls: true`: a list of one or more calls under TGI's grammar,
+/// each with its own id, whole and streamed alike. A list the token limit cuts keeps the calls
+/// it finished.
+#[tokio::test]
+async fn required_with_parallel_calls_gives_one_or_more_calls() {
+    // The scripted shard writes the mask's lowest token where the script's is not allowed: past
+    // TWO_CALLS's text, a comma, call after call, to the token limit.
+    for (script, finish) in [(LIST, "tool_calls"), (TWO_CALLS, "length")] {
+        required_calls_whole_and_streamed(script, finish).await;
+    }
+}
+
+async fn required_calls_whole_and_streamed(script: &str, finish: &str) {
+    let (app, _) = scripted(script, TEMPLATE).await;
+    let body = with_fields(request(), &json!({"tool_choice": "required", "parallel_tool_calls": true}));
+    let (status, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let choice = &serde_json::from_str::<Value>(&text).unwrap()["choices"][0];
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(choice["finish_reason"], finish, "{choice}");
+    if script == LIST {
+        let cities: Vec<Value> = calls.iter().map(|call| arguments(call)["city"].clone()).collect();
+        assert_eq!(cities, [json!("Paris"), json!("Lyon")]);
+    }
+    assert!(calls.len() >= 2, "{choice}");
+    let ids: Vec<&str> = calls.iter().map(|call| call["id"].as_str().unwrap()).collect();
+    let expected: Vec<String> = (0..calls.len()).map(|index| index.to_string()).collect();
+    assert_eq!(ids, expected);
+    for call in calls {
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert!(arguments(call)["city"].is_string(), "{call}");
+    }
+    // Streamed: the same calls, each named once, its arguments in pieces that add up.
+    let (_, _, streamed) = send(&app, post("/v1/chat/completions", &with_fields(body, &json!({"stream": true})))).await;
+    let chunks: Vec<Value> = sse_data(&streamed).into_iter().filter(|event| event.is_object()).collect();
+    let mut rebuilt: Vec<(String, String, String)> = Vec::new();
+    for piece in chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].as_array()).flatten() {
+        let index = piece["index"].as_u64().unwrap() as usize;
+        let arguments = piece["function"]["arguments"].as_str().unwrap_or_default();
+        match piece["function"]["name"].as_str() {
+            Some(name) => {
+                assert_eq!(index, rebuilt.len(), "{piece}");
+                rebuilt.push((piece["id"].as_str().unwrap().to_string(), name.to_string(), arguments.to_string()));
+            }
+            None => rebuilt[index].2.push_str(arguments),
+        }
+    }
+    let whole: Vec<(String, String, String)> = calls
+        .iter()
+        .map(|call| {
+            let text = |key: &str| call["function"][key].as_str().unwrap().to_string();
+            (call["id"].as_str().unwrap().to_string(), text("name"), text("arguments"))
+        })
+        .collect();
+    // Cut short, the stream may also have sent the unfinished call's beginning.
+    assert_eq!(rebuilt[..whole.len()], whole[..]);
+    assert!(rebuilt.len() - whole.len() <= usize::from(finish == "length"), "{rebuilt:?}");
+    assert_eq!(chunks.iter().rev().find_map(|chunk| chunk["choices"][0]["finish_reason"].as_str()), Some(finish));
 }
 
 #[tokio::test]
