@@ -160,3 +160,42 @@ def test_adapters_loaded_replaced_and_unloaded_at_run_time(models, runtime_serve
     assert post("/v1/unload_lora_adapter", {"lora_name": "sql"}).status_code == 404
     # The base model is unchanged by it all.
     assert [[t["id"] for t in generate(url, text, None)["tokens"]] for text in PROMPTS] == tokens[None]
+
+
+@pytest.fixture(scope="module")
+def resolver_server(models, tmp_path_factory):
+    # vLLM's variable, as its users set it: the adapters' directory (here also the base model's,
+    # which holds no adapter_config.json). No adapter is loaded at start.
+    args = ["--model-id", str(models / "base"), "--device-kv-blocks", "64", "--host-kv-blocks", "64",
+            "--max-batch-tokens", "512"]
+    with launch(tmp_path_factory.mktemp("lora-resolver"), args,
+                env={"VLLM_LORA_RESOLVER_CACHE_DIR": str(models)}) as instance:
+        yield instance
+
+
+def test_an_adapter_a_request_names_is_loaded_from_the_resolver_dir(models, resolver_server):
+    url = resolver_server.url
+
+    def served_ids() -> list[str]:
+        return [card["id"] for card in requests.get(f"{url}/v1/models", timeout=60).json()["data"]][1:]
+
+    assert served_ids() == []
+    # Every prompt naming "sql" at once, before it is loaded: loaded once, PEFT's greedy tokens.
+    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        served = list(pool.map(lambda text: generate(url, text, "sql"), PROMPTS))
+    assert_peft_greedy(models, "sql", served)
+    assert served_ids() == ["sql"]
+    # OpenAI's `model` names "chat": loaded, and its tokens are the TGI route's with it.
+    completion = requests.post(f"{url}/v1/completions", json={"model": "chat", "prompt": PROMPTS[0], "max_tokens": 4,
+                                                              "temperature": 0}, timeout=600)
+    assert completion.status_code == 200, completion.text
+    assert served_ids() == ["sql", "chat"]
+    tgi = requests.post(f"{url}/generate", json={"inputs": PROMPTS[0], "parameters": {
+        "max_new_tokens": 4, "adapter_id": "chat"}}, timeout=600).json()["generated_text"]
+    assert completion.json()["choices"][0]["text"] == tgi
+    # A directory without an adapter_config.json, or a path out of the directory, is not loaded.
+    for name in ("base", f"../{models.name}/sql"):
+        response = requests.post(f"{url}/generate", json={"inputs": PROMPTS[0], "parameters": {"adapter_id": name}},
+                                 timeout=60)
+        assert response.status_code == 422, response.text
+    assert served_ids() == ["sql", "chat"]

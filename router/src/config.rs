@@ -154,8 +154,8 @@ pub struct RouterConfig {
     /// of it; `hermes` reads `<tool_call>{"name": …, "arguments": …}</tool_call>` (Qwen 2.5 and
     /// 3, Hermes), `llama3_json` a reply of `{"name": …, "parameters": …}` objects (Llama 3.1
     /// to 3.3), `mistral` the calls after `[TOOL_CALLS]` (Mistral, Mixtral). The chat template
-    /// must write the tools. Off by default, and for `required` or a named function: one call
-    /// under TGI's grammar.
+    /// must write the tools. Off by default, and for `required` or a named function: TGI's
+    /// grammar (one call; with `required` and `parallel_tool_calls: true`, one or more).
     #[arg(long, env = "TOOL_CALL_PARSER", value_enum)]
     pub tool_call_parser: Option<crate::http::tool_parser::ToolCallParser>,
     /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's routes; vLLM's
@@ -165,6 +165,13 @@ pub struct RouterConfig {
     /// read. See `runtime_lora_updating`.
     #[arg(long, env = "ALLOW_RUNTIME_LORA_UPDATING")]
     pub allow_runtime_lora_updating: bool,
+    /// A directory of LoRA adapters, one subdirectory each (vLLM's filesystem resolver; its
+    /// `VLLM_LORA_RESOLVER_CACHE_DIR` is read too): a request naming an adapter not loaded
+    /// (`adapter_id`, or OpenAI's `model`) loads `DIR/<name>` first when it holds an
+    /// `adapter_config.json`, and the adapter stays loaded. Off by default. See
+    /// `lora_resolver_dir`.
+    #[arg(long, env = "LORA_RESOLVER_DIR", value_name = "DIR")]
+    pub lora_resolver_dir: Option<std::path::PathBuf>,
     /// Memory for the Responses API's kept responses (`store`, true unless a request says false,
     /// as at OpenAI), in bytes of their JSON: a request continues one by `previous_response_id`,
     /// and `GET`/`DELETE /v1/responses/{id}` read and remove it. The oldest go first; they live
@@ -263,6 +270,14 @@ impl RouterConfig {
         self.allow_runtime_lora_updating
             || std::env::var("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
                 .is_ok_and(|value| matches!(value.trim().to_lowercase().as_str(), "1" | "true"))
+    }
+
+    /// The adapters' directory requests may load from: `--lora-resolver-dir`, or vLLM's
+    /// `VLLM_LORA_RESOLVER_CACHE_DIR` when the flag is not given.
+    pub fn lora_resolver_dir(&self) -> Option<std::path::PathBuf> {
+        self.lora_resolver_dir.clone().or_else(|| {
+            std::env::var_os("VLLM_LORA_RESOLVER_CACHE_DIR").filter(|dir| !dir.is_empty()).map(Into::into)
+        })
     }
 
     /// Every router flag with its aliases, help, environment variables and default.

@@ -133,6 +133,7 @@ pub fn http_config(config: &RouterConfig, model: &ModelInfo) -> HttpConfig {
         reasoning_parser: config.reasoning_parser,
         tool_call_parser: config.tool_call_parser,
         allow_runtime_lora_updating: config.runtime_lora_updating(),
+        lora_resolver_dir: config.lora_resolver_dir(),
         responses_store_bytes: config.responses_store_bytes,
         payload_limit: config.payload_limit,
         api_key: config.api_key.clone(),

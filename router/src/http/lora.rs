@@ -12,7 +12,14 @@
 //!
 //! Success is vLLM's: 200 with a line of text. An adapter the shard cannot serve is a 400
 //! saying why (its files, its targets, its shapes); nothing changes then.
+//!
+//! `--lora-resolver-dir DIR` (vLLM's filesystem resolver, `VLLM_LORA_RESOLVER_CACHE_DIR`): a
+//! request naming an adapter that is not loaded (`adapter_id`, or OpenAI's `model`) loads
+//! `DIR/<name>` first when that directory holds an `adapter_config.json`, with the checks of a
+//! load by route, and is then served with it; the adapter stays loaded. Names are single path
+//! components: a request cannot reach outside `DIR`.
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -51,6 +58,31 @@ pub struct UnloadLoraAdapter {
     #[serde(flatten)]
     #[schema(ignore)]
     pub ignored: BTreeMap<String, serde_json::Value>,
+}
+
+/// Finds the adapters requests name in `--lora-resolver-dir`.
+#[derive(Debug)]
+pub struct LoraResolver {
+    dir: PathBuf,
+    /// Held while an adapter is loaded (`AppState::resolve_adapter`).
+    pub(super) loading: tokio::sync::Mutex<()>,
+}
+
+impl LoraResolver {
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir, loading: tokio::sync::Mutex::new(()) }
+    }
+
+    /// The directory of the adapter `name`, when `name` is one path component and that
+    /// directory holds an `adapter_config.json`.
+    pub fn find(&self, name: &str) -> Option<PathBuf> {
+        let component = !name.is_empty()
+            && !matches!(name, "." | "..")
+            && !name.contains(['/', '\\', '\0'])
+            && Path::new(name).components().count() == 1;
+        let path = self.dir.join(name);
+        (component && path.join("adapter_config.json").is_file()).then_some(path)
+    }
 }
 
 fn check_switch(state: &AppState) -> Result<(), HttpError> {

@@ -124,6 +124,7 @@ async fn checked_parameters(
     parameters: &GenerateParameters,
 ) -> Result<(Option<AdapterRef>, ValidParameters), HttpError> {
     let raw = parameters;
+    state.resolve_adapter(parameters.adapter_id.as_deref()).await?;
     let adapter = state.adapter(parameters.adapter_id.as_deref())?;
     let mut parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;

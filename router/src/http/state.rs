@@ -38,6 +38,9 @@ pub struct HttpConfig {
     /// `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served
     /// (`--allow-runtime-lora-updating`).
     pub allow_runtime_lora_updating: bool,
+    /// A request naming an adapter not loaded loads it from this directory's subdirectory of
+    /// that name, if there is one (`--lora-resolver-dir`).
+    pub lora_resolver_dir: Option<std::path::PathBuf>,
     /// The Responses API keeps responses within this many bytes (`--responses-store-bytes`;
     /// 0: none).
     pub responses_store_bytes: usize,
@@ -78,6 +81,7 @@ impl Default for HttpConfig {
             reasoning_parser: None,
             tool_call_parser: None,
             allow_runtime_lora_updating: false,
+            lora_resolver_dir: None,
             responses_store_bytes: super::response_store::DEFAULT_STORE_BYTES,
             payload_limit: 2_000_000,
             api_key: None,
@@ -109,6 +113,8 @@ pub enum ConfigError {
     Metrics(#[from] crate::metrics::MetricsError),
     #[error("invalid CORS origin {0:?}")]
     CorsOrigin(String),
+    #[error("--lora-resolver-dir {0}: not a directory this server can read")]
+    LoraResolverDir(std::path::PathBuf),
 }
 
 pub(crate) struct AppState {
@@ -136,6 +142,8 @@ pub(crate) struct AppState {
     pub instance_id: String,
     /// The Responses API's kept responses.
     pub responses: super::response_store::ResponseStore,
+    /// Loads the adapters requests name from `--lora-resolver-dir`.
+    pub lora_resolver: Option<super::lora::LoraResolver>,
 }
 
 impl AppState {
@@ -184,6 +192,11 @@ impl AppState {
             config.model_id.clone()
         };
         let responses = super::response_store::ResponseStore::new(config.responses_store_bytes);
+        // Absolute, so the shard reads the same directory whatever its working directory.
+        let lora_resolver = config
+            .lora_resolver_dir
+            .clone()
+            .map(|dir| super::lora::LoraResolver::new(std::fs::canonicalize(&dir).unwrap_or(dir)));
         Ok(Self {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             metrics: crate::metrics::install_recorder()?,
@@ -199,6 +212,7 @@ impl AppState {
             info: info.clone(),
             instance_id: format!("{:032x}", rand::random::<u128>()),
             responses,
+            lora_resolver,
         })
     }
 
@@ -216,10 +230,33 @@ impl AppState {
         }
     }
 
-    /// The adapter an OpenAI request's `model` selects: a loaded adapter's id selects it; any
-    /// other name (the served model's, or whatever a client library sends) is the base model.
+    /// The adapter an OpenAI request's `model` selects: a loaded adapter's id, or one
+    /// `--lora-resolver-dir` holds, selects it; any other name (the served model's, or whatever
+    /// a client library sends) is the base model.
     pub fn adapter_for_model(&self, model: Option<&str>) -> Option<String> {
-        model.filter(|name| self.engine.adapters().get(name).is_some()).map(str::to_string)
+        let resolvable = |name: &str| self.lora_resolver.as_ref().is_some_and(|resolver| resolver.find(name).is_some());
+        model
+            .filter(|name| *name != self.model_id && (self.engine.adapters().get(name).is_some() || resolvable(name)))
+            .map(str::to_string)
+    }
+
+    /// Loads the adapter `id` names from `--lora-resolver-dir` when it is not loaded and the
+    /// directory holds it; anything else is left to `adapter`. Loads are one at a time, so
+    /// requests naming the same new adapter at once load it once.
+    pub async fn resolve_adapter(&self, id: Option<&str>) -> Result<(), HttpError> {
+        let Some(resolver) = &self.lora_resolver else { return Ok(()) };
+        let Some(id) = id.filter(|id| !id.is_empty() && *id != self.model_id) else { return Ok(()) };
+        if self.engine.adapters().get(id).is_some() {
+            return Ok(());
+        }
+        let Some(path) = resolver.find(id) else { return Ok(()) };
+        let _one_at_a_time = resolver.loading.lock().await;
+        if self.engine.adapters().get(id).is_some() {
+            return Ok(());
+        }
+        self.engine.load_adapter(id, &path.to_string_lossy(), false).await?;
+        tracing::info!(adapter_id = id, path = %path.display(), "LoRA adapter resolved from --lora-resolver-dir");
+        Ok(())
     }
 
     pub fn chat_template(&self) -> Result<&ChatTemplate, HttpError> {
@@ -240,6 +277,9 @@ fn check_config(config: &HttpConfig, info: &ModelInfo) -> Result<(), ConfigError
         if value == 0 {
             return Err(ConfigError::Zero(name));
         }
+    }
+    if let Some(dir) = config.lora_resolver_dir.as_ref().filter(|dir| std::fs::read_dir(dir).is_err()) {
+        return Err(ConfigError::LoraResolverDir(dir.clone()));
     }
     for (name, value) in [
         ("http_header_timeout", config.http_header_timeout),

@@ -71,6 +71,80 @@ fn runtime_lora() -> HttpConfig {
     HttpConfig { allow_runtime_lora_updating: true, ..HttpConfig::default() }
 }
 
+/// A fresh directory of adapters: `with` hold an `adapter_config.json`, `without` do not.
+fn adapters_dir(with: &[&str], without: &[&str]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("superinfer-loras-{:x}", rand::random::<u64>()));
+    for name in with.iter().chain(without) {
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+    }
+    for name in with {
+        std::fs::write(dir.join(name).join("adapter_config.json"), r#"{"peft_type": "LORA"}"#).unwrap();
+    }
+    dir
+}
+
+/// `--lora-resolver-dir`: a request naming an adapter not loaded loads it from the directory
+/// first (once, however many ask at once) and is served with it; TGI's `adapter_id` and
+/// OpenAI's `model` alike. A name the directory does not hold is what it was without it, and no
+/// name reaches outside the directory.
+#[tokio::test]
+async fn an_adapter_a_request_names_is_loaded_from_the_resolver_dir() {
+    let root = adapters_dir(&["math-lora", "code-lora", "outside"], &["empty"]);
+    let dir = root.join("adapters");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["math-lora", "code-lora", "empty"] {
+        std::fs::rename(root.join(name), dir.join(name)).unwrap();
+    }
+    let (app, log) = app(HttpConfig { lora_resolver_dir: Some(dir.clone()), ..HttpConfig::default() }).await;
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora"]);
+
+    let generate = json!({"inputs": "x", "parameters": {"max_new_tokens": 2, "adapter_id": "math-lora"}});
+    let (status, _, text) = send(&app, post("/generate", &generate)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let math = dir.canonicalize().unwrap().join("math-lora").to_string_lossy().into_owned();
+    assert_eq!(log.lock().unwrap().loaded_adapters, [("math-lora".to_string(), math.clone(), 3)]);
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().adapter_slot, 3);
+    // Loaded once: the chat route's `model` finds it served.
+    let chat = json!({"model": "math-lora", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+    assert_eq!(send(&app, post("/v1/chat/completions", &chat)).await.0, StatusCode::OK);
+    assert_eq!(log.lock().unwrap().new_requests.last().unwrap().adapter_slot, 3);
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora", "math-lora"]);
+
+    // Four requests naming a new adapter at once: one load, all served with it.
+    let completion = json!({"model": "code-lora", "prompt": "x", "max_tokens": 2});
+    let answers = futures::future::join_all((0..4).map(|_| send(&app, post("/v1/completions", &completion)))).await;
+    assert!(answers.iter().all(|(status, _, _)| *status == StatusCode::OK), "{answers:?}");
+    let loads: Vec<String> = log.lock().unwrap().loaded_adapters.iter().map(|(name, _, _)| name.clone()).collect();
+    assert_eq!(loads, ["math-lora", "code-lora"]);
+    let slots: Vec<u64> = log.lock().unwrap().new_requests.iter().rev().take(4).map(|request| request.adapter_slot).collect();
+    assert_eq!(slots, [4, 4, 4, 4]);
+
+    // Not in the directory (no adapter_config.json, none of that name, or a path out of it):
+    // TGI's 422, OpenAI's base model; nothing is loaded.
+    for name in ["empty", "nowhere", "../outside", "..", "/etc"] {
+        let body = json!({"inputs": "x", "parameters": {"max_new_tokens": 2, "adapter_id": name}});
+        let (status, _, text) = send(&app, post("/generate", &body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{name}: {text}");
+        let chat = json!({"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+        assert_eq!(send(&app, post("/v1/chat/completions", &chat)).await.0, StatusCode::OK, "{name}");
+        assert_eq!(log.lock().unwrap().new_requests.last().unwrap().adapter_id, "", "{name}");
+    }
+    assert_eq!(log.lock().unwrap().loaded_adapters.len(), 2);
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[tokio::test]
+async fn a_resolver_dir_that_cannot_be_read_stops_the_start() {
+    let missing = std::env::temp_dir().join(format!("superinfer-no-loras-{:x}", rand::random::<u64>()));
+    let config = HttpConfig { lora_resolver_dir: Some(missing.clone()), ..HttpConfig::default() };
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let tokenizer_json = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
+    let template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let shard = super::scripted_shard::ScriptedShard::spawn(tokenizer_json, template);
+    let error = super::try_app_on_shard(config, shard, &[]).await.0.err().expect("a missing directory is refused");
+    assert_eq!(error.to_string(), format!("--lora-resolver-dir {}: not a directory this server can read", missing.display()));
+}
+
 async fn model_ids(app: &axum::Router) -> Vec<String> {
     let (_, _, text) = send(app, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
     let models: Value = serde_json::from_str(&text).unwrap();

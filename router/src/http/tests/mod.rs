@@ -65,9 +65,19 @@ async fn app_with_args(
 /// The app over a scripted shard already serving (`ScriptedShard::spawn_with_script`).
 async fn app_on_shard(
     config: HttpConfig,
-    (socket, log): (std::path::PathBuf, Arc<Mutex<ShardLog>>),
+    shard: (std::path::PathBuf, Arc<Mutex<ShardLog>>),
     args: &[&str],
 ) -> (Router, Arc<Mutex<ShardLog>>) {
+    let (app, log) = try_app_on_shard(config, shard, args).await;
+    (app.unwrap(), log)
+}
+
+/// The app over a scripted shard, or the configuration error that stops its start.
+async fn try_app_on_shard(
+    config: HttpConfig,
+    (socket, log): (std::path::PathBuf, Arc<Mutex<ShardLog>>),
+    args: &[&str],
+) -> (Result<Router, crate::http::ConfigError>, Arc<Mutex<ShardLog>>) {
     let socket = socket.to_string_lossy().to_string();
     let mut argv = vec!["router", "--uds-path", socket.as_str(), "--shard-connect-timeout-s", "10"];
     argv.extend_from_slice(args);
@@ -79,7 +89,7 @@ async fn app_on_shard(
     )
     .await
     .unwrap();
-    (router(config, engine, &model).unwrap().routes, log)
+    (router(config, engine, &model).map(|app| app.routes), log)
 }
 
 /// Waits until `condition` holds on the shard's log (the engine works asynchronously).
