@@ -87,12 +87,17 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResp
     )
 }
 
+/// OpenAI's model object, with vLLM's additions that its clients and routers read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ModelCard {
     pub id: String,
     pub object: String,
     pub created: u64,
     pub owned_by: String,
+    /// The model a LoRA adapter runs on (the served model's id); null for the served model.
+    pub parent: Option<String>,
+    /// The longest prompt plus generation a request may ask for (`--max-total-tokens`).
+    pub max_model_len: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -125,13 +130,15 @@ pub(crate) async fn model(
 /// The served model, then its adapters.
 fn model_cards(state: &AppState) -> Vec<ModelCard> {
     let created = super::openai_types::unix_now();
-    let card = |id: &str| ModelCard {
+    let card = |id: &str, parent: Option<&str>| ModelCard {
         id: id.to_string(),
         object: "model".to_string(),
         created,
         owned_by: state.model_id.clone(),
+        parent: parent.map(str::to_string),
+        max_model_len: state.limits.max_total_tokens,
     };
-    let mut cards = vec![card(&state.model_id)];
-    cards.extend(state.engine.adapters().ids().iter().map(|adapter| card(adapter)));
+    let mut cards = vec![card(&state.model_id, None)];
+    cards.extend(state.engine.adapters().ids().iter().map(|adapter| card(adapter, Some(&state.model_id))));
     cards
 }

@@ -56,6 +56,11 @@ async fn v1_models_lists_the_base_model_and_its_adapters() {
     let models: Value = serde_json::from_str(&text).unwrap();
     let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|card| card["id"].as_str().unwrap()).collect();
     assert_eq!(ids, [["smollm2-test"].as_slice(), ADAPTERS.as_slice()].concat());
+    // vLLM's fields: an adapter's parent is the served model; the context every request gets.
+    let parents: Vec<&Value> = models["data"].as_array().unwrap().iter().map(|card| &card["parent"]).collect();
+    assert_eq!(parents, [&Value::Null, &json!("smollm2-test"), &json!("smollm2-test")]);
+    let max_total_tokens = HttpConfig::default().max_total_tokens;
+    assert!(models["data"].as_array().unwrap().iter().all(|card| card["max_model_len"] == max_total_tokens), "{models}");
     // Each one by its id (`client.models.retrieve`); any other id is a 404.
     for id in ["smollm2-test", ADAPTERS[0]] {
         let (status, _, text) = send(&app, Request::get(format!("/v1/models/{id}")).body(Body::empty()).unwrap()).await;
