@@ -280,6 +280,12 @@ impl RouterConfig {
         })
     }
 
+    /// The checks of flag values that need no model and no shard (clap's parser makes the
+    /// rest): the launcher runs them before it starts a shard, the router again at its start.
+    pub fn check_values(&self) -> Result<(), crate::http::ConfigError> {
+        crate::http::lora::check_resolver_dir(self.lora_resolver_dir().as_deref())
+    }
+
     /// Every router flag with its aliases, help, environment variables and default.
     pub fn flag_specs() -> Vec<FlagSpec> {
         Self::command()

@@ -81,12 +81,16 @@ fn router_flags() -> PyResult<String> {
     serde_json::to_string(&RouterConfig::flag_specs()).map_err(|error| PyRuntimeError::new_err(error.to_string()))
 }
 
-/// Parses router arguments (and the environment) as the router will; `None` when they are
-/// valid, else clap's message. Lets the launcher fail before it loads a model.
+/// Parses router arguments (and the environment) as the router will, and checks the values
+/// that need no model (`RouterConfig::check_values`); `None` when they are valid, else clap's
+/// message or the check's. Lets the launcher fail before it loads a model.
 #[pyfunction]
 fn check_router_args(argv: Vec<String>) -> Option<String> {
     let argv = std::iter::once("superinfer-router".to_string()).chain(argv);
-    RouterConfig::parse_argv(argv).err().map(|error| error.render().to_string())
+    match RouterConfig::parse_argv(argv) {
+        Err(error) => Some(error.render().to_string()),
+        Ok(config) => config.check_values().err().map(|error| error.to_string()),
+    }
 }
 
 #[pymodule]

@@ -61,6 +61,20 @@ def test_a_switch_on_by_default_is_turned_off_by_value_and_on_bare(monkeypatch):
         parse(["--time-share", "maybe"])
 
 
+def test_a_lora_resolver_dir_that_cannot_be_read_stops_the_launch_before_a_shard(monkeypatch, tmp_path):
+    """The router's checks that need no model run before a shard starts: `--lora-resolver-dir`
+    (or vLLM's `VLLM_LORA_RESOLVER_CACHE_DIR`) must be a readable directory."""
+    monkeypatch.delenv("LORA_RESOLVER_DIR", raising=False)
+    monkeypatch.delenv("VLLM_LORA_RESOLVER_CACHE_DIR", raising=False)
+    assert parse(["--lora-resolver-dir", str(tmp_path)]).router_args == ("--lora-resolver-dir", str(tmp_path))
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match=f"--lora-resolver-dir {missing}: not a directory this server can read"):
+        parse(["--lora-resolver-dir", str(missing)])
+    monkeypatch.setenv("VLLM_LORA_RESOLVER_CACHE_DIR", str(missing))
+    with pytest.raises(ValueError, match="not a directory this server can read"):
+        parse([])
+
+
 def test_router_gets_only_the_flags_given(monkeypatch):
     for name in ("SCHEDULER", "MAX_BATCH_TOKENS", "API_KEY", "PORT", "HOSTNAME"):
         monkeypatch.delenv(name, raising=False)

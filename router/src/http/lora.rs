@@ -28,7 +28,7 @@ use utoipa::ToSchema;
 
 use super::extract::JsonBody;
 use super::openai_types::log_ignored_fields;
-use super::state::AppState;
+use super::state::{AppState, ConfigError};
 use crate::error::{ErrorBody, HttpError};
 use crate::validation::ValidationError;
 
@@ -82,6 +82,14 @@ impl LoraResolver {
             && Path::new(name).components().count() == 1;
         let path = self.dir.join(name);
         (component && path.join("adapter_config.json").is_file()).then_some(path)
+    }
+}
+
+/// `--lora-resolver-dir`, when given, is a directory this process can read.
+pub(crate) fn check_resolver_dir(dir: Option<&Path>) -> Result<(), ConfigError> {
+    match dir {
+        Some(dir) if std::fs::read_dir(dir).is_err() => Err(ConfigError::LoraResolverDir(dir.to_path_buf())),
+        _ => Ok(()),
     }
 }
 

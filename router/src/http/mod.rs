@@ -18,7 +18,7 @@ mod info;
 mod invocations;
 mod listener;
 mod logprobs;
-mod lora;
+pub(crate) mod lora;
 mod openai;
 mod openai_stream;
 pub mod openai_types;

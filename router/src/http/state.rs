@@ -278,9 +278,7 @@ fn check_config(config: &HttpConfig, info: &ModelInfo) -> Result<(), ConfigError
             return Err(ConfigError::Zero(name));
         }
     }
-    if let Some(dir) = config.lora_resolver_dir.as_ref().filter(|dir| std::fs::read_dir(dir).is_err()) {
-        return Err(ConfigError::LoraResolverDir(dir.clone()));
-    }
+    super::lora::check_resolver_dir(config.lora_resolver_dir.as_deref())?;
     for (name, value) in [
         ("http_header_timeout", config.http_header_timeout),
         ("http_idle_timeout", config.http_idle_timeout),
