@@ -255,7 +255,7 @@ pub fn parse_answer(generated: &str) -> Option<ToolAnswer> {
         Value::Array(calls) => calls.iter().map(Value::as_object).collect::<Option<Vec<_>>>()?,
         _ => return None,
     };
-    let raw = scan(generated).calls;
+    let raw = scan(generated);
     let parsed = calls
         .iter()
         .enumerate()
@@ -279,7 +279,6 @@ pub fn parse_answer(generated: &str) -> Option<ToolAnswer> {
 /// The calls a reply cut short had finished (its last, unfinished one left out).
 pub fn complete_calls(generated: &str) -> Vec<ParsedCall> {
     scan(generated)
-        .calls
         .into_iter()
         .take_while(|span| span.closed)
         .filter(|span| span.name != NO_TOOL)
@@ -300,13 +299,8 @@ struct CallSpan {
 /// object, outside strings, so a streamed call's arguments are sent as they grow, and none is
 /// cut at a brace inside a string. A name with escapes stops the reading there (its call is left
 /// to the end of the generation).
-#[derive(Debug, Default)]
-struct Scanned {
-    calls: Vec<CallSpan>,
-}
-
-fn scan(text: &str) -> Scanned {
-    let mut scanned = Scanned::default();
+fn scan(text: &str) -> Vec<CallSpan> {
+    let mut scanned = Vec::new();
     let Some(rest) = text.strip_prefix(ANSWER_PREFIX) else { return scanned };
     let (list, mut rest) = match rest.as_bytes().first() {
         Some(b'[') => (true, &rest[1..]),
@@ -331,7 +325,7 @@ fn scan(text: &str) -> Scanned {
             }
             Some(_) => return scanned,
         };
-        scanned.calls.push(CallSpan { name: name.to_string(), arguments, closed });
+        scanned.push(CallSpan { name: name.to_string(), arguments, closed });
         if !closed || !list {
             return scanned;
         }
@@ -374,23 +368,21 @@ impl CallStream {
     /// Adds generated text; the pieces of calls it adds.
     pub fn push(&mut self, text: &str) -> Vec<CallDelta> {
         self.text.push_str(text);
-        let calls = scan(&self.text).calls;
-        let spans: Vec<(String, String)> =
-            calls.into_iter().filter(|span| span.name != NO_TOOL).map(|span| (span.name, span.arguments)).collect();
-        self.pieces(spans)
+        let spans = scan(&self.text);
+        self.pieces(spans.iter().filter(|span| span.name != NO_TOOL).map(|span| (span.name.as_str(), span.arguments.as_str())))
     }
 
     /// The rest of the calls once the generation has ended with `answer`.
     pub fn finish(&mut self, answer: &ToolAnswer) -> Vec<CallDelta> {
         let ToolAnswer::Calls(calls) = answer else { return Vec::new() };
-        self.pieces(calls.iter().map(|call| (call.name.clone(), call.arguments.clone())).collect())
+        self.pieces(calls.iter().map(|call| (call.name.as_str(), call.arguments.as_str())))
     }
 
     /// What `calls` (name, arguments so far) add to what was sent.
-    fn pieces(&mut self, calls: Vec<(String, String)>) -> Vec<CallDelta> {
+    fn pieces<'a>(&mut self, calls: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<CallDelta> {
         let mut pieces = Vec::new();
-        for (index, (name, arguments)) in calls.into_iter().enumerate() {
-            let name = (index >= self.sent.len()).then_some(name);
+        for (index, (name, arguments)) in calls.enumerate() {
+            let name = (index >= self.sent.len()).then(|| name.to_string());
             if name.is_some() {
                 self.sent.push(0);
             }
