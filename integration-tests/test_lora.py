@@ -165,9 +165,10 @@ def test_adapters_loaded_replaced_and_unloaded_at_run_time(models, runtime_serve
 @pytest.fixture(scope="module")
 def resolver_server(models, tmp_path_factory):
     # vLLM's variable, as its users set it: the adapters' directory (here also the base model's,
-    # which holds no adapter_config.json). No adapter is loaded at start.
+    # which holds no adapter_config.json). No adapter is loaded at start, and one at a time is
+    # served (`--max-loras 1`).
     args = ["--model-id", str(models / "base"), "--device-kv-blocks", "64", "--host-kv-blocks", "64",
-            "--max-batch-tokens", "512"]
+            "--max-batch-tokens", "512", "--max-loras", "1"]
     with launch(tmp_path_factory.mktemp("lora-resolver"), args,
                 env={"VLLM_LORA_RESOLVER_CACHE_DIR": str(models)}) as instance:
         yield instance
@@ -185,11 +186,12 @@ def test_an_adapter_a_request_names_is_loaded_from_the_resolver_dir(models, reso
         served = list(pool.map(lambda text: generate(url, text, "sql"), PROMPTS))
     assert_peft_greedy(models, "sql", served)
     assert served_ids() == ["sql"]
-    # OpenAI's `model` names "chat": loaded, and its tokens are the TGI route's with it.
+    # OpenAI's `model` names "chat": loaded in the place of "sql" (idle), and its tokens are the
+    # TGI route's with it.
     completion = requests.post(f"{url}/v1/completions", json={"model": "chat", "prompt": PROMPTS[0], "max_tokens": 4,
                                                               "temperature": 0}, timeout=600)
     assert completion.status_code == 200, completion.text
-    assert served_ids() == ["sql", "chat"]
+    assert served_ids() == ["chat"]
     tgi = requests.post(f"{url}/generate", json={"inputs": PROMPTS[0], "parameters": {
         "max_new_tokens": 4, "adapter_id": "chat"}}, timeout=600).json()["generated_text"]
     assert completion.json()["choices"][0]["text"] == tgi
@@ -198,4 +200,18 @@ def test_an_adapter_a_request_names_is_loaded_from_the_resolver_dir(models, reso
         response = requests.post(f"{url}/generate", json={"inputs": PROMPTS[0], "parameters": {"adapter_id": name}},
                                  timeout=60)
         assert response.status_code == 422, response.text
-    assert served_ids() == ["sql", "chat"]
+    assert served_ids() == ["chat"]
+
+    # Both adapters asked for at once, one served at a time: each request waits for the other
+    # adapter's requests to end, and every one gets PEFT's greedy tokens from an adapter
+    # evicted and loaded again into a new slot.
+    jobs = [(text, adapter) for text in PROMPTS for adapter in ("sql", "chat")]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        served = list(pool.map(lambda job: generate(url, *job), jobs))
+    for adapter in ("sql", "chat"):
+        assert_peft_greedy(models, adapter, [details for (_, name), details in zip(jobs, served) if name == adapter])
+    assert len(served_ids()) == 1
+    metrics = requests.get(f"{url}/metrics", timeout=60).text
+    evictions = next(float(line.split()[-1]) for line in metrics.splitlines()
+                     if line.startswith("superinfer_lora_adapter_evictions_total "))
+    assert evictions >= 2

@@ -172,6 +172,15 @@ pub struct RouterConfig {
     /// `lora_resolver_dir`.
     #[arg(long, env = "LORA_RESOLVER_DIR", value_name = "DIR")]
     pub lora_resolver_dir: Option<std::path::PathBuf>,
+    /// The most LoRA adapters served at once, those of `--lora-adapters` and of
+    /// `/v1/load_lora_adapter` included. An adapter `--lora-resolver-dir` must load past it
+    /// takes the place of the least recently named adapter the resolver loaded that no request
+    /// holds (it is loaded again when named again), and waits while requests hold each; a load
+    /// by route past it evicts likewise, or is refused. Unbounded by default. (vLLM's flag of
+    /// this name bounds the adapters of one batch, over a cache of `--max-cpu-loras`; here every
+    /// served adapter is on the device, so this bounds both.)
+    #[arg(long, env = "MAX_LORAS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_loras: Option<u32>,
     /// Memory for the Responses API's kept responses (`store`, true unless a request says false,
     /// as at OpenAI), in bytes of their JSON: a request continues one by `previous_response_id`,
     /// and `GET`/`DELETE /v1/responses/{id}` read and remove it. The oldest go first; they live
@@ -283,7 +292,8 @@ impl RouterConfig {
     /// The checks of flag values that need no model and no shard (clap's parser makes the
     /// rest): the launcher runs them before it starts a shard, the router again at its start.
     pub fn check_values(&self) -> Result<(), crate::http::ConfigError> {
-        crate::http::lora::check_resolver_dir(self.lora_resolver_dir().as_deref())
+        crate::http::lora::check_resolver_dir(self.lora_resolver_dir().as_deref())?;
+        crate::http::cors_layer(&self.cors_allow_origin).map(drop)
     }
 
     /// Every router flag with its aliases, help, environment variables and default.

@@ -97,6 +97,8 @@ impl HttpError {
             HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             HttpError::Adapter(error) => match error {
                 AdapterError::Change(AdapterChange::NotFound(_)) => StatusCode::NOT_FOUND,
+                // Requests hold every adapter `--max-loras` could evict: it passes once one ends.
+                AdapterError::Change(AdapterChange::Busy(_)) => StatusCode::SERVICE_UNAVAILABLE,
                 AdapterError::Change(_) | AdapterError::Refused { .. } => StatusCode::BAD_REQUEST,
                 AdapterError::Engine { error: EngineError::Unavailable(_) | EngineError::Draining, .. } => {
                     StatusCode::SERVICE_UNAVAILABLE

@@ -190,7 +190,11 @@ pub async fn start_engine(
     // no-op recorder `metrics` has until one is installed.
     install_recorder_with_limits(&metric_limits(config, &model, &engine_timeouts))?;
     let (admission, queue_timeout) = admission(config)?;
-    let adapters = Arc::new(AdapterRegistry::new(model.adapters.clone()));
+    let max_loras = config.max_loras.map(|max| max as usize);
+    if let Some(max) = max_loras.filter(|&max| model.adapters.len() > max) {
+        return Err(http::ConfigError::MaxLoras(model.adapters.len(), max).into());
+    }
+    let adapters = Arc::new(AdapterRegistry::bounded(model.adapters.clone(), max_loras));
     let kv_events = match config.kv_events_config.as_ref().filter(|events| events.publishes()) {
         Some(events) => Some(
             start_publisher(events, scheduler.block_size, adapters.clone(), tracker, shutdown.child_token()).await?,

@@ -75,6 +75,14 @@ def test_a_lora_resolver_dir_that_cannot_be_read_stops_the_launch_before_a_shard
         parse([])
 
 
+def test_a_cors_origin_that_is_no_header_value_stops_the_launch_before_a_shard(monkeypatch):
+    monkeypatch.delenv("CORS_ALLOW_ORIGIN", raising=False)
+    assert parse(["--cors-allow-origin", "https://app.example"]).router_args == (
+        "--cors-allow-origin", "https://app.example")
+    with pytest.raises(ValueError, match="invalid CORS origin"):
+        parse(["--cors-allow-origin", "https://app.example\nx-injected: 1"])
+
+
 def test_router_gets_only_the_flags_given(monkeypatch):
     for name in ("SCHEDULER", "MAX_BATCH_TOKENS", "API_KEY", "PORT", "HOSTNAME"):
         monkeypatch.delenv(name, raising=False)

@@ -112,6 +112,15 @@ pub struct GenerationRequest {
 pub struct AdapterRef {
     pub id: String,
     pub namespace: u64,
+    /// One count per reference: the registry's own, and one for each request that holds the
+    /// adapter, so `--max-loras` evicts none a request holds (`Arc<()>` compares equal).
+    pub(crate) held: std::sync::Arc<()>,
+}
+
+impl AdapterRef {
+    pub fn new(id: impl Into<String>, namespace: u64) -> Self {
+        Self { id: id.into(), namespace, held: std::sync::Arc::new(()) }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::adapters::{AdapterChange, AdapterRegistry};
+use super::adapters::{AdapterChange, AdapterRegistry, Reservation, Residency};
 use super::admission::AdmissionGate;
-use super::api::{EngineError, EngineEvent, GenerationRequest};
+use super::api::{AdapterRef, EngineError, EngineEvent, GenerationRequest};
 use crate::client::ClientError;
 
 /// What the engine task receives from handles and streams.
@@ -119,14 +119,21 @@ impl EngineHandle {
 
     /// Loads LoRA adapter `id` from `source` (a local directory in PEFT's format, or a hub id)
     /// while the server serves (vLLM's `/v1/load_lora_adapter`): requests may name it once this
-    /// returns Ok. `replace`: an adapter served under `id` is replaced (requests already running
-    /// with it finish with it; vLLM's `load_inplace`).
-    pub async fn load_adapter(&self, id: &str, source: &str, replace: bool) -> Result<(), AdapterError> {
+    /// returns Ok, with the adapter (held: not evicted while the reference lives). `replace`: an
+    /// adapter served under `id` is replaced (requests already running with it finish with it;
+    /// vLLM's `load_inplace`). `residency`: whether `--max-loras` may evict it later. Past
+    /// `--max-loras`, an idle evictable adapter is unloaded to make room (as `unload_adapter`).
+    pub async fn load_adapter(&self, id: &str, source: &str, replace: bool, residency: Residency) -> Result<AdapterRef, AdapterError> {
         let engine_error = |error: EngineError| AdapterError::Engine { id: id.to_string(), error };
         if let Some(refusal) = self.status.borrow().refusal() {
             return Err(engine_error(refusal));
         }
-        let slot = self.adapters.reserve(id, replace)?;
+        let Reservation { slot, evicted } = self.adapters.reserve(id, replace, residency)?;
+        if let Some(evicted) = evicted {
+            let _ = self.commands.send(Command::RetireAdapter { slot: evicted.namespace });
+            tracing::info!(adapter_id = evicted.id, slot = evicted.namespace, max_loras = ?self.adapters.max(),
+                "LoRA adapter evicted, least recently named, to make room for another");
+        }
         let (reply, answer) = oneshot::channel();
         let command = Command::LoadAdapter { id: id.to_string(), source: source.to_string(), slot, reply };
         let installed = match self.commands.send(command) {
@@ -139,11 +146,12 @@ impl EngineHandle {
         };
         match installed {
             Ok(()) => {
-                if let Some(replaced) = self.adapters.commit(id, slot) {
+                let (adapter, replaced) = self.adapters.commit(id, slot);
+                if let Some(replaced) = replaced {
                     let _ = self.commands.send(Command::RetireAdapter { slot: replaced.namespace });
                 }
                 tracing::info!(adapter_id = id, source, slot, "LoRA adapter loaded");
-                Ok(())
+                Ok(adapter)
             }
             Err(error) => {
                 self.adapters.abandon(id);

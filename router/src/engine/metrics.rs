@@ -98,6 +98,10 @@ pub(crate) fn describe() {
         "Share of the requests finished in the last minute that met both their TTFT and TBT objectives (1 when none finished)");
     describe_counter!("superinfer_admission_refused_total",
         "Requests refused with 429 because their first token was predicted past its objective (--admission slo)");
+    describe_gauge!("superinfer_lora_adapters_loaded", "LoRA adapters served now");
+    describe_counter!("superinfer_lora_adapter_evictions_total",
+        "LoRA adapters --lora-resolver-dir loaded that --max-loras took out of service to make room for another");
+    metrics::counter!("superinfer_lora_adapter_evictions_total").increment(0);
     describe_counter!("superinfer_queue_timeouts_total",
         "Queued requests failed because they waited past their first-token deadline by more than --queue-timeout-ms");
 }

@@ -29,7 +29,7 @@ mod vllm_metrics;
 mod testing;
 
 pub use admission::Admission;
-pub use adapters::{AdapterChange, AdapterRegistry};
+pub use adapters::{AdapterChange, AdapterRegistry, Residency};
 pub use handle::{AdapterError, EngineHandle, EngineLoad, RequestStream};
 pub use model_info::ModelInfo;
 pub use recovery::EngineTimeouts;

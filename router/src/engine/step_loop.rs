@@ -160,7 +160,7 @@ pub(super) struct Engine {
     retired_adapters: HashSet<u64>,
     /// Retired slots still installed on the shard, unloaded once nothing held uses them.
     unloading: Vec<u64>,
-    /// The adapters served (`vllm:lora_requests_info`'s `max_lora`).
+    /// The adapters served (`vllm:lora_requests_info`'s `max_lora` is `--max-loras`, or their count).
     adapters: Arc<AdapterRegistry>,
     /// `vllm:lora_requests_info` as last recorded: its labels and when.
     lora_info: Option<(String, String, usize, Instant)>,
@@ -520,8 +520,9 @@ impl Engine {
     /// requests change, and every second while the engine turns (its value is the time of the
     /// record).
     fn record_lora_info(&mut self) {
-        let max_lora = self.adapters.count();
-        if max_lora == 0 && self.lora_info.is_none() {
+        // vLLM's `max_lora` is its `--max-loras`; without one, every adapter served can run.
+        let max_lora = self.adapters.max().unwrap_or_else(|| self.adapters.count());
+        if self.adapters.count() == 0 && self.lora_info.is_none() {
             return;
         }
         let (mut running, mut waiting) = (Vec::new(), Vec::new());

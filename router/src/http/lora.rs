@@ -29,6 +29,7 @@ use utoipa::ToSchema;
 use super::extract::JsonBody;
 use super::openai_types::log_ignored_fields;
 use super::state::{AppState, ConfigError};
+use crate::engine::Residency;
 use crate::error::{ErrorBody, HttpError};
 use crate::validation::ValidationError;
 
@@ -120,7 +121,7 @@ pub(crate) async fn load_lora_adapter(
     if name == state.model_id {
         return Err(ValidationError::LoraAdapter(format!("'{name}' is the served model's name; an adapter needs its own")).into());
     }
-    state.engine.load_adapter(name, request.lora_path.trim(), request.load_inplace).await?;
+    state.engine.load_adapter(name, request.lora_path.trim(), request.load_inplace, Residency::Pinned).await?;
     Ok(format!("Success: LoRA adapter '{name}' added successfully."))
 }
 

@@ -139,7 +139,7 @@ pub fn router(
     })
 }
 
-fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, ConfigError> {
+pub(crate) fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, ConfigError> {
     if origins.is_empty() {
         return Ok(None);
     }

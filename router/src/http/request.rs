@@ -124,8 +124,7 @@ async fn checked_parameters(
     parameters: &GenerateParameters,
 ) -> Result<(Option<AdapterRef>, ValidParameters), HttpError> {
     let raw = parameters;
-    state.resolve_adapter(parameters.adapter_id.as_deref()).await?;
-    let adapter = state.adapter(parameters.adapter_id.as_deref())?;
+    let adapter = state.adapter(parameters.adapter_id.as_deref()).await?;
     let mut parameters =
         validation::validate_parameters(parameters, &state.limits, rand::random::<u64>())?;
     in_vocabulary(state, parameters.sampling.logit_bias.iter().map(|&(id, _)| id))?;

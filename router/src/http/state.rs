@@ -8,12 +8,15 @@ use tokio::sync::Semaphore;
 
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::engine::api::AdapterRef;
-use crate::engine::{EngineHandle, ModelInfo};
+use crate::engine::{AdapterChange, AdapterError, EngineHandle, ModelInfo, Residency};
 use crate::error::HttpError;
 use crate::grammar::{GrammarCompiler, GrammarError, ReasoningTokens, UnlistedProperties};
 use crate::kv_events::KvEventSource;
 use crate::tokenizer::Tokenizer;
 use crate::validation::{ValidationError, ValidationLimits};
+
+/// How often a request waiting for a `--max-loras` slot looks for an idle adapter again.
+const ADAPTER_IDLE_POLL: Duration = Duration::from_millis(20);
 
 /// Everything the HTTP layer is configured with (parsed once by the CLI).
 #[derive(Debug, Clone, PartialEq)]
@@ -115,6 +118,8 @@ pub enum ConfigError {
     CorsOrigin(String),
     #[error("--lora-resolver-dir {0}: not a directory this server can read")]
     LoraResolverDir(std::path::PathBuf),
+    #[error("the shard serves {0} LoRA adapters from its start (--lora-adapters), more than --max-loras {1}")]
+    MaxLoras(usize, usize),
 }
 
 pub(crate) struct AppState {
@@ -216,18 +221,24 @@ impl AppState {
         })
     }
 
-    /// The adapter a request names (`adapter_id`); `None` (the base model) when it names none
-    /// or the served model itself, a 422 when it names an adapter the server did not load.
-    pub fn adapter(&self, id: Option<&str>) -> Result<Option<AdapterRef>, ValidationError> {
-        match id {
-            None | Some("") => Ok(None),
-            Some(id) if id == self.model_id => Ok(None),
-            Some(id) => self.engine.adapters().get(id).map(Some).ok_or_else(|| {
-                let ids = self.engine.adapters().ids();
-                let loaded = if ids.is_empty() { "none".to_string() } else { ids.join(", ") };
-                ValidationError::UnknownAdapter(id.to_string(), loaded)
-            }),
+    /// The adapter a request names (`adapter_id`), held for the request: `None` (the base
+    /// model) when it names none or the served model itself; an adapter `--lora-resolver-dir`
+    /// holds is loaded first; a 422 when it names an adapter the server does not serve.
+    pub async fn adapter(&self, id: Option<&str>) -> Result<Option<AdapterRef>, HttpError> {
+        let id = match id {
+            None | Some("") => return Ok(None),
+            Some(id) if id == self.model_id => return Ok(None),
+            Some(id) => id,
+        };
+        if let Some(adapter) = self.engine.adapters().get(id) {
+            return Ok(Some(adapter));
         }
+        if let Some(adapter) = self.resolve_adapter(id).await? {
+            return Ok(Some(adapter));
+        }
+        let ids = self.engine.adapters().ids();
+        let loaded = if ids.is_empty() { "none".to_string() } else { ids.join(", ") };
+        Err(ValidationError::UnknownAdapter(id.to_string(), loaded).into())
     }
 
     /// The adapter an OpenAI request's `model` selects: a loaded adapter's id, or one
@@ -236,27 +247,38 @@ impl AppState {
     pub fn adapter_for_model(&self, model: Option<&str>) -> Option<String> {
         let resolvable = |name: &str| self.lora_resolver.as_ref().is_some_and(|resolver| resolver.find(name).is_some());
         model
-            .filter(|name| *name != self.model_id && (self.engine.adapters().get(name).is_some() || resolvable(name)))
+            .filter(|name| *name != self.model_id && (self.engine.adapters().contains(name) || resolvable(name)))
             .map(str::to_string)
     }
 
-    /// Loads the adapter `id` names from `--lora-resolver-dir` when it is not loaded and the
-    /// directory holds it; anything else is left to `adapter`. Loads are one at a time, so
-    /// requests naming the same new adapter at once load it once.
-    pub async fn resolve_adapter(&self, id: Option<&str>) -> Result<(), HttpError> {
-        let Some(resolver) = &self.lora_resolver else { return Ok(()) };
-        let Some(id) = id.filter(|id| !id.is_empty() && *id != self.model_id) else { return Ok(()) };
-        if self.engine.adapters().get(id).is_some() {
-            return Ok(());
-        }
-        let Some(path) = resolver.find(id) else { return Ok(()) };
+    /// Loads the adapter `id` from `--lora-resolver-dir` when the directory holds it. Loads are
+    /// one at a time, so requests naming the same new adapter at once load it once. Past
+    /// `--max-loras`, the load evicts an idle adapter the resolver loaded, and waits while
+    /// requests hold each (the client leaving ends the wait).
+    async fn resolve_adapter(&self, id: &str) -> Result<Option<AdapterRef>, HttpError> {
+        let Some(resolver) = &self.lora_resolver else { return Ok(None) };
+        let Some(path) = resolver.find(id) else { return Ok(None) };
         let _one_at_a_time = resolver.loading.lock().await;
-        if self.engine.adapters().get(id).is_some() {
-            return Ok(());
+        let mut waited = false;
+        loop {
+            if let Some(adapter) = self.engine.adapters().get(id) {
+                return Ok(Some(adapter));
+            }
+            match self.engine.load_adapter(id, &path.to_string_lossy(), false, Residency::Evictable).await {
+                Ok(adapter) => {
+                    tracing::info!(adapter_id = id, path = %path.display(), "LoRA adapter resolved from --lora-resolver-dir");
+                    return Ok(Some(adapter));
+                }
+                Err(AdapterError::Change(AdapterChange::Busy(max))) => {
+                    if !waited {
+                        tracing::info!(adapter_id = id, max_loras = max, "LoRA adapter waits for one of the loaded ones to be idle");
+                        waited = true;
+                    }
+                    tokio::time::sleep(ADAPTER_IDLE_POLL).await;
+                }
+                Err(error) => return Err(error.into()),
+            }
         }
-        self.engine.load_adapter(id, &path.to_string_lossy(), false).await?;
-        tracing::info!(adapter_id = id, path = %path.display(), "LoRA adapter resolved from --lora-resolver-dir");
-        Ok(())
     }
 
     pub fn chat_template(&self) -> Result<&ChatTemplate, HttpError> {

@@ -138,6 +138,107 @@ async fn an_adapter_a_request_names_is_loaded_from_the_resolver_dir() {
     std::fs::remove_dir_all(root).unwrap();
 }
 
+/// `--max-loras`: past it, an adapter the resolver must load takes the place of the least
+/// recently named one the resolver loaded that no request holds, and waits while requests hold
+/// each; adapters loaded at start or by route are never evicted.
+#[tokio::test]
+async fn past_max_loras_the_resolver_evicts_the_least_recently_named_idle_adapter() {
+    use futures::StreamExt;
+    use tower::ServiceExt;
+    let dir = adapters_dir(&["math-lora", "code-lora", "text-lora"], &[]);
+    let config = HttpConfig { lora_resolver_dir: Some(dir.clone()), ..runtime_lora() };
+    let chat_template = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2_chat_template.jinja")).unwrap();
+    // The shard's two (sql-lora, chat-lora) and two more.
+    let (app, log) = super::app_with_args(config, chat_template, &["--max-loras", "4"]).await;
+    let generate = |adapter: &str| json!({"inputs": "x", "parameters": {"max_new_tokens": 2, "adapter_id": adapter}});
+    let slot_sent = |log: &std::sync::Mutex<super::scripted_shard::ShardLog>| log.lock().unwrap().new_requests.last().unwrap().adapter_slot;
+    for adapter in ["math-lora", "code-lora", "math-lora"] {
+        assert_eq!(send(&app, post("/generate", &generate(adapter))).await.0, StatusCode::OK, "{adapter}");
+    }
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora", "math-lora", "code-lora"]);
+    // code-lora was named less recently than math-lora: it makes room for text-lora.
+    let text = json!({"model": "text-lora", "prompt": "x", "max_tokens": 2});
+    assert_eq!(send(&app, post("/v1/completions", &text)).await.0, StatusCode::OK);
+    assert_eq!(slot_sent(&log), 5);
+    wait_for(&log, |log| log.unloaded_slots == [4]).await;
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora", "math-lora", "text-lora"]);
+
+    // Requests hold both: code-lora waits for one of them to end, then takes its place.
+    let hold = |adapter: &str| json!({"inputs": HOLD, "parameters": {"max_new_tokens": 1000, "ignore_eos": true, "adapter_id": adapter}});
+    let mut streams = Vec::new();
+    for adapter in ["text-lora", "math-lora"] {
+        let response = app.clone().oneshot(post("/generate_stream", &hold(adapter))).await.unwrap();
+        let mut events = response.into_body().into_data_stream();
+        events.next().await.unwrap().unwrap();
+        streams.push(events);
+    }
+    let waiting = tokio::spawn({
+        let app = app.clone();
+        let body = generate("code-lora");
+        async move { send(&app, post("/generate", &body)).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished());
+    assert_eq!(log.lock().unwrap().loaded_adapters.len(), 3);
+    // The client of the math-lora stream leaves: its request ends, math-lora goes.
+    drop(streams.pop());
+    let (status, _, body) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(slot_sent(&log), 6);
+    wait_for(&log, |log| log.unloaded_slots == [4, 3]).await;
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora", "text-lora", "code-lora"]);
+
+    // A load by route evicts likewise (code-lora, idle), but waits for no one: while a request
+    // holds text-lora it is a 503, and passes once that request ends.
+    let load = |name: &str| json!({"lora_name": name, "lora_path": format!("/adapters/{name}")});
+    assert_eq!(send(&app, post("/v1/load_lora_adapter", &load("pinned-lora"))).await.0, StatusCode::OK);
+    let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &load("more-lora"))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"],
+        "The server serves its most lora adapters at once (--max-loras 4), and requests hold each it could evict.");
+    drop(streams);
+    let mut status = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..500 {
+        status = send(&app, post("/v1/load_lora_adapter", &load("more-lora"))).await.0;
+        if status != StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, StatusCode::OK);
+    // Loads by route are never evicted: with nothing else, a resolver load is refused (400), and
+    // so is a load by route.
+    let (status, _, text) = send(&app, post("/generate", &generate("math-lora"))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let full = "The server serves its most lora adapters at once (--max-loras 4), none of which it can evict; unload one first.";
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"], full);
+    let (status, _, text) = send(&app, post("/v1/load_lora_adapter", &load("x"))).await;
+    assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()["error"].clone()), (StatusCode::BAD_REQUEST, json!(full)));
+    assert_eq!(model_ids(&app).await, ["smollm2-test", "sql-lora", "chat-lora", "pinned-lora", "more-lora"]);
+    assert_eq!(log.lock().unwrap().unloaded_slots.len(), 4);
+
+    // The process's recorder is shared by the tests running beside this one: the counter has
+    // counted at least these four.
+    let evictions = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await.2;
+    let evictions = evictions.lines().find_map(|line| line.strip_prefix("superinfer_lora_adapter_evictions_total "));
+    assert!(evictions.and_then(|count| count.parse::<f64>().ok()).is_some_and(|count| count >= 4.0), "{evictions:?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn more_startup_adapters_than_max_loras_stop_the_start() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let tokenizer_json = std::fs::read_to_string(format!("{dir}/smollm2_tokenizer.json")).unwrap();
+    let template = std::fs::read_to_string(format!("{dir}/smollm2_chat_template.jinja")).unwrap();
+    let shard = super::scripted_shard::ScriptedShard::spawn(tokenizer_json, template);
+    let socket = shard.0.to_string_lossy().to_string();
+    let argv = ["router", "--uds-path", socket.as_str(), "--shard-connect-timeout-s", "10", "--max-loras", "1"];
+    let config = crate::config::RouterConfig::parse_argv(argv).unwrap();
+    let started = crate::server::start_engine(&config, &tokio_util::task::TaskTracker::new(), &tokio_util::sync::CancellationToken::new()).await;
+    let error = started.err().expect("two start-up adapters exceed one");
+    assert_eq!(error.to_string(), "the shard serves 2 LoRA adapters from its start (--lora-adapters), more than --max-loras 1");
+}
+
 #[tokio::test]
 async fn a_resolver_dir_that_cannot_be_read_stops_the_start() {
     let missing = std::env::temp_dir().join(format!("superinfer-no-loras-{:x}", rand::random::<u64>()));
