@@ -43,10 +43,15 @@ pub enum HttpError {
     /// `previous_response_id`): never kept, deleted, or gone for room.
     #[error("Response with id '{0}' not found.")]
     ResponseNotFound(String),
+    /// A path no route serves (`POST /v1/embeddings` to a text generator, a typo): TGI's body
+    /// shape instead of an empty 404.
+    #[error("{0}: no such route on this server, which generates text; /docs lists its routes")]
+    RouteNotFound(String),
     #[error("Payload too large: the request body is over {0} bytes")]
     PayloadTooLarge(usize),
-    /// The body is not a request of this route (bad JSON, wrong types, missing fields).
-    #[error("Failed to deserialize the JSON body into the target type: {0}")]
+    /// The body is not a request of this route (bad JSON, wrong types, missing fields): the
+    /// whole message, as axum's rejections word it (`HttpError::undeserializable` for a detail).
+    #[error("{0}")]
     BadRequestBody(String),
     #[error("Tokenizer error: {0}")]
     Tokenizer(String),
@@ -82,6 +87,12 @@ pub struct ErrorBody {
 }
 
 impl HttpError {
+    /// A body that is JSON but not this route's request, worded as axum's `Json` rejection
+    /// words it (and TGI answers): `detail` is serde's error.
+    pub fn undeserializable(detail: impl std::fmt::Display) -> Self {
+        HttpError::BadRequestBody(format!("Failed to deserialize the JSON body into the target type: {detail}"))
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             HttpError::Validation(_) | HttpError::Template(_) | HttpError::BadRequestBody(_) => {
@@ -93,7 +104,7 @@ impl HttpError {
             HttpError::Incomplete | HttpError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
             HttpError::Unhealthy(_) | HttpError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             HttpError::Unauthorized => StatusCode::UNAUTHORIZED,
-            HttpError::ModelNotFound(_) | HttpError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
+            HttpError::ModelNotFound(_) | HttpError::ResponseNotFound(_) | HttpError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             HttpError::Adapter(error) => match error {
                 AdapterError::Change(AdapterChange::NotFound(_)) => StatusCode::NOT_FOUND,
@@ -122,7 +133,7 @@ impl HttpError {
             HttpError::Unhealthy(_) => "healthcheck",
             HttpError::Unavailable { .. } => "unavailable",
             HttpError::Unauthorized => "unauthorized",
-            HttpError::ModelNotFound(_) | HttpError::ResponseNotFound(_) => "not_found",
+            HttpError::ModelNotFound(_) | HttpError::ResponseNotFound(_) | HttpError::RouteNotFound(_) => "not_found",
             HttpError::PayloadTooLarge(_) => "payload_too_large",
             HttpError::Metrics(_) => "metrics",
             HttpError::Adapter(AdapterError::Change(AdapterChange::NotFound(_))) => "not_found",

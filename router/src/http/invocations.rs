@@ -16,12 +16,7 @@ use crate::error::{ErrorBody, HttpError};
 
 /// The body as the shape it names, or the 422 its route would give.
 fn shaped<T: DeserializeOwned>(body: Value) -> Result<T, Response> {
-    serde_json::from_value(body).map_err(|error| {
-        HttpError::BadRequestBody(format!(
-            "Failed to deserialize the JSON body into the target type: {error}"
-        ))
-        .into_response()
-    })
+    serde_json::from_value(body).map_err(|error| HttpError::undeserializable(error).into_response())
 }
 
 /// A generation, a chat completion or a completion, by the body's fields.

@@ -128,6 +128,7 @@ pub fn router(
         .route("/docs", get(openapi::docs));
     let mut app = generation_routes
         .merge(open_routes)
+        .fallback(unknown_route)
         .layer(DefaultBodyLimit::max(payload_limit))
         .with_state(state);
     if let Some(cors) = cors {
@@ -137,6 +138,11 @@ pub fn router(
         routes: app,
         connections,
     })
+}
+
+/// A path no route serves: a 404 in TGI's error shape, naming what was asked for.
+async fn unknown_route(method: Method, uri: axum::http::Uri) -> crate::error::HttpError {
+    crate::error::HttpError::RouteNotFound(format!("{method} {}", uri.path()))
 }
 
 pub(crate) fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, ConfigError> {

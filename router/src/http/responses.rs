@@ -325,7 +325,7 @@ impl ResponsesRequest {
     /// `store`: where responses are kept (none: nothing is, as with `--responses-store-bytes 0`).
     pub fn parse(body: Value, store: Option<&ResponseStore>) -> Result<Self, HttpError> {
         let Value::Object(mut body) = body else {
-            return Err(HttpError::BadRequestBody("a Responses request is a JSON object".into()));
+            return Err(HttpError::undeserializable("a Responses request is a JSON object"));
         };
         let store = store.filter(|store| store.enabled());
         let mut take = |field: &str| body.remove(field).filter(|value| !value.is_null());
@@ -436,7 +436,7 @@ impl ResponsesRequest {
         // Everything else is the chat route's: sampling, `stream`, `model`, `priority`, `slo`, ….
         chat.extend(body);
         let mut chat: ChatRequest =
-            serde_json::from_value(Value::Object(chat)).map_err(|error| HttpError::BadRequestBody(error.to_string()))?;
+            serde_json::from_value(Value::Object(chat)).map_err(HttpError::undeserializable)?;
         if chat.sampling.choices() != 1 {
             return Err(ValidationError::UnsupportedBecause("n", "a response has one output").into());
         }

@@ -96,7 +96,7 @@ pub(crate) async fn tokenize(
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Json<TokenizeAnswer>, HttpError> {
     let Value::Object(fields) = body else {
-        return Err(HttpError::BadRequestBody("the body must be a JSON object".into()));
+        return Err(HttpError::undeserializable("the body must be a JSON object"));
     };
     if fields.contains_key("inputs") || fields.contains_key("text") {
         let request: GenerateRequest = from_fields(fields)?;
@@ -115,8 +115,8 @@ pub(crate) async fn tokenize(
         let request: TokenizeText = from_fields(fields)?;
         (request.prompt, request.add_special_tokens.unwrap_or(true), request.return_token_strs)
     } else {
-        return Err(HttpError::BadRequestBody(
-            "the body names no text: `inputs` (TGI's form), or `prompt` or `messages` (vLLM's)".into(),
+        return Err(HttpError::undeserializable(
+            "the body names no text: `inputs` (TGI's form), or `prompt` or `messages` (vLLM's)",
         ));
     };
     let _permit = acquire_permit(&state.permits)?;
@@ -173,5 +173,5 @@ pub(crate) async fn detokenize(
 
 /// One of the bodies, from the object's fields; a mismatch is a 422 naming the field.
 fn from_fields<T: serde::de::DeserializeOwned>(fields: Map<String, Value>) -> Result<T, HttpError> {
-    serde_json::from_value(Value::Object(fields)).map_err(|error| HttpError::BadRequestBody(error.to_string()))
+    serde_json::from_value(Value::Object(fields)).map_err(HttpError::undeserializable)
 }

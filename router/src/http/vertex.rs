@@ -95,11 +95,7 @@ fn instance(
     body: Value,
 ) -> Result<(PromptText, GenerateParameters), HttpError> {
     let has = |field: &str| body.as_object().is_some_and(|o| o.contains_key(field));
-    let shape_error = |error: serde_json::Error| {
-        HttpError::BadRequestBody(format!(
-            "Failed to deserialize the JSON body into the target type: instances: {error}"
-        ))
-    };
+    let shape_error = |error: serde_json::Error| HttpError::undeserializable(format!("instances: {error}"));
     if has("messages") {
         let request: ChatRequest = serde_json::from_value(body).map_err(shape_error)?;
         // One prediction per instance, answered at once.
