@@ -11,6 +11,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import peft
 import pytest
@@ -658,6 +659,7 @@ class _Commands:
         self.executor, self.commands = executor, commands
         self.seen: list = []
         self.failure = None
+        self.answers: list[float] = []
 
     def receive(self):
         self.seen.append((_adapters(self.executor), _installed_slots(self.executor)))
@@ -666,21 +668,122 @@ class _Commands:
     def fail(self, reason: str) -> None:
         self.failure = reason
 
+    def minimum(self, values: list[float]) -> list[float]:
+        self.answers.append(values[0])
+        return values
+
+
+class _PollingCommands(_Commands):
+    """As `_Commands`, and asks an `AdapterReadCommand` again while the follower answers 0
+    (still reading), as rank 0 polls."""
+
+    def __init__(self, executor, commands: list):
+        super().__init__(executor, commands)
+        self._asked = None
+
+    def receive(self):
+        if self._asked is not None and self.answers and self.answers[-1] == 0.0:
+            self.answers.pop()
+            time.sleep(0.01)
+            return self._asked
+        command = super().receive()
+        self._asked = command if type(command).__name__ == "AdapterReadCommand" else None
+        return command
+
+
+def test_a_follower_reads_an_adapter_beside_its_steps_and_installs_what_it_read(adapted, monkeypatch):
+    """Rank 0's ReadAdapterCommand has the follower read its share on a thread of its own (its
+    model thread goes on with the steps); it installs only on LoadAdapterCommand. A read that
+    fails is reported (-1) and dropped, and the follower goes on: rank 0 refuses that load."""
+    import threading
+
+    from superinfer.shard import executor as executor_module
+    from superinfer.shard.cli import build_executor
+    from superinfer.shard.follower import follow
+    from superinfer.shard.rank_commands import (AdapterReadCommand, DropAdapterReadCommand, LoadAdapterCommand,
+                                                ReadAdapterCommand, StopCommand)
+
+    read_on = []
+    original = executor_module.read_adapter
+
+    def read_adapter(*args):
+        read_on.append(threading.current_thread().name)
+        return original(*args)
+
+    monkeypatch.setattr(executor_module, "read_adapter", read_adapter)
+    root, _, _ = adapted
+    executor = build_executor(_shard_config(root / "base", {}))
+    group = _PollingCommands(executor, [
+        ReadAdapterCommand("qv", "org/qv", 3, directory=str(root / "qv")), AdapterReadCommand(3),
+        LoadAdapterCommand("qv", 3),
+        ReadAdapterCommand("gone", str(root / "gone"), 4), AdapterReadCommand(4), DropAdapterReadCommand(4),
+        AdapterReadCommand(5),  # never asked to read: a failure, not a wait
+        StopCommand()])
+    assert follow(executor, group) == 0 and group.failure is None
+    assert group.answers == [1.0, -1.0, -1.0]
+    assert read_on and all(name.startswith("adapter-read") for name in read_on)
+    # Installed by the load command only, from what was read; nothing of the failed one.
+    assert [seen for seen, _ in group.seen] == [[], [], [], [("qv", 3)], [("qv", 3)], [("qv", 3)], [("qv", 3)],
+                                                [("qv", 3)]]
+    assert executor._reads == {}
+    executor.close()
+
+
+class _Followers:
+    """The other ranks as rank 0 sees them: the commands it sends, and how their reads go (the
+    answers to `AdapterReadCommand`, in turn)."""
+
+    world_size = 2
+
+    def __init__(self, read_states: list[float]):
+        self.read_states, self.sent, self.failure = read_states, [], None
+
+    def send(self, command) -> None:
+        self.sent.append(type(command).__name__)
+
+    def minimum(self, values: list[float]) -> list[float]:
+        return [min(values[0], self.read_states.pop(0))]
+
+    def fail(self, reason: str) -> None:
+        self.failure = reason
+
+
+def test_rank_0_installs_an_adapter_once_every_rank_read_it_and_refuses_one_a_rank_could_not_read(adapted):
+    from superinfer.shard.cli import build_executor
+
+    root, _, _ = adapted
+    executor = build_executor(_shard_config(root / "base", {}))
+    executor.group = _Followers([0.0, 0.0, 1.0])
+    executor.load_adapter("qv", str(root / "qv"), 3, poll_s=0)
+    assert executor.group.sent == ["ReadAdapterCommand", *["AdapterReadCommand"] * 3, "LoadAdapterCommand"]
+    assert _adapters(executor) == [("qv", 3)]
+    executor.group = _Followers([0.0, -1.0])
+    with pytest.raises(AdapterRequestError, match="LoRA adapter 'all': a tensor-parallel rank could not read"):
+        executor.load_adapter("all", str(root / "all"), 4, poll_s=0)
+    assert executor.group.sent == ["ReadAdapterCommand", "AdapterReadCommand", "AdapterReadCommand",
+                                   "DropAdapterReadCommand"]
+    assert _adapters(executor) == [("qv", 3)] and executor.group.failure is None
+    executor.group = None
+    executor.close()
+
 
 def test_a_follower_installs_and_removes_its_share_of_the_adapters_rank_0_names(adapted):
     from superinfer.shard.cli import build_executor
     from superinfer.shard.follower import follow
-    from superinfer.shard.rank_commands import LoadAdapterCommand, StopCommand, UnloadAdapterCommand
+    from superinfer.shard.rank_commands import (AdapterReadCommand, LoadAdapterCommand, ReadAdapterCommand,
+                                                StopCommand, UnloadAdapterCommand)
 
     root, _, _ = adapted
     executor = build_executor(_shard_config(root / "base", {}))
-    group = _Commands(executor, [
-        LoadAdapterCommand("qv", str(root / "qv"), 3, directory=str(root / "not-on-this-node")),  # read from source
-        LoadAdapterCommand("all", "org/all", 4, directory=str(root / "all")),  # rank 0's directory, seen here
+    group = _PollingCommands(executor, [
+        ReadAdapterCommand("qv", str(root / "qv"), 3, directory=str(root / "not-on-this-node")),  # read from source
+        ReadAdapterCommand("all", "org/all", 4, directory=str(root / "all")),  # rank 0's directory, seen here
+        AdapterReadCommand(3), AdapterReadCommand(4), LoadAdapterCommand("qv", 3), LoadAdapterCommand("all", 4),
         UnloadAdapterCommand(3), StopCommand()])
     assert follow(executor, group) == 0 and group.failure is None
-    assert group.seen == [([], set()), ([("qv", 3)], {3}), ([("qv", 3), ("all", 4)], {3, 4}), ([("all", 4)], {4})]
+    assert group.answers == [1.0, 1.0]
+    assert group.seen[4:] == [([], set()), ([("qv", 3)], {3}), ([("qv", 3), ("all", 4)], {3, 4}), ([("all", 4)], {4})]
     # A command this rank cannot carry out ends it: the ranks would be out of step.
-    group = _Commands(executor, [LoadAdapterCommand("gone", str(root / "gone"), 5)])
-    assert follow(executor, group) == 1 and "LoRA adapter 'gone'" in group.failure
+    group = _Commands(executor, [LoadAdapterCommand("gone", 5)])
+    assert follow(executor, group) == 1 and "LoRA adapter 'gone': this rank read nothing for slot 5" in group.failure
     executor.close()

@@ -21,6 +21,7 @@ it tells the other ranks each one that touches the model (`rank_commands`), then
 share — the same `run_rank_step` the other ranks run from `follower.follow`. Only rank 0 keeps
 requests and samples; every rank transfers its own slice of the same KV blocks, and a transfer
 is reported once it has completed on every rank."""
+import concurrent.futures
 import contextlib
 import logging
 import pathlib
@@ -38,7 +39,8 @@ from .errors import AdapterRequestError, LoraError, NotWarmedUpError
 from .lora import ReadAdapter, check_memory_for, install, read_adapter
 from .model_runner import ModelRunner
 from .plan import PlanLimits, ValidatedPlan, validate_plan
-from .rank_commands import (HealthCommand, LoadAdapterCommand, RankWork, ResetCommand, StepCommand, StopCommand,
+from .rank_commands import (AdapterReadCommand, DropAdapterReadCommand, HealthCommand, LoadAdapterCommand,
+                            RankWork, ReadAdapterCommand, ResetCommand, StepCommand, StopCommand,
                             UnloadAdapterCommand, WarmupCommand)
 from .rank_group import RankGroup
 from .rank_step import rank_work, run_rank_step
@@ -107,6 +109,9 @@ class ShardExecutor:
         # of --lora-adapters), then LoadAdapter's and UnloadAdapter's changes. The plans'
         # limits hold this same dict. Changed on the model thread only.
         self.adapters: dict[int, str] = dict(enumerate(runner.loaded.adapters, start=1))
+        # Ranks > 0: adapters being read beside the steps (`ReadAdapterCommand`), by slot.
+        self._reads: dict[int, concurrent.futures.Future] = {}
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
 
     def info(self) -> shard_pb2.InfoResponse:
         model_config, tokenizer = self.runner.config, self.runner.loaded.tokenizer
@@ -328,20 +333,58 @@ class ShardExecutor:
             raise AdapterRequestError(str(err)) from None
         return PreparedAdapter(slot, source, adapter)
 
+    def read_on_ranks(self, prepared: PreparedAdapter) -> None:
+        """Under tensor parallelism, between steps (the model thread): the other ranks start
+        reading their slices of `prepared` beside their steps (`ReadAdapterCommand`). Nothing
+        to do for one shard."""
+        if self.group is None:
+            return
+        adapter = prepared.adapter
+        with self._on_every_rank(ReadAdapterCommand(adapter.adapter_id, prepared.source, prepared.slot,
+                                                    str(adapter.directory))):
+            pass
+
+    def ranks_read(self, slot: int) -> int:
+        """Between steps (the model thread): 1 once every rank read its slices for `slot`, 0
+        while one still reads, -1 when one could not (its log says why). 1 for one shard."""
+        if self.group is None:
+            return 1
+        with self._on_every_rank(AdapterReadCommand(slot)):
+            return int(self.group.minimum([1.0])[0])
+
+    def drop_ranks_read(self, slot: int) -> None:
+        """Between steps (the model thread): the other ranks forget what they read for `slot`."""
+        if self.group is None:
+            return
+        with self._on_every_rank(DropAdapterReadCommand(slot)):
+            pass
+
     def install_prepared(self, prepared: PreparedAdapter) -> None:
-        """LoadAdapter's second half, between steps (the model thread): checks again that the
-        slot is free (another load may have taken it since), then installs it on
-        every rank (the others read their own slices from the directory read here)."""
+        """LoadAdapter's last part, between steps (the model thread), once every rank read it
+        (`read_on_ranks`, `ranks_read`): checks again that the slot is free (another load may
+        have taken it since), then installs it on every rank."""
         adapter = prepared.adapter
         self._check_load(adapter.adapter_id, prepared.slot)
-        command = LoadAdapterCommand(adapter.adapter_id, prepared.source, prepared.slot, str(adapter.directory))
-        with self._on_every_rank(command):
+        with self._on_every_rank(LoadAdapterCommand(adapter.adapter_id, prepared.slot)):
             self._install(prepared.slot, adapter)
 
-    def load_adapter(self, adapter_id: str, source: str, slot: int) -> None:
+    def load_adapter(self, adapter_id: str, source: str, slot: int,
+                     run_between_steps=lambda call, *args: call(*args), poll_s: float = 0.005) -> None:
         """Reads `source`'s adapter and installs it in `slot`, requests name it by `adapter_id`
-        from the next step on (`prepare_adapter` then `install_prepared`, on this thread)."""
-        self.install_prepared(self.prepare_adapter(adapter_id, source, slot))
+        from the next step on: `prepare_adapter` on this thread; then, each through
+        `run_between_steps` (the model thread's queue; by default this thread), the other
+        ranks' reads beside their steps, a poll every `poll_s` until they are done, and
+        `install_prepared`. A rank that cannot read it is this load's AdapterRequestError, and
+        nothing changes."""
+        prepared = self.prepare_adapter(adapter_id, source, slot)
+        run_between_steps(self.read_on_ranks, prepared)
+        while (state := run_between_steps(self.ranks_read, slot)) == 0:
+            time.sleep(poll_s)
+        if state < 0:
+            run_between_steps(self.drop_ranks_read, slot)
+            raise AdapterRequestError(f"LoRA adapter {adapter_id!r}: a tensor-parallel rank could not read its "
+                                      f"share of {source} (that rank's log says why)")
+        run_between_steps(self.install_prepared, prepared)
 
     def unload_adapter(self, slot: int) -> None:
         """Takes the adapter in `slot` out, between steps, on every rank; AdapterRequestError
@@ -351,12 +394,47 @@ class ShardExecutor:
         with self._on_every_rank(UnloadAdapterCommand(slot)):
             self.unload_rank_adapter(slot)
 
-    def load_rank_adapter(self, adapter_id: str, source: str, slot: int, directory: str = "") -> None:
+    def read_rank_adapter(self, adapter_id: str, source: str, slot: int, directory: str = "") -> None:
+        """A rank > 0's `ReadAdapterCommand`: starts reading its slices of the adapter for `slot`
+        on a thread of its own, beside the steps."""
+        if self._reader is None:
+            # torch on that thread runs without an intra-op pool: one started on a thread other
+            # than the model's stays for good and slows every step.
+            self._reader = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="adapter-read", initializer=torch.set_num_threads, initargs=(1,))
+        self._reads[slot] = self._reader.submit(self._read_slices, adapter_id, source, directory)
+
+    def rank_read_state(self, slot: int) -> float:
+        """A rank > 0's answer to `AdapterReadCommand`: 1 read, 0 still reading, -1 failed or
+        never asked."""
+        read = self._reads.get(slot)
+        if read is None:
+            return -1.0
+        if not read.done():
+            return 0.0
+        if read.exception() is not None:
+            log.error("LoRA adapter for slot %d: this rank could not read its share: %s", slot, read.exception())
+            return -1.0
+        return 1.0
+
+    def drop_rank_read(self, slot: int) -> None:
+        """A rank > 0's `DropAdapterReadCommand`."""
+        self._reads.pop(slot, None)
+
+    def load_rank_adapter(self, adapter_id: str, slot: int) -> None:
         """A rank > 0's share of a LoadAdapter (`LoadAdapterCommand`): its slices of the adapter
-        rank 0 checked, installed; read from `directory` (rank 0's) when this rank sees it."""
+        rank 0 checked, as `read_rank_adapter` read them, installed."""
+        read = self._reads.pop(slot, None)
+        if read is None:
+            raise RuntimeError(f"LoRA adapter {adapter_id!r}: this rank read nothing for slot {slot}")
+        self._install(slot, read.result())
+
+    def _read_slices(self, adapter_id: str, source: str, directory: str) -> ReadAdapter:
+        """This rank's slices of an adapter: from `directory` (rank 0's) when this rank sees
+        it, else from `source` (a hub id on another node)."""
         if directory and pathlib.Path(directory).is_dir():
             source = directory
-        self._install(slot, read_adapter(LoraAdapterSpec(adapter_id, source), self.runner.loaded, self.config.hub))
+        return read_adapter(LoraAdapterSpec(adapter_id, source), self.runner.loaded, self.config.hub)
 
     def unload_rank_adapter(self, slot: int) -> None:
         """Every rank's share of an UnloadAdapter."""
@@ -385,6 +463,8 @@ class ShardExecutor:
         return ", ".join(f"{adapter!r} in slot {slot}" for slot, adapter in loaded) or "none"
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.shutdown(wait=False, cancel_futures=True)
         if self.group is not None and self.group.failure is None and self.group.rank == 0:
             with contextlib.suppress(Exception):  # a rank that is gone already needs no stop
                 self.group.send(StopCommand())

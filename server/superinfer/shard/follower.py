@@ -5,8 +5,9 @@ the server as it does when a shard dies."""
 import logging
 
 from .executor import ShardExecutor
-from .rank_commands import (HealthCommand, LoadAdapterCommand, ResetCommand, StepCommand, StopCommand,
-                            UnloadAdapterCommand, WarmupCommand)
+from .rank_commands import (AdapterReadCommand, DropAdapterReadCommand, HealthCommand, LoadAdapterCommand,
+                            ReadAdapterCommand, ResetCommand, StepCommand, StopCommand, UnloadAdapterCommand,
+                            WarmupCommand)
 from .rank_group import RankGroup
 from .rank_step import run_rank_step
 
@@ -27,8 +28,14 @@ def follow(executor: ShardExecutor, group: RankGroup) -> int:
                     executor.check_device()
                 case ResetCommand():
                     executor.tracker.drain()
-                case LoadAdapterCommand(adapter_id, source, slot, directory):
-                    executor.load_rank_adapter(adapter_id, source, slot, directory)
+                case ReadAdapterCommand(adapter_id, source, slot, directory):
+                    executor.read_rank_adapter(adapter_id, source, slot, directory)
+                case AdapterReadCommand(slot):
+                    group.minimum([executor.rank_read_state(slot)])
+                case DropAdapterReadCommand(slot):
+                    executor.drop_rank_read(slot)
+                case LoadAdapterCommand(adapter_id, slot):
+                    executor.load_rank_adapter(adapter_id, slot)
                 case UnloadAdapterCommand(slot):
                     executor.unload_rank_adapter(slot)
                 case StopCommand():

@@ -60,15 +60,41 @@ class StopCommand:
 
 
 @dataclass(frozen=True)
-class LoadAdapterCommand:
-    """Install a LoRA adapter in `slot`, between steps: each rank reads its own slices of the
-    adapter rank 0 read and checked — from `directory` (where rank 0 found `source`) when this
-    rank sees that directory, else from `source` (a hub id on another node)."""
+class ReadAdapterCommand:
+    """Start reading this rank's slices of the LoRA adapter rank 0 read and checked, for `slot`,
+    on a thread beside the steps — from `directory` (where rank 0 found `source`) when this rank
+    sees that directory, else from `source` (a hub id on another node) — so that the model
+    thread does not wait for the disk. `AdapterReadCommand` asks how it went, and
+    `LoadAdapterCommand` installs what was read."""
 
     adapter_id: str
     source: str
     slot: int
     directory: str = ""
+
+
+@dataclass(frozen=True)
+class AdapterReadCommand:
+    """Every rank says how its read for `slot` went, as the smallest over the ranks
+    (`RankGroup.minimum`): 1 read, 0 still reading, -1 failed (or never asked)."""
+
+    slot: int
+
+
+@dataclass(frozen=True)
+class DropAdapterReadCommand:
+    """Forget what was read for `slot`: the load will not happen (a rank could not read it)."""
+
+    slot: int
+
+
+@dataclass(frozen=True)
+class LoadAdapterCommand:
+    """Install in `slot`, between steps, what `ReadAdapterCommand` read for it (every rank read
+    it: `AdapterReadCommand` said so)."""
+
+    adapter_id: str
+    slot: int
 
 
 @dataclass(frozen=True)

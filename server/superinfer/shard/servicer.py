@@ -182,9 +182,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     # install (or removal) waits for the model thread, between two steps.
     def LoadAdapter(self, request, context):
         def load():
+            # Read and checked on this thread, beside the steps; under tensor parallelism the
+            # other ranks read theirs beside their steps too; installed between two steps.
             with _serial_torch():
-                prepared = self.executor.prepare_adapter(request.adapter_id, request.source, request.slot)
-            self._on_model(self.executor.install_prepared, prepared)
+                self.executor.load_adapter(request.adapter_id, request.source, request.slot, self._on_model)
             return shard_pb2.LoadAdapterResponse()
         return self._run("LoadAdapter", load, context, exclusive=False)
 
