@@ -79,6 +79,6 @@ def test_tgi_configuration_is_honoured(tmp_path):
                                timeout=120)
         assert answer.status_code == 200 and answer.json()["generated_text"]
         log = server.log_path.read_text()
-    assert "warning: TGI's --quantize awq is ignored: quantization is not supported" in log
+    assert "warning: TGI's --quantize awq is ignored: quantizing at load is not supported" in log
     assert "warning: TGI's --trust-remote-code is ignored" in log
     assert "warning: TGI's MAX_WAITING_TOKENS (in the environment) is ignored" in log

@@ -36,7 +36,7 @@ _NGROK = "there is no ngrok tunnel"
 IGNORED = (
     IgnoredFlag("--validation-workers", True, "the router's tokenizer work is bounded by --max-concurrent-requests"),
     IgnoredFlag("--sharded", True, _SHARDED),
-    IgnoredFlag("--quantize", True, "quantization is not supported; the weights load in --dtype"),
+    IgnoredFlag("--quantize", True, "quantizing at load is not supported; the weights load in --dtype (an FP8 checkpoint is de-quantized into it)"),
     IgnoredFlag("--speculate", True, "speculative decoding is not supported"),
     IgnoredFlag("--kv-cache-dtype", True, "the KV cache is kept in the model's dtype"),
     IgnoredFlag("--trust-remote-code", False, "models run on SuperInfer's own implementations, never a "

@@ -232,8 +232,9 @@ def test_tgi_variables_are_read(monkeypatch):
         parse([])
     monkeypatch.delenv("MAX_BATCH_SIZE")
     monkeypatch.setenv("QUANTIZE", "gptq")
-    assert parse([]).ignored_tgi_flags == ("TGI's QUANTIZE (in the environment) is ignored: quantization is not "
-                                           "supported; the weights load in --dtype",)
+    assert parse([]).ignored_tgi_flags == ("TGI's QUANTIZE (in the environment) is ignored: quantizing at load is "
+                                           "not supported; the weights load in --dtype (an FP8 checkpoint is "
+                                           "de-quantized into it)",)
 
 
 def test_shard_values_tgi_would_take_are_refused_with_a_reason(monkeypatch):
@@ -267,7 +268,7 @@ def test_ignored_tgi_flags_are_named_when_launching(tmp_path, monkeypatch, capsy
     launcher.add_arguments(parser)
     assert launcher.run(parser.parse_args(["--quantize", "bitsandbytes", "--max-waiting-tokens", "20"])) == 1
     err = capsys.readouterr().err
-    assert "warning: TGI's --quantize bitsandbytes is ignored: quantization is not supported" in err
+    assert "warning: TGI's --quantize bitsandbytes is ignored: quantizing at load is not supported" in err
     assert "warning: TGI's --max-waiting-tokens 20 is ignored: the scheduler (--scheduler) decides" in err
 
 

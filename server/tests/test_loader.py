@@ -202,3 +202,120 @@ def test_tied_embeddings_share_the_weight(tmp_path):
     build_tiny_model(tmp_path, "llama", tie_word_embeddings=True)
     model = _load(tmp_path).model
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _fp8_checkpoint(source, target, block=None, per_channel=False):
+    """`source`'s checkpoint with its layers' projections in FP8 (e4m3) in `target`, as
+    transformers' `fp8` (block scales, `weight_scale_inv`, in a second file) or
+    compressed-tensors (per output channel, `weight_scale`, with activation scales) write them;
+    and the float32 weights those FP8 values and scales stand for, worked out block by block."""
+    shutil.copytree(source, target)
+    state = load_file(str(target / "model.safetensors"))
+    weights, scales, expected = {}, {}, {}
+    for name, tensor in state.items():
+        if not name.endswith(tuple(f"{proj}.weight" for proj in _LINEAR)):
+            weights[name] = expected[name] = tensor
+            continue
+        rows, cols = block if block else (1, tensor.shape[1]) if per_channel else tensor.shape
+        grid = (-(-tensor.shape[0] // rows), -(-tensor.shape[1] // cols))
+        scale = torch.empty(grid)
+        quantized = torch.empty(tensor.shape, dtype=torch.float8_e4m3fn)
+        dequantized = torch.empty(tensor.shape)
+        for i in range(grid[0]):
+            for j in range(grid[1]):
+                part = tensor[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols]
+                scale[i, j] = part.abs().max() / 448.0
+                quantized[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols] = (part / scale[i, j]).to(torch.float8_e4m3fn)
+                dequantized[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols] = (
+                    quantized[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols].float() * scale[i, j])
+        weights[name], expected[name] = quantized, dequantized
+        stem = name.removesuffix(".weight")
+        if block:
+            scales[f"{stem}.weight_scale_inv"] = scale
+        else:
+            weights[f"{stem}.weight_scale"] = scale  # [rows, 1] per channel
+            weights[f"{stem}.input_scale"] = torch.tensor(1.0)
+    (target / "model.safetensors").unlink()
+    if block:
+        save_file(weights, str(target / "model-00001-of-00002.safetensors"))
+        save_file(scales, str(target / "model-00002-of-00002.safetensors"))
+        (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+            **{name: "model-00001-of-00002.safetensors" for name in weights},
+            **{name: "model-00002-of-00002.safetensors" for name in scales}}}))
+        quantization = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                        "weight_block_size": list(block)}
+    else:
+        save_file(weights, str(target / "model.safetensors"))
+        quantization = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                        "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor"}}}}
+    _edit_config(target, quantization_config=quantization)
+    return expected
+
+
+@pytest.mark.parametrize("layout", ["blocks", "channels"])
+def test_fp8_weights_are_dequantized_at_load_into_the_weights_they_stand_for(model_dir, tmp_path, layout):
+    # 24 x 40 blocks: the projections' 32, 64 and 128 rows and columns end in partial blocks.
+    expected = _fp8_checkpoint(model_dir, tmp_path / "fp8", block=(24, 40) if layout == "blocks" else None,
+                               per_channel=layout == "channels")
+    reference = tmp_path / "dequantized"
+    shutil.copytree(model_dir, reference)
+    save_file(expected, str(reference / "model.safetensors"))
+    loaded = _load(tmp_path / "fp8").model.state_dict()
+    want = _load(reference).model.state_dict()
+    assert loaded.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(loaded[name], tensor), name
+    # FP8 is coarse: the weights moved, and the model still computes nearly what it did.
+    original = _load(model_dir).model.state_dict()
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    assert not torch.equal(loaded[name], original[name])
+    assert torch.allclose(loaded[name], original[name], rtol=0.07, atol=1e-3)
+    prompt = [5, 9, 13, 21, 34, 55]
+    fp8_logits = runner_logits(make_runner(tmp_path / "fp8"), prompt, [0])
+    logits = runner_logits(make_runner(model_dir), prompt, [0])
+    assert (fp8_logits.argmax(-1) == logits.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.mark.parametrize("quantization, message", [
+    ({"quant_method": "awq", "bits": 4}, "quant_method 'awq' is not supported"),
+    ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq' is not supported"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}},
+     "compressed-tensors group 'group_0' quantizes weights to 4-bit int"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size \\[128\\] is not two positive integers"),
+])
+def test_quantizations_that_cannot_be_loaded_are_refused_from_the_config_alone(model_dir, quantization, message):
+    from superinfer.models.architectures import check_config
+    from superinfer.models.config import ConfigError
+
+    _edit_config(model_dir, quantization_config=quantization)
+    with pytest.raises(ConfigError, match=message):
+        check_config(json.loads((model_dir / "config.json").read_text()))
+    (model_dir / "model.safetensors").unlink()  # refused before any weight is read
+    with pytest.raises(LoaderError, match=message):
+        _load(model_dir)
+
+
+def test_fp8_weights_without_a_quantization_config_are_refused(model_dir):
+    state = load_file(str(model_dir / "model.safetensors"))
+    state["model.layers.0.mlp.up_proj.weight"] = state["model.layers.0.mlp.up_proj.weight"].to(torch.float8_e4m3fn)
+    save_file(state, str(model_dir / "model.safetensors"))
+    with pytest.raises(LoaderError, match="weight model.layers.0.mlp.up_proj.weight is FP8 but config.json has no "
+                                          "quantization_config"):
+        _load(model_dir)
+
+
+def test_gloo_ranks_cut_their_slices_from_dequantized_fp8_weights(model_dir, tmp_path):
+    import torch.multiprocessing as mp
+    from test_tensor_parallel import _free_port, _rank, _whole
+
+    _fp8_checkpoint(model_dir, tmp_path / "fp8", block=(24, 40))
+    expected, _, _ = _whole(tmp_path / "fp8")
+    results = str(tmp_path / "rank")
+    mp.spawn(_rank, args=(2, str(tmp_path / "fp8"), _free_port(), results), nprocs=2, join=True)
+    got = torch.load(f"{results}.0", weights_only=False)["logits"]
+    for logits, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)

@@ -1,6 +1,6 @@
 """What the shard can run, known without torch: each supported `model_type` with the module
 and class that implement it and the MLP activations it takes, and the one judgement of a
-checkpoint's `config.json` against them (architecture, RoPE scaling, activation), each refusal
+checkpoint's `config.json` against them (architecture, RoPE scaling, activation, quantization), each refusal
 naming what is supported. The launcher calls it on config.json alone, before any weight is
 fetched and before torch is imported; the registry (`models.registry`) imports the classes."""
 from collections.abc import Mapping
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ConfigError, ModelConfig, model_config_from_hf
+from .quantization import fp8_layout
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ def check_config(raw: Any) -> ModelConfig:
         raise ConfigError(f"config.json names no model_type; supported: {', '.join(supported_architectures())}")
     spec = architecture(str(model_type))
     config = model_config_from_hf(dict(raw))
+    fp8_layout(raw)  # a quantization the shard cannot load is refused here
     if config.activation not in spec.activations:
         raise ConfigError(f"unsupported activation {config.activation!r} for {model_type}; supported: "
                           f"{', '.join(spec.activations)}")

@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from ..models.config import ConfigError, ModelConfig
 from ..models.decoder import DecoderForCausalLM
 from ..models.moe import moe_config
+from ..models.quantization import SKIPPED_SUFFIXES, Fp8Layout, fp8_layout
 from ..models.registry import check_config, model_class
 from ..models.tensor_parallel import (FusedRankSlice, Partition, RankSlice, TensorParallelGroup, checkpoint_slice,
                                      parallelize, partition)
@@ -105,17 +106,69 @@ def _count_tensors(files: list[pathlib.Path]) -> int:
         raise LoaderError(f"cannot read weights from {path}: {err}") from None
 
 
-def _read_slice(handle, name: str, part: Partition | None, head_dim: int) -> torch.Tensor:
+def _read_slice(handle, name: str, part: Partition | None, head_dim: int,
+                fp8: "_Fp8Weights | None" = None) -> torch.Tensor:
+    if handle.get_slice(name).get_dtype().startswith("F8"):
+        if fp8 is None:
+            raise LoaderError(f"weight {name} is FP8 but config.json has no quantization_config to de-quantize it by")
+        return _cut(fp8.dequantize(name, handle.get_tensor(name)), name, part, head_dim)
     if part is None:
         return handle.get_tensor(name)
     lazy = handle.get_slice(name)
     piece = checkpoint_slice(name, tuple(lazy.get_shape()), part, head_dim)
     if piece is None:
         return handle.get_tensor(name)
+    return _take(lazy, piece)
+
+
+def _cut(tensor: torch.Tensor, name: str, part: Partition | None, head_dim: int) -> torch.Tensor:
+    """This rank's part of a tensor already in memory (`_read_slice`'s cut)."""
+    piece = None if part is None else checkpoint_slice(name, tuple(tensor.shape), part, head_dim)
+    return tensor if piece is None else _take(tensor, piece)
+
+
+def _take(lazy, piece: "RankSlice | FusedRankSlice") -> torch.Tensor:
+    """`piece` of a tensor, read from a safetensors slice or cut from a tensor."""
     if isinstance(piece, FusedRankSlice):
         return torch.cat([lazy[rows.start : rows.stop] for rows in piece.parts], dim=0)
     index = (slice(None),) * piece.dim + (slice(piece.start, piece.stop),)
     return _pad(lazy[index], piece)
+
+
+class _Fp8Weights:
+    """De-quantizes a checkpoint's FP8 weights as they are read (`models.quantization`): each
+    times its scale, per block, output channel or tensor, in float32 (the state builder then
+    casts to the compute dtype). A scale may be in another file than its weight."""
+
+    def __init__(self, layout: Fp8Layout, files: list[pathlib.Path]):
+        self.layout = layout
+        self.where: dict[str, pathlib.Path] = {}
+        for path in files:
+            with safe_open(str(path), framework="pt") as handle:
+                self.where.update((name, path) for name in handle.keys())
+        self.count = 0
+
+    def dequantize(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        scale_name = name.removesuffix(".weight") + self.layout.scale_suffix
+        if not name.endswith(".weight") or scale_name not in self.where:
+            raise LoaderError(f"FP8 weight {name} has no scale {scale_name} in the checkpoint")
+        with safe_open(str(self.where[scale_name]), framework="pt") as handle:
+            scale = handle.get_tensor(scale_name).float()
+        values = weight.float()
+        if self.layout.block is not None:
+            rows, cols = self.layout.block
+            blocks = (-(-values.shape[0] // rows), -(-values.shape[1] // cols))
+            if values.dim() != 2 or tuple(scale.shape) != blocks:
+                raise LoaderError(f"{scale_name} has shape {tuple(scale.shape)}; {rows}x{cols} blocks of {name} "
+                                  f"{tuple(values.shape)} need {blocks}")
+            scale = scale.repeat_interleave(rows, 0)[: values.shape[0]].repeat_interleave(cols, 1)[:, : values.shape[1]]
+        elif scale.numel() == values.shape[0] and values.dim() == 2:
+            scale = scale.reshape(-1, 1)  # per output channel
+        elif scale.numel() != 1:
+            raise LoaderError(f"{scale_name} has shape {tuple(scale.shape)}: neither one scale nor one per row of "
+                              f"{name} {tuple(values.shape)}")
+        self.count += 1
+        return values * scale
 
 
 def _pad(tensor: torch.Tensor, piece: RankSlice) -> torch.Tensor:
@@ -130,12 +183,15 @@ def _pad(tensor: torch.Tensor, piece: RankSlice) -> torch.Tensor:
     return padded
 
 
-def _iter_checkpoint(files: list[pathlib.Path], part: Partition | None = None, head_dim: int = 0):
+def _iter_checkpoint(files: list[pathlib.Path], part: Partition | None = None, head_dim: int = 0,
+                     fp8: _Fp8Weights | None = None):
     for path in files:
         try:
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():
-                    yield name, _read_slice(handle, name, part, head_dim)
+                    if fp8 is not None and name.endswith(SKIPPED_SUFFIXES):
+                        continue  # scales: read with their weights, or not needed once de-quantized
+                    yield name, _read_slice(handle, name, part, head_dim, fp8)
         except (SafetensorError, OSError) as err:
             raise LoaderError(f"cannot read weights from {path}: {err}") from None
 
@@ -204,11 +260,15 @@ def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: tor
     log.info("loading weights: %d tensors, %.2f GB in %d file(s)", total,
              sum(f.stat().st_size for f in files) / 1e9, len(files))
     builder = _StateBuilder(model.config, dtype)
+    layout = fp8_layout(json.loads((directory / "config.json").read_text()))
+    fp8 = None if layout is None else _Fp8Weights(layout, files)
     # A line every few seconds once it has taken that long: a small model logs none.
     with ProgressLog(total=total, desc="loading weights", unit="tensor", delay=PROGRESS_INTERVAL_S) as progress:
-        for name, tensor in _iter_checkpoint(files, part, model.config.head_dim):
+        for name, tensor in _iter_checkpoint(files, part, model.config.head_dim, fp8):
             builder.add(name, tensor)
             progress.update()
+    if fp8 is not None:
+        log.info("de-quantized %d FP8 weights into %s", fp8.count, dtype)
     state = builder.finish()
     expected = {name for name in model.state_dict() if not (model.config.tie_word_embeddings and name == "lm_head.weight")}
     missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
