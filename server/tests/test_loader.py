@@ -207,11 +207,12 @@ def test_tied_embeddings_share_the_weight(tmp_path):
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _fp8_checkpoint(source, target, block=None, per_channel=False):
-    """`source`'s checkpoint with its layers' projections in FP8 (e4m3) in `target`, as
-    transformers' `fp8` (block scales, `weight_scale_inv`, in a second file) or
-    compressed-tensors (per output channel, `weight_scale`, with activation scales) write them;
-    and the float32 weights those FP8 values and scales stand for, worked out block by block."""
+def _fp8_checkpoint(source, target, method: str, block: tuple[int, int] | None = None):
+    """`source`'s checkpoint with its layers' projections in FP8 (e4m3) in `target`, as `method`
+    writes them: transformers' `fp8` (block scales, `weight_scale_inv`, in a second file), or
+    `compressed-tensors` (`weight_scale` per block, or per output channel without `block`, with
+    activation scales beside); and the float32 weights those FP8 values and scales stand for,
+    worked out block by block."""
     shutil.copytree(source, target)
     state = load_file(str(target / "model.safetensors"))
     weights, scales, expected = {}, {}, {}
@@ -219,7 +220,7 @@ def _fp8_checkpoint(source, target, block=None, per_channel=False):
         if not name.endswith(tuple(f"{proj}.weight" for proj in _LINEAR)):
             weights[name] = expected[name] = tensor
             continue
-        rows, cols = block if block else (1, tensor.shape[1]) if per_channel else tensor.shape
+        rows, cols = block or (1, tensor.shape[1])
         grid = (-(-tensor.shape[0] // rows), -(-tensor.shape[1] // cols))
         scale = torch.empty(grid)
         quantized = torch.empty(tensor.shape, dtype=torch.float8_e4m3fn)
@@ -233,13 +234,13 @@ def _fp8_checkpoint(source, target, block=None, per_channel=False):
                     quantized[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols].float() * scale[i, j])
         weights[name], expected[name] = quantized, dequantized
         stem = name.removesuffix(".weight")
-        if block:
+        if method == "fp8":
             scales[f"{stem}.weight_scale_inv"] = scale
         else:
-            weights[f"{stem}.weight_scale"] = scale  # [rows, 1] per channel
+            weights[f"{stem}.weight_scale"] = scale  # [rows, 1] per channel, or one per block
             weights[f"{stem}.input_scale"] = torch.tensor(1.0)
     (target / "model.safetensors").unlink()
-    if block:
+    if method == "fp8":
         save_file(weights, str(target / "model-00001-of-00002.safetensors"))
         save_file(scales, str(target / "model-00002-of-00002.safetensors"))
         (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
@@ -250,17 +251,18 @@ def _fp8_checkpoint(source, target, block=None, per_channel=False):
     else:
         save_file(weights, str(target / "model.safetensors"))
         quantization = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
-            "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+            "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", **(
+                {"strategy": "block", "block_structure": list(block)} if block else {"strategy": "channel"})},
                         "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor"}}}}
     _edit_config(target, quantization_config=quantization)
     return expected
 
 
-@pytest.mark.parametrize("layout", ["blocks", "channels"])
+@pytest.mark.parametrize("layout", ["fp8 blocks", "compressed-tensors channels", "compressed-tensors blocks"])
 def test_fp8_weights_are_dequantized_at_load_into_the_weights_they_stand_for(model_dir, tmp_path, layout):
     # 24 x 40 blocks: the projections' 32, 64 and 128 rows and columns end in partial blocks.
-    expected = _fp8_checkpoint(model_dir, tmp_path / "fp8", block=(24, 40) if layout == "blocks" else None,
-                               per_channel=layout == "channels")
+    method, scaled_by = layout.split()
+    expected = _fp8_checkpoint(model_dir, tmp_path / "fp8", method, (24, 40) if scaled_by == "blocks" else None)
     reference = tmp_path / "dequantized"
     shutil.copytree(model_dir, reference)
     save_file(expected, str(reference / "model.safetensors"))
@@ -312,7 +314,7 @@ def test_gloo_ranks_cut_their_slices_from_dequantized_fp8_weights(model_dir, tmp
     import torch.multiprocessing as mp
     from test_tensor_parallel import _free_port, _rank, _whole
 
-    _fp8_checkpoint(model_dir, tmp_path / "fp8", block=(24, 40))
+    _fp8_checkpoint(model_dir, tmp_path / "fp8", "fp8", (24, 40))
     expected, _, _ = _whole(tmp_path / "fp8")
     results = str(tmp_path / "rank")
     mp.spawn(_rank, args=(2, str(tmp_path / "fp8"), _free_port(), results), nprocs=2, join=True)

@@ -5,8 +5,8 @@ FP8 matmuls on GPUs that have them; this server does not yet). Three layouts:
 
 - `fp8` (transformers' fine-grained FP8, Qwen3-*-FP8, DeepSeek): `<name>.weight_scale_inv`, one
   scale per `weight_block_size` block of the weight, which the block is multiplied by;
-- `compressed-tensors` with 8-bit float weights (llm-compressor's FP8, FP8-dynamic): a
-  `<name>.weight_scale` per tensor or per output channel;
+- `compressed-tensors` with 8-bit float weights (llm-compressor's FP8, FP8-dynamic, FP8-block):
+  a `<name>.weight_scale` per tensor, per output channel or per block;
 - `fbgemm_fp8`: a `<name>.weight_scale` per output channel.
 
 Activation and KV-cache scales (`input_scale`, `k_scale`, `v_scale`) are not needed once the
@@ -50,20 +50,28 @@ def fp8_layout(raw: Mapping[str, Any]) -> Fp8Layout | None:
 
     if method == "fp8":
         block = quantization.get("weight_block_size")
-        if block is None:
-            return Fp8Layout(".weight_scale_inv")
-        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(n, int) and n > 0 for n in block)):
-            raise ConfigError(f"quantization_config's weight_block_size {block!r} is not two positive integers")
-        return Fp8Layout(".weight_scale_inv", (block[0], block[1]))
+        return Fp8Layout(".weight_scale_inv", None if block is None else _block(block, "weight_block_size"))
     if method == "fbgemm_fp8":
         return Fp8Layout(".weight_scale")
     if method == "compressed-tensors":
+        blocks = set()
         for name, group in (quantization.get("config_groups") or {}).items():
             weights = (group or {}).get("weights") or {}
             if weights.get("num_bits") != 8 or weights.get("type") != "float":
                 raise refused(f"compressed-tensors group {name!r} quantizes weights to {weights.get('num_bits')}-bit "
                               f"{weights.get('type')}")
-            if weights.get("strategy") not in (None, "tensor", "channel"):
-                raise refused(f"compressed-tensors group {name!r} scales weights by {weights.get('strategy')!r}")
-        return Fp8Layout(".weight_scale")
+            strategy = weights.get("strategy")
+            if strategy == "block":
+                blocks.add(_block(weights.get("block_structure"), "compressed-tensors' block_structure"))
+            elif strategy not in (None, "tensor", "channel"):
+                raise refused(f"compressed-tensors group {name!r} scales weights by {strategy!r}")
+        if len(blocks) > 1:
+            raise refused(f"compressed-tensors groups scale by blocks of different shapes {sorted(blocks)}")
+        return Fp8Layout(".weight_scale", blocks.pop() if blocks else None)
     raise refused(f"quant_method {method or 'unnamed'!r} is not supported")
+
+
+def _block(block: Any, field: str) -> tuple[int, int]:
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(n, int) and n > 0 for n in block)):
+        raise ConfigError(f"quantization_config's {field} {block!r} is not two positive integers")
+    return block[0], block[1]
