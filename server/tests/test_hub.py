@@ -247,6 +247,19 @@ def test_an_unsupported_architecture_is_refused_before_any_weight_is_fetched(fak
         resolve_model("acme/tiny-mamba", tmp_path, HubOptions(cache=tmp_path / "hub", **OFFLINE))
 
 
+def test_a_quantization_that_cannot_be_loaded_is_refused_before_any_weight_is_fetched(fake_hub, tiny_llama_dir,
+                                                                                      tmp_path):
+    files = {path.name: path.read_bytes() for path in tiny_llama_dir.iterdir()}
+    config = json.loads(files["config.json"])
+    files["config.json"] = json.dumps({**config, "quantization_config": {"quant_method": "awq", "bits": 4}}).encode()
+    FakeHub.repos["acme/tiny-llama-awq"] = files
+    with pytest.raises(LoaderError) as error:
+        resolve_model("acme/tiny-llama-awq", tmp_path, HubOptions(cache=tmp_path / "hub", endpoint=fake_hub))
+    assert "cannot be served: quant_method 'awq' is not supported; quantized checkpoints load when their weights " \
+           "are FP8" in str(error.value)
+    assert set(FakeHub.served) == {"config.json"}
+
+
 def test_unsupported_activations_and_rope_scalings_are_named_with_what_is_supported(tiny_llama_dir, tmp_path):
     config = json.loads((tiny_llama_dir / "config.json").read_text())
     for change, message in (({"hidden_act": "relu2"}, "unsupported activation 'relu2' for llama; supported: silu"),
