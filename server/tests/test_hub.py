@@ -263,8 +263,8 @@ def test_a_quantization_that_cannot_be_loaded_is_refused_before_any_weight_is_fe
 def test_unsupported_activations_and_rope_scalings_are_named_with_what_is_supported(tiny_llama_dir, tmp_path):
     config = json.loads((tiny_llama_dir / "config.json").read_text())
     for change, message in (({"hidden_act": "relu2"}, "unsupported activation 'relu2' for llama; supported: silu"),
-                            ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
-                             "unsupported rope scaling 'yarn'; supported: ")):
+                            ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}},
+                             "unsupported rope scaling 'dynamic'; supported: ")):
         directory = tmp_path / "-".join(change)
         directory.mkdir()
         (directory / "config.json").write_text(json.dumps({**config, **change}))

@@ -41,8 +41,8 @@ def test_unsupported_architecture(model_dir):
 
 
 def test_unsupported_rope_scaling(model_dir):
-    _edit_config(model_dir, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0})
-    with pytest.raises(LoaderError, match="unsupported rope scaling 'yarn'"):
+    _edit_config(model_dir, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    with pytest.raises(LoaderError, match="unsupported rope scaling 'dynamic'"):
         _load(model_dir)
 
 

@@ -155,7 +155,7 @@ def test_config_defaults_follow_transformers():
     (dict(hidden_activation="gelu"), "unsupported activation 'gelu'"),
     (dict(use_bidirectional_attention=True), "bidirectional attention"),
     (dict(layer_types=["sliding_attention"] * 3), "layer_types must name 4 layers"),
-    (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e6}}), "unsupported rope scaling"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "dynamic", "rope_theta": 1e6}}), "unsupported rope scaling"),
 ])
 def test_unsupported_configs_are_refused_before_any_weight(fields, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,6 +1,6 @@
 """Our models against transformers' on the same weights: logits within 1e-3 (float32) and
-identical 32-token greedy continuations, for SmolLM2 and random Llama (plain and with Llama-3
-rope scaling), Mistral (with a sliding window shorter than the sequence) and Qwen2; SmolLM2 also
+identical 32-token greedy continuations, for SmolLM2 and random Llama (plain, with Llama-3
+rope scaling and with YaRN's), Qwen2 with YaRN, Mistral (with a sliding window shorter than the sequence) and Qwen2; SmolLM2 also
 in bfloat16 (the GPU dtype) and against transformers' own reading of the GGUF file it ships as
 (not only our conversion of it)."""
 import pytest
@@ -17,6 +17,13 @@ TINY_CASES = {
         {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     ),
+    # Qwen2.5's long-context setting, over a context the prompt and its continuation outgrow.
+    "qwen2-yarn": ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                 "original_max_position_embeddings": 32}}),
+    # DeepSeek's: the attention factor from mscale / mscale_all_dim, its own band, not rounded.
+    "llama-yarn-mscale": ("llama", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 500.0, "factor": 8.0, "original_max_position_embeddings": 16,
+        "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2, "truncate": False}}),
     "mistral-window": ("mistral", {"sliding_window": 24}),
     "qwen2": ("qwen2", {}),
 }

@@ -13,7 +13,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float
-    # "default", "linear", "llama3" or "longrope".
+    # "default", "linear", "llama3", "longrope" or "yarn".
     kind: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
@@ -26,6 +26,12 @@ class RopeConfig:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    # "yarn" (Qwen2.5/3 long context, DeepSeek): frequencies slowed by `factor` below
+    # `beta_slow` rotations over the original context, kept above `beta_fast`, blended between
+    # (the band's edges rounded outwards unless not `truncate`); cos and sin times attention_factor.
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ class ModelConfig:
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-_SUPPORTED_ROPE = ("default", "linear", "llama3", "longrope")
+_SUPPORTED_ROPE = ("default", "linear", "llama3", "longrope", "yarn")
 # Earlier names of a supported scaling: Phi-3's first checkpoints call LongRoPE "su".
 _ROPE_ALIASES = {"su": "longrope"}
 
@@ -72,6 +78,8 @@ def rope_from_hf(raw: dict[str, Any]) -> RopeConfig:
         raise ConfigError(f"unsupported rope scaling {kind!r}; supported: {', '.join(_SUPPORTED_ROPE)}")
     if kind == "longrope":
         return _longrope_from_hf(raw, params)
+    if kind == "yarn":
+        return _yarn_from_hf(raw, params)
     return RopeConfig(
         theta=float(params.get("rope_theta", raw.get("rope_theta", 10000.0))),
         kind=kind,
@@ -114,6 +122,37 @@ def _longrope_from_hf(raw: dict[str, Any], params: dict[str, Any]) -> RopeConfig
         short_factor=short_factor,
         long_factor=long_factor,
         attention_factor=float(attention_factor),
+    )
+
+
+def _yarn_from_hf(raw: dict[str, Any], params: dict[str, Any]) -> RopeConfig:
+    """YaRN as transformers reads it: a top-level `original_max_position_embeddings` wins over
+    the rope parameters' (then the model's max); without `factor`, the context extension is max /
+    original max; without `attention_factor`, 0.1 ln(factor) + 1, or the ratio of that with
+    `mscale` to that with `mscale_all_dim` when both are given (DeepSeek)."""
+    max_positions = int(raw.get("max_position_embeddings", 2048))
+    original = int(raw.get("original_max_position_embeddings")
+                   or params.get("original_max_position_embeddings") or max_positions)
+    factor = float(params.get("factor") or max_positions / original)
+
+    def magnitude(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        attention_factor = (magnitude(factor, mscale) / magnitude(factor, mscale_all_dim) if mscale and mscale_all_dim
+                            else magnitude(factor))
+    return RopeConfig(
+        theta=float(params.get("rope_theta", raw.get("rope_theta", 10000.0))),
+        kind="yarn",
+        factor=factor,
+        original_max_position_embeddings=original,
+        partial_rotary_factor=_partial_rotary_factor(raw, params),
+        attention_factor=float(attention_factor),
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        truncate=bool(params.get("truncate", True)),
     )
 
 

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (default, linear, Llama-3 and LongRoPE frequency scaling; all or
+"""Rotary position embeddings (default, linear, Llama-3, LongRoPE and YaRN frequency scaling; all or
 a leading part of each head rotated), computed for the step's positions once per forward and
 shared by every layer."""
 import math
@@ -28,6 +28,8 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int, long_context: bool = Fa
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.kind == "linear":
         return inv_freq / rope.factor
+    if rope.kind == "yarn":
+        return _yarn(rope, inv_freq, dim)
     if rope.kind != "llama3":
         return inv_freq
     # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between
@@ -42,6 +44,25 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int, long_context: bool = Fa
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn(rope: RopeConfig, inv_freq: torch.Tensor, dim: int) -> torch.Tensor:
+    """YaRN: a frequency that turns fewer than `beta_slow` times over the original context is
+    slowed by `factor` (interpolated), one that turns more than `beta_fast` times is kept
+    (extrapolated), and the band between is blended linearly by its index."""
+
+    def index_turning(turns: float) -> float:
+        # The frequency index i (of dim / 2) whose wave turns `turns` times over the original context.
+        return dim * math.log(rope.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = index_turning(rope.beta_fast), index_turning(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    interpolated = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    return inv_freq / rope.factor * interpolated + inv_freq * (1 - interpolated)
 
 
 class RotaryEmbedding(torch.nn.Module):
