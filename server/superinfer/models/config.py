@@ -97,14 +97,20 @@ def _partial_rotary_factor(raw: dict[str, Any], params: dict[str, Any]) -> float
     return float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
 
 
-def _longrope_from_hf(raw: dict[str, Any], params: dict[str, Any]) -> RopeConfig:
-    """LongRoPE as transformers reads it: a top-level `original_max_position_embeddings` (where
-    Phi-3 keeps it) wins over the one in the rope parameters; without `factor`, the context
-    extension is max / original max, and it sets the default cos/sin multiplier."""
+def _context_extension(raw: dict[str, Any], params: dict[str, Any]) -> tuple[int, float]:
+    """LongRoPE's and YaRN's original context and factor, as transformers reads them: a
+    top-level `original_max_position_embeddings` (where Phi-3 keeps it) wins over the rope
+    parameters' (then the model's max); without `factor`, max / original max."""
     max_positions = int(raw.get("max_position_embeddings", 2048))
     original = int(raw.get("original_max_position_embeddings")
                    or params.get("original_max_position_embeddings") or max_positions)
-    factor = float(params.get("factor") or max_positions / original)
+    return original, float(params.get("factor") or max_positions / original)
+
+
+def _longrope_from_hf(raw: dict[str, Any], params: dict[str, Any]) -> RopeConfig:
+    """LongRoPE as transformers reads it (`_context_extension`); the factor sets the default
+    cos/sin multiplier."""
+    original, factor = _context_extension(raw, params)
     attention_factor = params.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
@@ -126,14 +132,10 @@ def _longrope_from_hf(raw: dict[str, Any], params: dict[str, Any]) -> RopeConfig
 
 
 def _yarn_from_hf(raw: dict[str, Any], params: dict[str, Any]) -> RopeConfig:
-    """YaRN as transformers reads it: a top-level `original_max_position_embeddings` wins over
-    the rope parameters' (then the model's max); without `factor`, the context extension is max /
-    original max; without `attention_factor`, 0.1 ln(factor) + 1, or the ratio of that with
-    `mscale` to that with `mscale_all_dim` when both are given (DeepSeek)."""
-    max_positions = int(raw.get("max_position_embeddings", 2048))
-    original = int(raw.get("original_max_position_embeddings")
-                   or params.get("original_max_position_embeddings") or max_positions)
-    factor = float(params.get("factor") or max_positions / original)
+    """YaRN as transformers reads it (`_context_extension`); without `attention_factor`,
+    0.1 ln(factor) + 1, or the ratio of that with `mscale` to that with `mscale_all_dim` when
+    both are given (DeepSeek)."""
+    original, factor = _context_extension(raw, params)
 
     def magnitude(scale: float, mscale: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
