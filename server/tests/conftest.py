@@ -35,7 +35,7 @@ def _write_tokenizer(directory: pathlib.Path, vocab_size: int) -> None:
 # model_type -> transformers' (config class, model class) of that name prefix.
 _TRANSFORMERS_NAMES = {
     "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe",
-    "mixtral": "Mixtral", "gemma2": "Gemma2", "gemma3_text": "Gemma3Text", "phi3": "Phi3",
+    "mixtral": "Mixtral", "gemma2": "Gemma2", "gemma3_text": "Gemma3Text", "phi3": "Phi3", "granite": "Granite",
 }
 _CONFIG_CLASSES = {model_type: f"{name}Config" for model_type, name in _TRANSFORMERS_NAMES.items()}
 _MODEL_CLASSES = {model_type: f"{name}ForCausalLM" for model_type, name in _TRANSFORMERS_NAMES.items()}

@@ -197,6 +197,8 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, mlp_o
     # Attention only (PEFT turns MLP targets of a MoE model into its experts' parameters).
     ("qwen3_moe", ["q_proj", "k_proj", "v_proj", "o_proj"], MOE),
     ("gemma2", ALL_TARGETS, {}),  # its own layer forward and GeLU-tanh MLP
+    # Its own layer forward: each block's output, LoRA delta included, times the residual multiplier.
+    ("granite", ALL_TARGETS, {"embedding_multiplier": 6.0, "residual_multiplier": 0.3, "logits_scaling": 4.0}),
     # Checkpoints with fused projections: the adapter's are fused too.
     ("phi3", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], {"pad_token_id": 0}),
 ])

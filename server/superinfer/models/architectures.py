@@ -23,6 +23,7 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     "gemma2": Architecture("gemma", "Gemma2ForCausalLM", ("gelu_pytorch_tanh",)),
     "gemma3_text": Architecture("gemma", "Gemma3TextForCausalLM", ("gelu_pytorch_tanh",)),
+    "granite": Architecture("granite", "GraniteForCausalLM"),
     "llama": Architecture("llama", "LlamaForCausalLM"),
     "mistral": Architecture("mistral", "MistralForCausalLM"),
     "mixtral": Architecture("mixtral", "MixtralForCausalLM"),
