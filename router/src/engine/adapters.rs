@@ -184,7 +184,9 @@ impl AdapterRegistry {
         registry.last_slot += 1;
         let slot = registry.last_slot;
         drop(registry);
-        self.record();
+        if evicted.is_some() {
+            self.record();
+        }
         Ok(Reservation { slot, evicted })
     }
 

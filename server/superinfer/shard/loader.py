@@ -94,27 +94,27 @@ def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:
     return files
 
 
-def _count_tensors(files: list[pathlib.Path]) -> int:
-    """From the files' headers alone (no tensor is read)."""
+def _tensor_files(files: list[pathlib.Path]) -> dict[str, pathlib.Path]:
+    """Each tensor's file, from the files' headers alone (no tensor is read)."""
+    where: dict[str, pathlib.Path] = {}
     try:
-        count = 0
         for path in files:
             with safe_open(str(path), framework="pt") as handle:
-                count += len(handle.keys())
-        return count
+                where.update((name, path) for name in handle.keys())
+        return where
     except (SafetensorError, OSError) as err:
         raise LoaderError(f"cannot read weights from {path}: {err}") from None
 
 
 def _read_slice(handle, name: str, part: Partition | None, head_dim: int,
                 fp8: "_Fp8Weights | None" = None) -> torch.Tensor:
-    if handle.get_slice(name).get_dtype().startswith("F8"):
+    lazy = handle.get_slice(name)
+    if lazy.get_dtype().startswith("F8"):
         if fp8 is None:
             raise LoaderError(f"weight {name} is FP8 but config.json has no quantization_config to de-quantize it by")
         return _cut(fp8.dequantize(name, handle.get_tensor(name)), name, part, head_dim)
     if part is None:
         return handle.get_tensor(name)
-    lazy = handle.get_slice(name)
     piece = checkpoint_slice(name, tuple(lazy.get_shape()), part, head_dim)
     if piece is None:
         return handle.get_tensor(name)
@@ -140,12 +140,10 @@ class _Fp8Weights:
     times its scale, per block, output channel or tensor, in float32 (the state builder then
     casts to the compute dtype). A scale may be in another file than its weight."""
 
-    def __init__(self, layout: Fp8Layout, files: list[pathlib.Path]):
+    def __init__(self, layout: Fp8Layout, where: dict[str, pathlib.Path]):
         self.layout = layout
-        self.where: dict[str, pathlib.Path] = {}
-        for path in files:
-            with safe_open(str(path), framework="pt") as handle:
-                self.where.update((name, path) for name in handle.keys())
+        # Each tensor's file (`_tensor_files`).
+        self.where = where
         self.count = 0
 
     def dequantize(self, name: str, weight: torch.Tensor) -> torch.Tensor:
@@ -256,12 +254,13 @@ class _StateBuilder:
 def _load_weights(model: DecoderForCausalLM, directory: pathlib.Path, dtype: torch.dtype,
                   part: Partition | None) -> None:
     files = _safetensors_files(directory)
-    total = _count_tensors(files)
+    where = _tensor_files(files)
+    total = len(where)
     log.info("loading weights: %d tensors, %.2f GB in %d file(s)", total,
              sum(f.stat().st_size for f in files) / 1e9, len(files))
     builder = _StateBuilder(model.config, dtype)
     layout = fp8_layout(json.loads((directory / "config.json").read_text()))
-    fp8 = None if layout is None else _Fp8Weights(layout, files)
+    fp8 = None if layout is None else _Fp8Weights(layout, where)
     # A line every few seconds once it has taken that long: a small model logs none.
     with ProgressLog(total=total, desc="loading weights", unit="tensor", delay=PROGRESS_INTERVAL_S) as progress:
         for name, tensor in _iter_checkpoint(files, part, model.config.head_dim, fp8):
